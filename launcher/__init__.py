@@ -1,0 +1,1 @@
+"""RoFormer-DS launcher: the `roformer` command line and everything that drives DeepSpeed."""
