@@ -1,0 +1,102 @@
+"""Multi-head self-attention with RoPE: softmax (SDPA) and the paper's linear attention (eq. 19)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import RoFormerConfig
+from .rope import apply_rotary
+
+# Keeps the linear-attention denominator away from zero when every key of a row is padding.
+_LINEAR_ATTENTION_EPS = 1e-6
+
+
+def additive_padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, T) with 1 = real token -> (B, 1, 1, T) additive mask: 0 for real keys, dtype-min for padding.
+
+    An additive mask (as transformers) rather than a boolean one keeps a fully padded row finite.
+    """
+    keep = attention_mask[:, None, None, :].to(torch.bool)
+    return torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device).masked_fill(
+        ~keep, torch.finfo(dtype).min)
+
+
+def feature_map(x: torch.Tensor) -> torch.Tensor:
+    """phi(x) = elu(x) + 1: positive features, as in Katharopoulos et al. and the paper."""
+    return F.elu(x) + 1.0
+
+
+def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor | None,
+                     sin: torch.Tensor | None, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Eq. 19 in O(N): out_m = sum_n (R_m phi(q_m))^T (R_n phi(k_n)) v_n / sum_n phi(q_m)^T phi(k_n).
+
+    query, key, value: (B, H, T, D); cos/sin: (T, D) or None (no rotation); attention_mask (B, T).
+    The rotation is applied after the feature map and only in the numerator; the denominator stays
+    unrotated so it remains positive. Computed in float32: it sums over the whole sequence.
+    """
+    dtype = value.dtype
+    phi_q, phi_k, value = feature_map(query.float()), feature_map(key.float()), value.float()
+    if attention_mask is not None:
+        keep = attention_mask[:, None, :, None].to(phi_k.dtype)  # (B, 1, T, 1)
+        phi_k = phi_k * keep  # padded keys contribute to neither sum
+        value = value * keep
+    if cos is not None:
+        rotated_q, rotated_k = apply_rotary(phi_q, cos, sin), apply_rotary(phi_k, cos, sin)
+    else:
+        rotated_q, rotated_k = phi_q, phi_k
+    key_value = torch.einsum("bhnd,bhne->bhde", rotated_k, value)  # (B, H, D, Dv)
+    numerator = torch.einsum("bhmd,bhde->bhme", rotated_q, key_value)  # (B, H, T, Dv)
+    key_sum = phi_k.sum(dim=2)  # (B, H, D)
+    denominator = torch.einsum("bhmd,bhd->bhm", phi_q, key_sum).clamp_min(_LINEAR_ATTENTION_EPS)  # (B, H, T)
+    return (numerator / denominator[..., None]).to(dtype)
+
+
+class SelfAttention(nn.Module):
+    """q/k/v projections, RoPE, attention, output projection (the residual + LayerNorm is the block's)."""
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.head_size
+        self.rotary_value = config.rotary_value
+        self.kind = config.attention
+        self.dropout_prob = config.attention_probs_dropout_prob
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.output = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.num_heads, self.head_size).transpose(1, 2)  # (B, H, T, D)
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """hidden (B, T, hidden); attention_mask (B, T) 1 = real; rotary = (cos, sin) each (T, D) or None."""
+        query = self._split_heads(self.query(hidden))  # (B, H, T, D)
+        key = self._split_heads(self.key(hidden))
+        value = self._split_heads(self.value(hidden))
+
+        if self.kind == "linear":
+            cos, sin = rotary if rotary is not None else (None, None)
+            if self.rotary_value and rotary is not None:
+                value = apply_rotary(value, cos, sin)
+            context = linear_attention(query, key, value, cos, sin, attention_mask)  # (B, H, T, D)
+        else:
+            if rotary is not None:
+                cos, sin = rotary
+                query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+                if self.rotary_value:
+                    value = apply_rotary(value, cos, sin)
+            mask = None if attention_mask is None else additive_padding_mask(attention_mask, query.dtype)
+            context = F.scaled_dot_product_attention(
+                query, key, value, attn_mask=mask, dropout_p=self.dropout_prob if self.training else 0.0)
+
+        batch, _, length, _ = context.shape
+        context = context.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_size)  # (B, T, hidden)
+        return self.output(context)
+
+
+__all__ = ["SelfAttention", "linear_attention", "feature_map", "additive_padding_mask"]

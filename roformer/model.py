@@ -1,0 +1,268 @@
+"""The RoFormer encoder and its heads, in dependency order.
+
+Embeddings -> post-LN blocks (as transformers' RoFormer / BERT) -> encoder -> MLM head (tied to the
+word embeddings) and sequence-classification head. Pure PyTorch: tensors stay on their input's device.
+Shapes: B batch, T sequence length, E embedding size, H hidden size, V vocabulary, M masked tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .attention import SelfAttention
+from .config import ConfigError, RoFormerConfig
+from .rope import RotaryEmbedding
+
+IGNORE_INDEX = -100  # label value of unmasked positions (the data pipeline's and transformers' convention)
+
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+}
+
+
+def sinusoidal_position_table(num_positions: int, size: int) -> torch.Tensor:
+    """Vaswani et al.'s absolute encoding: PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i). (P, size)."""
+    frequencies = 10000.0 ** (-torch.arange(0, size, 2, dtype=torch.float64) / size)
+    angles = torch.outer(torch.arange(num_positions, dtype=torch.float64), frequencies)  # (P, size/2)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------- embeddings
+class Embeddings(nn.Module):
+    """word + token type (+ absolute position for the baselines) -> LayerNorm -> dropout -> project to H."""
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.position_encoding = config.position_encoding
+        self.max_positions = config.max_position_embeddings
+        self.word = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)
+        self.token_type = nn.Embedding(config.type_vocab_size, config.embedding_size)
+        if config.position_encoding == "learned":
+            self.position = nn.Embedding(config.max_position_embeddings, config.embedding_size)
+        elif config.position_encoding == "sinusoidal":
+            table = sinusoidal_position_table(config.max_position_embeddings, config.embedding_size)
+            self.register_buffer("position_table", table, persistent=False)
+        self.norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        # Factorized embeddings (ALBERT-style, as transformers' RoFormer): E may be smaller than H.
+        self.project = (nn.Linear(config.embedding_size, config.hidden_size)
+                        if config.embedding_size != config.hidden_size else None)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        length = input_ids.shape[1]
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        embedded = self.word(input_ids) + self.token_type(token_type_ids)  # (B, T, E)
+        if self.position_encoding != "rope":
+            if length > self.max_positions:
+                raise ConfigError(f"max_position_embeddings: sequence length {length} exceeds the "
+                                  f"{self.max_positions} positions of this '{self.position_encoding}' model")
+            if self.position_encoding == "learned":
+                embedded = embedded + self.position.weight[:length]  # (T, E) broadcast over B
+            else:
+                embedded = embedded + self.position_table[:length].to(embedded.dtype)
+        embedded = self.dropout(self.norm(embedded))
+        return embedded if self.project is None else self.project(embedded)  # (B, T, H)
+
+
+# ----------------------------------------------------------------------------------------------- blocks
+class Block(nn.Module):
+    """Post-LN transformer block: h = LN(h + attn(h)); h = LN(h + ffn(h))."""
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.attention = SelfAttention(config)
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.activation = _ACTIVATIONS[config.hidden_act]
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        attended = self.attention(hidden, attention_mask, rotary)  # (B, T, H)
+        hidden = self.attention_norm(hidden + self.dropout(attended))
+        expanded = self.activation(self.ffn_in(hidden))  # (B, T, intermediate)
+        return self.ffn_norm(hidden + self.dropout(self.ffn_out(expanded)))  # (B, T, H)
+
+
+# ----------------------------------------------------------------------------------------------- encoder
+class RoFormerModel(nn.Module):
+    """Embeddings + blocks; returns the last hidden states (B, T, H)."""
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.rope = (RotaryEmbedding(config.head_size, config.rope_theta, config.rope_scaling,
+                                     config.rope_scaling_factor)
+                     if config.position_encoding == "rope" else None)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
+        self.gradient_checkpointing = False
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
+        hidden = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        rotary = self.rope.cos_sin(input_ids.shape[1], input_ids.device) if self.rope is not None else None
+        for layer in self.layers:
+            if self.gradient_checkpointing and self.training:
+                hidden = checkpoint(layer, hidden, attention_mask, rotary, use_reentrant=False)
+            else:
+                hidden = layer(hidden, attention_mask, rotary)
+        return hidden
+
+
+class PreTrainedBase(nn.Module):
+    """Weight init as transformers' `_init_weights`, shared by the heads."""
+
+    config: RoFormerConfig
+
+    @torch.no_grad()
+    def _init_module(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            module.weight.normal_(0.0, std)
+            if module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, nn.Embedding):
+            module.weight.normal_(0.0, std)
+            if module.padding_idx is not None:
+                module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            module.weight.fill_(1.0)
+            module.bias.zero_()
+
+    def init_weights(self) -> None:
+        self.apply(self._init_module)
+
+    def enable_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each block in backward instead of storing its activations (saves memory)."""
+        self.roformer.gradient_checkpointing = enabled
+
+
+# ----------------------------------------------------------------------------------------------- MLM
+@dataclass
+class MaskedLMOutput:
+    """With labels: logits (M, V) at masked positions only, summed CE and counts, so that the trainer
+    can average over all masked tokens of all micro-batches and ranks. Without labels: logits (B, T, V)."""
+
+    logits: torch.Tensor
+    loss_sum: torch.Tensor | None = None  # fp32 scalar, sum of token cross-entropies
+    num_masked: torch.Tensor | None = None  # long scalar
+    num_correct: torch.Tensor | None = None  # long scalar, argmax == label
+
+    @property
+    def loss(self) -> torch.Tensor | None:
+        """Mean CE over this batch's masked tokens (0 when there are none)."""
+        if self.loss_sum is None:
+            return None
+        return self.loss_sum / self.num_masked.clamp_min(1).to(self.loss_sum.dtype)
+
+
+class MaskedLMHead(nn.Module):
+    """dense (H -> E) + activation + LayerNorm, then the tied decoder E -> V plus an output bias."""
+
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.embedding_size)
+        self.activation = _ACTIVATIONS[config.hidden_act]
+        self.norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+        """hidden (..., H), word_embeddings (V, E) -> logits (..., V)."""
+        transformed = self.norm(self.activation(self.dense(hidden)))  # (..., E)
+        return F.linear(transformed, word_embeddings, self.bias)
+
+
+class RoFormerForMaskedLM(PreTrainedBase):
+    def __init__(self, config: RoFormerConfig):
+        super().__init__()
+        self.config = config
+        self.roformer = RoFormerModel(config)
+        self.mlm_head = MaskedLMHead(config)
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> MaskedLMOutput:
+        hidden = self.roformer(input_ids, attention_mask, token_type_ids)  # (B, T, H)
+        word_embeddings = self.roformer.embeddings.word.weight  # (V, E), tied decoder weight
+        if labels is None:
+            return MaskedLMOutput(logits=self.mlm_head(hidden, word_embeddings))  # (B, T, V)
+
+        # Only masked positions need the V-wide projection: with ~15% masking and a 30k vocabulary this
+        # is most of the head's time and memory.
+        is_masked = labels != IGNORE_INDEX  # (B, T)
+        targets = labels[is_masked]  # (M,)
+        logits = self.mlm_head(hidden[is_masked], word_embeddings)  # (M, V)
+        loss_sum = F.cross_entropy(logits.float(), targets, reduction="sum")
+        num_correct = (logits.argmax(dim=-1) == targets).sum()
+        num_masked = torch.tensor(targets.numel(), dtype=torch.long, device=labels.device)
+        return MaskedLMOutput(logits=logits, loss_sum=loss_sum, num_masked=num_masked, num_correct=num_correct)
+
+
+# ----------------------------------------------------------------------------------------------- classification
+@dataclass
+class SequenceClassifierOutput:
+    logits: torch.Tensor  # (B, num_labels)
+    loss: torch.Tensor | None = None  # mean CE (MSE when num_labels == 1, i.e. regression)
+
+
+class ClassificationHead(nn.Module):
+    """As transformers' RoFormerClassificationHead: [CLS] -> dropout -> dense -> act -> dropout -> out_proj."""
+
+    def __init__(self, config: RoFormerConfig, num_labels: int):
+        super().__init__()
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = _ACTIVATIONS[config.hidden_act]
+        self.out_proj = nn.Linear(config.hidden_size, num_labels)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        first_token = self.dropout(hidden[:, 0])  # (B, H), the [CLS] position
+        return self.out_proj(self.dropout(self.activation(self.dense(first_token))))  # (B, num_labels)
+
+
+class RoFormerForSequenceClassification(PreTrainedBase):
+    def __init__(self, config: RoFormerConfig, num_labels: int = 2):
+        super().__init__()
+        if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
+            raise ConfigError(f"num_labels: must be an integer >= 1, got {num_labels!r}")
+        self.config = config
+        self.num_labels = num_labels
+        self.roformer = RoFormerModel(config)
+        self.classifier = ClassificationHead(config, num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> SequenceClassifierOutput:
+        logits = self.classifier(self.roformer(input_ids, attention_mask, token_type_ids))  # (B, num_labels)
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels)
+        return SequenceClassifierOutput(logits=logits, loss=loss)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["RoFormerModel", "RoFormerForMaskedLM", "RoFormerForSequenceClassification", "MaskedLMOutput",
+           "SequenceClassifierOutput", "IGNORE_INDEX", "count_parameters", "sinusoidal_position_table"]

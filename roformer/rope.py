@@ -1,0 +1,117 @@
+"""Rotary Position Embedding (RoPE), exactly as in the RoFormer paper (arXiv 2104.09864).
+
+Pairs are interleaved: (x1, x2), (x3, x4), ... rotate by m * theta_i with
+theta_i = base ** (-2(i-1)/d), i = 1..d/2. The rotation is applied with the element-wise form of
+eq. 34, x * cos + rotate_every_two(x) * sin, never with a dense matrix. This is also the layout of
+transformers' RoFormer (`apply_rotary_position_embeddings`), so weights are interchangeable.
+
+cos/sin tables are computed once in float64 (as transformers does with numpy) and stored in float32;
+they are grown lazily when a longer sequence arrives, because the stage scheduler raises the
+maximum length mid-run and RoPE models have no maximum length.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Tables grow in multiples of this many positions so a slowly increasing length does not rebuild
+# the table on every step.
+_GROWTH_QUANTUM = 256
+
+
+def rotary_inverse_frequencies(head_size: int, base: float = 10000.0, scaling: str = "none",
+                               factor: float = 1.0) -> torch.Tensor:
+    """theta_i for i = 1..d/2 as float64, shape (d/2,), including the scaling variant."""
+    if head_size % 2:
+        raise ValueError(f"RoPE needs an even head size, got {head_size}")
+    if scaling == "ntk":
+        # NTK-aware scaling stretches the lowest frequency by `factor` and leaves the highest alone.
+        base = base * factor ** (head_size / (head_size - 2))
+    exponents = torch.arange(0, head_size, 2, dtype=torch.float64) / head_size  # 2(i-1)/d
+    return base ** (-exponents)
+
+
+def rotary_angles(positions: torch.Tensor, inverse_frequencies: torch.Tensor, scaling: str = "none",
+                  factor: float = 1.0) -> torch.Tensor:
+    """m * theta_i in float64, shape (len(positions), d/2)."""
+    positions = positions.to(torch.float64)
+    if scaling == "linear":
+        positions = positions / factor  # position interpolation
+    return torch.outer(positions, inverse_frequencies)
+
+
+def rotate_every_two(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2, x3, x4, ...) -> (-x2, x1, -x4, x3, ...) on the last dimension (eq. 34's second term)."""
+    rotated = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1)  # (..., d/2, 2)
+    return rotated.flatten(-2)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (..., T, d) by per-position cos/sin (T, d) in float32, then cast back to x's dtype.
+
+    The arithmetic is done in float32 so that positions stay exact when activations are fp16/bf16
+    (a bf16 angle table cannot even tell position 4096 from 4097 apart).
+    """
+    x32 = x.float()
+    rotated = x32 * cos + rotate_every_two(x32) * sin
+    return rotated.to(x.dtype)
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """Holds the cached cos/sin tables of one model; stateless as far as the state dict goes.
+
+    The tables are plain attributes, not buffers, so `model.half()` (DeepSpeed fp16) can never
+    turn them into half precision and `state_dict()` never carries them.
+    """
+
+    def __init__(self, head_size: int, base: float = 10000.0, scaling: str = "none", factor: float = 1.0):
+        super().__init__()
+        self.head_size = head_size
+        self.base = base
+        self.scaling = scaling
+        self.factor = factor
+        self.inverse_frequencies = rotary_inverse_frequencies(head_size, base, scaling, factor)  # float64
+        self._cos: torch.Tensor | None = None  # (T_cached, d) float32, each value repeated for its pair
+        self._sin: torch.Tensor | None = None
+
+    @property
+    def cached_length(self) -> int:
+        return 0 if self._cos is None else self._cos.shape[0]
+
+    def _build(self, length: int, device: torch.device) -> None:
+        positions = torch.arange(length, dtype=torch.float64)
+        angles = rotary_angles(positions, self.inverse_frequencies, self.scaling, self.factor)  # (T, d/2)
+        angles = angles.repeat_interleave(2, dim=-1)  # (T, d): theta_1, theta_1, theta_2, theta_2, ...
+        self._cos = angles.cos().to(device=device, dtype=torch.float32)
+        self._sin = angles.sin().to(device=device, dtype=torch.float32)
+
+    def cos_sin(self, seq_len: int, device: torch.device, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 tables for positions offset .. offset+seq_len-1, each (seq_len, d)."""
+        needed = offset + seq_len
+        if self._cos is None or self._cos.device != torch.device(device) or needed > self.cached_length:
+            length = max(needed, self.cached_length)
+            self._build(math.ceil(length / _GROWTH_QUANTUM) * _GROWTH_QUANTUM, device)
+        return self._cos[offset:needed], self._sin[offset:needed]
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Rotate x (..., T, d) as if its T rows sat at positions offset .. offset+T-1."""
+        cos, sin = self.cos_sin(x.shape[-2], x.device, offset)
+        return apply_rotary(x, cos, sin)
+
+    def extra_repr(self) -> str:
+        return f"head_size={self.head_size}, base={self.base}, scaling={self.scaling}, factor={self.factor}"
+
+
+def transformers_sinusoidal_table(num_positions: int, head_size: int) -> torch.Tensor:
+    """transformers' `RoFormerSinusoidalPositionalEmbedding` weight: [sin(m theta) | cos(m theta)].
+
+    transformers stores this frozen table in its checkpoints, so an export must write it.
+    """
+    angles = rotary_angles(torch.arange(num_positions), rotary_inverse_frequencies(head_size))  # (P, d/2)
+    return torch.cat((angles.sin(), angles.cos()), dim=-1).to(torch.float32)  # (P, d)
+
+
+__all__ = ["RotaryEmbedding", "apply_rotary", "rotate_every_two", "rotary_inverse_frequencies", "rotary_angles",
+           "transformers_sinusoidal_table"]
