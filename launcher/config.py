@@ -1,0 +1,267 @@
+"""Run configuration: one YAML file, one dataclass per section, unknown keys rejected by name.
+
+A run config has the sections `model` (the `RoFormerConfig` fields), `data`, `optimizer`,
+`schedule`, `checkpoint`, `logging` and `deepspeed`, plus a top-level `seed`. Relative paths are
+resolved against the directory of the config file, so a config works from any working directory;
+the resolved config written into a run directory holds absolute paths only.
+
+    cfg = load_run_config("configs/demo_cpu.yaml", ["optimizer.lr=5e-4", "schedule.file=..."])
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from launcher.errors import UserError
+
+DECAY_KINDS = ("linear", "cosine", "constant")
+
+
+@dataclass
+class DataSection:
+    data_dir: str = ""
+    """Prepared data directory (`roformer data prepare --out DIR`): manifest, tokenizer, train/ and valid/."""
+    seed: int = 1234
+    """Seed of the data order and the masking; the global stream depends on it, not on the world size."""
+    masking: dict = field(default_factory=dict)
+    """Keyword arguments of `data_pipeline.MaskingConfig` (empty = its defaults)."""
+    verify: bool = True
+    """Check the manifest checksums and tokenizer hash when opening the corpus."""
+
+
+@dataclass
+class OptimizerSection:
+    lr: float = 5e-4
+    """Peak learning rate (reached at the end of warmup), before the stage's lr_scale."""
+    warmup_steps: int = 100
+    """Linear warmup from 0 over this many optimizer steps, counted from the start of the run."""
+    decay: str = "linear"
+    """Decay after warmup over the remaining steps of the whole run: 'linear', 'cosine' or 'constant'."""
+    min_lr_ratio: float = 0.0
+    """The decay ends at lr * min_lr_ratio."""
+
+
+@dataclass
+class ScheduleSection:
+    file: str = ""
+    """Schedule YAML/JSON (launcher/schedules/): the stages, each max_seq_len / global_batch_size / steps."""
+    max_tokens_per_micro_batch: int = 0
+    """Memory budget for stages without an explicit micro_batch_size: the micro-batch is the largest
+    divisor of global_batch_size / world_size with micro x max_seq_len <= this. 0 = stages must say."""
+
+
+@dataclass
+class CheckpointSection:
+    every_steps: int = 0
+    """Save every N optimizer steps (0 = only at stage ends and the end of the run)."""
+    keep_last: int = 3
+    """Keep this many complete checkpoints; older ones are deleted after a new one is complete."""
+
+
+@dataclass
+class LoggingSection:
+    log_every: int = 1
+    """Write TensorBoard scalars every N steps (metrics.jsonl gets every step)."""
+    valid_every: int = 0
+    """Validate on held-out shards every N steps and at every stage end (0 = stage ends only)."""
+    valid_batches: int = 2
+    """Micro-batches per rank in one validation pass (at the current stage's length and micro-batch)."""
+    progress_bar: bool = True
+    """Show the rank-0 progress bar (stage, stage ETA, run ETA)."""
+    stage_end_evals: list = field(default_factory=list)
+    """Names passed to launcher.stage_evals.on_stage_end after each stage checkpoint (empty = none)."""
+
+
+@dataclass
+class DeepSpeedSection:
+    config: str = ""
+    """DeepSpeed JSON (ds_configs/) without batch sizes: they are resolved from the schedule."""
+    overrides: dict = field(default_factory=dict)
+    """Deep-merged into that JSON (e.g. {fp16: {initial_scale_power: 8}}); keys still checked."""
+
+
+@dataclass
+class RunConfig:
+    model: dict
+    """RoFormerConfig fields (validated by roformer.RoFormerConfig.from_dict)."""
+    data: DataSection
+    optimizer: OptimizerSection
+    schedule: ScheduleSection
+    checkpoint: CheckpointSection
+    logging: LoggingSection
+    deepspeed: DeepSpeedSection
+    seed: int = 42
+    """Seed of the model initialisation and of torch/numpy/python RNGs (dropout)."""
+    source: str = ""
+    """The file this config came from (for error messages)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("source")
+        return out
+
+    def model_config(self):
+        from roformer.config import ConfigError, RoFormerConfig
+
+        try:
+            return RoFormerConfig.from_dict(dict(self.model), source=f"{self.source}: model")
+        except ConfigError as err:
+            raise UserError(str(err)) from None
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataSection,
+    "optimizer": OptimizerSection,
+    "schedule": ScheduleSection,
+    "checkpoint": CheckpointSection,
+    "logging": LoggingSection,
+    "deepspeed": DeepSpeedSection,
+}
+TOP_LEVEL_SCALARS = ("seed",)
+# Fields holding paths, resolved against the config file's directory.
+PATH_FIELDS = {("data", "data_dir"), ("schedule", "file"), ("deepspeed", "config")}
+
+
+def load_run_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read, override (`section.key=value`, value parsed as YAML) and validate a run config."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: run config not found") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: a run config must be a mapping of sections")
+    for item in overrides:
+        _apply_override(raw, item, path)
+    return run_config_from_dict(raw, source=str(path), base_dir=path.resolve().parent)
+
+
+def run_config_from_dict(raw: dict, source: str, base_dir: Path) -> RunConfig:
+    known = set(SECTIONS) | {"model"} | set(TOP_LEVEL_SCALARS)
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise UserError(f"{source}: unknown section(s) {', '.join(map(str, unknown))} "
+                        f"(known: {', '.join(sorted(known))})")
+    if not isinstance(raw.get("model"), dict):
+        raise UserError(f"{source}: section 'model' (the RoFormerConfig fields) is required")
+    sections = {name: _build_section(name, cls, raw.get(name) or {}, source, base_dir)
+                for name, cls in SECTIONS.items()}
+    seed = raw.get("seed", RunConfig.seed)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise UserError(f"{source}: seed: must be an integer, got {seed!r}")
+    cfg = RunConfig(model=dict(raw["model"]), seed=seed, source=source, **sections)
+    _validate(cfg)
+    cfg.model_config()  # architecture errors surface now, naming the field
+    return cfg
+
+
+def dump_run_config(cfg: RunConfig, path: Path) -> None:
+    """Write the resolved config (absolute paths) atomically; it loads back with load_run_config."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _build_section(name: str, cls: type, values: Any, source: str, base_dir: Path):
+    if not isinstance(values, dict):
+        raise UserError(f"{source}: section '{name}' must be a mapping, got {type(values).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise UserError(f"{source}: unknown key(s) {', '.join(f'{name}.{k}' for k in unknown)} "
+                        f"(known in '{name}': {', '.join(fields)})")
+    kwargs = {}
+    for key, value in values.items():
+        default = fields[key].default if fields[key].default is not dataclasses.MISSING \
+            else fields[key].default_factory()
+        kwargs[key] = _check_type(f"{name}.{key}", value, default, source)
+        if (name, key) in PATH_FIELDS and kwargs[key]:
+            expanded = Path(os.path.expandvars(os.path.expanduser(kwargs[key])))
+            kwargs[key] = str(expanded if expanded.is_absolute() else (base_dir / expanded).resolve())
+    return cls(**kwargs)
+
+
+def _check_type(where: str, value: Any, default: Any, source: str) -> Any:
+    """Values must have the type of the field's default (ints are accepted where floats are)."""
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        raise UserError(f"{source}: {where}: expected {type(default).__name__}, got {value!r}")
+    return value
+
+
+def _validate(cfg: RunConfig) -> None:
+    src = cfg.source
+
+    def fail(where: str, message: str):
+        raise UserError(f"{src}: {where}: {message}")
+
+    if not cfg.data.data_dir:
+        fail("data.data_dir", "required (a directory made by `roformer data prepare`)")
+    if not cfg.schedule.file:
+        fail("schedule.file", "required (a schedule in launcher/schedules/)")
+    if cfg.schedule.max_tokens_per_micro_batch < 0:
+        fail("schedule.max_tokens_per_micro_batch", "must be >= 0")
+    if not cfg.deepspeed.config:
+        fail("deepspeed.config", "required (a JSON in ds_configs/)")
+    for key in ("schedule.file", "deepspeed.config"):
+        section, name = key.split(".")
+        if not Path(getattr(getattr(cfg, section), name)).is_file():
+            fail(key, f"file not found: {getattr(getattr(cfg, section), name)}")
+    opt = cfg.optimizer
+    if not opt.lr > 0:
+        fail("optimizer.lr", f"must be > 0, got {opt.lr}")
+    if opt.warmup_steps < 0:
+        fail("optimizer.warmup_steps", f"must be >= 0, got {opt.warmup_steps}")
+    if opt.decay not in DECAY_KINDS:
+        fail("optimizer.decay", f"must be one of {', '.join(DECAY_KINDS)}, got {opt.decay!r}")
+    if not 0.0 <= opt.min_lr_ratio <= 1.0:
+        fail("optimizer.min_lr_ratio", f"must be in [0, 1], got {opt.min_lr_ratio}")
+    if cfg.checkpoint.every_steps < 0:
+        fail("checkpoint.every_steps", "must be >= 0")
+    if cfg.checkpoint.keep_last < 1:
+        fail("checkpoint.keep_last", "must be >= 1 (the newest complete checkpoint is always kept)")
+    for key in ("log_every", "valid_batches"):
+        if getattr(cfg.logging, key) < 1:
+            fail(f"logging.{key}", "must be >= 1")
+    if cfg.logging.valid_every < 0:
+        fail("logging.valid_every", "must be >= 0")
+    if not all(isinstance(x, str) for x in cfg.logging.stage_end_evals):
+        fail("logging.stage_end_evals", "must be a list of names")
+
+
+def _apply_override(raw: dict, item: str, path: Path) -> None:
+    key, sep, text = item.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not all(parts):
+        raise UserError(f"--set {item!r}: expected section.key=value")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise UserError(f"--set {item!r}: value is not valid YAML: {err}") from None
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UserError(f"--set {item!r}: {part} in {path} is not a section")
+        node = child
+    node[parts[-1]] = value

@@ -1,0 +1,45 @@
+"""`roformer plan --config CFG --world-size N`: validate a run config for N ranks, print the stages.
+
+Nothing is started and nothing is written; every error names the file, stage or field.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from launcher.batching import resolve_ds_config, resolve_stages, total_steps
+from launcher.config import load_run_config
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="run config YAML (configs/)")
+    parser.add_argument("--world-size", type=int, required=True, help="number of ranks (GPUs or CPU processes)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a run-config field (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print the stages and DeepSpeed config as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_run_config(args.config, args.overrides)
+    stages = resolve_stages(cfg, args.world_size)
+    ds_config = resolve_ds_config(cfg, stages[0], args.world_size)
+    if args.json:
+        print(json.dumps({"stages": [s.to_dict() for s in stages], "deepspeed": ds_config}, indent=2))
+        return 0
+    print(format_plan(stages, args.world_size))
+    print(f"deepspeed config: {cfg.deepspeed.config} (ZeRO stage "
+          f"{ds_config.get('zero_optimization', {}).get('stage', 0)}, "
+          f"{'fp16' if ds_config.get('fp16', {}).get('enabled') else 'bf16' if ds_config.get('bf16', {}).get('enabled') else 'fp32'})")
+    return 0
+
+
+def format_plan(stages, world_size: int) -> str:
+    header = f"{'#':>2}  {'stage':<16}{'max_len':>8}{'global':>8}{'micro':>7}{'accum':>7}{'steps':>9}{'first':>9}" \
+             f"{'lr_scale':>9}"
+    rows = [f"plan for world size {world_size}: global batch = micro x accum x {world_size}", header]
+    for s in stages:
+        rows.append(f"{s.index + 1:>2}  {s.name[:15]:<16}{s.max_seq_len:>8}{s.global_batch_size:>8}"
+                    f"{s.micro_batch_size:>7}{s.grad_accum_steps:>7}{s.steps:>9}{s.first_step:>9}{s.lr_scale:>9g}")
+    tokens = sum(s.steps * s.global_batch_size * s.max_seq_len for s in stages)
+    rows.append(f"total: {total_steps(stages)} optimizer steps, {tokens:,} token slots")
+    return "\n".join(rows)

@@ -1,0 +1,119 @@
+"""Training stages and the learning rate: pure functions of the global optimizer step.
+
+A schedule file (YAML or JSON) lists stages in order:
+
+    stages:
+      - {name: s1, max_seq_len: 512, global_batch_size: 256, steps: 200000}
+      - {name: s2, max_seq_len: 1536, global_batch_size: 256, steps: 12500, micro_batch_size: 4, lr_scale: 1.0}
+
+Steps are counted from 0 over the whole run; stage i covers [first_step_i, first_step_i + steps_i).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from launcher.errors import UserError
+
+STAGE_KEYS = ("name", "max_seq_len", "global_batch_size", "steps", "micro_batch_size", "lr_scale")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage as written in the schedule file (before the world size is known)."""
+
+    name: str
+    """Shown in logs, the progress bar and checkpoint sidecars."""
+    max_seq_len: int
+    """Length of every packed training sequence in this stage."""
+    global_batch_size: int
+    """Sequences per optimizer step over all ranks (micro x grad-accum x data-parallel size)."""
+    steps: int
+    """Optimizer steps in this stage."""
+    micro_batch_size: int | None = None
+    """Sequences per rank per forward pass; None = derived from schedule.max_tokens_per_micro_batch."""
+    lr_scale: float = 1.0
+    """Multiplies the run's learning-rate curve while this stage runs."""
+
+
+def load_schedule(path: str | Path) -> list[Stage]:
+    """Parse and validate a schedule file; errors name the file and the stage."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except FileNotFoundError:
+        raise UserError(f"{path}: schedule file not found") from None
+    except (yaml.YAMLError, json.JSONDecodeError) as err:
+        raise UserError(f"{path}: schedule is not valid {path.suffix.lstrip('.').upper()}: {err}") from None
+    if not isinstance(raw, dict) or set(raw) - {"stages", "description"}:
+        raise UserError(f"{path}: a schedule is a mapping with the key 'stages' (and optional 'description')")
+    entries = raw.get("stages")
+    if not isinstance(entries, list) or not entries:
+        raise UserError(f"{path}: stages: the schedule is empty (at least one stage is needed)")
+    return [_parse_stage(entry, i, path) for i, entry in enumerate(entries)]
+
+
+def _parse_stage(entry: object, index: int, path: Path) -> Stage:
+    where = f"{path}: stage {index + 1}"
+    if not isinstance(entry, dict):
+        raise UserError(f"{where}: must be a mapping of {', '.join(STAGE_KEYS)}")
+    name = entry.get("name", f"stage{index + 1}")
+    where = f"{path}: stage {index + 1} ({name})"
+    unknown = sorted(set(entry) - set(STAGE_KEYS))
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {', '.join(map(str, unknown))} (known: {', '.join(STAGE_KEYS)})")
+    for key in ("max_seq_len", "global_batch_size", "steps"):
+        if key not in entry:
+            raise UserError(f"{where}: {key} is required")
+    for key in ("max_seq_len", "global_batch_size", "steps", "micro_batch_size"):
+        value = entry.get(key)
+        if key == "micro_batch_size" and value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise UserError(f"{where}: {key} must be a positive integer, got {value!r}")
+    lr_scale = entry.get("lr_scale", 1.0)
+    if not isinstance(lr_scale, (int, float)) or isinstance(lr_scale, bool) or not lr_scale > 0:
+        raise UserError(f"{where}: lr_scale must be a positive number, got {lr_scale!r}")
+    return Stage(name=str(name), max_seq_len=entry["max_seq_len"], global_batch_size=entry["global_batch_size"],
+                 steps=entry["steps"], micro_batch_size=entry.get("micro_batch_size"), lr_scale=float(lr_scale))
+
+
+def stage_index_at(stage_steps: list[int], step: int) -> tuple[int, int]:
+    """(stage index, step within that stage) of global step `step`; stage_steps = steps per stage.
+
+    Steps at or past the end of the run map to the last stage (step_in_stage >= its steps).
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    first = 0
+    for index, steps in enumerate(stage_steps):
+        if step < first + steps:
+            return index, step - first
+        first += steps
+    last = len(stage_steps) - 1
+    return last, step - (first - stage_steps[last])
+
+
+def learning_rate(step: int, total_steps: int, peak: float, warmup_steps: int, decay: str,
+                  min_lr_ratio: float, lr_scale: float = 1.0) -> float:
+    """LR of optimizer step `step` (0-based): linear warmup, then decay to peak*min_lr_ratio at the end
+    of the whole run (not per stage), times the current stage's lr_scale."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return peak * lr_scale * (step + 1) / warmup_steps
+    floor = peak * min_lr_ratio
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, max(0.0, (step - warmup_steps) / span))
+    if decay == "constant":
+        factor = 1.0
+    elif decay == "linear":
+        factor = 1.0 - progress
+    elif decay == "cosine":
+        factor = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        raise ValueError(f"unknown decay {decay!r}")
+    return (floor + (peak - floor) * factor) * lr_scale

@@ -1,0 +1,75 @@
+"""Run-config loading: sections, overrides, path resolution, and errors naming file and field."""
+from __future__ import annotations
+
+import pytest
+
+from launcher.config import dump_run_config, load_run_config
+from launcher.errors import UserError
+from tests.conftest_training import REPO, run_config_dict, write_yaml
+
+
+def test_shipped_configs_load_with_absolute_paths():
+    for name in ("demo_cpu.yaml", "reference_v100.yaml"):
+        cfg = load_run_config(REPO / "configs" / name)
+        assert cfg.deepspeed.config.startswith("/") and cfg.schedule.file.startswith("/")
+        assert cfg.model_config().position_encoding == "rope"
+
+
+def test_overrides_parse_values_as_yaml(tmp_path):
+    path = write_yaml(tmp_path / "run.yaml", run_config_dict())
+    cfg = load_run_config(path, ["optimizer.lr=3e-4", "logging.progress_bar=false", "seed=99",
+                                 "model.hidden_size=64"])
+    assert cfg.optimizer.lr == 3e-4 and cfg.logging.progress_bar is False and cfg.seed == 99
+    assert cfg.model["hidden_size"] == 64
+
+
+def test_relative_paths_resolve_against_the_config_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "s.yaml").write_text("stages: [{max_seq_len: 8, global_batch_size: 2, steps: 1}]")
+    path = write_yaml(tmp_path / "cfgs" / "run.yaml", run_config_dict(schedule_file="../sub/s.yaml", data_dir="../d"))
+    cfg = load_run_config(path)
+    assert cfg.schedule.file == str(tmp_path / "sub" / "s.yaml")
+    assert cfg.data.data_dir == str(tmp_path / "d")
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_run_config(write_yaml(tmp_path / "run.yaml", run_config_dict()), ["optimizer.lr=1e-3"])
+    dump_run_config(cfg, tmp_path / "resolved.yaml")
+    again = load_run_config(tmp_path / "resolved.yaml")
+    assert again.to_dict() == cfg.to_dict()
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c["optimizer"].update(learning_rate=1), "optimizer.learning_rate"),
+    (lambda c: c["logging"].update(tensorbord=True), "logging.tensorbord"),
+    (lambda c: c.update(trainer={}), "unknown section(s) trainer"),
+    (lambda c: c["model"].update(hiden_size=3), "hiden_size"),
+    (lambda c: c["optimizer"].update(lr="fast"), "optimizer.lr: expected float"),
+    (lambda c: c["optimizer"].update(decay="step"), "optimizer.decay"),
+    (lambda c: c["checkpoint"].update(keep_last=0), "checkpoint.keep_last"),
+    (lambda c: c["deepspeed"].update(config="/nope/x.json"), "deepspeed.config: file not found"),
+    (lambda c: c["model"].update(num_attention_heads=5), "num_attention_heads"),
+])
+def test_bad_fields_are_named_with_the_file(tmp_path, mutate, message):
+    raw = run_config_dict()
+    mutate(raw)
+    path = write_yaml(tmp_path / "bad.yaml", raw)
+    with pytest.raises(UserError) as info:
+        load_run_config(path)
+    assert message in str(info.value) and "bad.yaml" in str(info.value)
+
+
+def test_bad_override_syntax(tmp_path):
+    path = write_yaml(tmp_path / "run.yaml", run_config_dict())
+    with pytest.raises(UserError, match="section.key=value"):
+        load_run_config(path, ["optimizer.lr"])
+    with pytest.raises(UserError, match="optimizer.betas"):
+        load_run_config(path, ["optimizer.betas=[0.9, 0.99]"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        load_run_config(tmp_path / "absent.yaml")
+    (tmp_path / "broken.yaml").write_text("model: [unclosed\n")
+    with pytest.raises(UserError, match="broken.yaml: not valid YAML"):
+        load_run_config(tmp_path / "broken.yaml")
