@@ -1,0 +1,126 @@
+"""Options of corpus preparation and tokenizer training, one dataclass per concern.
+
+Every field is validated in `__post_init__`; errors name the field (DataError, shown as one line).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from data_pipeline.errors import DataError
+
+# Fixed special ids shared by every tokenizer we train (docs/INTERFACES.md).
+PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
+SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]",
+                  "sep_token": "[SEP]", "mask_token": "[MASK]"}
+NUM_SPECIAL_IDS = 5  # ids below this are never masked and never drawn as random replacements
+
+FORMATS = ("auto", "txt", "jsonl", "parquet")
+TXT_MODES = ("line", "paragraph")
+
+
+@dataclass
+class InputConfig:
+    """How raw documents are found and read."""
+
+    inputs: list[str]
+    """Files, directories (searched recursively for known extensions) or glob patterns."""
+    text_format: str = "auto"
+    """`auto` (from the extension: .txt[.gz], .jsonl/.json[.gz], .parquet) or one of txt/jsonl/parquet."""
+    txt_mode: str = "line"
+    """For .txt: `line` = one document per line, `paragraph` = blank-line-separated blocks."""
+    text_field: str = "text"
+    """Field holding the document text in JSONL records and parquet columns."""
+    lenient: bool = False
+    """Skip (count and log) bad lines and empty files instead of failing at the first one."""
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise DataError("inputs: at least one input file, directory or glob is required")
+        if self.text_format not in FORMATS:
+            raise DataError(f"text_format: {self.text_format!r} is not one of {', '.join(FORMATS)}")
+        if self.txt_mode not in TXT_MODES:
+            raise DataError(f"txt_mode: {self.txt_mode!r} is not one of {', '.join(TXT_MODES)}")
+        if not self.text_field:
+            raise DataError("text_field: must be a non-empty field name")
+
+
+@dataclass
+class CleaningConfig:
+    """Per-document normalization, de-duplication, splitting and capping."""
+
+    nfkc: bool = False
+    """Apply Unicode NFKC normalization (SentencePiece's own nmt_nfkc runs anyway at tokenization)."""
+    strip_control: bool = True
+    """Remove control characters other than newline and tab."""
+    dedup: bool = True
+    """Drop exact duplicate documents (first occurrence wins); costs 16 bytes of memory per document."""
+    valid_fraction: float = 0.01
+    """Fraction of documents assigned to the validation split by a hash of their text."""
+    max_documents: int | None = None
+    """Read at most this many documents (in input order); None = all. For quick demos."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.valid_fraction < 1.0:
+            raise DataError(f"valid_fraction: {self.valid_fraction} must be in [0, 1)")
+        if self.max_documents is not None and self.max_documents < 1:
+            raise DataError(f"max_documents: {self.max_documents} must be >= 1")
+
+
+@dataclass
+class TokenizerConfig:
+    """SentencePiece training."""
+
+    vocab_size: int = 8000
+    """Vocabulary size including the 5 special tokens."""
+    model_type: str = "bpe"
+    """`bpe` (default: the transformers tokenizer reproduces its ids exactly) or `unigram` (transformers
+    may break ties between equal-score segmentations of repeated characters, e.g. '-----', differently)."""
+    sample_bytes: int = 50_000_000
+    """Bound on the text (bytes) sampled, by document hash, from the train split for training."""
+    input_sentence_size: int = 1_000_000
+    """Bound on the lines SentencePiece keeps from that sample (it shuffles them)."""
+    character_coverage: float = 0.9995
+    """Share of characters covered by the vocabulary (0.9995 suits Chinese + English)."""
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < NUM_SPECIAL_IDS + 10:
+            raise DataError(f"vocab_size: {self.vocab_size} is too small (need >= {NUM_SPECIAL_IDS + 10})")
+        if self.model_type not in ("unigram", "bpe"):
+            raise DataError(f"model_type: {self.model_type!r} is not one of unigram, bpe")
+        if self.sample_bytes < 1 or self.input_sentence_size < 1:
+            raise DataError("sample_bytes / input_sentence_size: must be positive")
+        if not 0.9 <= self.character_coverage <= 1.0:
+            raise DataError(f"character_coverage: {self.character_coverage} must be in [0.9, 1]")
+
+
+@dataclass
+class PrepareConfig:
+    """Everything `roformer data prepare` needs."""
+
+    input: InputConfig
+    out_dir: Path
+    """Prepared data directory (manifest.json, tokenizer/, train/, valid/)."""
+    cleaning: CleaningConfig = field(default_factory=CleaningConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    existing_tokenizer: Path | None = None
+    """Reuse this spm.model (or a prepared data dir's tokenizer/) instead of training one."""
+    workers: int = 1
+    """Worker processes for reading and tokenizing (parallel over input files)."""
+    shard_tokens: int = 1 << 25
+    """Roll over to a new shard after about this many tokens."""
+    overwrite: bool = False
+    """Replace an existing prepared directory at out_dir."""
+
+    def __post_init__(self) -> None:
+        self.out_dir = Path(self.out_dir)
+        if self.workers < 1:
+            raise DataError(f"workers: {self.workers} must be >= 1")
+        if self.shard_tokens < 1:
+            raise DataError(f"shard_tokens: {self.shard_tokens} must be >= 1")
+
+    def options_for_manifest(self) -> dict:
+        d = asdict(self)
+        d["out_dir"] = str(self.out_dir)
+        d["existing_tokenizer"] = str(self.existing_tokenizer) if self.existing_tokenizer else None
+        return d

@@ -1,0 +1,362 @@
+"""`roformer data prepare`: raw corpora -> SentencePiece tokenizer -> train/valid shards + manifest.
+
+Two streaming passes, each parallel over input files in `workers` processes:
+  1. scan: validate each file (errors name file:line), clean every document, hash it (16-byte
+     blake2b digest), and write a hash-chosen sample of train documents for the tokenizer.
+     The main process then de-duplicates by digest (first occurrence wins; a set of 16-byte digests,
+     ~100 bytes per document in Python: 10M documents ~ 1 GB) and assigns the split from the digest
+     (so a duplicate can never sit on both sides of the split).
+  2. tokenize: re-read the files (same deterministic order), encode the kept documents and stream
+     them into shards.
+Nothing is held per document except the digests, so tens of GB need time, not memory. Everything is
+written under `<out>/.partial-<pid>/` and moved into place at the end, manifest last.
+"""
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig, TokenizerConfig
+from data_pipeline.errors import DataError
+from data_pipeline.inputs import (check_file, clean_text, estimated_text_bytes, file_format,
+                                  iter_raw_documents, resolve_inputs)
+from data_pipeline.shards import (FORMAT_NAME, FORMAT_VERSION, MANIFEST, SPLITS, ShardWriter,
+                                  file_sha256, token_dtype, write_manifest)
+from data_pipeline.tokenizer import (SPM_FILE, check_special_ids, load_sentencepiece,
+                                     resolve_model_path, tokenizer_hash, train_sentencepiece,
+                                     write_hf_tokenizer_files)
+
+DROP, TRAIN, VALID = 0, 1, 2
+_MAX_EXAMPLES = 20
+
+
+@dataclass
+class FileScan:
+    """Pass-1 result for one input file."""
+
+    path: Path
+    fmt: str
+    documents: int = 0
+    text_bytes: int = 0
+    empty_documents: int = 0
+    digests: bytes = b""
+    skipped: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PrepareReport:
+    """What `prepare` did; the same figures go into the manifest's `stats`."""
+
+    out_dir: Path
+    stats: dict
+    seconds: float
+
+    def summary(self) -> str:
+        s = self.stats
+        lines = [f"prepared {self.out_dir} in {self.seconds:.1f}s: "
+                 f"{s['input_bytes'] / 1e6:.1f} MB read, {s['documents_read']} documents, "
+                 f"{s['duplicates_removed']} duplicates removed, "
+                 f"train {s['train_documents']} docs / {s['train_tokens']} tokens, "
+                 f"valid {s['valid_documents']} docs / {s['valid_tokens']} tokens"]
+        if s["skipped"]:
+            lines.append(f"lenient mode skipped: {dict(s['skipped'])}")
+            lines.extend(f"  {e}" for e in s["skipped_examples"])
+        return "\n".join(lines)
+
+
+def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
+    """Run both passes and write `cfg.out_dir`; raises DataError on bad input before writing it."""
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    started = time.perf_counter()
+    files = resolve_inputs(cfg.input.inputs)
+    formats = [file_format(p, cfg.input.text_format) for p in files]
+    out_dir = cfg.out_dir
+    if (out_dir / MANIFEST).exists() and not cfg.overwrite:
+        raise DataError(f"{out_dir}: already holds prepared data (use --overwrite to replace it)")
+    partial = out_dir / f".partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    (partial / "samples").mkdir(parents=True)
+    try:
+        with _pool(cfg.workers) as pool:
+            scans, total_bytes = _scan_all(cfg, files, formats, pool, partial / "samples", log)
+            assignments, dedup_stats = _assign_documents(scans, cfg)
+            model_path = _make_tokenizer(cfg, partial, pool_threads=cfg.workers, log=log)
+            sp = load_sentencepiece(model_path)
+            vocab_size = sp.get_piece_size()
+            dtype = token_dtype(vocab_size)
+            log(f"tokenizing with vocab {vocab_size} into shards ({dtype})")
+            groups = _group_files(scans, assignments, cfg)
+            token_tasks = [(g, [(scans[i].path, scans[i].fmt, assignments[i]) for i in members],
+                            cfg, model_path, partial, dtype.str) for g, members in enumerate(groups)]
+            written = list(pool.imap(_tokenize_group, token_tasks))
+        splits = _rename_shards(partial, written)
+        stats = _stats(scans, dedup_stats, splits, total_bytes)
+        manifest = {
+            "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "dtype": dtype.name,
+            "tokenizer": {"path": f"tokenizer/{SPM_FILE}", "sha256": tokenizer_hash(model_path),
+                          "vocab_size": vocab_size, "model_type": _model_type(sp)},
+            "special_tokens": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4},
+            "sources": [{"path": str(s.path), "bytes": s.path.stat().st_size, "documents": s.documents}
+                        for s in scans],
+            "options": cfg.options_for_manifest(), "stats": stats, "splits": splits}
+        _publish(partial, out_dir, manifest)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return PrepareReport(out_dir, stats, time.perf_counter() - started)
+
+
+def train_tokenizer_only(input_cfg: InputConfig, tok_cfg: TokenizerConfig, out_dir: Path,
+                         max_documents: int | None = None, workers: int = 1, log=None) -> Path:
+    """`roformer data tokenizer`: scan the inputs and train SentencePiece into out_dir (no shards)."""
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    cfg = PrepareConfig(input=input_cfg, out_dir=out_dir, tokenizer=tok_cfg, workers=workers,
+                        cleaning=CleaningConfig(valid_fraction=0.0, max_documents=max_documents))
+    files = resolve_inputs(input_cfg.inputs)
+    formats = [file_format(p, input_cfg.text_format) for p in files]
+    with tempfile.TemporaryDirectory(prefix="roformer-tok-") as tmp, _pool(workers) as pool:
+        _scan_all(cfg, files, formats, pool, Path(tmp), log)
+        staged = Path(tmp) / "tokenizer"
+        train_sentencepiece(sorted(Path(tmp).glob("*.txt")), staged, tok_cfg, threads=workers)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for f in staged.iterdir():
+            os.replace(f, out_dir / f.name)
+    return out_dir / SPM_FILE
+
+
+def _scan_all(cfg: PrepareConfig, files: list[Path], formats: list[str], pool, samples_dir: Path,
+              log) -> tuple[list[FileScan], int]:
+    total_bytes = sum(estimated_text_bytes(p) for p in files)
+    # With a document cap the input actually read is unknown up front; input_sentence_size bounds it.
+    sample_prob = 1.0 if cfg.cleaning.max_documents else min(1.0, cfg.tokenizer.sample_bytes / max(total_bytes, 1))
+    log(f"scanning {len(files)} files ({total_bytes / 1e6:.1f} MB) with {cfg.workers} workers")
+    tasks = [(p, fmt, cfg, sample_prob, samples_dir / f"{i:05d}.txt")
+             for i, (p, fmt) in enumerate(zip(files, formats))]
+    return list(pool.imap(_scan_file, tasks)), total_bytes
+
+
+class _InlinePool:
+    """`workers=1`: run tasks in this process (no start-up cost, easier debugging)."""
+
+    def imap(self, fn, tasks):
+        return map(fn, tasks)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _pool(workers: int):
+    if workers == 1:
+        return _InlinePool()
+    # spawn, not fork: pyarrow/datasets threads in the parent must not be inherited half-locked.
+    return multiprocessing.get_context("spawn").Pool(workers)
+
+
+def _documents(path: Path, fmt: str, cfg: PrepareConfig, check) -> "iter[str]":
+    """Cleaned, non-empty documents of one file; both passes see exactly this sequence."""
+    limit = cfg.cleaning.max_documents
+    n = 0
+    for raw in iter_raw_documents(path, fmt, cfg.input, check):
+        text = clean_text(raw, cfg.cleaning)
+        if not text:
+            yield None  # counted as empty, keeps nothing
+            continue
+        yield text
+        n += 1
+        if limit is not None and n >= limit:
+            return
+
+
+def _scan_file(task) -> FileScan:
+    path, fmt, cfg, sample_prob, sample_path = task
+    check = check_file(path, fmt, cfg.input)
+    scan = FileScan(path, fmt)
+    for line_no, reason in sorted(check.bad_lines.items()):
+        scan.skipped[reason.split(" (")[0]] += 1
+        if len(scan.examples) < _MAX_EXAMPLES:
+            scan.examples.append(f"{path}:{line_no}: {reason}")
+    if check.empty:
+        scan.skipped["empty file"] += 1
+        scan.examples.append(f"{path}: empty file")
+    digests = bytearray()
+    threshold = int(sample_prob * 2**64)
+    valid_threshold = int(cfg.cleaning.valid_fraction * 2**64)
+    with open(sample_path, "w", encoding="utf-8") as sample:
+        for text in _documents(path, fmt, cfg, check):
+            if text is None:
+                scan.empty_documents += 1
+                continue
+            encoded = text.encode("utf-8")
+            digest = hashlib.blake2b(encoded, digest_size=16).digest()
+            digests += digest
+            scan.documents += 1
+            scan.text_bytes += len(encoded)
+            is_train = int.from_bytes(digest[:8], "little") >= valid_threshold
+            if is_train and int.from_bytes(digest[8:], "little") < threshold:
+                sample.write(text + "\n")
+    scan.digests = bytes(digests)
+    return scan
+
+
+def _assign_documents(scans: list[FileScan], cfg: PrepareConfig) -> tuple[list[np.ndarray], dict]:
+    """Per file, per document: DROP (duplicate or over the cap), TRAIN or VALID."""
+    seen: set[bytes] = set()
+    remaining = cfg.cleaning.max_documents
+    valid_threshold = np.uint64(int(cfg.cleaning.valid_fraction * 2**64) if cfg.cleaning.valid_fraction else 0)
+    assignments, duplicates, over_cap = [], 0, 0
+    for scan in scans:
+        n = scan.documents
+        split_key = np.frombuffer(scan.digests, dtype="<u8").reshape(n, 2)[:, 0] if n else np.zeros(0, "<u8")
+        assign = np.where(split_key < valid_threshold, VALID, TRAIN).astype(np.int8)
+        for i in range(n):
+            if remaining is not None and remaining <= 0:
+                over_cap += n - i
+                assign[i:] = DROP
+                break
+            if remaining is not None:
+                remaining -= 1
+            if cfg.cleaning.dedup:
+                digest = scan.digests[16 * i:16 * i + 16]
+                if digest in seen:
+                    assign[i] = DROP
+                    duplicates += 1
+                    continue
+                seen.add(digest)
+        assignments.append(assign)
+    return assignments, {"duplicates_removed": duplicates, "over_max_documents": over_cap}
+
+
+def _make_tokenizer(cfg: PrepareConfig, partial: Path, pool_threads: int, log) -> Path:
+    tok_dir = partial / "tokenizer"
+    if cfg.existing_tokenizer is not None:
+        source = resolve_model_path(cfg.existing_tokenizer)
+        check_special_ids(source)
+        tok_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, tok_dir / SPM_FILE)
+        write_hf_tokenizer_files(tok_dir)
+        log(f"reusing tokenizer {source}")
+        return tok_dir / SPM_FILE
+    samples = sorted((partial / "samples").glob("*.txt"))
+    log(f"training SentencePiece ({cfg.tokenizer.model_type}, vocab {cfg.tokenizer.vocab_size}) on "
+        f"{sum(p.stat().st_size for p in samples) / 1e6:.1f} MB of sampled train text")
+    return train_sentencepiece(samples, tok_dir, cfg.tokenizer, threads=pool_threads)
+
+
+def _group_files(scans: list[FileScan], assignments: list[np.ndarray], cfg: PrepareConfig) -> list[list[int]]:
+    """Consecutive files grouped into tokenization tasks: enough tasks to keep every worker busy,
+    each small enough to write about one shard."""
+    used = [i for i, a in enumerate(assignments) if (a != DROP).any()]
+    total = sum(scans[i].text_bytes for i in used)
+    budget = max(1, min(cfg.shard_tokens * 4, total // (cfg.workers * 4) + 1))  # ~4 bytes per token
+    groups: list[list[int]] = []
+    size = budget
+    for i in used:
+        if size >= budget:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += scans[i].text_bytes
+    return groups
+
+
+def _tokenize_group(task) -> dict:
+    group, members, cfg, model_path, partial, dtype_str = task
+    sp = load_sentencepiece(model_path)
+    dtype = np.dtype(dtype_str)
+    writers = {TRAIN: ShardWriter(partial / "train", f"g{group:05d}", dtype, cfg.shard_tokens),
+               VALID: ShardWriter(partial / "valid", f"g{group:05d}", dtype, cfg.shard_tokens)}
+    for path, fmt, assign in members:
+        check = check_file(path, fmt, cfg.input)
+        kept = np.flatnonzero(assign != DROP)
+        last = kept[-1] if len(kept) else -1
+        batch, batch_split = [], []
+        i = 0
+        for text in _documents(path, fmt, cfg, check):
+            if text is None:
+                continue
+            if assign[i] != DROP:
+                batch.append(text)
+                batch_split.append(assign[i])
+            i += 1
+            if len(batch) >= 256 or i > last:
+                _encode_into(sp, batch, batch_split, writers)
+                batch, batch_split = [], []
+            if i > last:
+                break
+    result = {}
+    for split_id, name in ((TRAIN, "train"), (VALID, "valid")):
+        shards = writers[split_id].close()
+        for entry in shards:
+            base = partial / name / entry["name"]
+            entry["bin_sha256"] = file_sha256(base.with_suffix(".bin"))
+            entry["idx_sha256"] = file_sha256(base.with_suffix(".idx"))
+        result[name] = shards
+    return result
+
+
+def _encode_into(sp, texts: list[str], splits: list[int], writers: dict) -> None:
+    if not texts:
+        return
+    for ids, split_id in zip(sp.encode(texts), splits):
+        writers[split_id].add(np.asarray(ids))
+
+
+def _rename_shards(partial: Path, written: list[dict]) -> dict:
+    """Number shards shard_00000... per split in input order (group order, then roll-over order)."""
+    splits = {}
+    for name in SPLITS:
+        entries = []
+        for group_result in written:
+            for entry in group_result[name]:
+                new = f"shard_{len(entries):05d}"
+                for ext in (".bin", ".idx"):
+                    os.replace(partial / name / f"{entry['name']}{ext}", partial / name / f"{new}{ext}")
+                entries.append({**entry, "name": new})
+        (partial / name).mkdir(exist_ok=True)
+        splits[name] = {"documents": sum(e["documents"] for e in entries),
+                        "tokens": sum(e["tokens"] for e in entries), "shards": entries}
+    return splits
+
+
+def _stats(scans: list[FileScan], dedup: dict, splits: dict, total_bytes: int) -> dict:
+    skipped: Counter = Counter()
+    examples: list[str] = []
+    for s in scans:
+        skipped.update(s.skipped)
+        examples.extend(s.examples)
+    return {"input_files": len(scans), "input_bytes": total_bytes,
+            "documents_read": sum(s.documents for s in scans),
+            "empty_documents": sum(s.empty_documents for s in scans), **dedup,
+            "train_documents": splits["train"]["documents"], "train_tokens": splits["train"]["tokens"],
+            "valid_documents": splits["valid"]["documents"], "valid_tokens": splits["valid"]["tokens"],
+            "skipped": dict(skipped), "skipped_examples": examples[:_MAX_EXAMPLES]}
+
+
+def _model_type(sp) -> str:
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    proto.ParseFromString(sp.serialized_model_proto())
+    return {1: "unigram", 2: "bpe"}.get(proto.trainer_spec.model_type, str(proto.trainer_spec.model_type))
+
+
+def _publish(partial: Path, out_dir: Path, manifest: dict) -> None:
+    """Move the finished parts into out_dir; the manifest goes last, so its presence means complete."""
+    (out_dir / MANIFEST).unlink(missing_ok=True)
+    for name in ("tokenizer", *SPLITS):
+        shutil.rmtree(out_dir / name, ignore_errors=True)
+        os.replace(partial / name, out_dir / name)
+    write_manifest(out_dir, manifest)

@@ -1,0 +1,218 @@
+"""Pre-tokenized shards (Megatron-style indexed arrays) and the manifest that describes them.
+
+A shard is two files in `<data_dir>/<split>/`:
+  shard_XXXXX.bin  token ids of all its documents back to back (uint16 if vocab < 65536, else uint32)
+  shard_XXXXX.idx  int64 document offsets into .bin, length documents + 1 (offsets[0] = 0)
+so document d, token t is element offsets[d] + t of a memory map: O(1) seek, nothing read before it.
+`manifest.json` lists every shard with document/token counts and sha256 of both files, plus the
+tokenizer hash, sources and options; `open_corpus` checks all of it and names the bad shard.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from data_pipeline.errors import DataError
+from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
+
+MANIFEST = "manifest.json"
+FORMAT_NAME = "roformer-ds-shards"
+FORMAT_VERSION = 1
+SPLITS = ("train", "valid")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size < 65536 else np.dtype(np.uint32)
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+class ShardWriter:
+    """Appends tokenized documents to `<directory>/<stem>_NNN.bin/.idx`, rolling over at a token budget.
+
+    Offsets of the open shard are kept in memory (8 bytes per document of one shard only);
+    tokens stream to disk. Empty shards are never written.
+    """
+
+    def __init__(self, directory: Path, stem: str, dtype: np.dtype, shard_tokens: int):
+        self.directory, self.stem, self.dtype, self.shard_tokens = directory, stem, dtype, shard_tokens
+        directory.mkdir(parents=True, exist_ok=True)
+        self.finished: list[dict] = []
+        self._file = None
+
+    def add(self, ids: np.ndarray) -> None:
+        if len(ids) == 0:
+            return
+        if self._file is None:
+            self._open()
+        self._file.write(np.asarray(ids, dtype=self.dtype).tobytes())
+        self._offsets.append(self._offsets[-1] + len(ids))
+        if self._offsets[-1] >= self.shard_tokens:
+            self._close()
+
+    def close(self) -> list[dict]:
+        if self._file is not None:
+            self._close()
+        return self.finished
+
+    def _open(self) -> None:
+        self._name = f"{self.stem}_{len(self.finished):03d}"
+        self._file = open(self.directory / f"{self._name}.bin", "wb")
+        self._offsets = [0]
+
+    def _close(self) -> None:
+        self._file.close()
+        self._file = None
+        np.asarray(self._offsets, dtype=np.int64).tofile(self.directory / f"{self._name}.idx")
+        self.finished.append({"name": self._name, "documents": len(self._offsets) - 1,
+                              "tokens": int(self._offsets[-1])})
+
+
+@dataclass
+class Shard:
+    """One shard of a split, memory-mapped on first use."""
+
+    path: Path
+    """Path without extension: `<data_dir>/<split>/shard_00000`."""
+    documents: int
+    tokens: int
+    dtype: np.dtype
+
+    def __post_init__(self) -> None:
+        self._tokens_map = None
+        self._offsets_map = None
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        if self._tokens_map is None:
+            self._tokens_map = np.memmap(self.path.with_suffix(".bin"), dtype=self.dtype, mode="r")
+        return self._tokens_map
+
+    @property
+    def offsets(self) -> np.ndarray:
+        if self._offsets_map is None:
+            self._offsets_map = np.memmap(self.path.with_suffix(".idx"), dtype=np.int64, mode="r")
+        return self._offsets_map
+
+    def __getstate__(self):  # memory maps are reopened in another process, never pickled
+        return {k: v for k, v in self.__dict__.items() if not k.endswith("_map")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._tokens_map = self._offsets_map = None
+
+
+@dataclass
+class Corpus:
+    """A verified split of a prepared data directory."""
+
+    data_dir: Path
+    split: str
+    shards: list[Shard]
+    vocab_size: int
+    tokenizer_sha256: str
+    manifest: dict
+
+    @property
+    def documents(self) -> int:
+        return sum(s.documents for s in self.shards)
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.shards)
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the exact stream content, for checking a resumed reader's state."""
+        parts = [self.split, self.tokenizer_sha256] + [f"{s.path.name}:{s.documents}:{s.tokens}"
+                                                      for s in self.shards]
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+    def word_starts(self) -> np.ndarray:
+        """(V,) bool table for whole-word masking (see tokenizer.word_start_table)."""
+        from data_pipeline.tokenizer import load_sentencepiece, word_start_table
+
+        return word_start_table(load_sentencepiece(self.data_dir / "tokenizer" / "spm.model"))
+
+
+def read_manifest(data_dir: Path) -> dict:
+    path = Path(data_dir) / MANIFEST
+    if not path.is_file():
+        raise DataError(f"{path}: no manifest; prepare the data with `roformer data prepare`")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: not valid JSON ({err})") from err
+    if manifest.get("format") != FORMAT_NAME or manifest.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{path}: format {manifest.get('format')!r} v{manifest.get('format_version')} "
+                        f"is not {FORMAT_NAME} v{FORMAT_VERSION}")
+    return manifest
+
+
+def open_corpus(data_dir: Path, split: str = "train", verify: bool = True,
+                expected_tokenizer_sha256: str | None = None) -> Corpus:
+    """Open one split; checks shard structure always, and sha256 checksums when `verify`.
+
+    `expected_tokenizer_sha256` is the run's tokenizer (e.g. `tokenizer_hash(spm.model)`); the
+    shards must have been built with it. Every failure raises DataError naming the file.
+    """
+    data_dir = Path(data_dir)
+    manifest = read_manifest(data_dir)
+    if split not in manifest["splits"]:
+        raise DataError(f"{data_dir / MANIFEST}: no split {split!r} (has {sorted(manifest['splits'])})")
+    tok = manifest["tokenizer"]
+    model_path = resolve_model_path(data_dir / "tokenizer")
+    actual = tokenizer_hash(model_path)
+    if actual != tok["sha256"]:
+        raise DataError(f"{model_path}: tokenizer sha256 {actual[:12]} does not match the manifest's "
+                        f"{tok['sha256'][:12]} (shards were built with another tokenizer)")
+    if expected_tokenizer_sha256 is not None and expected_tokenizer_sha256 != tok["sha256"]:
+        raise DataError(f"{data_dir / MANIFEST}: shards were built with tokenizer {tok['sha256'][:12]}, "
+                        f"the run uses {expected_tokenizer_sha256[:12]}")
+    dtype = np.dtype(manifest["dtype"])
+    shards = []
+    for entry in manifest["splits"][split]["shards"]:
+        shard = Shard(data_dir / split / entry["name"], entry["documents"], entry["tokens"], dtype)
+        _check_shard(shard, entry, verify)
+        shards.append(shard)
+    if not shards:
+        raise DataError(f"{data_dir / split}: split {split!r} has no shards (corpus too small for it?)")
+    return Corpus(data_dir, split, shards, tok["vocab_size"], tok["sha256"], manifest)
+
+
+def _check_shard(shard: Shard, entry: dict, verify: bool) -> None:
+    bin_path, idx_path = shard.path.with_suffix(".bin"), shard.path.with_suffix(".idx")
+    for p in (bin_path, idx_path):
+        if not p.is_file():
+            raise DataError(f"{p}: shard file listed in the manifest is missing")
+    if shard.documents < 1 or shard.tokens < 1:
+        raise DataError(f"{bin_path}: empty shard (documents={shard.documents}, tokens={shard.tokens})")
+    if bin_path.stat().st_size != shard.tokens * shard.dtype.itemsize:
+        raise DataError(f"{bin_path}: size {bin_path.stat().st_size} bytes does not match the manifest's "
+                        f"{shard.tokens} tokens of {shard.dtype}")
+    if idx_path.stat().st_size != (shard.documents + 1) * 8:
+        raise DataError(f"{idx_path}: size does not match the manifest's {shard.documents} documents")
+    offsets = shard.offsets
+    if offsets[0] != 0 or offsets[-1] != shard.tokens:
+        raise DataError(f"{idx_path}: offsets do not span the shard's {shard.tokens} tokens")
+    if verify:
+        for p, key in ((bin_path, "bin_sha256"), (idx_path, "idx_sha256")):
+            if file_sha256(p) != entry[key]:
+                raise DataError(f"{p}: sha256 does not match the manifest (corrupted or replaced shard)")
+
+
+def write_manifest(out_dir: Path, manifest: dict) -> None:
+    tmp = out_dir / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
+    os.replace(tmp, out_dir / MANIFEST)

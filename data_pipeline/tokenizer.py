@@ -1,0 +1,179 @@
+"""SentencePiece training with fixed special ids, and the transformers-loadable copy of it.
+
+`tokenizer/spm.model` is the source of truth; `tokenizer.json` is built from it with transformers'
+own SpmConverter (same normalizer charsmap, same pieces and scores), so
+`AutoTokenizer.from_pretrained(dir)` yields the same ids (tests/test_data_tokenizer.py checks).
+The special tokens are SentencePiece *control* symbols: text containing a literal "[MASK]" is not
+turned into the mask id by SentencePiece (the transformers tokenizer does match literal special
+tokens, the one documented difference).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import unicodedata
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from data_pipeline.config import (CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID,
+                                  TokenizerConfig)
+from data_pipeline.errors import DataError
+
+SPM_FILE = "spm.model"
+HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def train_sentencepiece(sample_files: list[Path], out_dir: Path, cfg: TokenizerConfig,
+                        threads: int = 1) -> Path:
+    """Train on the sampled text files; write out_dir/spm.model and the transformers files."""
+    import sentencepiece as spm
+
+    files = [str(p) for p in sample_files if p.stat().st_size > 0]
+    if not files:
+        raise DataError("tokenizer: the train split has no text to train SentencePiece on")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prefix = out_dir / "spm"
+    try:
+        spm.SentencePieceTrainer.train(
+            input=files, model_prefix=str(prefix), vocab_size=cfg.vocab_size,
+            model_type=cfg.model_type, character_coverage=cfg.character_coverage,
+            input_sentence_size=cfg.input_sentence_size, shuffle_input_sentence=True,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=-1, eos_id=-1,
+            pad_piece="[PAD]", unk_piece="[UNK]",
+            control_symbols=["[CLS]", "[SEP]", "[MASK]"],  # ids 2, 3, 4 (after pad and unk)
+            num_threads=threads, minloglevel=2, train_extremely_large_corpus=False,
+            hard_vocab_limit=False)
+    except RuntimeError as err:  # e.g. vocab_size larger than the sample allows
+        raise DataError(f"tokenizer: SentencePiece training failed: {err}") from err
+    (out_dir / "spm.vocab").unlink(missing_ok=True)
+    check_special_ids(out_dir / SPM_FILE)
+    write_hf_tokenizer_files(out_dir)
+    return out_dir / SPM_FILE
+
+
+def check_special_ids(model_path: Path) -> None:
+    """Raise DataError unless [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4 in this model."""
+    sp = load_sentencepiece(model_path)
+    expected = {"[PAD]": PAD_ID, "[UNK]": UNK_ID, "[CLS]": CLS_ID, "[SEP]": SEP_ID, "[MASK]": MASK_ID}
+    for piece, want in expected.items():
+        if sp.id_to_piece(want) != piece:
+            raise DataError(f"{model_path}: id {want} is {sp.id_to_piece(want)!r}, expected {piece!r} "
+                            "(special ids must be [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4)")
+
+
+def load_sentencepiece(model_path: Path):
+    import sentencepiece as spm
+
+    if not Path(model_path).is_file():
+        raise DataError(f"{model_path}: SentencePiece model not found")
+    try:
+        return spm.SentencePieceProcessor(model_file=str(model_path))
+    except (RuntimeError, OSError) as err:
+        raise DataError(f"{model_path}: not a SentencePiece model ({err})") from err
+
+
+def load_tokenizer(path: Path):
+    """The SentencePiece processor of a prepared data dir, its tokenizer/ dir, or an spm.model."""
+    return load_sentencepiece(resolve_model_path(path))
+
+
+def resolve_model_path(path: Path) -> Path:
+    path = Path(path)
+    for candidate in (path, path / SPM_FILE, path / "tokenizer" / SPM_FILE):
+        if candidate.is_file():
+            return candidate
+    raise DataError(f"{path}: no SentencePiece model (looked for {SPM_FILE} and tokenizer/{SPM_FILE})")
+
+
+def tokenizer_hash(model_path: Path) -> str:
+    """sha256 of the serialized SentencePiece model: shards record it, runs compare it."""
+    return hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
+
+
+def write_hf_tokenizer_files(tok_dir: Path) -> None:
+    """tokenizer.json (+ config files) from tok_dir/spm.model so AutoTokenizer can load tok_dir."""
+    from tokenizers import processors
+    _Converter = _converter_class()
+    model_path = tok_dir / SPM_FILE
+    original = SimpleNamespace(vocab_file=str(model_path), add_prefix_space=True, legacy=True)
+    fast = _Converter(original).converted()
+    # Fine-tuning inputs look like pretraining sequences: [CLS] first, [SEP] after each text.
+    fast.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", CLS_ID), ("[SEP]", SEP_ID)])
+    _atomic_write(tok_dir / "tokenizer.json", fast.to_str(pretty=False))
+    sp = load_sentencepiece(model_path)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1_000_000,
+              "padding_side": "right", "clean_up_tokenization_spaces": False,
+              "vocab_size": sp.get_piece_size(), **SPECIAL_TOKENS}
+    _atomic_write(tok_dir / "tokenizer_config.json", json.dumps(config, indent=2))
+    _atomic_write(tok_dir / "special_tokens_map.json", json.dumps(SPECIAL_TOKENS, indent=2))
+
+
+def _converter_class():
+    from tokenizers import AddedToken, Tokenizer
+    from tokenizers.models import BPE
+    from transformers.convert_slow_tokenizer import SpmConverter, generate_merges
+
+    class Converter(SpmConverter):
+        """transformers' converter, with BPE merges ordered by SentencePiece piece score."""
+
+        def tokenizer(self, proto):
+            if proto.trainer_spec.model_type != 2:  # unigram: transformers' own path
+                return super().tokenizer(proto)
+            vocab_scores = self.vocab(proto)
+            vocab = {piece: i for i, (piece, _) in enumerate(vocab_scores)}
+            merges = generate_merges(vocab, vocab_scores)
+            tok = Tokenizer(BPE(vocab, merges, unk_token=proto.trainer_spec.unk_piece, fuse_unk=True,
+                                byte_fallback=False, dropout=None))
+            tok.add_tokens([AddedToken(p.piece, normalized=False, special=True)
+                            for p in proto.pieces if p.type == 3])  # control symbols
+            return tok
+
+    return Converter
+
+
+def copy_hf_tokenizer_files(data_dir: Path, out_dir: Path) -> list[Path]:
+    """Copy the tokenizer of a prepared data dir (spm.model + transformers files) into an export dir."""
+    src = Path(data_dir) / "tokenizer"
+    if not (src / SPM_FILE).is_file():
+        src = Path(data_dir)  # also accept the tokenizer dir itself
+    missing = [n for n in (SPM_FILE, *HF_FILES) if not (src / n).is_file()]
+    if missing:
+        raise DataError(f"{src}: tokenizer files missing: {', '.join(missing)}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for name in (SPM_FILE, *HF_FILES):
+        tmp = out_dir / f".{name}.tmp"
+        shutil.copyfile(src / name, tmp)
+        os.replace(tmp, out_dir / name)
+        copied.append(out_dir / name)
+    return copied
+
+
+def word_start_table(sp) -> np.ndarray:
+    """(V,) bool: piece begins a word for whole-word masking.
+
+    A piece starts a word when it carries SentencePiece's boundary marker '▁', or when it begins
+    with a CJK character: Chinese has no spaces, so each Chinese piece is its own unit.
+    """
+    table = np.zeros(sp.get_piece_size(), dtype=bool)
+    for i in range(sp.get_piece_size()):
+        piece = sp.id_to_piece(i)
+        table[i] = piece.startswith("\u2581") or (bool(piece) and _is_cjk(piece[0]))
+    return table
+
+
+def _is_cjk(ch: str) -> bool:
+    return unicodedata.east_asian_width(ch) in ("W", "F")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
