@@ -1,0 +1,82 @@
+"""MLM masking of one packed sequence: pure function of (ids, rng), no hidden state."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from data_pipeline.config import MASK_ID, NUM_SPECIAL_IDS
+from data_pipeline.errors import DataError
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class MaskingConfig:
+    """BERT-style masked-LM corruption."""
+
+    mask_prob: float = 0.15
+    """Share of maskable (non-special) tokens chosen for prediction."""
+    replace_with_mask: float = 0.8
+    """Of the chosen tokens: share replaced by [MASK]."""
+    replace_with_random: float = 0.1
+    """Of the chosen tokens: share replaced by a random non-special token (the rest stay unchanged)."""
+    whole_word: bool = False
+    """Choose whole words (all pieces from one '▁'-marked piece to the next; each Chinese piece alone)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mask_prob < 1.0:
+            raise DataError(f"masking.mask_prob: {self.mask_prob} must be in (0, 1)")
+        for name in ("replace_with_mask", "replace_with_random"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise DataError(f"masking.{name}: {getattr(self, name)} must be in [0, 1]")
+        if self.replace_with_mask + self.replace_with_random > 1.0:
+            raise DataError("masking.replace_with_mask + replace_with_random: must not exceed 1")
+
+
+def mask_tokens(ids: np.ndarray, rng: np.random.Generator, cfg: MaskingConfig, vocab_size: int,
+                word_starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(T,) ids -> (corrupted ids, labels with IGNORE_INDEX except at chosen positions)."""
+    maskable = ids >= NUM_SPECIAL_IDS
+    candidates = np.flatnonzero(maskable)
+    labels = np.full(ids.shape, IGNORE_INDEX, dtype=np.int64)
+    corrupted = ids.copy()
+    if len(candidates) == 0:
+        return corrupted, labels
+    # Stochastic rounding keeps the expected share exactly mask_prob even for short sequences.
+    target = int(len(candidates) * cfg.mask_prob + rng.random())
+    if target == 0:
+        return corrupted, labels
+    if cfg.whole_word and word_starts is not None:
+        chosen = _choose_whole_words(ids, maskable, candidates, target, rng, word_starts)
+    else:
+        chosen = np.sort(rng.choice(candidates, size=target, replace=False))
+    labels[chosen] = ids[chosen]
+    action = rng.random(len(chosen))
+    to_mask = action < cfg.replace_with_mask
+    to_random = (~to_mask) & (action < cfg.replace_with_mask + cfg.replace_with_random)
+    corrupted[chosen[to_mask]] = MASK_ID
+    corrupted[chosen[to_random]] = rng.integers(NUM_SPECIAL_IDS, vocab_size, size=int(to_random.sum()))
+    return corrupted, labels
+
+
+def _choose_whole_words(ids, maskable, candidates, target, rng, word_starts) -> np.ndarray:
+    """Positions of randomly chosen whole words, adding words until `target` tokens are reached."""
+    previous_maskable = np.concatenate([[False], maskable[:-1]])
+    starts = maskable & (word_starts[ids] | ~previous_maskable)  # (T,)
+    word_of = np.cumsum(starts) - 1  # word index of each position (valid where maskable)
+    n_words = int(starts.sum())
+    cand_words = word_of[candidates]
+    sizes = np.bincount(cand_words, minlength=n_words)
+    order = rng.permutation(n_words)
+    # Greedy prefix in random order; a word that would overshoot is skipped (as in BERT's WWM).
+    picked = np.zeros(n_words, dtype=bool)
+    total = 0
+    for w in order:
+        if total >= target:
+            break
+        if total + sizes[w] > target and total > 0:
+            continue
+        picked[w] = True
+        total += sizes[w]
+    return candidates[picked[cand_words]]
