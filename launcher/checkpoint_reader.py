@@ -1,0 +1,158 @@
+"""Read a finished DeepSpeed checkpoint of a run as one fp32 state dict (for export).
+
+A run directory holds `checkpoints/<tag>/` (DeepSpeed files + `sidecar.json`, written last by the
+trainer, so its presence marks a complete save) and `checkpoints/latest` (the newest tag). The
+weights are consolidated with DeepSpeed's own `deepspeed.utils.zero_to_fp32` for ZeRO 1/2/3 at any
+world size; universal checkpoints (`ds_to_universal` output: `zero/<param>/fp32.pt`) and plain
+(ZeRO-0) checkpoints are read directly.
+
+Checkpoints are the run's own files: DeepSpeed's reader unpickles its `*_states.pt` files with
+`weights_only=False` (they hold DeepSpeed objects), and so does the ZeRO-0 path here for the same
+files. Universal `fp32.pt` files are plain tensors and are read with `weights_only=True`.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from launcher.errors import UserError
+
+SIDECAR = "sidecar.json"
+_OPTIM_RANK = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
+_ZERO3_MODEL_RANK = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_\d+_model_states\.pt$")
+
+
+@dataclass
+class CheckpointRef:
+    """One complete checkpoint of a run."""
+
+    run_dir: Path  # the run directory given on the command line
+    tag: str  # sub-directory name under run_dir/checkpoints
+    sidecar: dict  # the trainer's sidecar.json (step, stage, tokens, model_config, validation, data dir)
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def path(self) -> Path:
+        return self.checkpoints_dir / self.tag
+
+
+def resolve_checkpoint(run_dir: Path, tag: str | None) -> CheckpointRef:
+    """Find the checkpoint (`tag`, or the one `checkpoints/latest` names) and check it is complete."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: run directory not found")
+    ckpt_dir = run_dir / "checkpoints"
+    if not ckpt_dir.is_dir():
+        raise UserError(f"{ckpt_dir}: no checkpoints directory (has this run saved a checkpoint yet?)")
+    available = sorted(p.name for p in ckpt_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if tag is None:
+        latest = ckpt_dir / "latest"
+        if not latest.is_file():
+            raise UserError(f"{latest}: missing, so there is no latest checkpoint; pass --tag "
+                            f"(available: {', '.join(available) or 'none'})")
+        tag = latest.read_text(encoding="utf-8").strip()
+        if not tag:
+            raise UserError(f"{latest}: empty")
+    if "/" in tag or tag in ("", ".", ".."):
+        raise UserError(f"--tag {tag!r}: not a checkpoint tag")
+    if tag not in available:
+        raise UserError(f"{ckpt_dir}: unknown checkpoint tag {tag!r} (available: {', '.join(available) or 'none'})")
+    ref = CheckpointRef(run_dir=run_dir, tag=tag, sidecar={})
+    ref.sidecar = _read_sidecar(ref.path)
+    _check_shards(ref.path, ref.sidecar)
+    return ref
+
+
+def _read_sidecar(tag_dir: Path) -> dict:
+    path = tag_dir / SIDECAR
+    if not path.is_file():
+        raise UserError(f"{tag_dir}: partial checkpoint: {SIDECAR} missing (the save did not finish)")
+    try:
+        sidecar = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise UserError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(sidecar, dict) or not isinstance(sidecar.get("model_config"), dict):
+        raise UserError(f"{path}: field 'model_config' missing (the architecture to export)")
+    return sidecar
+
+
+def _check_shards(tag_dir: Path, sidecar: dict) -> None:
+    """Every rank's files present: a missing shard is reported by name, before any loading."""
+    optim = sorted(p.name for p in tag_dir.glob("*_optim_states.pt"))
+    models = sorted(p.name for p in tag_dir.glob("*_model_states.pt"))
+    if (tag_dir / "zero").is_dir() and not optim:
+        return  # universal checkpoint: checked per parameter when read
+    if not models:
+        raise UserError(f"{tag_dir}: partial checkpoint: no *_model_states.pt file")
+    if not optim:
+        return  # ZeRO-0: the model state file holds the full weights
+    ranks = sorted(int(m.group(1)) for m in map(_OPTIM_RANK.search, optim) if m)
+    world = sidecar.get("world_size")
+    expected = int(world) if isinstance(world, int) else (max(ranks) + 1 if ranks else 0)
+    missing = sorted(set(range(expected)) - set(ranks))
+    if missing:
+        raise UserError(f"{tag_dir}: partial checkpoint: optimizer shard(s) of rank(s) "
+                        f"{', '.join(map(str, missing))} missing (*zero_pp_rank_N_*_optim_states.pt)")
+    zero3_model_ranks = {int(m.group(1)) for m in map(_ZERO3_MODEL_RANK.match, models) if m}
+    if zero3_model_ranks:
+        missing = sorted(set(range(expected)) - zero3_model_ranks)
+        if missing:
+            raise UserError(f"{tag_dir}: partial checkpoint: ZeRO-3 model state shard(s) of rank(s) "
+                            f"{', '.join(map(str, missing))} missing")
+    elif not (tag_dir / "mp_rank_00_model_states.pt").is_file():
+        raise UserError(f"{tag_dir}: partial checkpoint: mp_rank_00_model_states.pt missing")
+
+
+def consolidate_fp32(ref: CheckpointRef) -> dict[str, torch.Tensor]:
+    """All parameters of the checkpoint in fp32 on CPU, keyed like the trained module's state dict."""
+    tag_dir = ref.path
+    try:
+        if any(tag_dir.glob("*_optim_states.pt")):
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+            # DeepSpeed prints progress to stdout; keep stdout for the command's own output.
+            with contextlib.redirect_stdout(sys.stderr):
+                state = get_fp32_state_dict_from_zero_checkpoint(str(ref.checkpoints_dir), tag=ref.tag)
+        elif (tag_dir / "zero").is_dir():
+            state = _read_universal(tag_dir / "zero")
+        else:
+            state = _read_unpartitioned(tag_dir)
+    except UserError:
+        raise
+    except (OSError, RuntimeError, ValueError, KeyError, EOFError) as err:
+        # Truncated or mismatched shards surface here from DeepSpeed / torch.load.
+        raise UserError(f"{tag_dir}: cannot consolidate checkpoint: {type(err).__name__}: {err}") from None
+    return {name: tensor.detach().to(torch.float32).contiguous() if tensor.is_floating_point() else tensor
+            for name, tensor in state.items()}
+
+
+def _read_universal(zero_dir: Path) -> dict[str, torch.Tensor]:
+    state = {}
+    for fp32_file in sorted(zero_dir.rglob("fp32.pt")):
+        name = fp32_file.parent.relative_to(zero_dir).as_posix()
+        payload = torch.load(fp32_file, map_location="cpu", weights_only=True)
+        tensor = payload["param"] if isinstance(payload, dict) else payload
+        if not isinstance(tensor, torch.Tensor):
+            raise UserError(f"{fp32_file}: expected a tensor under 'param'")
+        state[name] = tensor
+    if not state:
+        raise UserError(f"{zero_dir}: universal checkpoint without any */fp32.pt parameter file")
+    return state
+
+
+def _read_unpartitioned(tag_dir: Path) -> dict[str, torch.Tensor]:
+    from deepspeed.utils.zero_to_fp32 import get_model_state_file
+
+    path = get_model_state_file(str(tag_dir), zero_stage=0)
+    # A ZeRO-0 model state file also holds DeepSpeed objects (hence weights_only=False), and its
+    # weights are in the training dtype: fp32 master weights exist only with ZeRO >= 1.
+    return torch.load(path, map_location="cpu", weights_only=False)["module"]

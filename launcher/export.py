@@ -1,0 +1,269 @@
+"""`roformer export RUN_DIR [--tag TAG] --out DIR`: a checkpoint as a transformers RoFormer directory.
+
+The directory holds `config.json` + `model.safetensors` (fp32, consolidated from the ZeRO shards of
+any stage and world size), the tokenizer files, `README.md` (model card) and `export_info.json`
+(source run/tag and file checksums, which later jobs use to detect a corrupt file).
+
+Atomicity: everything is written into a hidden temporary directory next to DIR, checked (the
+weights are reloaded with transformers and must reproduce our model's logits), and only then
+swapped into place. An existing export at DIR stays untouched until the new one is complete.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import yaml
+
+from launcher.checkpoint_reader import CheckpointRef, consolidate_fp32, resolve_checkpoint
+from launcher.errors import UserError
+
+EXPORT_INFO = "export_info.json"
+# Largest |logit difference| tolerated between our model and transformers on the same weights
+# (fp32; both compute the same function, differences are summation order only).
+PARITY_ATOL = 1e-4
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, help="run directory (holds checkpoints/)")
+    parser.add_argument("--tag", default=None, help="checkpoint tag (default: the one checkpoints/latest names)")
+    parser.add_argument("--out", type=Path, required=True, help="export directory to create or replace")
+    parser.add_argument("--tokenizer-from", type=Path, default=None,
+                        help="prepared data dir (or tokenizer dir) to take the tokenizer from "
+                             "(default: the data dir recorded in the checkpoint)")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="skip reloading the export with transformers and comparing logits")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = export_checkpoint(args.run_dir, args.out, tag=args.tag, tokenizer_from=args.tokenizer_from,
+                            verify=not args.no_verify)
+    print(f"exported {args.run_dir} -> {out}")
+    return 0
+
+
+def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenizer_from: Path | None = None,
+                      verify: bool = True) -> Path:
+    """Write the export of RUN_DIR's checkpoint `tag` (default latest) to `out`; returns `out`."""
+    from roformer import RoFormerConfig, RoFormerForMaskedLM
+    from roformer.hf_interop import check_exportable, write_pretrained_files
+
+    run_dir, out = Path(run_dir), Path(out)
+    _check_destination(out, run_dir)
+    ref = resolve_checkpoint(run_dir, tag)
+    model_config = RoFormerConfig.from_dict(ref.sidecar["model_config"], source=f"{ref.path}/sidecar.json: model_config")
+    check_exportable(model_config)  # e.g. linear attention has no transformers counterpart
+    tokenizer_source = _tokenizer_source(ref, tokenizer_from)
+
+    state = consolidate_fp32(ref)
+    model = RoFormerForMaskedLM(model_config)
+    _load_exact(model, state, ref)
+    model.eval()
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+    try:
+        tmp.chmod(0o755)
+        write_pretrained_files(model, tmp)
+        _copy_tokenizer(tokenizer_source, tmp)
+        from launcher.model_card import render_model_card, schedule_stages
+
+        stages = schedule_stages(_read_run_config(run_dir), ref.sidecar.get("step"))
+        (tmp / "README.md").write_text(render_model_card(ref.sidecar, stages, ref.tag, run_dir), encoding="utf-8")
+        _write_export_info(tmp, ref, stages)
+        if verify:
+            check_transformers_parity(tmp, model)
+        _fsync_tree(tmp)
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check_destination(out: Path, run_dir: Path) -> None:
+    """Only ever replace a previous export: never a run directory or an unrelated folder."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a directory")
+    resolved_out, resolved_run = out.resolve(), run_dir.resolve()
+    if resolved_out == resolved_run or resolved_out in resolved_run.parents:
+        raise UserError(f"--out {out}: would replace the run directory {run_dir}")
+    if resolved_out.is_relative_to(resolved_run / "checkpoints"):
+        raise UserError(f"--out {out}: inside the run's checkpoints directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_INFO).is_file():
+        raise UserError(f"--out {out}: exists, is not empty and is not a previous export "
+                        f"(no {EXPORT_INFO}); refusing to replace it")
+
+
+def _load_exact(model: torch.nn.Module, state: dict[str, torch.Tensor], ref: CheckpointRef) -> None:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise UserError(f"{ref.path}: checkpoint weights do not match model_config of sidecar.json: "
+                        f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                        f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise UserError(f"{ref.path}: weight {name} has shape {tuple(tensor.shape)}, "
+                            f"model_config expects {tuple(expected[name].shape)}")
+    model.load_state_dict(state, strict=True)
+
+
+def check_transformers_parity(export_dir: Path, model: torch.nn.Module) -> float:
+    """Reload the export with transformers' own RoFormer and compare logits; returns max |diff|."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    hf = transformers.RoFormerForMaskedLM.from_pretrained(str(export_dir)).eval()
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    input_ids = torch.randint(5, vocab, (2, 24), generator=generator)  # (B, T), no special ids
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 17:] = 0  # one padded row checks the mask convention too
+    with torch.no_grad():
+        ours = model(input_ids, attention_mask=attention_mask).logits
+        theirs = hf(input_ids=input_ids, attention_mask=attention_mask).logits
+    real = attention_mask.bool()
+    diff = (ours[real] - theirs[real]).abs().max().item()
+    if not diff <= PARITY_ATOL:
+        raise UserError(f"{export_dir}: transformers' RoFormer reproduces our logits only to {diff:.3g} "
+                        f"(> {PARITY_ATOL}); export aborted, nothing replaced")
+    return diff
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def _tokenizer_source(ref: CheckpointRef, override: Path | None) -> Path:
+    if override is not None:
+        source = Path(override)
+        origin = "--tokenizer-from"
+    else:
+        data_dir = ref.sidecar.get("data_dir") or (_read_run_config(ref.run_dir) or {}).get("data", {}).get("data_dir")
+        if not data_dir:
+            raise UserError(f"{ref.path}/sidecar.json: no data_dir recorded; pass --tokenizer-from DATA_DIR")
+        source, origin = Path(data_dir), f"data_dir of {ref.path}/sidecar.json"
+    if not source.is_dir():
+        raise UserError(f"tokenizer missing: {source} ({origin}) does not exist; pass --tokenizer-from DATA_DIR")
+    return source
+
+
+def _copy_tokenizer(source: Path, dest: Path) -> None:
+    """From a prepared data dir or a tokenizer dir (spm.model + transformers files, e.g. an export)."""
+    from data_pipeline import copy_hf_tokenizer_files
+    from data_pipeline.errors import DataError
+
+    try:
+        copy_hf_tokenizer_files(source, dest)
+    except DataError as err:
+        raise UserError(f"tokenizer missing: {err}") from None
+
+
+def _read_run_config(run_dir: Path) -> dict | None:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}: not valid YAML: {err}") from None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def _write_export_info(export_dir: Path, ref: CheckpointRef, stages: list[dict] | None) -> None:
+    files = {p.name: file_sha256(p) for p in sorted(export_dir.iterdir()) if p.is_file()}
+    reached = [s["max_seq_len"] for s in stages or [] if s["reached"]]
+    info = {
+        "format": "roformer-ds-export",
+        "version": 1,
+        "run_dir": str(ref.run_dir.resolve()),
+        "tag": ref.tag,
+        "step": ref.sidecar.get("step"),
+        "max_seq_len_trained": max(reached) if reached else ref.sidecar.get("max_seq_len"),
+        "sha256": files,
+    }
+    (export_dir / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- atomic placement
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.iterdir():
+        path.chmod(0o644)  # some writers create 0600 files; an export is shared read-only
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Make `tmp` appear at `out` in one step; the previous export (if any) is deleted afterwards."""
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    if not _rename_exchange(tmp, out):
+        # No atomic exchange on this filesystem: move the old export aside first. A crash between
+        # the two renames leaves it intact at `.NAME.old-*`, never a half-written directory at `out`.
+        aside = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.rename(out, aside)
+        os.rename(tmp, out)
+        tmp = aside
+    shutil.rmtree(tmp, ignore_errors=True)  # now holds the previous export
+
+
+def _rename_exchange(a: Path, b: Path) -> bool:
+    """Linux renameat2(RENAME_EXCHANGE): swap two paths atomically. False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    result = renameat2(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), rename_exchange)
+    return result == 0
+
+
+def _remove_stale_temps(out: Path) -> None:
+    """Temporary dirs left by an export that was killed (its pid no longer runs)."""
+    for stale in out.parent.glob(f".{out.name}.tmp-*"):
+        pid = stale.name[len(f".{out.name}.tmp-"):].split("-", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,49 @@
+"""Load an export with transformers alone (run as `python -I tests/_hf_isolated.py EXPORT TEXTS_JSON OUT`).
+
+The project is installed in editable mode, so `-I` alone does not hide it: a meta-path finder
+placed first refuses every import of roformer / launcher / data_pipeline, and the script checks at
+the end that none of them was loaded. It writes the tokenizer's ids and the MLM logits to OUT
+(safetensors) for the test to compare against our own model.
+"""
+import os
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROJECT_PACKAGES = {"roformer", "launcher", "data_pipeline", "tests"}
+
+
+class _BlockProjectCode:
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in PROJECT_PACKAGES:
+            raise ImportError(f"project code is blocked in this process: {fullname}")
+        return None
+
+
+sys.meta_path.insert(0, _BlockProjectCode())
+sys.path = [p for p in sys.path if p and os.path.abspath(p) not in (REPO_ROOT, os.path.join(REPO_ROOT, "tests"))]
+
+import json  # noqa: E402
+
+import torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from transformers import AutoTokenizer, RoFormerForMaskedLM  # noqa: E402
+
+
+def main(export_dir: str, texts_json: str, out_file: str) -> None:
+    texts = json.loads(open(texts_json, encoding="utf-8").read())
+    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    model = RoFormerForMaskedLM.from_pretrained(export_dir).eval()
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in PROJECT_PACKAGES)
+    if loaded:
+        raise SystemExit(f"project modules were imported: {loaded}")
+    save_file({"input_ids": batch["input_ids"].contiguous(), "attention_mask": batch["attention_mask"].contiguous(),
+               "logits": logits.contiguous()}, out_file)
+    print(json.dumps({"tokenizer_class": type(tokenizer).__name__, "model_class": type(model).__name__,
+                      "pad_token_id": tokenizer.pad_token_id, "mask_token_id": tokenizer.mask_token_id}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,106 @@
+"""Test helper: a real multi-rank DeepSpeed run of our RoFormerForMaskedLM that saves checkpoints in
+the run-directory layout the trainer uses (`RUN_DIR/checkpoints/<tag>/` + `sidecar.json`, `latest`).
+
+Started by the tests through DeepSpeed's own runner, e.g.
+    python -m deepspeed.launcher.runner --num_gpus 2 --master_port P tests/_make_zero_checkpoint.py \
+        --run-dir D --zero-stage 3 --data-dir DATA
+It trains a few steps on random token ids (the checkpoint format, not the model quality, is under
+test), saves, and writes the live weights gathered from the engine to `RUN_DIR/reference.safetensors`
+so the tests can compare an export against what training actually held, independently of the
+zero_to_fp32 consolidation under test.
+
+With `--load-universal TAG_DIR` it instead resumes from a universal checkpoint (made by
+`deepspeed.checkpoint.ds_to_universal` from a run with another world size), trains on, and saves.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import deepspeed
+import torch
+from safetensors.torch import save_file
+
+from roformer import RoFormerConfig, RoFormerForMaskedLM
+
+TINY_MODEL = dict(vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                  intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--zero-stage", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--tag", default=None)
+    parser.add_argument("--data-dir", default="", help="recorded in the sidecar (the tokenizer source)")
+    parser.add_argument("--vocab-size", type=int, default=TINY_MODEL["vocab_size"])
+    parser.add_argument("--load-universal", type=Path, default=None,
+                        help="checkpoints dir + tag of a universal checkpoint to resume from")
+    parser.add_argument("--local_rank", type=int, default=0)  # passed by the DeepSpeed launcher
+    args = parser.parse_args()
+
+    torch.manual_seed(1234)
+    deepspeed.init_distributed()
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    config = RoFormerConfig(**{**TINY_MODEL, "vocab_size": args.vocab_size})
+    model = RoFormerForMaskedLM(config)
+    ds_config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+        "zero_optimization": {"stage": args.zero_stage},
+        "checkpoint": {"load_universal": args.load_universal is not None},
+    }
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    ckpt_dir = args.run_dir / "checkpoints"
+    start_step = 0
+    if args.load_universal is not None:
+        engine.load_checkpoint(str(args.load_universal.parent), tag=args.load_universal.name,
+                               load_optimizer_states=True, load_lr_scheduler_states=False)
+        start_step = engine.global_steps
+
+    generator = torch.Generator().manual_seed(99 + rank + 10 * start_step)
+    for _ in range(args.steps):
+        input_ids = torch.randint(5, config.vocab_size, (2, 16), generator=generator)  # (B, T)
+        labels = torch.full_like(input_ids, -100)
+        labels[:, ::3] = input_ids[:, ::3]
+        out = engine(input_ids, labels=labels)
+        loss = out.loss_sum / out.num_masked.clamp(min=1)
+        engine.backward(loss)
+        engine.step()
+
+    step = engine.global_steps
+    tag = args.tag or f"step{step}"
+    engine.save_checkpoint(str(ckpt_dir), tag=tag)
+    reference = _gathered_state(engine, args.zero_stage)
+    torch.distributed.barrier()
+    if rank == 0:
+        save_file(reference, str(args.run_dir / "reference.safetensors"))
+        sidecar = {
+            "step": step,
+            "stage": 0,
+            "tokens_consumed": step * 2 * 16 * world,
+            "world_size": world,
+            "model_config": config.to_dict(),
+            "validation": {"loss": float(loss), "accuracy": 0.0},
+            "data_dir": args.data_dir,
+        }
+        (ckpt_dir / tag / "sidecar.json").write_text(json.dumps(sidecar, indent=2))
+    torch.distributed.barrier()
+
+
+def _gathered_state(engine, zero_stage: int) -> dict[str, torch.Tensor]:
+    """Full fp32 weights as the engine holds them now (ZeRO-3 params are gathered first)."""
+    params = list(engine.module.parameters())
+    if zero_stage == 3:
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            return {k: v.detach().clone().float().contiguous() for k, v in engine.module.state_dict().items()}
+    return {k: v.detach().clone().float().contiguous() for k, v in engine.module.state_dict().items()}
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
