@@ -42,3 +42,54 @@ def write_yaml(path: Path, content: dict) -> Path:
 
 def write_schedule(path: Path, stages: list[dict]) -> Path:
     return write_yaml(path, {"stages": stages})
+
+
+# --- multi-rank runs --------------------------------------------------------------------------
+# We start DeepSpeed's per-node launcher (deepspeed.launcher.launch) ourselves instead of the
+# `deepspeed` runner: the runner's SIGTERM handler pkills matching processes machine-wide, and the
+# tests signal their own runs only (by PID / process group).
+
+import base64  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_command(num_ranks: int, module: str, args: list[str], port: int | None = None) -> list[str]:
+    world_info = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(num_ranks))}).encode()).decode()
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world_info}", "--node_rank=0",
+            "--master_addr=127.0.0.1", f"--master_port={port or free_port()}", "--module", module, *args]
+
+
+def rank_env(**extra: str) -> dict:
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO),
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def start_run(num_ranks: int, config: Path, run_dir: Path, module: str = "launcher.pretrain_rank",
+              extra_args: list[str] = (), log: Path | None = None, **env: str) -> subprocess.Popen:
+    """Start a run in its own process group (so a test can signal exactly this run)."""
+    log = log or run_dir.parent / f"{run_dir.name}.log"
+    handle = open(log, "ab")
+    cmd = launch_command(num_ranks, module, ["--config", str(config), "--run-dir", str(run_dir), *extra_args])
+    return subprocess.Popen(cmd, cwd=REPO, env=rank_env(**env), stdout=handle, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def run_to_end(num_ranks: int, config: Path, run_dir: Path, timeout: float = 240, **kwargs) -> int:
+    proc = start_run(num_ranks, config, run_dir, **kwargs)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        raise

@@ -1,0 +1,158 @@
+"""Rank-0 reporting: TensorBoard scalars, RUN_DIR/metrics.jsonl and a progress bar with ETAs.
+
+metrics.jsonl holds one JSON object per line, `kind` = "train" (every step), "valid" or "event".
+On resume, train/valid lines at or after the resumed step are dropped (they belong to the lost
+future of the interrupted run), so the file always reads as one consistent run; TensorBoard gets
+the same treatment through SummaryWriter's purge_step.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from launcher.batching import ResolvedStage
+
+# TensorBoard tag of each train-record field.
+TRAIN_SCALARS = {
+    "loss": "train/loss", "mlm_accuracy": "train/mlm_accuracy", "lr": "train/lr", "loss_scale": "train/loss_scale",
+    "grad_norm": "train/grad_norm", "skipped_steps": "train/skipped_steps", "stage": "schedule/stage",
+    "max_seq_len": "schedule/max_seq_len", "global_batch_size": "schedule/global_batch_size",
+    "tokens_per_s": "speed/tokens_per_s", "samples_per_s": "speed/samples_per_s", "step_time_s": "speed/step_time_s",
+}
+
+
+class Metrics:
+    """Does nothing on ranks other than 0, so the loop can call it unconditionally."""
+
+    def __init__(self, run_dir: Path, rank: int, stages: list[ResolvedStage], start_step: int,
+                 log_every: int, progress_bar: bool):
+        self.active = rank == 0
+        self.stages, self.log_every = stages, log_every
+        self.total_steps = stages[-1].end_step
+        self.tokens_per_s: float | None = None  # smoothed, for the ETAs
+        if not self.active:
+            return
+        self.path = Path(run_dir) / "metrics.jsonl"
+        _truncate_from(self.path, start_step)
+        self.jsonl = open(self.path, "a", encoding="utf-8")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=start_step if start_step > 0 else None)
+        self.bar = None
+        if progress_bar:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                            mininterval=1.0 if sys.stderr.isatty() else 15.0, file=sys.stderr)
+
+    def train_step(self, record: dict) -> None:
+        """record: step (0-based, the step just taken) and the TRAIN_SCALARS fields."""
+        tokens = record.get("tokens_per_s")
+        if tokens:
+            self.tokens_per_s = tokens if self.tokens_per_s is None else 0.9 * self.tokens_per_s + 0.1 * tokens
+        if not self.active:
+            return
+        self._write({"kind": "train", **record})
+        step = record["step"]
+        if step % self.log_every == 0 or step + 1 == self.total_steps:
+            for key, tag in TRAIN_SCALARS.items():
+                if record.get(key) is not None:
+                    self.tb.add_scalar(tag, record[key], step)
+        if self.bar is not None:
+            stage = self.stages[record["stage"]]
+            self.bar.set_description(f"{stage.name} ({stage.index + 1}/{len(self.stages)}) len {stage.max_seq_len} "
+                                     f"batch {stage.global_batch_size}", refresh=False)
+            self.bar.set_postfix_str(f"loss {record['loss']:.3f} acc {record['mlm_accuracy']:.3f} "
+                                     f"stage ETA {_fmt(self.eta(stage, step + 1, stage.end_step))} "
+                                     f"run ETA {_fmt(self.eta(stage, step + 1, self.total_steps))}", refresh=False)
+            self.bar.update(1)
+
+    def eta(self, stage: ResolvedStage, from_step: int, to_step: int) -> float | None:
+        """Seconds to run [from_step, to_step) at the smoothed token rate (stages differ in tokens/step)."""
+        if not self.tokens_per_s:
+            return None
+        tokens = 0
+        for s in self.stages:
+            lo, hi = max(from_step, s.first_step), min(to_step, s.end_step)
+            if hi > lo:
+                tokens += (hi - lo) * s.global_batch_size * s.max_seq_len
+        return tokens / self.tokens_per_s
+
+    def validation(self, step: int, stage: int, loss: float, accuracy: float, seconds: float) -> None:
+        if not self.active:
+            return
+        self._write({"kind": "valid", "step": step, "stage": stage, "loss": loss, "mlm_accuracy": accuracy,
+                     "seconds": round(seconds, 4)})
+        self.tb.add_scalar("valid/loss", loss, step)
+        self.tb.add_scalar("valid/mlm_accuracy", accuracy, step)
+        self.message(f"validation at step {step + 1}: loss {loss:.4f}, MLM accuracy {accuracy:.4f}")
+
+    def event(self, event: str, **fields) -> None:
+        if not self.active:
+            return
+        self._write({"kind": "event", "event": event, "time": time.time(), **fields})
+        if "seconds" in fields:
+            self.tb.add_scalar(f"timing/{event}_s", fields["seconds"], fields.get("step", 0))
+
+    def message(self, text: str) -> None:
+        if not self.active:
+            return
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if not self.active:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        self.tb.flush()
+        self.tb.close()
+        self.jsonl.close()
+
+    def _write(self, record: dict) -> None:
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+
+
+def read_metrics(run_dir: Path, kind: str = "train") -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill
+            continue
+        if record.get("kind") == kind:
+            records.append(record)
+    return records
+
+
+def _truncate_from(path: Path, start_step: int) -> None:
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("kind") == "event" or record.get("step", -1) < start_step:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _fmt(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60:02d}:{rest % 60:02d}"
