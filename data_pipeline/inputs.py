@@ -116,7 +116,7 @@ def check_file(path: Path, fmt: str, cfg: InputConfig) -> FileCheck:
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as err:
-                    bad(line_no, f"invalid UTF-8 at byte {err.start} of the line")
+                    bad(line_no, f"invalid UTF-8 (at byte {err.start} of the line)")
                     continue
                 if not line.strip():
                     continue

@@ -76,8 +76,9 @@ def _mark_done(target: Path, fingerprint: dict) -> None:
     (target / _STAMP).write_text(json.dumps(fingerprint, sort_keys=True))
 
 
-def linux_doc_english_files(root: Path = LINUX_DOC_ROOT) -> list[Path]:
+def linux_doc_english_files(root: Path | None = None) -> list[Path]:
     """English `.rst.gz` files of linux-doc, sorted, without the html copy and translations."""
+    root = root or LINUX_DOC_ROOT
     if not root.is_dir():
         raise DataError(f"{root}: linux-doc-6.1 is not installed (apt-get install linux-doc-6.1)")
     skip = ("html/_sources/", "translations/")
@@ -85,8 +86,9 @@ def linux_doc_english_files(root: Path = LINUX_DOC_ROOT) -> list[Path]:
                   if not any(s in p.relative_to(root).as_posix() + "/" for s in skip))
 
 
-def _install_linux_doc(target: Path) -> None:
-    files = linux_doc_english_files()
+def _install_linux_doc(target: Path, root: Path | None = None) -> None:
+    root = root or LINUX_DOC_ROOT
+    files = linux_doc_english_files(root)
     fingerprint = {"version": _STAMP_VERSION, "files": len(files),
                    "bytes": sum(p.stat().st_size for p in files)}
     if _is_done(target, fingerprint):
@@ -99,7 +101,7 @@ def _install_linux_doc(target: Path) -> None:
         for i, path in enumerate(files):
             text = gzip.decompress(path.read_bytes()).decode("utf-8", errors="replace").strip()
             if text:
-                source = path.relative_to(LINUX_DOC_ROOT).as_posix()
+                source = path.relative_to(root).as_posix()
                 outs[i % ENGLISH_PARTS].write(json.dumps({"text": text, "source": source},
                                                          ensure_ascii=False) + "\n")
     finally:
