@@ -1,0 +1,247 @@
+"""What `roformer pretrain` will start, worked out (and checked) before anything runs.
+
+A LaunchPlan is pure data: the validated hostfile, the slots each host contributes, the world size,
+every stage's batch arithmetic at that world size, the variables forwarded to the ranks, and the
+argument list for DeepSpeed's runner (`python -m deepspeed.launcher.runner ...`), which does the
+actual launch. `--dry-run` prints it; `launcher.launch` runs it.
+
+Each rank runs `python -u -m launcher.rank_guard launcher.pretrain_rank --config CFG --run-dir RUN
+[--set k=v ...]` with the venv's Python (DeepSpeed's launcher uses its own sys.executable, which is
+ours), from the project root (pdsh's remote command `cd`s into the runner's working directory).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher import env_forwarding
+from launcher.errors import UserError
+from launcher.hostfile import Hostfile, is_local_only, read_hostfile, resolve_resources, world_size_of
+
+RANK_ENTRY_MODULE = "launcher.pretrain_rank"
+RANK_GUARD_MODULE = "launcher.rank_guard"
+LAUNCHERS = ("pdsh", "openmpi", "mpich", "slurm")
+MPI_LAUNCHERS = ("openmpi", "mpich")
+DEFAULT_MASTER_PORT = 29500  # DeepSpeed's TORCH_DISTRIBUTED_DEFAULT_PORT
+LOCAL_MASTER_ADDR = "127.0.0.1"
+# pdsh hands its command to a remote shell and substitutes %n/%h/%u, and DeepSpeed quotes only
+# arguments with spaces (in double quotes), so for pdsh every argument of the rank command must be
+# made of characters no shell or pdsh treats specially.
+SHELL_SAFE_CHARS = r"A-Za-z0-9_@+=:,./ -"
+SHELL_SAFE_ARG_RE = re.compile(rf"[{SHELL_SAFE_CHARS}]*")
+
+
+@dataclass
+class LaunchPlan:
+    """Everything about one launch; built by `build_plan` and never changed afterwards."""
+
+    config_path: Path  # absolute run config (YAML)
+    run_dir: Path  # absolute run directory, shared by every node
+    overrides: list[str]  # `--set section.key=value` items, passed to every rank unchanged
+    hostfile: Hostfile | None  # None: local run on this machine
+    resources: "OrderedDict[str, list[int]]"  # host -> slot ids, in global rank order
+    world_size: int  # total ranks
+    stages: list  # launcher.batching.ResolvedStage for every stage at world_size
+    launcher: str  # "local" (DeepSpeed's launcher on this machine) or one of LAUNCHERS
+    force_multi: bool  # tell DeepSpeed's runner to use `launcher` even for a single host
+    master_addr: str  # rank 0's address; "" = DeepSpeed asks `ssh FIRST_HOST hostname -I`
+    master_port: int  # rendezvous TCP port on rank 0's host
+    launcher_args: str  # extra arguments for pdsh / mpirun / srun, one string as with deepspeed
+    bind_cores_to_rank: bool  # numactl core binding per rank (DeepSpeed's --bind_cores_to_rank)
+    bind_core_list: str | None  # cores to bind to, e.g. "0-15,32-47"
+    env: dict[str, str]  # variables every rank gets (written to RUN_DIR/.deepspeed_env)
+    entry_module: str = RANK_ENTRY_MODULE  # the per-rank training module
+    python: str = field(default_factory=lambda: sys.executable)  # the venv's interpreter
+
+    @property
+    def multi_node(self) -> bool:
+        return self.launcher != "local"
+
+    @property
+    def env_file(self) -> Path:
+        return self.run_dir / env_forwarding.ENV_FILE_NAME
+
+    @property
+    def hostfile_copy(self) -> Path:
+        """The validated hostfile as DeepSpeed's runner and mpirun read it."""
+        return self.run_dir / "launch" / "hostfile"
+
+    @property
+    def rank_args(self) -> list[str]:
+        """Arguments of the training module (after `--config`); also identify the job's processes."""
+        args = ["--config", str(self.config_path), "--run-dir", str(self.run_dir)]
+        for item in self.overrides:
+            args += ["--set", item]
+        return args
+
+    @property
+    def rank_command(self) -> list[str]:
+        """What DeepSpeed's launcher (or mpirun) starts for every rank, after `python -u -m`."""
+        return [RANK_GUARD_MODULE, self.entry_module, *self.rank_args]
+
+    def rank_hosts(self) -> list[tuple[int, str, int]]:
+        """(global rank, host, local rank) in rank order, as DeepSpeed's launcher numbers them."""
+        out = []
+        for host, slots in self.resources.items():
+            for local_rank in range(len(slots)):
+                out.append((len(out), host, local_rank))
+        return out
+
+    def runner_argv(self) -> list[str]:
+        """The full command for DeepSpeed's runner (run from the project root)."""
+        argv = [self.python, "-u", "-m", "deepspeed.launcher.runner"]
+        if self.multi_node:
+            argv += ["--hostfile", str(self.hostfile_copy), "--launcher", self.launcher, "--no_ssh_check"]
+            if self.force_multi:
+                argv.append("--force_multi")
+            if self.launcher not in MPI_LAUNCHERS:  # DeepSpeed's MPI runners refuse host/slot filters
+                argv += _filter_flags(self.resources, self.hostfile)
+        else:
+            # A hostfile of localhost entries is resolved here; DeepSpeed gets none (os.devnull is
+            # not a file, so it takes its local path) and just the number of local ranks.
+            argv += ["--hostfile", os.devnull, "--num_gpus", str(self.world_size)]
+        if self.launcher_args:
+            argv += ["--launcher_args", self.launcher_args]
+        if self.master_addr:
+            argv += ["--master_addr", self.master_addr]
+        argv += ["--master_port", str(self.master_port), "--module", "--no_local_rank"]
+        if self.bind_cores_to_rank:
+            argv.append("--bind_cores_to_rank")
+        if self.bind_core_list:
+            argv += ["--bind_core_list", self.bind_core_list]
+        return argv + self.rank_command
+
+
+def _filter_flags(resources: "OrderedDict[str, list[int]]", hostfile: Hostfile | None) -> list[str]:
+    """An --include naming exactly the resolved slots, so DeepSpeed resolves what we checked."""
+    if hostfile is not None and resources == OrderedDict(
+        (h.name, list(range(h.slots))) for h in hostfile.hosts
+    ):
+        return []
+    spec = "@".join(f"{host}:{','.join(map(str, slots))}" for host, slots in resources.items())
+    return ["--include", spec]
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags shared with `deepspeed` (same names and meaning) plus ours."""
+    parser.add_argument("--config", required=True, help="run config YAML (e.g. configs/demo_cpu.yaml)")
+    parser.add_argument("--run-dir", required=True, help="run directory; on a filesystem shared by all nodes")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a run config field (repeatable); passed to every rank")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check everything that can be checked without starting anything, print each "
+                        "node's command and every stage's batch arithmetic, exit")
+    ds = parser.add_argument_group("DeepSpeed runner flags (same meaning as `deepspeed`)")
+    ds.add_argument("-H", "--hostfile", default=None,
+                    help="'HOST slots=N' per line; without it the ranks run on this machine")
+    ds.add_argument("-i", "--include", default="", help='hosts/slots to use, e.g. "node1@node2:0,2"')
+    ds.add_argument("-e", "--exclude", default="", help='hosts/slots not to use, e.g. "node2:3"')
+    ds.add_argument("--num_nodes", "--num-nodes", type=int, default=-1, help="use the first N hosts of the hostfile")
+    ds.add_argument("--num_gpus", "--num-gpus", "--num_accelerators", type=int, default=-1,
+                    help="ranks per node (GPUs; CPU ranks on a CPU machine)")
+    ds.add_argument("--master_addr", "--master-addr", default="",
+                    help="rank 0's address (default: 127.0.0.1 locally, else `hostname -I` of the first host)")
+    ds.add_argument("--master_port", "--master-port", type=int, default=DEFAULT_MASTER_PORT,
+                    help="rendezvous TCP port on rank 0's host")
+    ds.add_argument("--launcher", default="pdsh", choices=LAUNCHERS, help="multi-node backend")
+    ds.add_argument("--launcher_args", "--launcher-args", default="",
+                    help='extra arguments for pdsh/mpirun/srun as one string, e.g. "--allow-run-as-root"')
+    ds.add_argument("--force_multi", "--force-multi", action="store_true",
+                    help="use --launcher even when the hostfile has a single host")
+    ds.add_argument("--bind_cores_to_rank", "--bind-cores-to-rank", action="store_true",
+                    help="bind each rank to its own cores with numactl")
+    ds.add_argument("--bind_core_list", "--bind-core-list", default=None, help='cores to bind, e.g. "0-15"')
+    # Developer aid: the per-rank module (default launcher.pretrain_rank), not part of the user interface.
+    parser.add_argument("--entry-module", default=RANK_ENTRY_MODULE, help=argparse.SUPPRESS)
+
+
+def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> LaunchPlan:
+    """Check every flag, the hostfile, the config and the batch arithmetic; raise UserError naming the problem."""
+    environ = dict(os.environ if environ is None else environ)
+    if args.master_port < 1 or args.master_port > 65535:
+        raise UserError(f"--master_port {args.master_port}: not a TCP port (1-65535)")
+    if not re.fullmatch(r"[A-Za-z0-9_.]+", args.entry_module):
+        raise UserError(f"--entry-module {args.entry_module!r}: not a Python module name")
+    hostfile = read_hostfile(args.hostfile) if args.hostfile else None
+    explicit_launcher = args.launcher != "pdsh"
+    if hostfile is None and (explicit_launcher or args.force_multi):
+        raise UserError(
+            f"--launcher {args.launcher}{' --force_multi' if args.force_multi else ''} needs a --hostfile "
+            "(write 'localhost slots=N' to run it on this machine)"
+        )
+    if args.launcher in MPI_LAUNCHERS and (args.include or args.exclude or args.num_nodes >= 0 or args.num_gpus >= 0):
+        raise UserError(
+            f"--launcher {args.launcher} uses every slot of the hostfile (DeepSpeed's MPI runners refuse "
+            "--include/--exclude/--num_nodes/--num_gpus); edit the hostfile instead"
+        )
+    resources = resolve_resources(
+        hostfile, include=args.include, exclude=args.exclude, num_nodes=args.num_nodes,
+        num_gpus=args.num_gpus, local_slots=_local_device_count() if hostfile is None else 1,
+    )
+    world_size = world_size_of(resources)
+    local = is_local_only(resources) and len(resources) == 1
+    multi_node = hostfile is not None and (not local or args.force_multi or explicit_launcher)
+    launcher = args.launcher if multi_node else "local"
+    master_addr = args.master_addr or (LOCAL_MASTER_ADDR if is_local_only(resources) else "")
+
+    config_path = Path(args.config).resolve()
+    run_dir = Path(args.run_dir).resolve()
+    stages = check_stages(config_path, list(args.overrides), world_size, resources, hostfile)
+
+    ranks_per_node = max(len(slots) for slots in resources.values())
+    env = env_forwarding.forwarded_environment(environ, ranks_per_node=ranks_per_node)
+    if launcher in MPI_LAUNCHERS + ("slurm",):
+        # DeepSpeed's MPI discovery sets MASTER_PORT itself; ranks read this one (see docs/multinode.md).
+        env["MASTER_PORT"] = str(args.master_port)
+    plan = LaunchPlan(
+        config_path=config_path, run_dir=run_dir, overrides=list(args.overrides), hostfile=hostfile,
+        resources=resources, world_size=world_size, stages=stages, launcher=launcher,
+        force_multi=multi_node and (len(resources) == 1 or args.force_multi), master_addr=master_addr,
+        master_port=args.master_port, launcher_args=args.launcher_args,
+        bind_cores_to_rank=args.bind_cores_to_rank, bind_core_list=args.bind_core_list, env=env,
+        entry_module=args.entry_module,
+    )
+    if launcher == "pdsh":
+        check_remote_shell_safe(plan, environ)
+    return plan
+
+
+def _local_device_count() -> int:
+    from deepspeed.accelerator import get_accelerator
+
+    return max(1, get_accelerator().device_count())
+
+
+def check_stages(config_path: Path, overrides: list[str], world_size: int, resources, hostfile) -> list:
+    """Load the run config and resolve every stage's batch arithmetic at this world size."""
+    from launcher.batching import resolve_stages
+    from launcher.config import load_run_config
+
+    run_config = load_run_config(config_path, overrides)
+    try:
+        return resolve_stages(run_config, world_size)
+    except UserError as err:
+        where = f"{hostfile.path}" if hostfile else "--num_gpus"
+        hosts = ", ".join(f"{h} x{len(s)}" for h, s in resources.items())
+        raise UserError(f"world size {world_size} ({where}: {hosts}) does not fit the schedule: {err}") from None
+
+
+def check_remote_shell_safe(plan: LaunchPlan, environ: dict[str, str]) -> None:
+    """pdsh runs the rank command through a remote shell: refuse anything it would interpret."""
+    env_forwarding.check_shell_safe(plan.env, also_from=environ)
+    named = {"--config": str(plan.config_path), "--run-dir": str(plan.run_dir),
+             "project directory": str(env_forwarding.project_root()), "python": plan.python}
+    named.update({f"--set {item}": item for item in plan.overrides})
+    named["--master_addr"] = plan.master_addr
+    for what, value in named.items():
+        if not SHELL_SAFE_ARG_RE.fullmatch(value):
+            bad = "".join(sorted(set(re.sub(rf"[{SHELL_SAFE_CHARS}]", "", value))))
+            raise UserError(
+                f"{what}: {value!r} contains {bad!r}; with the pdsh launcher it would pass through a remote "
+                "shell, so only letters, digits, spaces and _@+=:,./- are allowed (edit the config file instead)"
+            )

@@ -1,0 +1,105 @@
+"""The exact command each node will run, built by DeepSpeed's own runner classes (for --dry-run).
+
+For pdsh, OpenMPI, MPICH and Slurm the command comes from DeepSpeed's `*Runner.get_cmd`, fed the
+same arguments, world info and exports as `deepspeed.launcher.runner.main` would give it (the
+export collection below mirrors main(): the runner's own prefixes first, then the env file). The
+local command mirrors the list main() builds inline for a single node.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+
+from launcher import env_forwarding
+from launcher.launch_plan import LOCAL_MASTER_ADDR, LaunchPlan
+
+
+def node_commands(plan: LaunchPlan) -> list[tuple[str, str]]:
+    """(where, command) pairs: where is a host name or "this machine"."""
+    from deepspeed.launcher import runner as ds_runner
+
+    runner_args = ds_runner.parse_args(plan.runner_argv()[4:])
+    world_info = ds_runner.encode_world_info(plan.resources)
+    rank_lines = _rank_lines(plan)
+    if not plan.multi_node:
+        launch = [plan.python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world_info}",
+                  f"--master_addr={LOCAL_MASTER_ADDR}", f"--master_port={plan.master_port}", "--module",
+                  "--no_local_rank"]
+        if plan.bind_cores_to_rank:
+            launch.append("--bind_cores_to_rank")
+        if plan.bind_core_list:
+            launch.append(f"--bind_core_list={plan.bind_core_list}")
+        launch += [f"--log_level={runner_args.log_level}", *plan.rank_command]
+        return [("this machine", _env_prefix(plan.env) + shlex.join(launch)), *rank_lines]
+
+    if not runner_args.master_addr:
+        first = next(iter(plan.resources))
+        runner_args.master_addr = f"<first address of `ssh {first} hostname -I`>"
+    env = {**os.environ, **plan.env}
+    env["PYTHONPATH"] = str(env_forwarding.project_root()) + ":" + env.get("PYTHONPATH", "")
+    with contextlib.chdir(env_forwarding.project_root()):  # PDSHRunner cds into the runner's cwd
+        if plan.launcher == "pdsh":
+            runner = ds_runner.PDSHRunner(runner_args, world_info)
+        else:
+            runner_class = ds_runner.LAUNCHER_CLASSES[plan.launcher]
+            runner = runner_class(runner_args, world_info, plan.hostfile.slots_by_host)
+        exports = ds_runner.EXPORT_ENVS + _accelerator_export_prefixes()
+        for key, value in env.items():
+            if key.startswith(tuple(exports)):
+                runner.add_export(key, value)
+        for key, value in plan.env.items():  # what the runner reads from RUN_DIR/.deepspeed_env
+            runner.add_export(key, value)
+        if plan.launcher == "pdsh":
+            cmd, _kill_cmd, _env = runner.get_cmd(env, plan.resources)
+        else:
+            cmd = runner.get_cmd(env, plan.resources)
+
+    if plan.launcher != "pdsh":
+        return [("this machine", shlex.join(cmd)), *rank_lines]
+    pdsh_part = 6 + len(shlex.split(plan.launcher_args))  # pdsh -S -f N -w HOSTS [launcher args]
+    remote = " ".join(cmd[pdsh_part:])  # pdsh joins its arguments into one remote shell command
+    lines = [("this machine", shlex.join(cmd[:pdsh_part]) + " '<per-node command below>'")]
+    for node_rank, host in enumerate(plan.resources):
+        lines.append((host, remote.replace("%n", str(node_rank))))
+    return lines + rank_lines
+
+
+def _rank_lines(plan: LaunchPlan) -> list[tuple[str, str]]:
+    """What each per-node launcher starts for every rank."""
+    command = shlex.join([plan.python, "-u", "-m", *plan.rank_command])
+    return [(f"{host} rank {rank}", f"RANK={rank} LOCAL_RANK={local_rank} {command}")
+            for rank, host, local_rank in plan.rank_hosts()]
+
+
+def _env_prefix(env: dict[str, str]) -> str:
+    return "".join(f"{key}={shlex.quote(value)} " for key, value in sorted(env.items()))
+
+
+def _accelerator_export_prefixes() -> list[str]:
+    from deepspeed.accelerator import get_accelerator
+
+    return list(get_accelerator().export_envs())
+
+
+def describe_plan(plan: LaunchPlan) -> str:
+    """The --dry-run report: hosts, world size, batch arithmetic per stage, commands, environment."""
+    from launcher.plan_cmd import format_plan
+
+    hosts = ", ".join(f"{host} ({len(slots)} rank{'s' * (len(slots) != 1)})" for host, slots in plan.resources.items())
+    source = plan.hostfile.path if plan.hostfile else "this machine (no --hostfile)"
+    lines = [
+        f"launcher: {plan.launcher}   hosts from {source}: {hosts}",
+        f"world size: {plan.world_size}   master: {plan.master_addr or '(first host)'}:{plan.master_port}",
+        f"config: {plan.config_path}   run dir: {plan.run_dir}",
+        "",
+        format_plan(plan.stages, plan.world_size),
+        "",
+        "commands:",
+    ]
+    lines += [f"  [{where}] {command}" for where, command in node_commands(plan)]
+    lines += ["", f"environment for every rank ({plan.env_file}):"]
+    lines += [f"  {key}={value}" for key, value in sorted(plan.env.items())]
+    if plan.multi_node:
+        lines += ["", "not checked in a dry run: ssh reachability of each host, the shared run directory"]
+    return "\n".join(lines)

@@ -1,0 +1,223 @@
+"""Run DeepSpeed's runner, echo its output, and when a rank dies say which one and stop the rest.
+
+The runner is started in its own session, so a Ctrl-C in the terminal reaches only us and we stop
+the job precisely. Why not let the runner do it: its pdsh signal handler runs
+`pdsh ... pkill -f "<python> -u -m deepspeed.launcher.launch"` on every node, which also kills every
+other DeepSpeed job on those nodes. We instead match this job's own command line
+(`launcher.pretrain_rank --config CFG --run-dir RUN_DIR`, unique per run directory).
+
+Failure naming: each rank runs under launcher.rank_guard, which prints a `[roformer-rank-exit]`
+line when its rank dies (even by SIGKILL); pdsh prefixes it with the node name. The first such
+line is the cause; ranks failing after it (a peer's collective erroring out) are consequences.
+DeepSpeed's own "exits with return code" lines and pdsh's "ssh exited with exit code" lines name
+the node when no guard line is seen. Once a failure is seen, the rest of the job gets
+FAILURE_GRACE_SECONDS to end by itself before we stop it on every node.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from launcher import env_forwarding
+from launcher.launch_plan import LaunchPlan
+from launcher.preflight import ssh
+from launcher.rank_guard import MARKER
+
+FAILURE_GRACE_SECONDS = 30.0  # + the stop itself stays well inside the 60 s promised in docs/multinode.md
+STOP_WAIT_SECONDS = 10.0
+
+_PDSH_PREFIX_RE = re.compile(r"^([A-Za-z0-9_.-]+): (.*)$")
+_GUARD_RE = re.compile(re.escape(MARKER) + r" rank=(\S+) local_rank=(\S+) node_rank=(\S+) host=(\S+) pid=(\d+) "
+                       r"status=(.*)$")
+_DS_EXIT_RE = re.compile(r"exits with return code = (-?\d+)")
+_PDSH_SSH_EXIT_RE = re.compile(r"^pdsh@\S+: ([A-Za-z0-9_.-]+): ssh exited with exit code (\d+)")
+
+
+@dataclass
+class Failure:
+    """One failure seen in the job's output."""
+
+    host: str  # node it happened on (hostfile name)
+    rank: int | None  # global rank, None when only the node is known
+    local_rank: str  # rank on its node, "?" when unknown
+    status: str  # "killed by SIGKILL", "exit code 1", ...
+    seen_at: float  # time.monotonic() when its line arrived
+
+    def describe(self) -> str:
+        who = f"rank {self.rank} (local rank {self.local_rank}) on node {self.host}" if self.rank is not None \
+            else f"node {self.host}"
+        return f"{who}: {self.status}"
+
+
+@dataclass
+class OutputMonitor:
+    """Parses the runner's output lines into Failures."""
+
+    plan: LaunchPlan
+    failures: list[Failure] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def feed(self, line: str) -> None:
+        host, text = None, line.rstrip("\n")
+        match = _PDSH_PREFIX_RE.match(text)
+        if match and match.group(1) in self.plan.resources:
+            host, text = match.group(1), match.group(2)
+        failure = self._parse(host, text)
+        if failure is not None:
+            with self.lock:
+                self.failures.append(failure)
+
+    def _parse(self, host: str | None, text: str) -> Failure | None:
+        now = time.monotonic()
+        guard = _GUARD_RE.search(text)
+        if guard:
+            rank_text, local_rank, _node_rank, _hostname, _pid, status = guard.groups()
+            rank = int(rank_text) if rank_text.isdigit() else None
+            by_rank = {r: h for r, h, _ in self.plan.rank_hosts()}
+            return Failure(host or by_rank.get(rank, "?"), rank, local_rank, status.strip(), now)
+        ssh_exit = _PDSH_SSH_EXIT_RE.match(text)
+        if ssh_exit:
+            return Failure(ssh_exit.group(1), None, "?", f"remote launcher exit code {ssh_exit.group(2)}", now)
+        ds_exit = _DS_EXIT_RE.search(text)
+        if ds_exit:
+            where = host or next(iter(self.plan.resources))
+            return Failure(where, None, "?", f"DeepSpeed launcher: a rank exited with code {ds_exit.group(1)}", now)
+        return None
+
+    def first(self) -> Failure | None:
+        with self.lock:
+            ranked = [f for f in self.failures if f.rank is not None]
+            return min(ranked or self.failures, key=lambda f: f.seen_at, default=None)
+
+    def snapshot(self) -> list[Failure]:
+        with self.lock:
+            return list(self.failures)
+
+
+def job_pattern(plan: LaunchPlan) -> str:
+    """A pkill -f regex (POSIX ERE) for this job's per-node launchers, guards and ranks.
+
+    It matches `deepspeed.launcher.launch ... launcher.pretrain_rank --config C --run-dir R`,
+    `-m launcher.rank_guard launcher.pretrain_rank ...` and `-m launcher.pretrain_rank ...`, and
+    NOT DeepSpeed's runner (`-m deepspeed.launcher.runner ...`), whose SIGTERM handler would pkill
+    every DeepSpeed launcher on the nodes. Literal characters are bracketed ('.' -> '[.]'), so the
+    regex does not match the command line of the shell running pkill, which holds the regex text.
+    """
+    tail = " ".join(["--config", str(plan.config_path), "--run-dir", str(plan.run_dir)])
+    entry = _ere_literal(plan.entry_module)
+    return (f"(deepspeed[.]launcher[.]launch .*|-m )({_ere_literal('launcher.rank_guard')} )?"
+            f"{entry} {_ere_literal(tail)}( |$)")
+
+
+def _ere_literal(text: str) -> str:
+    return "".join(c if c.isalnum() or c in " _@=:,/-" else f"[{c}]" for c in text)
+
+
+def stop_job(plan: LaunchPlan, runner: subprocess.Popen) -> None:
+    """Stop every process of this job on every node, then the local runner and its children."""
+    pattern = shlex.quote(job_pattern(plan))
+    if plan.launcher == "pdsh":
+        hosts = list(plan.resources)
+        for sig in ("TERM", "KILL"):
+            for host in hosts:  # sequential is fine: a few hosts, 10 s ssh timeout each at worst
+                ssh(host, f"pkill -{sig} -f {pattern}", timeout=15)
+            if sig == "TERM" and _wait(runner, STOP_WAIT_SECONDS):
+                break
+        _killpg(runner, signal.SIGKILL)  # pdsh and the runner; SIGKILL bypasses the runner's pkill handler
+    else:
+        # local: DeepSpeed's launcher terminates its ranks on SIGTERM; MPI: mpirun stops all ranks.
+        _killpg(runner, signal.SIGTERM)
+        if not _wait(runner, STOP_WAIT_SECONDS):
+            _killpg(runner, signal.SIGKILL)
+    runner.wait()
+
+
+def sweep_remote(plan: LaunchPlan) -> None:
+    """After a failed pdsh job: make sure nothing of it is left on any node."""
+    pattern = shlex.quote(job_pattern(plan))
+    for host in plan.resources:
+        ssh(host, f"pkill -KILL -f {pattern}", timeout=15)
+
+
+def _wait(proc: subprocess.Popen, seconds: float) -> bool:
+    try:
+        proc.wait(timeout=seconds)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _killpg(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def supervise(plan: LaunchPlan, runner_env: dict[str, str], out=None) -> int:
+    """Run the job to its end; return 0 or a non-zero exit code after printing what failed."""
+    out = out or sys.stdout
+    runner = subprocess.Popen(plan.runner_argv(), cwd=env_forwarding.project_root(), env=runner_env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              start_new_session=True, text=True, errors="replace", bufsize=1)
+    monitor = OutputMonitor(plan)
+
+    def pump() -> None:
+        for line in runner.stdout:
+            out.write(line)
+            out.flush()
+            monitor.feed(line)
+
+    reader = threading.Thread(target=pump, name="runner-output", daemon=True)
+    reader.start()
+    interrupted: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _f: interrupted.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    stopped_after_failure = False
+    try:
+        while runner.poll() is None:
+            time.sleep(0.2)
+            first = monitor.first()
+            if interrupted:
+                print(f"roformer pretrain: stopping the job on all nodes ({signal.Signals(interrupted[0]).name})",
+                      file=sys.stderr, flush=True)
+                stop_job(plan, runner)
+                break
+            if first is not None and time.monotonic() - first.seen_at > FAILURE_GRACE_SECONDS:
+                stop_job(plan, runner)
+                stopped_after_failure = True
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    reader.join(timeout=10)
+    returncode = runner.wait()
+    failures = monitor.snapshot()
+    if plan.launcher == "pdsh" and (failures or returncode != 0):
+        sweep_remote(plan)
+    if interrupted:
+        return 128 + interrupted[0]
+    if returncode == 0 and not failures:
+        return 0
+    print("roformer pretrain: error: " + failure_report(monitor, returncode, stopped_after_failure),
+          file=sys.stderr, flush=True)
+    return returncode if returncode > 0 else 1
+
+
+def failure_report(monitor: OutputMonitor, returncode: int, stopped_after_failure: bool) -> str:
+    first = monitor.first()
+    if first is None:
+        return f"DeepSpeed's runner exited with code {returncode}; see the output above"
+    later = [f.describe() for f in monitor.snapshot() if f is not first and f.rank is not None]
+    text = f"{first.describe()}; the job was stopped on all nodes"
+    if stopped_after_failure:
+        text += f" (by roformer pretrain, {FAILURE_GRACE_SECONDS:g} s after the failure)"
+    if later:
+        text += ". Afterwards: " + "; ".join(later)
+    return text
