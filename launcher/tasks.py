@@ -27,7 +27,7 @@ from launcher.errors import UserError
 
 SPLITS = ("train", "dev", "test")
 # Bumped when the conversion changes, so an old cache is rebuilt rather than silently reused.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -207,11 +207,14 @@ def _movie_review_rows(sdist: Path) -> dict[str, list[dict]]:
         seen.add(text)
         rows.append({"text": text, "label": int(score > 0)})
     # Split by a hash of the text: stable across machines and package re-orderings (80/10/10).
-    splits: dict[str, list[dict]] = {s: [] for s in SPLITS}
+    # The source lists all positive sentences first, so each split is also ORDERED by the hash:
+    # any prefix (e.g. `--max-eval-examples N`) then has both labels in their usual proportion.
+    splits: dict[str, list[tuple[int, dict]]] = {s: [] for s in SPLITS}
     for row in rows:
-        bucket = int.from_bytes(hashlib.sha256(row["text"].encode("utf-8")).digest()[:8], "big") % 10
-        splits["test" if bucket == 0 else "dev" if bucket == 1 else "train"].append(row)
-    return splits
+        digest = int.from_bytes(hashlib.sha256(row["text"].encode("utf-8")).digest()[:8], "big")
+        bucket = digest % 10
+        splits["test" if bucket == 0 else "dev" if bucket == 1 else "train"].append((digest // 10, row))
+    return {split: [row for _, row in sorted(keyed, key=lambda pair: pair[0])] for split, keyed in splits.items()}
 
 
 class _DataOnlyUnpickler(pickle.Unpickler):

@@ -4,8 +4,8 @@ the run-directory layout the trainer uses (`RUN_DIR/checkpoints/<tag>/` + `sidec
 Started by the tests through DeepSpeed's own runner, e.g.
     python -m deepspeed.launcher.runner --num_gpus 2 --master_port P tests/_make_zero_checkpoint.py \
         --run-dir D --zero-stage 3 --data-dir DATA
-It trains a few steps on random token ids (the checkpoint format, not the model quality, is under
-test), saves, and writes the live weights gathered from the engine to `RUN_DIR/reference.safetensors`
+It trains a few steps on real packed MLM batches of a prepared data dir (data_pipeline's
+PretrainBatches, each rank its share of the global batch) at a short length, saves, and writes the live weights gathered from the engine to `RUN_DIR/reference.safetensors`
 so the tests can compare an export against what training actually held, independently of the
 zero_to_fp32 consolidation under test.
 
@@ -23,9 +23,10 @@ import deepspeed
 import torch
 from safetensors.torch import save_file
 
+from data_pipeline import PretrainBatches, open_corpus
 from roformer import RoFormerConfig, RoFormerForMaskedLM
 
-TINY_MODEL = dict(vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+TINY_MODEL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                   intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
@@ -35,8 +36,9 @@ def main() -> None:
     parser.add_argument("--zero-stage", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--tag", default=None)
-    parser.add_argument("--data-dir", default="", help="recorded in the sidecar (the tokenizer source)")
-    parser.add_argument("--vocab-size", type=int, default=TINY_MODEL["vocab_size"])
+    parser.add_argument("--data-dir", type=Path, required=True, help="prepared data dir (batches + tokenizer)")
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--load-universal", type=Path, default=None,
                         help="checkpoints dir + tag of a universal checkpoint to resume from")
     parser.add_argument("--local_rank", type=int, default=0)  # passed by the DeepSpeed launcher
@@ -45,36 +47,34 @@ def main() -> None:
     torch.manual_seed(1234)
     deepspeed.init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    config = RoFormerConfig(**{**TINY_MODEL, "vocab_size": args.vocab_size})
+    corpus = open_corpus(args.data_dir, split="train")
+    config = RoFormerConfig(**{**TINY_MODEL, "vocab_size": corpus.vocab_size})
     model = RoFormerForMaskedLM(config)
     ds_config = {
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+        "optimizer": {"type": "Adam", "params": {"lr": args.lr, "torch_adam": True}},
         "zero_optimization": {"stage": args.zero_stage},
         "checkpoint": {"load_universal": args.load_universal is not None},
     }
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
     ckpt_dir = args.run_dir / "checkpoints"
-    start_step = 0
+    batches = PretrainBatches(corpus, rank=rank, world_size=world, seed=7)
     if args.load_universal is not None:
-        engine.load_checkpoint(str(args.load_universal.parent), tag=args.load_universal.name,
-                               load_optimizer_states=True, load_lr_scheduler_states=False)
-        start_step = engine.global_steps
+        _, client_state = engine.load_checkpoint(str(args.load_universal.parent), tag=args.load_universal.name,
+                                                 load_optimizer_states=True, load_lr_scheduler_states=False)
+        batches.load_state_dict(client_state["data"])
 
-    generator = torch.Generator().manual_seed(99 + rank + 10 * start_step)
     for _ in range(args.steps):
-        input_ids = torch.randint(5, config.vocab_size, (2, 16), generator=generator)  # (B, T)
-        labels = torch.full_like(input_ids, -100)
-        labels[:, ::3] = input_ids[:, ::3]
-        out = engine(input_ids, labels=labels)
+        batch = batches.next_batch(args.seq_len, 2)
+        out = engine(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
         loss = out.loss_sum / out.num_masked.clamp(min=1)
         engine.backward(loss)
         engine.step()
 
     step = engine.global_steps
     tag = args.tag or f"step{step}"
-    engine.save_checkpoint(str(ckpt_dir), tag=tag)
+    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"data": batches.state_dict()})
     reference = _gathered_state(engine, args.zero_stage)
     torch.distributed.barrier()
     if rank == 0:
@@ -82,11 +82,12 @@ def main() -> None:
         sidecar = {
             "step": step,
             "stage": 0,
-            "tokens_consumed": step * 2 * 16 * world,
+            "tokens_consumed": batches.tokens_consumed,
             "world_size": world,
+            "max_seq_len": args.seq_len,
             "model_config": config.to_dict(),
-            "validation": {"loss": float(loss), "accuracy": 0.0},
-            "data_dir": args.data_dir,
+            "validation": {"loss": float(loss.detach())},
+            "data_dir": str(args.data_dir),
         }
         (ckpt_dir / tag / "sidecar.json").write_text(json.dumps(sidecar, indent=2))
     torch.distributed.barrier()
