@@ -199,7 +199,9 @@ class RoFormerForMaskedLM(PreTrainedBase):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> MaskedLMOutput:
         hidden = self.roformer(input_ids, attention_mask, token_type_ids)  # (B, T, H)
-        word_embeddings = self.roformer.embeddings.word.weight  # (V, E), tied decoder weight
+        # (V, E), the tied decoder weight. Read here, outside its owning module: ZeRO-3 detects such
+        # external accesses during the engine's forward and gathers the partitioned weight.
+        word_embeddings = self.roformer.embeddings.word.weight
         if labels is None:
             return MaskedLMOutput(logits=self.mlm_head(hidden, word_embeddings))  # (B, T, V)
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from roformer.rope import (RotaryEmbedding, apply_rotary, rotary_angles, rotary_inverse_frequencies,
+from roformer.rope import (RotaryEmbedding, apply_rotary, rotary_inverse_frequencies,
                            rotate_every_two)
 
 
