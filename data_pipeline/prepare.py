@@ -13,6 +13,7 @@ written under `<out>/.partial-<pid>/` and moved into place at the end, manifest 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing
 import os
@@ -52,6 +53,8 @@ class FileScan:
     digests: bytes = b""
     skipped: Counter = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
+    sample_marks: list[tuple[int, int]] = field(default_factory=list)
+    """With a document cap: (document index, end offset in the sample file) of sampled documents."""
 
 
 @dataclass
@@ -89,9 +92,13 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
     (partial / "samples").mkdir(parents=True)
     try:
         with _pool(cfg.workers) as pool:
+            phases = {}
+            mark = time.perf_counter()
             scans, total_bytes = _scan_all(cfg, files, formats, pool, partial / "samples", log)
             assignments, dedup_stats = _assign_documents(scans, cfg)
+            phases["scan_seconds"], mark = time.perf_counter() - mark, time.perf_counter()
             model_path = _make_tokenizer(cfg, partial, pool_threads=cfg.workers, log=log)
+            phases["tokenizer_seconds"], mark = time.perf_counter() - mark, time.perf_counter()
             sp = load_sentencepiece(model_path)
             vocab_size = sp.get_piece_size()
             dtype = token_dtype(vocab_size)
@@ -100,8 +107,10 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
             token_tasks = [(g, [(scans[i].path, scans[i].fmt, assignments[i]) for i in members],
                             cfg, model_path, partial, dtype.str) for g, members in enumerate(groups)]
             written = list(pool.imap(_tokenize_group, token_tasks))
+            phases["tokenize_seconds"] = time.perf_counter() - mark
         splits = _rename_shards(partial, written)
-        stats = _stats(scans, dedup_stats, splits, total_bytes)
+        stats = {**_stats(scans, dedup_stats, splits, total_bytes),
+                 **{k: round(v, 3) for k, v in phases.items()}}
         manifest = {
             "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "dtype": dtype.name,
             "tokenizer": {"path": f"tokenizer/{SPM_FILE}", "sha256": tokenizer_hash(model_path),
@@ -136,13 +145,30 @@ def train_tokenizer_only(input_cfg: InputConfig, tok_cfg: TokenizerConfig, out_d
 
 def _scan_all(cfg: PrepareConfig, files: list[Path], formats: list[str], pool, samples_dir: Path,
               log) -> tuple[list[FileScan], int]:
+    """Pass 1 over the files in order. With a document cap, files go out one wave of `workers` at a
+    time and scanning stops once the cap is reached, so a small demo subset reads little."""
     total_bytes = sum(estimated_text_bytes(p) for p in files)
-    # With a document cap the input actually read is unknown up front; input_sentence_size bounds it.
-    sample_prob = 1.0 if cfg.cleaning.max_documents else min(1.0, cfg.tokenizer.sample_bytes / max(total_bytes, 1))
+    cap = cfg.cleaning.max_documents
+    # With a cap the text actually read is unknown up front: sample everything read, then cut it
+    # back to the documents inside the cap (input_sentence_size bounds the trainer either way).
+    sample_prob = 1.0 if cap else min(1.0, cfg.tokenizer.sample_bytes / max(total_bytes, 1))
     log(f"scanning {len(files)} files ({total_bytes / 1e6:.1f} MB) with {cfg.workers} workers")
     tasks = [(p, fmt, cfg, sample_prob, samples_dir / f"{i:05d}.txt")
              for i, (p, fmt) in enumerate(zip(files, formats))]
-    return list(pool.imap(_scan_file, tasks)), total_bytes
+    if cap is None:
+        return list(pool.imap(_scan_file, tasks)), total_bytes
+    scans: list[FileScan] = []
+    for start in range(0, len(tasks), cfg.workers):
+        scans.extend(pool.imap(_scan_file, tasks[start:start + cfg.workers]))
+        if sum(s.documents for s in scans) >= cap:
+            break
+    remaining = cap
+    for i, scan in enumerate(scans):
+        inside = min(scan.documents, remaining)
+        remaining -= inside
+        cut = next((end for doc, end in reversed(scan.sample_marks) if doc < inside), 0)
+        os.truncate(samples_dir / f"{i:05d}.txt", cut)
+    return scans, sum(estimated_text_bytes(s.path) for s in scans)
 
 
 class _InlinePool:
@@ -151,18 +177,23 @@ class _InlinePool:
     def imap(self, fn, tasks):
         return map(fn, tasks)
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        return False
-
-
+@contextlib.contextmanager
 def _pool(workers: int):
     if workers == 1:
-        return _InlinePool()
+        yield _InlinePool()
+        return
     # spawn, not fork: pyarrow/datasets threads in the parent must not be inherited half-locked.
-    return multiprocessing.get_context("spawn").Pool(workers)
+    # Each worker pays the `datasets` start-up (~3-5 s) once, for both passes.
+    pool = multiprocessing.get_context("spawn").Pool(workers)
+    try:
+        yield pool
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
 
 
 def _documents(path: Path, fmt: str, cfg: PrepareConfig, check) -> "iter[str]":
@@ -194,7 +225,9 @@ def _scan_file(task) -> FileScan:
     digests = bytearray()
     threshold = int(sample_prob * 2**64)
     valid_threshold = int(cfg.cleaning.valid_fraction * 2**64)
-    with open(sample_path, "w", encoding="utf-8") as sample:
+    track = cfg.cleaning.max_documents is not None
+    written = 0
+    with open(sample_path, "wb") as sample:
         for text in _documents(path, fmt, cfg, check):
             if text is None:
                 scan.empty_documents += 1
@@ -206,7 +239,10 @@ def _scan_file(task) -> FileScan:
             scan.text_bytes += len(encoded)
             is_train = int.from_bytes(digest[:8], "little") >= valid_threshold
             if is_train and int.from_bytes(digest[8:], "little") < threshold:
-                sample.write(text + "\n")
+                sample.write(encoded + b"\n")
+                written += len(encoded) + 1
+                if track:
+                    scan.sample_marks.append((scan.documents - 1, written))
     scan.digests = bytes(digests)
     return scan
 
