@@ -1,9 +1,9 @@
-"""Load an export with transformers alone (run as `python -I tests/_hf_isolated.py EXPORT TEXTS_JSON OUT`).
+"""Load exports with transformers alone: `python -I tests/_hf_isolated.py TEXTS_JSON OUT_DIR EXPORT...`.
 
 The project is installed in editable mode, so `-I` alone does not hide it: a meta-path finder
 placed first refuses every import of roformer / launcher / data_pipeline, and the script checks at
-the end that none of them was loaded. It writes the tokenizer's ids and the MLM logits to OUT
-(safetensors) for the test to compare against our own model.
+the end that none of them was loaded. For export i it writes the tokenizer's ids and the MLM logits to
+OUT_DIR/hf_out_<i>.safetensors and prints one JSON line, for the test to compare with our model.
 """
 import os
 import sys
@@ -29,21 +29,23 @@ from safetensors.torch import save_file  # noqa: E402
 from transformers import AutoTokenizer, RoFormerForMaskedLM  # noqa: E402
 
 
-def main(export_dir: str, texts_json: str, out_file: str) -> None:
+def main(texts_json: str, out_dir: str, export_dirs: list) -> None:
     texts = json.loads(open(texts_json, encoding="utf-8").read())
-    tokenizer = AutoTokenizer.from_pretrained(export_dir)
-    model = RoFormerForMaskedLM.from_pretrained(export_dir).eval()
-    batch = tokenizer(texts, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    for i, export_dir in enumerate(export_dirs):
+        tokenizer = AutoTokenizer.from_pretrained(export_dir)
+        model = RoFormerForMaskedLM.from_pretrained(export_dir).eval()
+        batch = tokenizer(texts, padding=True, return_tensors="pt")
+        with torch.no_grad():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        save_file({"input_ids": batch["input_ids"].contiguous(), "attention_mask": batch["attention_mask"].contiguous(),
+                   "logits": logits.contiguous()}, os.path.join(out_dir, f"hf_out_{i}.safetensors"))
+        print(json.dumps({"export": export_dir, "tokenizer_class": type(tokenizer).__name__,
+                          "model_class": type(model).__name__, "pad_token_id": tokenizer.pad_token_id,
+                          "mask_token_id": tokenizer.mask_token_id}))
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in PROJECT_PACKAGES)
     if loaded:
         raise SystemExit(f"project modules were imported: {loaded}")
-    save_file({"input_ids": batch["input_ids"].contiguous(), "attention_mask": batch["attention_mask"].contiguous(),
-               "logits": logits.contiguous()}, out_file)
-    print(json.dumps({"tokenizer_class": type(tokenizer).__name__, "model_class": type(model).__name__,
-                      "pad_token_id": tokenizer.pad_token_id, "mask_token_id": tokenizer.mask_token_id}))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
