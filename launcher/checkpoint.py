@@ -46,7 +46,7 @@ def read_sidecar(directory: Path) -> dict | None:
     """The sidecar of a complete checkpoint, or None (missing, half-written, or not marked complete)."""
     try:
         sidecar = json.loads((directory / SIDECAR).read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return None
     if not isinstance(sidecar, dict) or sidecar.get("complete") is not True or "step" not in sidecar:
         return None

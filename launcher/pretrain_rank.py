@@ -12,6 +12,9 @@ saving a checkpoint (re-run the same command to resume).
 from __future__ import annotations
 
 import os
+import time
+
+PROCESS_START = time.time()  # for the start-up timing event
 
 
 def _default_omp_threads() -> None:
@@ -28,7 +31,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from launcher import checkpoint as ckpt  # noqa: E402
@@ -61,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(args: argparse.Namespace) -> int:
+    phases = {"imports": time.time() - PROCESS_START}
+    mark = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        phases[name] = now - mark
+        mark = now
+
     cfg = load_run_config(args.config, args.overrides)
     rank, world_size = _rank_and_world_size()
     stages = resolve_stages(cfg, world_size)
@@ -74,12 +85,18 @@ def train(args: argparse.Namespace) -> int:
                   f"nothing to do", file=sys.stderr)
             return 0
     train_corpus, valid_corpus = open_data(cfg, model_config)
+    batches = make_batches(cfg, train_corpus, rank, world_size)
+    for stage in stages:  # a corpus too small for a stage's global batch fails now, not mid-run
+        batches.check_min_size(stage.max_seq_len, stage.global_batch_size)
 
+    phase("checks_and_data")
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
     deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
     import deepspeed.comm as dist
+
+    phase("init_distributed")
 
     start_stage, _ = stage_for_step(stages, point.sidecar["step"] if point else 0)
     universal = point is not None and ckpt.needs_universal(point, world_size)
@@ -89,17 +106,19 @@ def train(args: argparse.Namespace) -> int:
         if universal:
             ckpt.convert_to_universal(point, run_dir)
     dist.barrier()
+    phase("run_files_and_conversion")
 
     engine = build_engine(cfg, model_config, ds_config, rank)
+    phase("engine")
     from launcher.trainer import Trainer, TrainState
 
     state, resume_seconds = TrainState(), None
-    batches, valid_batches = make_batches(cfg, train_corpus, rank, world_size), \
-        make_batches(cfg, valid_corpus, rank, world_size)
+    valid_batches = make_batches(cfg, valid_corpus, rank, world_size)
     if point is not None:
         start = time.perf_counter()
         state = resume(engine, point, run_dir, universal, batches, rank, cfg.seed)
         resume_seconds = time.perf_counter() - start
+        phase("checkpoint_load")
 
     from launcher.metrics import Metrics
 
@@ -109,6 +128,8 @@ def train(args: argparse.Namespace) -> int:
                       world_size=world_size, universal=universal, seconds=resume_seconds)
         metrics.message(f"resumed from {point.tag} (step {state.step}) in {resume_seconds:.2f} s"
                         f"{' via a universal checkpoint' if universal else ''}")
+    metrics.event("startup", step=state.step, seconds=time.time() - PROCESS_START,
+                  phases={k: round(v, 3) for k, v in phases.items()})
     trainer = Trainer(engine, batches, valid_batches, stages, cfg, run_dir, metrics, state, model_config.to_dict())
     install_stop_handlers(trainer, metrics)
     outcome = trainer.run()

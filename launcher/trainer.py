@@ -45,7 +45,6 @@ class Trainer:
         self.model_config = model_config
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.total_steps = stages[-1].end_step
-        self.valid_start = valid_batches.state_dict() if valid_batches is not None else None
         self.stop_signalled = False  # set by a signal handler on this rank
         self.stop_agreed = False     # all ranks know (carried by the per-step all-reduce)
 
@@ -129,12 +128,12 @@ class Trainer:
         if self.valid_batches is None:
             return
         start = time.perf_counter()
-        self.valid_batches.load_state_dict(self.valid_start)  # the same held-out batches every time
         self.engine.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.engine.device)  # loss_sum, correct, masked
-        for _ in range(self.cfg.logging.valid_batches):
-            out = self.engine(**self._to_device(self.valid_batches.next_batch(stage.max_seq_len,
-                                                                              stage.micro_batch_size)))
+        # The same held-out batches every time (from the start of the valid stream), at this stage's shape.
+        for batch in self.valid_batches.iter_eval_batches(stage.max_seq_len, stage.micro_batch_size,
+                                                          max_batches=self.cfg.logging.valid_batches):
+            out = self.engine(**self._to_device(batch))
             sums += torch.stack([out.loss_sum.double(), out.num_correct.double(), out.num_masked.double()])
         self.engine.train()
         dist.all_reduce(sums)

@@ -8,7 +8,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
-TINY_MODEL = {"vocab_size": 600, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+TINY_MODEL = {"vocab_size": 900, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
               "intermediate_size": 64, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
 
 
@@ -72,6 +72,8 @@ def launch_command(num_ranks: int, module: str, args: list[str], port: int | Non
 def rank_env(**extra: str) -> dict:
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO),
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    # Same op cache as the Makefile / CI, so DeepSpeed's CPU shm-comm op compiles once.
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/roformer-ds/torch_extensions"))
     env.update(extra)
     return env
 
@@ -93,3 +95,52 @@ def run_to_end(num_ranks: int, config: Path, run_dir: Path, timeout: float = 240
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         raise
+
+
+# --- the shared tiny run ----------------------------------------------------------------------
+# Three stages that change both length and batch (and grad-accum: the 64-token stage needs 2 micro-
+# batches per rank under the 128-token budget), checkpoints every 4 steps plus stage ends.
+TINY_STAGES = [
+    {"name": "short", "max_seq_len": 32, "global_batch_size": 8, "steps": 6},
+    {"name": "long", "max_seq_len": 64, "global_batch_size": 8, "steps": 4},
+    {"name": "wide", "max_seq_len": 16, "global_batch_size": 16, "steps": 6},
+]
+TINY_TOTAL_STEPS = 16
+_RUNS: dict[str, Path] = {}
+
+
+def tiny_data_dir(tmp_factory) -> Path:
+    """A real prepared corpus (SentencePiece, shards), shared with the data tests in one process."""
+    from tests.test_data_common import prepared_dir
+
+    return prepared_dir(tmp_factory)
+
+
+def tiny_run_config(root: Path, data_dir: Path, name: str = "run.yaml", ds_config: str = "cpu_fp32_zero2.json",
+                    **sections) -> Path:
+    schedule = write_schedule(root / "tiny_schedule.yaml", TINY_STAGES)
+    base = {"checkpoint": {"every_steps": 4, "keep_last": 3}, "logging": {"valid_every": 5, "valid_batches": 1},
+            "schedule": {"max_tokens_per_micro_batch": 128}}
+    for key, value in sections.items():
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+    return write_yaml(root / name, run_config_dict(data_dir=data_dir, schedule_file=schedule, ds_config=ds_config,
+                                                   **base))
+
+
+def reference_run(tmp_factory, key: str, num_ranks: int = 2, env: dict | None = None, **sections) -> Path:
+    """An uninterrupted run, made once per pytest process per key; returns its run directory."""
+    if key in _RUNS:
+        return _RUNS[key]
+    root = tmp_factory.mktemp(f"ref_{key}")
+    config = tiny_run_config(root, tiny_data_dir(tmp_factory), **sections)
+    run_dir = root / "run"
+    rc = run_to_end(num_ranks, config, run_dir, module="tests._rank_wrapper", **(env or {}))
+    assert rc == 0, (root / "run.log").read_text()[-5000:]
+    _RUNS[key] = run_dir
+    return run_dir
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    from launcher.metrics import read_metrics
+
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir, "train")}

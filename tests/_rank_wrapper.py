@@ -1,0 +1,62 @@
+"""TEST-ONLY per-rank entry: launcher.pretrain_rank plus faults chosen by environment variables.
+
+    ROFORMER_TEST_FP16_CPU=1                 CPU accelerator reports fp16 support (tests/_fp16_cpu.py)
+    ROFORMER_TEST_SIGTERM_LAUNCHER_AT=N      rank 0 sends SIGTERM to its launcher (launch.py) before step N
+    ROFORMER_TEST_SIGKILL_AT=RANK:N          that rank SIGKILLs itself before step N
+    ROFORMER_TEST_SIGKILL_IN_SAVE_AT=RANK:N  that rank SIGKILLs itself while writing the checkpoint of
+                                             step N (after DeepSpeed's files, before the sidecar)
+Steps are 0-based global steps (the index of the step about to be taken).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+def _rank_step(var: str) -> tuple[int, int] | None:
+    value = os.environ.get(var)
+    if not value:
+        return None
+    rank, step = value.split(":")
+    return int(rank), int(step)
+
+
+def install_faults() -> None:
+    from launcher import checkpoint, trainer
+
+    rank = int(os.environ["RANK"])
+    original_step = trainer.Trainer.train_step
+    sigterm_at = os.environ.get("ROFORMER_TEST_SIGTERM_LAUNCHER_AT")
+    kill_at = _rank_step("ROFORMER_TEST_SIGKILL_AT")
+
+    def train_step(self, stage):
+        step = self.state.step
+        if sigterm_at and rank == 0 and step == int(sigterm_at):
+            os.kill(os.getppid(), signal.SIGTERM)  # the parent is deepspeed.launcher.launch
+        if kill_at and kill_at == (rank, step):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original_step(self, stage)
+
+    trainer.Trainer.train_step = train_step
+
+    kill_in_save = _rank_step("ROFORMER_TEST_SIGKILL_IN_SAVE_AT")
+    original_save_rng = checkpoint.save_rng
+
+    def save_rng(directory, this_rank):
+        if kill_in_save and kill_in_save[0] == this_rank and directory.name == checkpoint.tag_for_step(kill_in_save[1]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        original_save_rng(directory, this_rank)
+
+    checkpoint.save_rng = save_rng
+
+
+if __name__ == "__main__":
+    if os.environ.get("ROFORMER_TEST_FP16_CPU") == "1":
+        from tests._fp16_cpu import enable_fp16_on_cpu
+
+        enable_fp16_on_cpu()
+    install_faults()
+    from launcher.pretrain_rank import main
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,192 @@
+"""A real 2-rank DeepSpeed ZeRO-2 run over three stages, then what it left in the run directory.
+
+One uninterrupted run (shared with tests/test_resume.py) is checked for: the schedule it followed
+(length, batch, grad-accum switching inside one engine), the loss normalisation, checkpoints and
+sidecars, TensorBoard scalars, and the consolidation path the exporter uses. Bad inputs are run
+in-process through the per-rank entry: each must fail before DeepSpeed starts.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+
+import pytest
+import yaml
+
+from launcher.batching import resolve_stages, stage_for_step
+from launcher.checkpoint import find_resume_point, read_sidecar
+from launcher.config import load_run_config
+from launcher.metrics import read_metrics
+from tests.conftest_training import TINY_STAGES, TINY_TOTAL_STEPS, reference_run, tiny_data_dir, tiny_run_config
+
+pytestmark = pytest.mark.multiprocess
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return reference_run(tmp_path_factory, "fp32", model=NO_DROPOUT)
+
+
+def events(run_dir, name):
+    return [r for r in read_metrics(run_dir, "event") if r["event"] == name]
+
+
+def test_the_schedule_is_followed_step_by_step_in_one_engine(run):
+    cfg = load_run_config(run / "config.yaml")
+    stages = resolve_stages(cfg, 2)
+    train = read_metrics(run, "train")
+    assert [r["step"] for r in train] == list(range(TINY_TOTAL_STEPS))
+    for record in train:
+        stage, _ = stage_for_step(stages, record["step"])
+        assert (record["stage"], record["max_seq_len"], record["global_batch_size"]) == \
+            (stage.index, stage.max_seq_len, stage.global_batch_size)
+    switches = events(run, "stage_start")
+    assert [(e["step"], e["micro_batch_size"], e["grad_accum_steps"]) for e in switches] == \
+        [(s.first_step, s.micro_batch_size, s.grad_accum_steps) for s in stages]
+    assert any(s.grad_accum_steps > 1 for s in stages)
+    assert len(events(run, "startup")) == 1 and events(run, "finished")  # one engine for all stages
+
+
+def test_loss_is_per_masked_token_over_all_ranks_and_micro_batches(run):
+    train = read_metrics(run, "train")
+    vocab = load_run_config(run / "config.yaml").model["vocab_size"]
+    # Untrained model: mean token CE ~ ln(vocab). A missing 1/world or 1/grad-accum would be off 2x.
+    assert abs(train[0]["loss"] - math.log(vocab)) < 0.5
+    assert train[-1]["loss"] < train[0]["loss"] - 0.2
+    assert all(r["masked_tokens"] > 0 and 0 <= r["mlm_accuracy"] <= 1 for r in train)
+    assert all(r["tokens_per_s"] > 0 and r["samples_per_s"] > 0 and r["grad_norm"] > 0 for r in train)
+
+
+def test_run_directory_files(run):
+    cfg = load_run_config(run / "config.yaml")  # the resolved config loads back
+    ds = json.loads((run / "ds_config.resolved.json").read_text())
+    first = resolve_stages(cfg, 2)[0]
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == \
+        (first.global_batch_size, first.micro_batch_size, first.grad_accum_steps)
+    assert json.loads((run / "stages.json").read_text())["world_size"] == 2
+
+
+def test_checkpoints_sidecars_latest_and_retention(run):
+    root = run / "checkpoints"
+    complete = sorted((d.name for d in root.iterdir() if read_sidecar(d)), key=lambda t: int(t[11:]))
+    assert complete == ["global_step10", "global_step12", "global_step16"]  # keep_last 3 of 4,6,8,10,12,16
+    assert (root / "latest").read_text() == "global_step16"
+    sidecar = find_resume_point(run).sidecar
+    samples = sum(s["steps"] * s["global_batch_size"] for s in TINY_STAGES)
+    assert (sidecar["step"], sidecar["stage_index"], sidecar["step_in_stage"], sidecar["stage_complete"]) == \
+        (16, 2, 6, True)
+    assert sidecar["consumed_samples"] == samples == sidecar["data_state"]["sequences_consumed"]
+    assert sidecar["world_size"] == 2 and sidecar["precision"] == "fp32" and sidecar["zero_stage"] == 2
+    assert sidecar["model_config"]["hidden_size"] == 32 and sidecar["last_validation"]["step"] == 16
+    assert {"rng_rank0.pt", "rng_rank1.pt", "mp_rank_00_model_states.pt"} <= {p.name for p in (root / "global_step16").iterdir()}
+
+
+def test_validation_runs_periodically_and_at_stage_ends(run):
+    valid = read_metrics(run, "valid")
+    # valid_every 5 (after steps 5, 10, 15) and stage ends (after 6, 10, 16), as 0-based step indices
+    assert [v["step"] for v in valid] == [4, 5, 9, 14, 15]
+    assert all(v["loss"] > 0 and 0 <= v["mlm_accuracy"] <= 1 for v in valid)
+
+
+def test_tensorboard_event_files_hold_the_scalars(run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    expected = {"train/loss", "train/mlm_accuracy", "train/lr", "train/loss_scale", "train/grad_norm",
+                "train/skipped_steps", "schedule/stage", "schedule/max_seq_len", "schedule/global_batch_size",
+                "speed/tokens_per_s", "speed/samples_per_s", "valid/loss", "valid/mlm_accuracy"}
+    assert expected <= tags
+    losses = {e.step: e.value for e in acc.Scalars("train/loss")}
+    assert losses == pytest.approx(dict((r["step"], r["loss"]) for r in read_metrics(run, "train")), rel=1e-6)
+    assert [e.value for e in acc.Scalars("schedule/max_seq_len")] == \
+        [s["max_seq_len"] for s in TINY_STAGES for _ in range(s["steps"])]
+
+
+def test_checkpoint_consolidates_to_roformer_keys(run):
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from roformer import RoFormerConfig, RoFormerForMaskedLM
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"))  # follows `latest`
+    model = RoFormerForMaskedLM(RoFormerConfig.from_dict(find_resume_point(run).sidecar["model_config"]))
+    assert set(state) == set(model.state_dict())
+    model.load_state_dict(state)
+
+
+# --- bad input: a clear error before any training step ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bad_input_env(tmp_path_factory, run):
+    root = tmp_path_factory.mktemp("bad")
+    return root, tiny_data_dir(tmp_path_factory), run
+
+
+def run_rank_in_process(monkeypatch, config, run_dir, world_size=2, overrides=()):
+    from launcher import pretrain_rank
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    args = ["--config", str(config), "--run-dir", str(run_dir)]
+    for item in overrides:
+        args += ["--set", item]
+    return pretrain_rank.main(args)
+
+
+@pytest.mark.parametrize("case, overrides, world, message", [
+    ("unknown key", ["optimizer.betas=[0.9, 0.9]"], 2, "unknown key(s) optimizer.betas"),
+    ("indivisible batch", [], 3, "global_batch_size 8 is not divisible by the world size 3"),
+    ("learned positions", ["model.position_encoding=learned", "model.max_position_embeddings=48"], 2,
+     "stage 2 (long): max_seq_len 64 is longer than the model's learned position table"),
+    ("vocab too small", ["model.vocab_size=100"], 2, "model.vocab_size 100 is smaller than the tokenizer's"),
+])
+def test_bad_config_fails_before_training(bad_input_env, monkeypatch, capsys, case, overrides, world, message):
+    root, data_dir, _ = bad_input_env
+    config = tiny_run_config(root, data_dir, name=f"{case.replace(' ', '_')}.yaml")
+    run_dir = root / f"run_{case.replace(' ', '_')}"
+    assert run_rank_in_process(monkeypatch, config, run_dir, world, overrides) == 2
+    assert message in capsys.readouterr().err
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("stages, message", [
+    ([], "the schedule is empty"),
+    ([{"max_seq_len": 16, "global_batch_size": 8, "steps": 0}], "steps must be a positive integer, got 0"),
+    ([{"max_seq_len": 16, "global_batch_size": 8, "steps": -3}], "steps must be a positive integer, got -3"),
+])
+def test_bad_schedule_fails_before_training(bad_input_env, monkeypatch, capsys, stages, message):
+    root, data_dir, _ = bad_input_env
+    (root / "bad_schedule.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    config = tiny_run_config(root, data_dir, name="bad_schedule_run.yaml")
+    assert run_rank_in_process(monkeypatch, config, root / "run_sched", 2,
+                               [f"schedule.file={root / 'bad_schedule.yaml'}"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_or_unwritable_run_directory(bad_input_env, monkeypatch, capsys):
+    root, data_dir, _ = bad_input_env
+    config = tiny_run_config(root, data_dir, name="dirs.yaml")
+    assert run_rank_in_process(monkeypatch, config, root / "no" / "such" / "parent" / "run") == 2
+    err = capsys.readouterr().err
+    assert "parent directory" in err and "does not exist" in err
+    (root / "a_file").write_text("x")
+    assert run_rank_in_process(monkeypatch, config, root / "a_file") == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+    assert run_rank_in_process(monkeypatch, config, "/proc/1/roformer-run") == 2  # even root cannot write there
+    assert "not writable" in capsys.readouterr().err
+
+
+def test_resume_from_another_models_checkpoint_is_refused(bad_input_env, monkeypatch, capsys, tmp_path):
+    root, data_dir, run = bad_input_env
+    other = tmp_path / "other_run"
+    shutil.copytree(run, other)
+    before = sorted(os.listdir(other / "checkpoints"))
+    config = tiny_run_config(root, data_dir, name="other.yaml", model=NO_DROPOUT)
+    assert run_rank_in_process(monkeypatch, config, other, 2, ["model.hidden_size=64", "model.num_hidden_layers=3"]) == 2
+    err = capsys.readouterr().err
+    assert "different model" in err and "hidden_size: checkpoint 32 vs config 64" in err and "num_hidden_layers" in err
+    assert sorted(os.listdir(other / "checkpoints")) == before
