@@ -29,7 +29,7 @@ import numpy as np
 
 from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig, TokenizerConfig
 from data_pipeline.errors import DataError
-from data_pipeline.inputs import (check_file, clean_text, estimated_text_bytes, file_format,
+from data_pipeline.inputs import (FileCheck, check_file, clean_text, estimated_text_bytes, file_format,
                                   iter_raw_documents, resolve_inputs)
 from data_pipeline.shards import (FORMAT_NAME, FORMAT_VERSION, MANIFEST, SPLITS, ShardWriter,
                                   file_sha256, token_dtype, write_manifest)
@@ -54,6 +54,8 @@ class FileScan:
     skipped: Counter = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
     sample_marks: list[tuple[int, int]] = field(default_factory=list)
+    check: FileCheck | None = None
+    """Pass-1 line check, reused by pass 2 (which must skip the same lines)."""
     """With a document cap: (document index, end offset in the sample file) of sampled documents."""
 
 
@@ -87,6 +89,7 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
     out_dir = cfg.out_dir
     if (out_dir / MANIFEST).exists() and not cfg.overwrite:
         raise DataError(f"{out_dir}: already holds prepared data (use --overwrite to replace it)")
+    out_dir_existed = out_dir.exists()
     partial = out_dir / f".partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "samples").mkdir(parents=True)
@@ -104,7 +107,7 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
             dtype = token_dtype(vocab_size)
             log(f"tokenizing with vocab {vocab_size} into shards ({dtype})")
             groups = _group_files(scans, assignments, cfg)
-            token_tasks = [(g, [(scans[i].path, scans[i].fmt, assignments[i]) for i in members],
+            token_tasks = [(g, [(scans[i].path, scans[i].fmt, scans[i].check, assignments[i]) for i in members],
                             cfg, model_path, partial, dtype.str) for g, members in enumerate(groups)]
             written = list(pool.imap(_tokenize_group, token_tasks))
             phases["tokenize_seconds"] = time.perf_counter() - mark
@@ -122,6 +125,8 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
         _publish(partial, out_dir, manifest)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+        if not out_dir_existed and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # a failed run leaves nothing behind
     return PrepareReport(out_dir, stats, time.perf_counter() - started)
 
 
@@ -214,7 +219,7 @@ def _documents(path: Path, fmt: str, cfg: PrepareConfig, check) -> "iter[str]":
 def _scan_file(task) -> FileScan:
     path, fmt, cfg, sample_prob, sample_path = task
     check = check_file(path, fmt, cfg.input)
-    scan = FileScan(path, fmt)
+    scan = FileScan(path, fmt, check=check)
     for line_no, reason in sorted(check.bad_lines.items()):
         scan.skipped[reason.split(" (")[0]] += 1
         if len(scan.examples) < _MAX_EXAMPLES:
@@ -314,8 +319,7 @@ def _tokenize_group(task) -> dict:
     dtype = np.dtype(dtype_str)
     writers = {TRAIN: ShardWriter(partial / "train", f"g{group:05d}", dtype, cfg.shard_tokens),
                VALID: ShardWriter(partial / "valid", f"g{group:05d}", dtype, cfg.shard_tokens)}
-    for path, fmt, assign in members:
-        check = check_file(path, fmt, cfg.input)
+    for path, fmt, check, assign in members:
         kept = np.flatnonzero(assign != DROP)
         last = kept[-1] if len(kept) else -1
         batch, batch_split = [], []
@@ -346,7 +350,7 @@ def _tokenize_group(task) -> dict:
 def _encode_into(sp, texts: list[str], splits: list[int], writers: dict) -> None:
     if not texts:
         return
-    for ids, split_id in zip(sp.encode(texts), splits):
+    for ids, split_id in zip(sp.encode(texts, num_threads=1), splits):  # one worker = one core
         writers[split_id].add(np.asarray(ids))
 
 

@@ -7,7 +7,7 @@
 
 Host names reach ssh as separate arguments (never through a local shell) and were validated by
 launcher.hostfile; the only remote shell text is built from constants and `shlex.quote`d paths.
-Local-only runs (localhost) skip 2 and 3.
+Runs on this machine only (localhost, not through pdsh) skip 2 and 3.
 """
 from __future__ import annotations
 
@@ -131,8 +131,8 @@ def run_preflight(plan) -> str:
     """All checks for a LaunchPlan, in order; returns the master address to use."""
     check_run_dir(plan.run_dir)
     hosts = list(plan.resources)
-    if all(h in LOCAL_HOSTNAMES for h in hosts) and not plan.multi_node:
-        return plan.master_addr
+    if all(h in LOCAL_HOSTNAMES for h in hosts) and plan.launcher != "pdsh":
+        return plan.master_addr  # this machine only: mpirun / DeepSpeed's launcher start ranks without ssh
     where = {h.name: f"{plan.hostfile.path}:{h.line}" for h in plan.hostfile.hosts} if plan.hostfile else None
     check_reachable(hosts, where)
     check_shared_run_dir(plan.run_dir, hosts)

@@ -43,7 +43,7 @@ def test_bad_jsonl_line_names_file_and_line(tmp_path, good_file, raw, message):
     bad = with_bad_line(tmp_path, 3, raw)
     with pytest.raises(DataError, match=message):
         run_prepare([good_file, bad], tmp_path / "out")
-    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert not (tmp_path / "out").exists()  # nothing half-written
 
 
 def test_invalid_utf8_in_gzipped_text_file(tmp_path, good_file):
