@@ -36,6 +36,15 @@ _STAMP = ".complete.json"
 _STAMP_VERSION = 1
 
 
+def default_data_cache() -> Path:
+    """The set-up step's data cache: $ROFORMER_DATA_DIR, else ${XDG_CACHE_HOME:-~/.cache}/roformer-ds/data
+    (the same rule as scripts/setup.sh)."""
+    if os.environ.get("ROFORMER_DATA_DIR"):
+        return Path(os.environ["ROFORMER_DATA_DIR"])
+    cache_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache_root / "roformer-ds" / "data"
+
+
 def corpus_dir(data_cache: Path) -> Path:
     """Where `install_corpus_sources` writes, given the set-up step's data cache directory."""
     return Path(data_cache) / "corpora"

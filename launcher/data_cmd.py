@@ -31,7 +31,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _input_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", nargs="+", required=True, help="files, directories or globs")
+    p.add_argument("--input", nargs="+", default=[], help="files, directories or globs")
+    p.add_argument("--default-corpus", nargs="?", const="en,zh", default=None, metavar="LANGS",
+                   help="add the bundled corpus installed by scripts/setup.sh (en, zh or en,zh; default both)")
+    p.add_argument("--data-cache", type=Path, default=None,
+                   help="set-up data cache for --default-corpus (default: $ROFORMER_DATA_DIR or ~/.cache/roformer-ds/data)")
     p.add_argument("--format", default="auto", choices=["auto", "txt", "jsonl", "parquet"])
     p.add_argument("--txt-mode", default="line", choices=["line", "paragraph"],
                    help=".txt documents: one per line or blank-line-separated blocks")
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig, TokenizerConfig
     from data_pipeline.prepare import prepare, train_tokenizer_only
 
-    input_cfg = InputConfig(inputs=args.input, text_format=args.format, txt_mode=args.txt_mode,
+    input_cfg = InputConfig(inputs=_inputs(args), text_format=args.format, txt_mode=args.txt_mode,
                             text_field=args.text_field, lenient=args.lenient)
     tok_cfg = TokenizerConfig(vocab_size=args.vocab_size, model_type=args.model_type,
                               sample_bytes=int(args.tokenizer_sample_mb * 1e6),
@@ -68,3 +72,13 @@ def run(args: argparse.Namespace) -> int:
     report = prepare(cfg)
     print(report.summary(), file=sys.stderr)
     return 0
+
+
+def _inputs(args: argparse.Namespace) -> list[str]:
+    inputs = list(args.input)
+    if args.default_corpus:
+        from data_pipeline.sources import default_corpus_files, default_data_cache
+
+        languages = tuple(x.strip() for x in args.default_corpus.split(",") if x.strip())
+        inputs += [str(p) for p in default_corpus_files(args.data_cache or default_data_cache(), languages)]
+    return inputs  # empty -> InputConfig names the missing field

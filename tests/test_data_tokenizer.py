@@ -47,3 +47,18 @@ def test_shards_hold_the_tokenizer_ids_of_the_text(data_dir):
     first_doc = np.asarray(shard.token_ids[shard.offsets[0]:shard.offsets[1]])
     assert sp.encode(sp.decode(first_doc.tolist())) == first_doc.tolist()
     assert corpus.tokenizer_sha256 == corpus.manifest["tokenizer"]["sha256"]
+
+
+def test_tokenizer_subcommand_trains_a_loadable_tokenizer(tmp_path):
+    from launcher.cli import main as roformer
+    from tests.test_data_common import write_jsonl
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", english_paragraphs(8))
+    out = tmp_path / "tok"
+    assert roformer(["data", "tokenizer", "--input", str(corpus), "--out", str(out),
+                     "--vocab-size", "400", "--model-type", "unigram"]) == 0
+    sp = load_tokenizer(out)
+    assert sp.get_piece_size() == 400 and sp.id_to_piece(MASK_ID) == "[MASK]"
+    hf = AutoTokenizer.from_pretrained(str(out))
+    text = english_paragraphs(8)[0]
+    assert hf(text, add_special_tokens=False)["input_ids"] == sp.encode(text)
