@@ -92,7 +92,8 @@ def _check_shards(tag_dir: Path, sidecar: dict) -> None:
     if (tag_dir / "zero").is_dir() and not optim:
         return  # universal checkpoint: checked per parameter when read
     if not models:
-        raise UserError(f"{tag_dir}: partial checkpoint: no *_model_states.pt file")
+        raise UserError(f"{tag_dir}: partial checkpoint: no model state file (mp_rank_00_model_states.pt "
+                        f"for ZeRO 0-2, zero_pp_rank_N_mp_rank_00_model_states.pt for ZeRO-3)")
     if not optim:
         return  # ZeRO-0: the model state file holds the full weights
     ranks = sorted(int(m.group(1)) for m in map(_OPTIM_RANK.search, optim) if m)
