@@ -42,12 +42,12 @@ def _last_line(text: str) -> str:
 
 def check_run_dir(run_dir: Path) -> None:
     """Create the run directory if needed and prove it is writable from this machine."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--run-dir {run_dir}: exists and is not a directory")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"--run-dir {run_dir}: cannot create it: {err.strerror or err}") from None
-    if not run_dir.is_dir():
-        raise UserError(f"--run-dir {run_dir}: exists and is not a directory")
     probe = run_dir / f".write-test-{secrets.token_hex(4)}"
     try:
         probe.write_text("ok", encoding="utf-8")

@@ -11,9 +11,10 @@ rank, which it starts with the same Python. When the rank ends badly it prints o
 
 that `roformer pretrain` picks out of the (pdsh-prefixed) output to name the node and rank, and
 then exits with the rank's status so DeepSpeed's launcher stops the node's other ranks as usual.
-SIGTERM/SIGINT are passed on to the rank (those exits are not reported: they are the stop, not
-the cause). If whoever started the guard dies, the kernel sends it SIGTERM (Linux
-PR_SET_PDEATHSIG), so no rank outlives its launcher.
+A rank stopped by SIGTERM/SIGINT is not reported (that is the stop, not the cause). If whoever
+started the guard dies, the kernel sends it SIGTERM (Linux PR_SET_PDEATHSIG) and the guard stops
+the rank, so no rank outlives its launcher. Under mpirun the guard also runs DeepSpeed's MPI
+discovery for the rank (see mpi_environment).
 """
 from __future__ import annotations
 
@@ -23,16 +24,21 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 MARKER = "[roformer-rank-exit]"
 PR_SET_PDEATHSIG = 1
+ORPHAN_STOP_SECONDS = 60.0
+DEFAULT_MASTER_PORT = 29500  # DeepSpeed's TORCH_DISTRIBUTED_DEFAULT_PORT
+DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+MPI_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
 
-def _rank_identity() -> dict[str, str]:
+def _rank_identity(env: dict[str, str]) -> dict[str, str]:
     """Rank numbers from DeepSpeed's launcher, OpenMPI, MPICH/PMI or Slurm, whichever started us."""
 
     def first(*names: str) -> str:
-        return next((os.environ[n] for n in names if n in os.environ), "?")
+        return next((env[n] for n in names if n in env), "?")
 
     return {
         "rank": first("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
@@ -61,6 +67,28 @@ def _die_with_parent() -> None:
         pass
 
 
+def mpi_environment() -> dict[str, str]:
+    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT for a rank started by mpirun.
+
+    DeepSpeed's launcher sets these; mpirun (directly or through `--launcher openmpi`) does not.
+    Then DeepSpeed's own MPI discovery (deepspeed.comm.comm.mpi_discovery, mpi4py) works them out
+    here, with MASTER_PORT from our environment (it would otherwise default to 29500), and the rank
+    gets them as plain variables. Empty when not under MPI or when they are already set.
+    """
+    if all(name in os.environ for name in DISTRIBUTED_VARIABLES):
+        return {}
+    if not any(name in os.environ for name in MPI_RANK_VARIABLES):
+        return {}
+    from deepspeed.comm.comm import mpi_discovery
+
+    saved = dict(os.environ)
+    mpi_discovery(distributed_port=int(os.environ.get("MASTER_PORT", DEFAULT_MASTER_PORT)), verbose=False)
+    found = {name: os.environ[name] for name in DISTRIBUTED_VARIABLES}
+    os.environ.clear()
+    os.environ.update(saved)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("-"):
@@ -71,19 +99,31 @@ def main(argv: list[str] | None = None) -> int:
     if os.getppid() != parent:  # the parent died before prctl took effect
         return 1
 
+    env = {**os.environ, **mpi_environment()}
+    child = subprocess.Popen([sys.executable, "-u", "-m", *argv], env=env, preexec_fn=_die_with_parent)
     stopping = False
-    child = subprocess.Popen([sys.executable, "-u", "-m", *argv], preexec_fn=_die_with_parent)
+    orphan_deadline: float | None = None
 
-    def forward(signum, _frame):
-        nonlocal stopping
+    def on_stop_signal(signum, _frame):
+        # Every stop path (DeepSpeed's launcher, our pkill, a process-group signal) signals the rank
+        # itself too; forwarding would make it a second signal, which the trainer takes as "stop now,
+        # skip the checkpoint". Only when our parent is gone (PR_SET_PDEATHSIG) is nobody else
+        # signalling the rank, so then we pass it on and give it ORPHAN_STOP_SECONDS.
+        nonlocal stopping, orphan_deadline
         stopping = True
-        child.send_signal(signum)
+        if os.getppid() != parent and orphan_deadline is None:
+            child.send_signal(signum)
+            orphan_deadline = time.monotonic() + ORPHAN_STOP_SECONDS
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    returncode = child.wait()
+    signal.signal(signal.SIGTERM, on_stop_signal)
+    signal.signal(signal.SIGINT, on_stop_signal)
+    while child.poll() is None:
+        time.sleep(0.2)
+        if orphan_deadline is not None and time.monotonic() > orphan_deadline:
+            child.kill()
+    returncode = child.returncode
     if returncode != 0 and not stopping:
-        fields = " ".join(f"{k}={v}" for k, v in _rank_identity().items())
+        fields = " ".join(f"{k}={v}" for k, v in _rank_identity(env).items())
         print(f"{MARKER} {fields} pid={child.pid} status={describe_status(returncode)}", file=sys.stderr, flush=True)
     # A signal death becomes 128+N, as a shell reports it; DeepSpeed's launcher only checks != 0.
     return returncode if returncode >= 0 else 128 - returncode

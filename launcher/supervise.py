@@ -32,6 +32,7 @@ from launcher.rank_guard import MARKER
 
 FAILURE_GRACE_SECONDS = 30.0  # + the stop itself stays well inside the 60 s promised in docs/multinode.md
 STOP_WAIT_SECONDS = 10.0
+GRACEFUL_STOP_SECONDS = 120.0  # Ctrl-C: time for the ranks to finish the step and write a checkpoint
 
 _PDSH_PREFIX_RE = re.compile(r"^([A-Za-z0-9_.-]+): (.*)$")
 _GUARD_RE = re.compile(re.escape(MARKER) + r" rank=(\S+) local_rank=(\S+) node_rank=(\S+) host=(\S+) pid=(\d+) "
@@ -116,6 +117,37 @@ def job_pattern(plan: LaunchPlan) -> str:
             f"{entry} {_ere_literal(tail)}( |$)")
 
 
+def rank_pattern(plan: LaunchPlan) -> str:
+    """A pkill -f regex for this job's training processes only (not launchers, not guards)."""
+    tail = " ".join(["--config", str(plan.config_path), "--run-dir", str(plan.run_dir)])
+    # '[-]m', not '-m': pkill would take a pattern starting with '-' for an option.
+    return f"[-]m {_ere_literal(plan.entry_module)} {_ere_literal(tail)}( |$)"
+
+
+def request_graceful_stop(plan: LaunchPlan, runner: subprocess.Popen) -> None:
+    """SIGTERM to the ranks only: the trainer then finishes its step, checkpoints and exits.
+
+    Signalling DeepSpeed's launcher too would make it signal the ranks a second time, which the
+    trainer takes as "stop now". MPI launchers: mpirun passes SIGTERM on to its ranks itself.
+    """
+    if plan.launcher == "pdsh":
+        pattern = shlex.quote(rank_pattern(plan))
+        for host in plan.resources:
+            ssh(host, f"pkill -TERM -f {pattern}", timeout=15)
+    elif plan.launcher == "local":
+        import psutil
+
+        regex = re.compile(rank_pattern(plan))
+        for proc in psutil.Process(runner.pid).children(recursive=True):
+            try:
+                if regex.search(" ".join(proc.cmdline())):
+                    proc.terminate()
+            except psutil.Error:
+                pass
+    else:
+        _killpg(runner, signal.SIGTERM)
+
+
 def _ere_literal(text: str) -> str:
     return "".join(c if c.isalnum() or c in " _@=:,/-" else f"[{c}]" for c in text)
 
@@ -181,16 +213,20 @@ def supervise(plan: LaunchPlan, runner_env: dict[str, str], out=None) -> int:
     previous = {s: signal.signal(s, lambda signum, _f: interrupted.append(signum))
                 for s in (signal.SIGINT, signal.SIGTERM)}
     stopped_after_failure = False
+    graceful_deadline: float | None = None
     try:
         while runner.poll() is None:
             time.sleep(0.2)
             first = monitor.first()
-            if interrupted:
-                print(f"roformer pretrain: stopping the job on all nodes ({signal.Signals(interrupted[0]).name})",
-                      file=sys.stderr, flush=True)
+            if interrupted and graceful_deadline is None:
+                print(f"roformer pretrain: {signal.Signals(interrupted[0]).name}: the ranks checkpoint and stop "
+                      f"(up to {GRACEFUL_STOP_SECONDS:g} s; interrupt again to stop at once)", file=sys.stderr, flush=True)
+                request_graceful_stop(plan, runner)
+                graceful_deadline = time.monotonic() + GRACEFUL_STOP_SECONDS
+            elif graceful_deadline is not None and (len(interrupted) > 1 or time.monotonic() > graceful_deadline):
+                print("roformer pretrain: stopping every process of the job now", file=sys.stderr, flush=True)
                 stop_job(plan, runner)
-                break
-            if first is not None and time.monotonic() - first.seen_at > FAILURE_GRACE_SECONDS:
+            elif first is not None and time.monotonic() - first.seen_at > FAILURE_GRACE_SECONDS:
                 stop_job(plan, runner)
                 stopped_after_failure = True
     finally:
