@@ -124,8 +124,11 @@ def train(args: argparse.Namespace) -> int:
 
     metrics = Metrics(run_dir, rank, stages, state.step, cfg.logging.log_every, cfg.logging.progress_bar)
     if point is not None:
+        from launcher.trainer import loss_scale
+
         metrics.event("resume", step=state.step, tag=point.tag, from_world_size=point.sidecar["world_size"],
-                      world_size=world_size, universal=universal, seconds=resume_seconds)
+                      world_size=world_size, universal=universal, seconds=resume_seconds,
+                      loss_scale=loss_scale(engine), skipped_steps=int(engine.skipped_steps))
         metrics.message(f"resumed from {point.tag} (step {state.step}) in {resume_seconds:.2f} s"
                         f"{' via a universal checkpoint' if universal else ''}")
     metrics.event("startup", step=state.step, seconds=time.time() - PROCESS_START,
