@@ -124,7 +124,8 @@ def check_file(path: Path, fmt: str, cfg: InputConfig) -> FileCheck:
                     try:
                         record = json.loads(line)
                     except json.JSONDecodeError as err:
-                        bad(line_no, f"malformed JSON ({err.msg}, column {err.colno})")
+                        bad(line_no, f"malformed JSON ({err.msg}, column {err.colno}; "
+                                     "expected one JSON object per line)")
                         continue
                     if not isinstance(record, dict) or cfg.text_field not in record:
                         bad(line_no, f"missing text field {cfg.text_field!r}")

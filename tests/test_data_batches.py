@@ -224,3 +224,22 @@ def test_bad_state_and_arguments_are_rejected(corpus):
         reader.check_min_size(seq_len=512, global_batch=10_000)
     reader.check_min_size(seq_len=128, global_batch=16)
     assert PAD_ID == 0
+
+
+def test_each_epoch_has_its_own_order_and_seeking_far_is_immediate(corpus):
+    import time
+
+    reader = make_ranks(corpus, 1)[0]
+    length = reader.stream.epoch_length
+    assert not np.array_equal(reader.stream.read(0, 500), reader.stream.read(length, 500))
+    # Same multiset of units in every epoch (shuffled, nothing lost or added).
+    assert np.array_equal(np.sort(reader.stream.read(0, length)), np.sort(reader.stream.read(length, length)))
+    far = dict(reader.state_dict(), position=1_000_000 * length + 12_345, sequences_consumed=10**9)
+    start = time.perf_counter()
+    reader.load_state_dict(far)
+    batch = reader.next_batch(128, 4)
+    assert time.perf_counter() - start < 2.0  # reading through a million epochs would take hours
+    assert reader.epoch == 1_000_000
+    twin = make_ranks(corpus, 1)[0]
+    twin.load_state_dict(far)
+    assert_same([batch], [twin.next_batch(128, 4)])
