@@ -29,6 +29,8 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in model.parameters():
+            if not parameter.requires_grad:  # transformers' frozen RoPE table stays as transformers built it
+                continue
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.2 + (parameter == 1) * 1.0)
 
 
@@ -77,7 +79,9 @@ def test_transformers_checkpoint_loads_into_ours(tmp_path):
     torch.manual_seed(4)
     theirs = transformers.RoFormerForMaskedLM(hf_config).eval()
     randomize(theirs.roformer, seed=5)
-    theirs.roformer.encoder.embed_positions.weight.data = hf_interop.transformers_sinusoidal_table(64, 8)
+    # our rebuild of transformers' frozen RoPE table matches the one transformers computes itself
+    torch.testing.assert_close(theirs.roformer.encoder.embed_positions.weight,
+                               hf_interop.transformers_sinusoidal_table(64, 8), atol=1e-6, rtol=0)
     theirs.save_pretrained(tmp_path / "hf")
     ours = load_pretrained(tmp_path / "hf").eval()
     assert ours.config.rotary_value and ours.config.embedding_size == 16
