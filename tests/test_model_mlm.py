@@ -168,3 +168,20 @@ def test_importing_roformer_does_not_import_deepspeed():
             "assert not bad, bad")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(attention="linear"),
+                                       dict(position_encoding="sinusoidal", max_position_embeddings=16)])
+def test_bf16_model_runs_and_reports_fp32_loss(overrides):
+    """What a DeepSpeed bf16 engine does: cast the whole module, feed the same integer batch."""
+    model = tiny_model(**overrides).to(torch.bfloat16).train()
+    input_ids, attention_mask, labels = batch()
+    out = model(input_ids, attention_mask, labels=labels)
+    assert out.logits.dtype == torch.bfloat16 and out.loss_sum.dtype == torch.float32
+    assert torch.isfinite(out.loss_sum)
+    out.loss.backward()
+    reference = tiny_model(**overrides).eval()
+    with torch.no_grad():
+        expected = reference(input_ids, attention_mask, labels=labels).loss
+        got = model.eval()(input_ids, attention_mask, labels=labels).loss
+    assert abs(got.item() - expected.item()) < 0.05 * expected.item()
