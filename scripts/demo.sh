@@ -14,10 +14,8 @@ step() { printf '\n=== %s\n' "$*"; }
 
 step "1/5 data: linux-doc English corpus (22 MB) -> SentencePiece (8k) -> shards"
 if [ ! -f "$DATA_DIR/manifest.json" ]; then
-  mapfile -t corpus < <(python -c "
-from pathlib import Path; from data_pipeline.sources import default_corpus_files
-print('\n'.join(map(str, default_corpus_files(Path('$DATA_CACHE/corpora'), ('en',)))))")
-  roformer data prepare --input "${corpus[@]}" --out "$DATA_DIR" --vocab-size 8000 --workers 2
+  roformer data prepare --default-corpus en --data-cache "$DATA_CACHE" --out "$DATA_DIR" \
+    --vocab-size 8000 --workers 2
 else
   echo "reusing $DATA_DIR (delete it to prepare again)"
 fi
