@@ -49,8 +49,12 @@ def worker_startup_seconds() -> float:
     import multiprocessing
 
     start = time.perf_counter()
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
+    pool = multiprocessing.get_context("spawn").Pool(1)
+    try:
         pool.apply(_open_tiny_dataset)
+    finally:
+        pool.close()
+        pool.join()
     return round(time.perf_counter() - start, 2)
 
 
