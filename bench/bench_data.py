@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from data_pipeline import MaskingConfig, PretrainBatches, open_corpus  # noqa: E402
-from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig, TokenizerConfig  # noqa: E402
+from data_pipeline.config import InputConfig, PrepareConfig, TokenizerConfig  # noqa: E402
 from data_pipeline.prepare import prepare  # noqa: E402
 from data_pipeline.sources import corpus_dir, default_corpus_files, install_corpus_sources  # noqa: E402
 

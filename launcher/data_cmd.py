@@ -35,7 +35,8 @@ def _input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--default-corpus", nargs="?", const="en,zh", default=None, metavar="LANGS",
                    help="add the bundled corpus installed by scripts/setup.sh (en, zh or en,zh; default both)")
     p.add_argument("--data-cache", type=Path, default=None,
-                   help="set-up data cache for --default-corpus (default: $ROFORMER_DATA_DIR or ~/.cache/roformer-ds/data)")
+                   help="set-up data cache for --default-corpus "
+                        "(default: $ROFORMER_DATA_DIR or ~/.cache/roformer-ds/data)")
     p.add_argument("--format", default="auto", choices=["auto", "txt", "jsonl", "parquet"])
     p.add_argument("--txt-mode", default="line", choices=["line", "paragraph"],
                    help=".txt documents: one per line or blank-line-separated blocks")

@@ -127,3 +127,21 @@ def test_sources_helpers(tmp_path, monkeypatch):
     stamp_time = (target / ".complete.json").stat().st_mtime_ns
     sources._install_linux_doc(target, root=fake)
     assert (target / ".complete.json").stat().st_mtime_ns == stamp_time
+
+
+def test_default_corpus_option_uses_the_installed_files(tmp_path, tmp_path_factory):
+    from launcher.cli import main as roformer
+
+    data_dir = prepared_dir(tmp_path_factory)
+    cache = tmp_path / "cache"
+    for lang_dir, texts in ((sources.ENGLISH_DIR, english_paragraphs(3)), (sources.CHINESE_DIR, ["人民日报。"] * 3)):
+        target = sources.corpus_dir(cache) / lang_dir
+        write_jsonl(target / "part.jsonl", texts)
+        (target / ".complete.json").write_text("{}")
+    assert [p.parent.name for p in sources.default_corpus_files(cache)] == [sources.ENGLISH_DIR, sources.CHINESE_DIR]
+    out = tmp_path / "out"
+    assert roformer(["data", "prepare", "--default-corpus", "en", "--data-cache", str(cache), "--out", str(out),
+                     "--tokenizer", str(data_dir), "--valid-fraction", "0"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [s["path"] for s in manifest["sources"]] == [str(sources.corpus_dir(cache) / sources.ENGLISH_DIR / "part.jsonl")]
+    assert manifest["stats"]["train_documents"] == len(set(english_paragraphs(3)))
