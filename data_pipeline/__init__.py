@@ -2,12 +2,35 @@
 
 Pure: no DeepSpeed, no torch.distributed; the trainer passes rank and world size in.
 See docs/data_format.md for the on-disk format and the reader's guarantees.
-"""
-from data_pipeline.batches import PretrainBatches
-from data_pipeline.errors import DataError
-from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, mask_tokens
-from data_pipeline.shards import Corpus, open_corpus, read_manifest
-from data_pipeline.tokenizer import copy_hf_tokenizer_files, load_tokenizer, tokenizer_hash
 
-__all__ = ["PretrainBatches", "DataError", "IGNORE_INDEX", "MaskingConfig", "mask_tokens", "Corpus",
-           "open_corpus", "read_manifest", "copy_hf_tokenizer_files", "load_tokenizer", "tokenizer_hash"]
+Names are imported lazily: preparation workers and the set-up step import `data_pipeline.*`
+submodules without paying for torch (only the batch reader needs it).
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "PretrainBatches": "data_pipeline.batches",
+    "DataError": "data_pipeline.errors",
+    "IGNORE_INDEX": "data_pipeline.masking",
+    "MaskingConfig": "data_pipeline.masking",
+    "mask_tokens": "data_pipeline.masking",
+    "Corpus": "data_pipeline.shards",
+    "open_corpus": "data_pipeline.shards",
+    "read_manifest": "data_pipeline.shards",
+    "copy_hf_tokenizer_files": "data_pipeline.tokenizer",
+    "load_tokenizer": "data_pipeline.tokenizer",
+    "tokenizer_hash": "data_pipeline.tokenizer",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'data_pipeline' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

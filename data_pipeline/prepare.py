@@ -176,6 +176,11 @@ def _scan_all(cfg: PrepareConfig, files: list[Path], formats: list[str], pool, s
     return scans, sum(estimated_text_bytes(s.path) for s in scans)
 
 
+def _worker_init() -> None:
+    # Workers only read text and run SentencePiece; without this `datasets` imports torch (~3 s).
+    os.environ["USE_TORCH"] = "0"
+
+
 class _InlinePool:
     """`workers=1`: run tasks in this process (no start-up cost, easier debugging)."""
 
@@ -190,7 +195,7 @@ def _pool(workers: int):
         return
     # spawn, not fork: pyarrow/datasets threads in the parent must not be inherited half-locked.
     # Each worker pays the `datasets` start-up (~3-5 s) once, for both passes.
-    pool = multiprocessing.get_context("spawn").Pool(workers)
+    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init)
     try:
         yield pool
         pool.close()
