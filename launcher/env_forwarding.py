@@ -8,7 +8,11 @@ write `RUN_DIR/.deepspeed_env` and point DS_ENV_FILE at it, so each run document
 ranks were given and a stray `~/.deepspeed_env` is not picked up.
 
 The forwarded list (documented in docs/multinode.md; keep the two in sync):
-- computed: `PATH` (the venv's `bin` first, so ranks and tools come from the same venv),
+- computed: `PATH` (this machine's PATH, with the venv's `bin` appended when missing: ranks find
+  the venv's tools, e.g. `ninja` for DeepSpeed's JIT ops, but resolve every tool exactly as the
+  launching shell does. Not prepended: two ninja versions (the venv's 1.13, Debian's 1.11)
+  sharing one TORCH_EXTENSIONS_DIR rebuild DeepSpeed's shm op on every switch, 40-170 s each,
+  measured here),
   `PYTHONPATH` (the project root first), `OMP_NUM_THREADS` (when unset: cores / ranks per node,
   so ranks do not oversubscribe the CPU), `MASTER_PORT` (MPI launchers, see launch_plan.py);
 - copied when set: the names in FORWARDED_NAMES and every variable starting with a prefix in
@@ -63,7 +67,7 @@ def forwarded_environment(base: dict[str, str], *, ranks_per_node: int, python: 
     """The variables written to `.deepspeed_env` (and set for local ranks), from `base` (os.environ)."""
     env = {k: v for k, v in base.items() if k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)}
     venv_bin = str(Path(python).parent)
-    env["PATH"] = _prepend(venv_bin, base.get("PATH", os.defpath))
+    env["PATH"] = _append(base.get("PATH", os.defpath), venv_bin)
     env["PYTHONPATH"] = _prepend(str(project_root()), base.get("PYTHONPATH", ""))
     if "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, ranks_per_node)))
@@ -73,6 +77,11 @@ def forwarded_environment(base: dict[str, str], *, ranks_per_node: int, python: 
 def _prepend(first: str, path_list: str) -> str:
     entries = [first, *(p for p in path_list.split(os.pathsep) if p)]
     return os.pathsep.join(dict.fromkeys(entries))  # first occurrence wins, order kept
+
+
+def _append(path_list: str, last: str) -> str:
+    entries = [*(p for p in path_list.split(os.pathsep) if p), last]
+    return os.pathsep.join(dict.fromkeys(entries))
 
 
 def check_shell_safe(env: dict[str, str], *, also_from: dict[str, str] | None = None) -> None:

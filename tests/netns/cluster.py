@@ -170,6 +170,19 @@ class TwoNodeCluster:
         return subprocess.run(["/usr/bin/ssh", "-F", str(self.ssh_config), node, command],
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
+    def add_unreachable_host(self, name: str) -> None:
+        """A host name that resolves (to the bridge) but where nothing listens for ssh."""
+        with open(self.ssh_config, "r+") as f:
+            text = f.read()
+            f.seek(0)
+            f.write(f"Host {name}\n  HostName {self.subnet}.1\n  Port 1\n" + text)
+            f.truncate()
+
+    def hide_directory_on(self, node: str, path: Path) -> None:
+        """Mount an empty tmpfs over `path` as `node` sees it (its sshd's mount namespace only), so
+        `path` is no longer one shared directory. Undone when the node's sshd stops."""
+        _run("nsenter", "-t", str(self.sshd[node].pid), "-m", "mount", "-t", "tmpfs", "tmpfs", str(path))
+
     def pids_in_nodes(self) -> dict[str, list[int]]:
         """Processes living in each node's network namespace, sshd listeners excluded."""
         listeners = {p.pid for p in self.sshd.values()} | self._sshd_pids_from_files()

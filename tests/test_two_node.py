@@ -1,0 +1,185 @@
+"""Two nodes on one machine over real TCP: `roformer pretrain --hostfile H --launcher pdsh`.
+
+Hosts node1/node2 are network namespaces behind a bridge, each with its own sshd (tests/netns/
+cluster.py). The tiny schedule runs with one rank per node: past a stage boundary, stopped with
+a checkpoint (SIGTERM to `roformer pretrain`, our own child; never to DeepSpeed's runner), resumed
+by a second invocation; a rank SIGKILLed on node2 stops the job on both nodes within 60 s with
+an error naming node and rank, and no process of the job is left. Skipped only when the kernel
+refuses network namespaces (the reason is printed).
+"""
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from launcher.checkpoint import find_resume_point
+from tests.conftest_training import tiny_run_config, write_schedule
+from tests.launch_common import events, metrics_steps, roformer, roformer_env, start_roformer
+from tests.netns.cluster import NamespacesUnavailable, TwoNodeCluster
+
+pytestmark = [pytest.mark.netns, pytest.mark.multiprocess]
+
+STOP_AFTER_STEP = 12  # past the 'long' stage (steps 7-10) and the checkpoint at step 12
+KILL_DEADLINE_SECONDS = 60
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    try:
+        nodes = TwoNodeCluster(tmp_path_factory.mktemp("netns")).__enter__()
+    except NamespacesUnavailable as err:
+        print(f"\ntest_two_node: SKIPPED, the kernel refuses network namespaces here: {err}")
+        pytest.skip(f"network namespaces unavailable: {err}")
+    try:
+        yield nodes
+    finally:
+        nodes.close()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    from tests.conftest_training import tiny_data_dir
+
+    return tiny_data_dir(tmp_path_factory)
+
+
+def _config(root: Path, data_dir: Path, wide_steps: int) -> Path:
+    """The tiny three-stage schedule with a longer last stage (so a run can be stopped inside it)."""
+    config = tiny_run_config(root, data_dir)
+    write_schedule(root / "tiny_schedule.yaml", [
+        {"name": "short", "max_seq_len": 32, "global_batch_size": 8, "steps": 6},
+        {"name": "long", "max_seq_len": 64, "global_batch_size": 8, "steps": 4},
+        {"name": "wide", "max_seq_len": 16, "global_batch_size": 16, "steps": wide_steps},
+    ])
+    return config
+
+
+def _hostfile(root: Path) -> Path:
+    path = root / "hostfile"
+    path.write_text("# two network namespaces, one rank each\nnode1 slots=1\nnode2 slots=1\n")
+    return path
+
+
+def _env(cluster: TwoNodeCluster) -> dict[str, str]:
+    return cluster.client_env(roformer_env(OMP_NUM_THREADS="1"))
+
+
+def _wait_for_step(proc, run_dir: Path, step: int, log: Path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if max(metrics_steps(run_dir), default=0) >= step:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"run ended (rc {proc.returncode}) before step {step}:\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+    pytest.fail(f"step {step} not reached in {timeout} s:\n{log.read_text()[-4000:]}")
+
+
+def _job_processes(run_dir: Path) -> list[str]:
+    """Every process on the machine (all namespaces share the PID space) still working for run_dir."""
+    left = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if f"--run-dir {run_dir}" in cmdline:
+            left.append(f"{proc.info['pid']}: {cmdline[:200]}")
+    return left
+
+
+def _assert_nothing_left(cluster: TwoNodeCluster, run_dir: Path) -> None:
+    deadline = time.monotonic() + 10  # processes being reaped right now
+    while time.monotonic() < deadline and (any(cluster.pids_in_nodes().values()) or _job_processes(run_dir)):
+        time.sleep(0.2)
+    assert cluster.pids_in_nodes() == {"node1": [], "node2": []}
+    assert _job_processes(run_dir) == []
+
+
+def test_preflight_names_unreachable_node_and_unshared_run_dir(cluster, tmp_path, data_dir):
+    config = _config(tmp_path, data_dir, wide_steps=6)
+    cluster.add_unreachable_host("node3")
+    hostfile = tmp_path / "hostfile3"
+    hostfile.write_text("node1 slots=1\nnode3 slots=1\n")
+    result = roformer("pretrain", "--hostfile", str(hostfile), "--config", str(config), "--run-dir",
+                      str(tmp_path / "run3"), env=_env(cluster))
+    assert result.returncode == 2, result.stderr
+    assert f"node3 ({hostfile}:2)" in result.stderr and "node1" not in result.stderr.split("not reachable")[1]
+
+    hidden = tmp_path / "not-shared"
+    hidden.mkdir()
+    cluster.hide_directory_on("node2", hidden)
+    result = roformer("pretrain", "--hostfile", str(_hostfile(tmp_path)), "--config", str(config), "--run-dir",
+                      str(hidden / "run"), env=_env(cluster))
+    assert result.returncode == 2, result.stderr
+    assert "host node2 does not see the files written on this machine" in result.stderr
+    assert not (hidden / "run" / ".deepspeed_env").exists()  # nothing was launched
+    assert cluster.pids_in_nodes() == {"node1": [], "node2": []}
+
+
+def test_two_nodes_train_past_a_stage_boundary_stop_and_resume(cluster, tmp_path, data_dir):
+    config = _config(tmp_path, data_dir, wide_steps=120)
+    total = 6 + 4 + 120
+    run_dir, hostfile = tmp_path / "run", _hostfile(tmp_path)
+    args = ["pretrain", "--hostfile", str(hostfile), "--launcher", "pdsh", "--config", str(config),
+            "--run-dir", str(run_dir)]
+    started = time.monotonic()
+    first_log = tmp_path / "first.log"
+    proc = start_roformer(*args, env=_env(cluster), log=first_log)
+    try:
+        _wait_for_step(proc, run_dir, STOP_AFTER_STEP, first_log)
+        proc.send_signal(signal.SIGTERM)  # `roformer pretrain` itself: it asks the ranks to checkpoint and stop
+        first_rc = proc.wait(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    first_seconds = time.monotonic() - started
+    output = first_log.read_text()
+    assert first_rc == 128 + signal.SIGTERM, output[-4000:]
+    assert re.search(r"^node1: ", output, re.M) and re.search(r"^node2: ", output, re.M)
+    assert (run_dir / ".deepspeed_env").read_text().count("GLOO_SOCKET_IFNAME=eth1\n") == 1
+    point = find_resume_point(run_dir)
+    assert point is not None and STOP_AFTER_STEP <= point.sidecar["step"] < total, output[-4000:]
+    stopped_at = point.sidecar["step"]
+    _assert_nothing_left(cluster, run_dir)
+
+    started = time.monotonic()
+    second = roformer(*args, env=_env(cluster), timeout=240)
+    second_seconds = time.monotonic() - started
+    assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
+    resume = events(run_dir, "resume")
+    assert [(e["step"], e["world_size"]) for e in resume] == [(stopped_at, 2)]
+    steps = metrics_steps(run_dir)
+    assert steps == list(range(total))  # every step once (0-based): the resume continued, not restarted
+    assert find_resume_point(run_dir).sidecar["step"] == total
+    _assert_nothing_left(cluster, run_dir)
+    print(f"\ntwo-node run: first invocation {first_seconds:.1f} s (stopped at step {stopped_at}), "
+          f"resume to step {total}: {second_seconds:.1f} s")
+
+
+def test_rank_killed_on_one_node_stops_the_job_on_all_nodes(cluster, tmp_path, data_dir):
+    config = _config(tmp_path, data_dir, wide_steps=5000)
+    run_dir, log = tmp_path / "run", tmp_path / "killed.log"
+    proc = start_roformer("pretrain", "--hostfile", str(_hostfile(tmp_path)), "--config", str(config),
+                          "--run-dir", str(run_dir), env=_env(cluster), log=log)
+    try:
+        _wait_for_step(proc, run_dir, 3, log)
+        victims = [pid for pid in cluster.pids_in_nodes()["node2"]
+                   if "-m launcher.pretrain_rank --config" in " ".join(psutil.Process(pid).cmdline())]
+        assert len(victims) == 1, victims
+        psutil.Process(victims[0]).kill()  # SIGKILL: the rank cannot report anything itself
+        killed_at = time.monotonic()
+        rc = proc.wait(timeout=KILL_DEADLINE_SECONDS + 30)
+        stop_seconds = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = log.read_text()
+    assert rc != 0
+    assert stop_seconds <= KILL_DEADLINE_SECONDS, output[-3000:]
+    assert "error: rank 1 (local rank 0) on node node2: killed by SIGKILL; the job was stopped on all nodes" \
+        in output, output[-3000:]
+    _assert_nothing_left(cluster, run_dir)
+    print(f"\nrank SIGKILLed on node2: job stopped on both nodes {stop_seconds:.1f} s later")
