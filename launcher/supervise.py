@@ -1,7 +1,9 @@
 """Run DeepSpeed's runner, echo its output, and when a rank dies say which one and stop the rest.
 
-The runner is started in its own session, so a Ctrl-C in the terminal reaches only us and we stop
-the job precisely. Why not let the runner do it: its pdsh signal handler runs
+The runner is started in its own session, so a Ctrl-C in the terminal reaches only us. The first
+Ctrl-C/SIGTERM sends SIGTERM to the ranks alone (the trainer then checkpoints and exits); a second
+one, or GRACEFUL_STOP_SECONDS without an end, stops every process of the job. Why not let the
+runner do it: its pdsh signal handler runs
 `pdsh ... pkill -f "<python> -u -m deepspeed.launcher.launch"` on every node, which also kills every
 other DeepSpeed job on those nodes. We instead match this job's own command line
 (`launcher.pretrain_rank --config CFG --run-dir RUN_DIR`, unique per run directory).
