@@ -96,10 +96,12 @@ def evaluate_mlm(cfg: MLMEvalConfig) -> dict:
     results = []
     for seq_len in cfg.seq_lens:
         batches = PretrainBatches(corpus, rank=0, world_size=1, seed=cfg.seed, masking=masking)
-        micro = max(1, cfg.tokens_per_batch // seq_len)
-        n_batches = max(1, math.ceil(cfg.tokens / (micro * seq_len)))
+        # Each sequence covers seq_len - 1 stream tokens after its [CLS]: this many sequences cover
+        # the first `tokens` tokens of the split (or all of it) at every length.
+        sequences = max(1, math.ceil(cfg.tokens / (seq_len - 1)))
+        micro = max(1, min(cfg.tokens_per_batch // seq_len, sequences))
         started = time.perf_counter()
-        figures = _masked_lm_figures(model, batches.iter_eval_batches(seq_len, micro, max_batches=n_batches))
+        figures = _masked_lm_figures(model, _first_sequences(batches, seq_len, micro, sequences))
         figures.update(seq_len=seq_len, micro_batch_size=micro,
                        longer_than_trained=None if trained_len is None else seq_len > trained_len,
                        seconds=round(time.perf_counter() - started, 2))
@@ -112,6 +114,14 @@ def evaluate_mlm(cfg: MLMEvalConfig) -> dict:
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("export_dir", "data_dir")},
         "results": results,
     }
+
+
+def _first_sequences(batches, seq_len: int, micro: int, sequences: int):
+    """The deterministic eval pass cut to exactly `sequences` rows (the last batch trimmed)."""
+    left = sequences
+    for batch in batches.iter_eval_batches(seq_len, micro, max_batches=math.ceil(sequences / micro)):
+        yield {k: v[:left] for k, v in batch.items()}
+        left -= micro
 
 
 def _masked_lm_figures(model, batches) -> dict:

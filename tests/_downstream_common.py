@@ -20,6 +20,10 @@ from tests.test_data_common import prepared_dir
 REPO = Path(__file__).resolve().parents[1]
 HELPER = "tests._make_zero_checkpoint"
 TRAIN_SEQ_LEN = 32
+# Enough steps that the weights move far from their init (the tiny model stays near a unigram
+# guess: its quality is not under test here, the export of it is).
+STEPS = {2: 60, 3: 30}
+RESUME_STEPS = 5
 _CACHE: dict[str, Path] = {}
 
 
@@ -59,29 +63,30 @@ def launch(num_ranks: int, args: list[str], log: Path, timeout: float = 240) -> 
 
 
 def zero_run(tmp_path_factory, stage: int) -> Path:
-    """Run dir of a 2-rank ZeRO-`stage` run of 30 steps (tag step30) on real packed MLM batches."""
+    """Run dir of a 2-rank ZeRO-`stage` run of STEPS[stage] steps (tag step<N>) on real packed MLM batches."""
     key = f"zero{stage}"
     if key not in _CACHE:
         run_dir = tmp_path_factory.mktemp(f"run_zero{stage}")
         launch(2, ["--run-dir", str(run_dir), "--zero-stage", str(stage), "--data-dir", str(data_dir(tmp_path_factory)),
-                   "--steps", "30", "--seq-len", str(TRAIN_SEQ_LEN)], run_dir.parent / f"{run_dir.name}.log")
+                   "--steps", str(STEPS[stage]), "--seq-len", str(TRAIN_SEQ_LEN)], run_dir.parent / f"{run_dir.name}.log")
         _CACHE[key] = run_dir
     return _CACHE[key]
 
 
 def resumed_run(tmp_path_factory) -> Path:
     """The ZeRO-2 2-rank checkpoint converted to a universal checkpoint and resumed on ONE rank for
-    5 more steps (DeepSpeed refuses a plain ZeRO checkpoint at another data-parallel size)."""
+    RESUME_STEPS more steps (DeepSpeed refuses a plain ZeRO checkpoint at another data-parallel size)."""
     if "resumed" not in _CACHE:
         source = zero_run(tmp_path_factory, 2)
         run_dir = tmp_path_factory.mktemp("run_resumed")
-        universal = run_dir / "universal" / "step30"
+        tag = f"step{STEPS[2]}"
+        universal = run_dir / "universal" / tag
         subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-                        "--input_folder", str(source / "checkpoints" / "step30"), "--output_folder", str(universal),
+                        "--input_folder", str(source / "checkpoints" / tag), "--output_folder", str(universal),
                         "--inject_missing_state", "--num_extract_workers", "1", "--num_merge_workers", "1"],
                        cwd=REPO, env=ds_env(), check=True, capture_output=True)
         launch(1, ["--run-dir", str(run_dir), "--zero-stage", "2", "--data-dir", str(data_dir(tmp_path_factory)),
-                   "--steps", "5", "--seq-len", str(TRAIN_SEQ_LEN), "--load-universal", str(universal)],
+                   "--steps", str(RESUME_STEPS), "--seq-len", str(TRAIN_SEQ_LEN), "--load-universal", str(universal)],
                run_dir.parent / f"{run_dir.name}.log")
         _CACHE["resumed"] = run_dir
     return _CACHE["resumed"]

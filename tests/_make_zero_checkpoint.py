@@ -38,7 +38,8 @@ def main() -> None:
     parser.add_argument("--tag", default=None)
     parser.add_argument("--data-dir", type=Path, required=True, help="prepared data dir (batches + tokenizer)")
     parser.add_argument("--seq-len", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--load-universal", type=Path, default=None,
                         help="checkpoints dir + tag of a universal checkpoint to resume from")
     parser.add_argument("--local_rank", type=int, default=0)  # passed by the DeepSpeed launcher
@@ -51,8 +52,9 @@ def main() -> None:
     config = RoFormerConfig(**{**TINY_MODEL, "vocab_size": corpus.vocab_size})
     model = RoFormerForMaskedLM(config)
     ds_config = {
-        "train_micro_batch_size_per_gpu": 2,
+        "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
         "optimizer": {"type": "Adam", "params": {"lr": args.lr, "torch_adam": True}},
         "zero_optimization": {"stage": args.zero_stage},
         "checkpoint": {"load_universal": args.load_universal is not None},
@@ -65,12 +67,14 @@ def main() -> None:
                                                  load_optimizer_states=True, load_lr_scheduler_states=False)
         batches.load_state_dict(client_state["data"])
 
-    for _ in range(args.steps):
-        batch = batches.next_batch(args.seq_len, 2)
+    for i in range(args.steps):
+        batch = batches.next_batch(args.seq_len, args.micro_batch)
         out = engine(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
         loss = out.loss_sum / out.num_masked.clamp(min=1)
         engine.backward(loss)
         engine.step()
+        if rank == 0 and i % 20 == 0:
+            print(f"step {engine.global_steps} loss {float(loss.detach()):.4f}", flush=True)
 
     step = engine.global_steps
     tag = args.tag or f"step{step}"

@@ -12,7 +12,7 @@ from data_pipeline import load_tokenizer
 from data_pipeline.config import CLS_ID, SEP_ID
 from roformer import RoFormerConfig, RoFormerForMaskedLM
 from roformer.hf_interop import load_pretrained
-from tests._downstream_common import data_dir, exported, hf_isolated_logits, resumed_run, zero_run
+from tests._downstream_common import RESUME_STEPS, STEPS, data_dir, exported, hf_isolated_logits, resumed_run, zero_run
 
 pytestmark = pytest.mark.multiprocess
 
@@ -88,8 +88,9 @@ def test_exported_tokenizer_gives_sentencepiece_ids(exports, hf_outputs, tmp_pat
 def test_resume_changed_world_size_and_continued_training(exports):
     resumed_dir, _ = exports["resumed-2to1"]
     source_dir, _ = exports["zero2"]
-    sidecar = json.loads((resumed_dir / "checkpoints" / "step35" / "sidecar.json").read_text())
-    assert sidecar["world_size"] == 1 and sidecar["step"] == 35
+    step = STEPS[2] + RESUME_STEPS
+    sidecar = json.loads((resumed_dir / "checkpoints" / f"step{step}" / "sidecar.json").read_text())
+    assert sidecar["world_size"] == 1 and sidecar["step"] == step
     before = load_file(str(source_dir / "reference.safetensors"))
     after = load_file(str(resumed_dir / "reference.safetensors"))
     assert any(not torch.equal(before[k], after[k]) for k in before)  # 5 more steps really trained
@@ -101,14 +102,15 @@ def test_export_directory_contents_and_model_card(exports):
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "spm.model",
             "README.md", "export_info.json"} <= names
     assert not any(p.name.startswith(".") for p in export_dir.parent.iterdir())  # no temp dirs left
-    sidecar = json.loads((run_dir / "checkpoints" / "step30" / "sidecar.json").read_text())
+    tag = f"step{STEPS[3]}"
+    sidecar = json.loads((run_dir / "checkpoints" / tag / "sidecar.json").read_text())
     card = (export_dir / "README.md").read_text()
-    assert "| optimizer steps | 30 |" in card
+    assert f"| optimizer steps | {STEPS[3]} |" in card
     assert f"| tokens seen | {sidecar['tokens_consumed']:,} |" in card
     assert "| world size | 2 |" in card
     assert "## Validation" in card and f"{sidecar['validation']['loss']:.4g}" in card
     info = json.loads((export_dir / "export_info.json").read_text())
-    assert info["tag"] == "step30" and info["step"] == 30 and info["max_seq_len_trained"] == 32
+    assert info["tag"] == tag and info["step"] == STEPS[3] and info["max_seq_len_trained"] == 32
     with open(export_dir / "model.safetensors", "rb") as f:  # fp32 on disk
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
     assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"F32"}

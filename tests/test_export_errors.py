@@ -18,9 +18,12 @@ import pytest
 
 import launcher.export as export_module
 from launcher.cli import main as cli_main
-from tests._downstream_common import REPO, ds_env, exported, zero_run
+from tests._downstream_common import REPO, STEPS, ds_env, exported, zero_run
 
 pytestmark = pytest.mark.multiprocess
+
+
+TAG2, TAG3 = f"step{STEPS[2]}", f"step{STEPS[3]}"
 
 
 def _tree_digest(directory: Path) -> dict[str, str]:
@@ -60,26 +63,26 @@ def test_missing_run_dir(capsys, tmp_path, run_copy):
 def test_unknown_tag_lists_the_available_ones(capsys, run_copy):
     run_dir, out = run_copy
     err = _export_fails(capsys, run_dir, out, "--tag", "step999")
-    assert "unknown checkpoint tag 'step999'" in err and "available: step30" in err
+    assert "unknown checkpoint tag 'step999'" in err and f"available: {TAG2}" in err
 
 
 def test_checkpoint_without_sidecar_is_partial(capsys, run_copy):
     run_dir, out = run_copy
-    (run_dir / "checkpoints" / "step30" / "sidecar.json").unlink()
+    (run_dir / "checkpoints" / TAG2 / "sidecar.json").unlink()
     err = _export_fails(capsys, run_dir, out)
     assert "partial checkpoint" in err and "sidecar.json missing" in err
 
 
 def test_missing_optimizer_shard_is_named(capsys, run_copy):
     run_dir, out = run_copy
-    (run_dir / "checkpoints" / "step30" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    (run_dir / "checkpoints" / TAG2 / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
     err = _export_fails(capsys, run_dir, out)
     assert "partial checkpoint" in err and "rank(s) 1 missing" in err
 
 
 def test_missing_model_state_file(capsys, run_copy):
     run_dir, out = run_copy
-    (run_dir / "checkpoints" / "step30" / "mp_rank_00_model_states.pt").unlink()
+    (run_dir / "checkpoints" / TAG2 / "mp_rank_00_model_states.pt").unlink()
     err = _export_fails(capsys, run_dir, out)
     assert "partial checkpoint: no model state file (mp_rank_00_model_states.pt" in err
 
@@ -88,21 +91,21 @@ def test_missing_zero3_model_shard_is_named(capsys, run_copy, tmp_path_factory, 
     _, out = run_copy
     run_dir = tmp_path / "run3"
     shutil.copytree(zero_run(tmp_path_factory, 3), run_dir)
-    (run_dir / "checkpoints" / "step30" / "zero_pp_rank_1_mp_rank_00_model_states.pt").unlink()
+    (run_dir / "checkpoints" / TAG3 / "zero_pp_rank_1_mp_rank_00_model_states.pt").unlink()
     assert "ZeRO-3 model state shard(s) of rank(s) 1 missing" in _export_fails(capsys, run_dir, out)
 
 
 def test_truncated_shard_is_reported_not_crashed_on(capsys, run_copy):
     run_dir, out = run_copy
-    shard = run_dir / "checkpoints" / "step30" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    shard = run_dir / "checkpoints" / TAG2 / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     err = _export_fails(capsys, run_dir, out)
-    assert "cannot consolidate checkpoint" in err and "step30" in err
+    assert "cannot consolidate checkpoint" in err and TAG2 in err
 
 
 def test_missing_tokenizer(capsys, run_copy, tmp_path):
     run_dir, out = run_copy
-    sidecar_path = run_dir / "checkpoints" / "step30" / "sidecar.json"
+    sidecar_path = run_dir / "checkpoints" / TAG2 / "sidecar.json"
     sidecar = json.loads(sidecar_path.read_text())
     sidecar["data_dir"] = str(tmp_path / "moved-away")
     sidecar_path.write_text(json.dumps(sidecar))

@@ -1,0 +1,119 @@
+"""eval-mlm on a real export: lengths beyond the trained one, figures checked against transformers'
+own RoFormer on the same masked batches, determinism, and bad input (corrupt weights, no tokenizer)."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from data_pipeline import MaskingConfig, PretrainBatches, open_corpus
+from launcher.cli import main as cli_main
+from tests._downstream_common import TRAIN_SEQ_LEN, data_dir, exported
+
+pytestmark = pytest.mark.multiprocess
+
+LONG = 8 * TRAIN_SEQ_LEN  # 256: eight times the pretraining length
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval_mlm") / "mlm.json"
+    rc = cli_main(["eval-mlm", str(exported(tmp_path_factory)), "--data", str(data_dir(tmp_path_factory)),
+                   "--seq-lens", f"{TRAIN_SEQ_LEN},{LONG}", "--tokens", "4096", "--out", str(out)])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def test_reports_every_length_and_marks_the_untrained_one(report):
+    assert report["trained_max_seq_len"] == TRAIN_SEQ_LEN
+    by_len = {r["seq_len"]: r for r in report["results"]}
+    assert set(by_len) == {TRAIN_SEQ_LEN, LONG}
+    assert by_len[TRAIN_SEQ_LEN]["longer_than_trained"] is False
+    assert by_len[LONG]["longer_than_trained"] is True
+    for row in by_len.values():
+        assert row["masked_tokens"] > 100
+        assert math.isclose(row["perplexity"], math.exp(row["loss"]), rel_tol=1e-3)
+        assert 0.0 <= row["accuracy"] <= 1.0
+    # Same text at every length: the budget, not the length, decides how much is scored.
+    assert abs(by_len[LONG]["tokens"] - by_len[TRAIN_SEQ_LEN]["tokens"]) < 0.1 * by_len[LONG]["tokens"]
+
+
+def test_loss_matches_transformers_on_the_same_masked_batches(report, tmp_path_factory):
+    """An independent computation: transformers' RoFormerForMaskedLM scores the same batches."""
+    from transformers import RoFormerForMaskedLM
+
+    hf = RoFormerForMaskedLM.from_pretrained(str(exported(tmp_path_factory))).eval()
+    corpus = open_corpus(data_dir(tmp_path_factory), "valid")
+    row = next(r for r in report["results"] if r["seq_len"] == LONG)
+    batches = PretrainBatches(corpus, seed=report["config"]["seed"], masking=MaskingConfig(mask_prob=0.15))
+    total, count, correct = 0.0, 0, 0
+    sequences = math.ceil(report["config"]["tokens"] / (LONG - 1))
+    micro = row["micro_batch_size"]
+    with torch.no_grad():
+        for i, batch in enumerate(batches.iter_eval_batches(LONG, micro, max_batches=math.ceil(sequences / micro))):
+            batch = {k: v[: sequences - i * micro] for k, v in batch.items()}
+            logits = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            picked = batch["labels"] != -100
+            total += torch.nn.functional.cross_entropy(logits[picked], batch["labels"][picked], reduction="sum").item()
+            correct += int((logits[picked].argmax(-1) == batch["labels"][picked]).sum())
+            count += int(picked.sum())
+    assert count == row["masked_tokens"]
+    assert math.isclose(total / count, row["loss"], abs_tol=1e-3)
+    assert math.isclose(correct / count, row["accuracy"], abs_tol=1e-4)
+
+
+def test_same_inputs_same_figures(report, tmp_path_factory):
+    from launcher.eval_mlm import MLMEvalConfig, evaluate_mlm
+
+    again = evaluate_mlm(MLMEvalConfig(export_dir=exported(tmp_path_factory), data_dir=data_dir(tmp_path_factory),
+                                       seq_lens=[LONG], tokens=4096))
+    first = next(r for r in report["results"] if r["seq_len"] == LONG)
+    assert {k: v for k, v in again["results"][0].items() if k != "seconds"} == \
+        {k: v for k, v in first.items() if k != "seconds"}
+
+
+@pytest.fixture
+def export_copy(tmp_path_factory, tmp_path):
+    copy = tmp_path / "export"
+    shutil.copytree(exported(tmp_path_factory), copy)
+    return copy
+
+
+def _fails(capsys, argv) -> str:
+    capsys.readouterr()
+    rc = cli_main(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2 and err.startswith(f"roformer {argv[0]}: error: "), err
+    return err
+
+
+def test_corrupt_safetensors_is_named(capsys, export_copy, tmp_path_factory, tmp_path):
+    weights = export_copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in a tensor: structurally still valid
+    weights.write_bytes(bytes(data))
+    out = tmp_path / "result.json"
+    out.write_text("previous result")
+    argv = ["eval-mlm", str(export_copy), "--data", str(data_dir(tmp_path_factory)), "--seq-lens", "64",
+            "--out", str(out)]
+    assert "model.safetensors: corrupt (sha256 differs" in _fails(capsys, argv)
+    assert out.read_text() == "previous result"
+    weights.write_bytes(bytes(data[: len(data) // 3]))  # truncated: caught even without checksums
+    (export_copy / "export_info.json").unlink()
+    assert "model.safetensors: corrupt safetensors file" in _fails(capsys, argv)
+
+
+def test_missing_tokenizer_is_named(capsys, export_copy, tmp_path_factory):
+    (export_copy / "tokenizer.json").unlink()
+    err = _fails(capsys, ["eval-mlm", str(export_copy), "--data", str(data_dir(tmp_path_factory))])
+    assert "tokenizer missing (tokenizer.json not found)" in err
+
+
+def test_length_and_data_errors(capsys, tmp_path_factory, tmp_path):
+    export_dir = str(exported(tmp_path_factory))
+    assert "--seq-lens: 1 is too short" in _fails(capsys, ["eval-mlm", export_dir, "--data",
+                                                          str(data_dir(tmp_path_factory)), "--seq-lens", "1"])
+    assert "not found" in _fails(capsys, ["eval-mlm", export_dir, "--data", str(tmp_path / "nothing")])
