@@ -29,6 +29,9 @@ import time
 MARKER = "[roformer-rank-exit]"
 PR_SET_PDEATHSIG = 1
 ORPHAN_STOP_SECONDS = 60.0
+# launcher.pretrain_rank.STOPPED_EXIT_CODE: the trainer stopped on SIGTERM/SIGINT after a checkpoint
+# (a requested stop, not a failure; tests/test_launch.py checks the two agree).
+ORDERLY_STOP_EXIT_CODE = 143
 DEFAULT_MASTER_PORT = 29500  # DeepSpeed's TORCH_DISTRIBUTED_DEFAULT_PORT
 DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 MPI_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         if orphan_deadline is not None and time.monotonic() > orphan_deadline:
             child.kill()
     returncode = child.returncode
-    if returncode != 0 and not stopping:
+    if returncode not in (0, ORDERLY_STOP_EXIT_CODE) and not stopping:
         fields = " ".join(f"{k}={v}" for k, v in _rank_identity(env).items())
         print(f"{MARKER} {fields} pid={child.pid} status={describe_status(returncode)}", file=sys.stderr, flush=True)
     # A signal death becomes 128+N, as a shell reports it; DeepSpeed's launcher only checks != 0.

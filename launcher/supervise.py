@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from launcher import env_forwarding
 from launcher.launch_plan import LaunchPlan
 from launcher.preflight import ssh
-from launcher.rank_guard import MARKER
+from launcher.rank_guard import MARKER, ORDERLY_STOP_EXIT_CODE
 
 FAILURE_GRACE_SECONDS = 30.0  # + the stop itself stays well inside the 60 s promised in docs/multinode.md
 STOP_WAIT_SECONDS = 10.0
@@ -86,10 +86,10 @@ class OutputMonitor:
             by_rank = {r: h for r, h, _ in self.plan.rank_hosts()}
             return Failure(host or by_rank.get(rank, "?"), rank, local_rank, status.strip(), now)
         ssh_exit = _PDSH_SSH_EXIT_RE.match(text)
-        if ssh_exit:
+        if ssh_exit and int(ssh_exit.group(2)) != ORDERLY_STOP_EXIT_CODE:
             return Failure(ssh_exit.group(1), None, "?", f"remote launcher exit code {ssh_exit.group(2)}", now)
         ds_exit = _DS_EXIT_RE.search(text)
-        if ds_exit:
+        if ds_exit and int(ds_exit.group(1)) != ORDERLY_STOP_EXIT_CODE:
             where = host or next(iter(self.plan.resources))
             return Failure(where, None, "?", f"DeepSpeed launcher: a rank exited with code {ds_exit.group(1)}", now)
         return None
@@ -243,6 +243,10 @@ def supervise(plan: LaunchPlan, runner_env: dict[str, str], out=None) -> int:
         return 128 + interrupted[0]
     if returncode == 0 and not failures:
         return 0
+    if returncode == ORDERLY_STOP_EXIT_CODE and not failures:
+        print("roformer pretrain: the ranks were stopped by a signal and wrote a checkpoint; run the same "
+              "command again to resume", file=sys.stderr, flush=True)
+        return returncode
     print("roformer pretrain: error: " + failure_report(monitor, returncode, stopped_after_failure),
           file=sys.stderr, flush=True)
     return returncode if returncode > 0 else 1

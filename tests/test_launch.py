@@ -346,3 +346,9 @@ def test_rank_guard_quiet_on_requested_stop_and_stops_rank_when_orphaned(tmp_pat
     parent.kill()
     parent.wait()
     assert _gone(guard_pid) and _gone(rank)
+
+
+def test_guard_and_trainer_agree_on_the_orderly_stop_exit_code():
+    from launcher import pretrain_rank, rank_guard
+
+    assert rank_guard.ORDERLY_STOP_EXIT_CODE == pretrain_rank.STOPPED_EXIT_CODE
