@@ -56,6 +56,8 @@ class FileScan:
     sample_marks: list[tuple[int, int]] = field(default_factory=list)
     check: FileCheck | None = None
     """Pass-1 line check, reused by pass 2 (which must skip the same lines)."""
+    cpu_seconds: float = 0.0
+    """CPU time the worker spent on this file (robust to other load on the machine)."""
     """With a document cap: (document index, end offset in the sample file) of sampled documents."""
 
 
@@ -112,6 +114,8 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
             written = list(pool.imap(_tokenize_group, token_tasks))
             phases["tokenize_seconds"] = time.perf_counter() - mark
         splits = _rename_shards(partial, written)
+        phases["scan_cpu_seconds"] = sum(s.cpu_seconds for s in scans)
+        phases["tokenize_cpu_seconds"] = sum(w["cpu_seconds"] for w in written)
         stats = {**_stats(scans, dedup_stats, splits, total_bytes),
                  **{k: round(v, 3) for k, v in phases.items()}}
         manifest = {
@@ -223,6 +227,7 @@ def _documents(path: Path, fmt: str, cfg: PrepareConfig, check) -> "iter[str]":
 
 def _scan_file(task) -> FileScan:
     path, fmt, cfg, sample_prob, sample_path = task
+    cpu_start = time.process_time()
     check = check_file(path, fmt, cfg.input)
     scan = FileScan(path, fmt, check=check)
     for line_no, reason in sorted(check.bad_lines.items()):
@@ -254,6 +259,7 @@ def _scan_file(task) -> FileScan:
                 if track:
                     scan.sample_marks.append((scan.documents - 1, written))
     scan.digests = bytes(digests)
+    scan.cpu_seconds = time.process_time() - cpu_start
     return scan
 
 
@@ -320,6 +326,7 @@ def _group_files(scans: list[FileScan], assignments: list[np.ndarray], cfg: Prep
 
 def _tokenize_group(task) -> dict:
     group, members, cfg, model_path, partial, dtype_str = task
+    cpu_start = time.process_time()
     sp = load_sentencepiece(model_path)
     dtype = np.dtype(dtype_str)
     writers = {TRAIN: ShardWriter(partial / "train", f"g{group:05d}", dtype, cfg.shard_tokens),
@@ -341,7 +348,7 @@ def _tokenize_group(task) -> dict:
                 batch, batch_split = [], []
             if i > last:
                 break
-    result = {}
+    result = {"cpu_seconds": 0.0}
     for split_id, name in ((TRAIN, "train"), (VALID, "valid")):
         shards = writers[split_id].close()
         for entry in shards:
@@ -349,6 +356,7 @@ def _tokenize_group(task) -> dict:
             entry["bin_sha256"] = file_sha256(base.with_suffix(".bin"))
             entry["idx_sha256"] = file_sha256(base.with_suffix(".idx"))
         result[name] = shards
+    result["cpu_seconds"] = time.process_time() - cpu_start
     return result
 
 
