@@ -80,6 +80,8 @@ def _read_sidecar(tag_dir: Path) -> dict:
         sidecar = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as err:
         raise UserError(f"{path}: not valid JSON ({err})") from None
+    if isinstance(sidecar, dict) and sidecar.get("complete") is False:
+        raise UserError(f"{path}: partial checkpoint: the sidecar says the save is not complete")
     if not isinstance(sidecar, dict) or not isinstance(sidecar.get("model_config"), dict):
         raise UserError(f"{path}: field 'model_config' missing (the architecture to export)")
     return sidecar

@@ -153,10 +153,10 @@ def _tokenizer_source(ref: CheckpointRef, override: Path | None) -> Path:
         source = Path(override)
         origin = "--tokenizer-from"
     else:
-        data_dir = ref.sidecar.get("data_dir") or (_read_run_config(ref.run_dir) or {}).get("data", {}).get("data_dir")
+        data_dir = run_data_dir(ref)
         if not data_dir:
-            raise UserError(f"{ref.path}/sidecar.json: no data_dir recorded; pass --tokenizer-from DATA_DIR")
-        source, origin = Path(data_dir), f"data_dir of {ref.path}/sidecar.json"
+            raise UserError(f"{ref.run_dir}/config.yaml: no data.data_dir recorded; pass --tokenizer-from DATA_DIR")
+        source, origin = Path(data_dir), f"data.data_dir of {ref.run_dir}/config.yaml"
     if not source.is_dir():
         raise UserError(f"tokenizer missing: {source} ({origin}) does not exist; pass --tokenizer-from DATA_DIR")
     return source
@@ -171,6 +171,11 @@ def _copy_tokenizer(source: Path, dest: Path) -> None:
         copy_hf_tokenizer_files(source, dest)
     except DataError as err:
         raise UserError(f"tokenizer missing: {err}") from None
+
+
+def run_data_dir(ref: CheckpointRef) -> str | None:
+    """The prepared data dir of the run (its config.yaml; older sidecars recorded it themselves)."""
+    return ((_read_run_config(ref.run_dir) or {}).get("data") or {}).get("data_dir") or ref.sidecar.get("data_dir")
 
 
 def _read_run_config(run_dir: Path) -> dict | None:
@@ -193,10 +198,16 @@ def _write_export_info(export_dir: Path, ref: CheckpointRef, stages: list[dict] 
         "run_dir": str(ref.run_dir.resolve()),
         "tag": ref.tag,
         "step": ref.sidecar.get("step"),
-        "max_seq_len_trained": max(reached) if reached else ref.sidecar.get("max_seq_len"),
+        "max_seq_len_trained": max(reached) if reached else _sidecar_max_seq_len(ref.sidecar),
         "sha256": files,
     }
     (export_dir / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+def _sidecar_max_seq_len(sidecar: dict) -> int | None:
+    """Fallback when the schedule file is gone: the length the sidecar itself records."""
+    value = sidecar.get("max_seq_len") or (sidecar.get("last_validation") or {}).get("max_seq_len")
+    return value if isinstance(value, int) else None
 
 
 def file_sha256(path: Path) -> str:

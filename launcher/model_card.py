@@ -30,10 +30,13 @@ def render_model_card(sidecar: dict, stages: list[dict] | None, tag: str, run_di
         "|---|---|",
     ]
     for label, keys in (("optimizer steps", ("step", "global_step")),
-                        ("stage at save", ("stage", "stage_index", "stage_name")),
-                        ("tokens seen", ("tokens_consumed", "consumed_tokens", "tokens_seen")),
-                        ("sequences seen", ("sequences_consumed", "consumed_sequences")),
-                        ("world size", ("world_size",))):
+                        ("stage at save", ("stage_name", "stage", "stage_index")),
+                        ("stage complete", ("stage_complete",)),
+                        ("tokens seen", ("consumed_tokens", "tokens_consumed", "tokens_seen")),
+                        ("sequences seen", ("consumed_samples", "sequences_consumed")),
+                        ("world size at save", ("world_size",)),
+                        ("ZeRO stage", ("zero_stage",)),
+                        ("training precision", ("precision",))):
         value = _first(sidecar, keys)
         if value is not None:
             lines.append(f"| {label} | {_fmt(value)} |")
@@ -46,7 +49,7 @@ def render_model_card(sidecar: dict, stages: list[dict] | None, tag: str, run_di
         lines += [f"| {s['name']} | {s['max_seq_len']} | {s['global_batch_size']} | {s['steps']:,} | "
                   f"{s['first_step']:,} | {'yes' if s['reached'] else 'no'} |" for s in stages]
 
-    validation = _first(sidecar, ("validation", "valid", "validation_metrics"))
+    validation = _first(sidecar, ("last_validation", "validation"))
     if validation:
         lines += ["", "## Validation (held-out shards, at save time)", ""]
         if isinstance(validation, dict):

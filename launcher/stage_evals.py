@@ -8,8 +8,9 @@ checkpoint `tag` is complete. When `logging.stage_end_evals` lists evals, one de
 (step = the checkpoint's optimizer step). Jobs of one run take turns (a lock file), so a short
 stage never stacks several eval jobs on the training machine. The log is `RUN_DIR/evals/<tag>.log`.
 
-Eval names: `mlm` (eval-mlm on the run's held-out split at the stage's length and twice it) and any
-task of launcher.tasks (`movie-reviews`, `inews`: a quick fine-tune, see QUICK_FINETUNE).
+Evals: `mlm` (eval-mlm on the run's held-out split at the longest trained length and twice it) and
+any task of launcher.tasks (`movie-reviews`, `inews`: a quick fine-tune, QUICK_FINETUNE). A task may
+override fine-tune fields after colons, e.g. `movie-reviews:max_train_examples=500:epochs=1`.
 """
 from __future__ import annotations
 
@@ -33,12 +34,33 @@ def known_evals() -> list[str]:
     return [MLM_EVAL, *TASKS]
 
 
+def parse_eval(spec: str, where: str = "logging.stage_end_evals") -> tuple[str, dict]:
+    """`name[:field=value...]` -> (name, fine-tune overrides); errors name the entry and the field."""
+    from launcher.finetune import FinetuneConfig
+
+    name, *options = spec.split(":")
+    if name not in known_evals():
+        raise UserError(f"{where}: unknown eval {name!r} (known: {', '.join(known_evals())})")
+    overrides = {}
+    allowed = {k: f.default for k, f in FinetuneConfig.__dataclass_fields__.items()
+               if k not in ("export_dir", "task", "task_data")}
+    for option in options:
+        key, sep, value = option.partition("=")
+        if name == MLM_EVAL or not sep or key not in allowed:
+            raise UserError(f"{where}: {spec!r}: bad option {option!r} (fine-tune tasks take "
+                            f"field=value with field in {', '.join(allowed)})")
+        kind = float if isinstance(QUICK_FINETUNE.get(key, allowed[key]), float) else int
+        try:
+            overrides[key] = kind(value)
+        except ValueError:
+            raise UserError(f"{where}: {spec!r}: {key} must be a number, got {value!r}") from None
+    return name, overrides
+
+
 def validate_eval_names(names: list[str], where: str = "logging.stage_end_evals") -> None:
     """Call at config load time so a typo fails before training starts, naming the field."""
-    unknown = [n for n in names if n not in known_evals()]
-    if unknown:
-        raise UserError(f"{where}: unknown eval(s) {', '.join(map(repr, unknown))} "
-                        f"(known: {', '.join(known_evals())})")
+    for spec in names:
+        parse_eval(spec, where)
 
 
 def on_stage_end(run_dir, tag: str, stage, run_config) -> subprocess.Popen | None:
@@ -50,8 +72,9 @@ def on_stage_end(run_dir, tag: str, stage, run_config) -> subprocess.Popen | Non
     run_dir = Path(run_dir)
     evals_dir = run_dir / "evals"
     evals_dir.mkdir(parents=True, exist_ok=True)
+    stage_name = getattr(stage, "name", stage)  # the trainer passes its ResolvedStage
     cmd = [sys.executable, "-m", "launcher.stage_evals", "--run-dir", str(run_dir), "--tag", str(tag),
-           "--stage", str(stage), "--evals", ",".join(names)]
+           "--stage", str(stage_name), *[arg for spec in names for arg in ("--eval", spec)]]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     with open(evals_dir / f"{tag}.log", "ab") as log:
         # Own session: a Ctrl-C or a signal to the training job's process group does not reach it.
@@ -70,10 +93,11 @@ def _configured_evals(run_config) -> list[str]:
 # --------------------------------------------------------------------------- the detached job
 
 
-def run_stage_evals(run_dir: Path, tag: str, stage: str, names: list[str]) -> dict[str, Path]:
+def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str]) -> dict[str, Path]:
     """Export `tag`, run each eval, write JSON + TensorBoard; one failing eval does not stop the rest."""
     from launcher.checkpoint_reader import resolve_checkpoint
-    from launcher.export import export_checkpoint
+    from launcher.eval_mlm import write_json_atomic
+    from launcher.export import export_checkpoint, run_data_dir
 
     evals_dir = run_dir / "evals"
     evals_dir.mkdir(parents=True, exist_ok=True)
@@ -83,15 +107,14 @@ def run_stage_evals(run_dir: Path, tag: str, stage: str, names: list[str]) -> di
         step = int(ref.sidecar.get("step", 0))
         export_dir = export_checkpoint(run_dir, run_dir / "exports" / tag, tag=tag)
         written = {}
-        for name in names:
+        for spec in specs:
+            name, overrides = parse_eval(spec, where="--eval")
             try:
-                report = _run_one(name, export_dir, ref.sidecar)
+                report = _run_one(name, overrides, export_dir, run_data_dir(ref))
             except (UserError, ValueError, OSError, RuntimeError) as err:
                 report = {"error": f"{type(err).__name__}: {err}"}
             report.update(eval=name, tag=tag, stage=stage, step=step)
             path = evals_dir / f"{tag}.{name}.json"
-            from launcher.eval_mlm import write_json_atomic
-
             write_json_atomic(path, report)
             _to_tensorboard(run_dir / "tb" / "evals", name, report, step)
             written[name] = path
@@ -99,21 +122,21 @@ def run_stage_evals(run_dir: Path, tag: str, stage: str, names: list[str]) -> di
     return written
 
 
-def _run_one(name: str, export_dir: Path, sidecar: dict) -> dict:
+def _run_one(name: str, overrides: dict, export_dir: Path, data_dir: str | None) -> dict:
     from launcher.export_dir import trained_max_seq_len
 
     if name == MLM_EVAL:
         from launcher.eval_mlm import MLMEvalConfig, evaluate_mlm
 
-        data_dir = sidecar.get("data_dir")
         if not data_dir:
-            raise UserError("sidecar.json: no data_dir, so there is no held-out split to evaluate on")
+            raise UserError("config.yaml: no data.data_dir, so there is no held-out split to evaluate on")
         trained = trained_max_seq_len(export_dir) or 128
         return evaluate_mlm(MLMEvalConfig(export_dir=export_dir, data_dir=Path(data_dir),
                                           seq_lens=[trained, 2 * trained], tokens=16384))
     from launcher.finetune import FinetuneConfig, finetune
 
-    return finetune(FinetuneConfig(export_dir=export_dir, task=name, **QUICK_FINETUNE), log=lambda msg: print(msg))
+    options = {**QUICK_FINETUNE, **overrides}
+    return finetune(FinetuneConfig(export_dir=export_dir, task=name, **options), log=lambda msg: print(msg, flush=True))
 
 
 def _to_tensorboard(tb_dir: Path, name: str, report: dict, step: int) -> None:
@@ -141,16 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--tag", required=True)
     parser.add_argument("--stage", default="")
-    parser.add_argument("--evals", required=True, help="comma-separated eval names")
+    parser.add_argument("--eval", action="append", required=True, dest="evals", help="eval spec (repeatable)")
     args = parser.parse_args(argv)
     try:
         os.nice(10)  # training keeps priority on a shared machine
     except OSError:
         pass
-    names = [n for n in args.evals.split(",") if n]
     try:
-        validate_eval_names(names, where="--evals")
-        run_stage_evals(args.run_dir, args.tag, args.stage, names)
+        validate_eval_names(args.evals, where="--eval")
+        run_stage_evals(args.run_dir, args.tag, args.stage, args.evals)
     except UserError as err:
         print(f"stage-evals: error: {err}", file=sys.stderr)
         return 2

@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--tag", default=None)
     parser.add_argument("--data-dir", type=Path, required=True, help="prepared data dir (batches + tokenizer)")
+    # Like the trainer, the data dir is found through RUN_DIR/config.yaml (data.data_dir).
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--micro-batch", type=int, default=4)
@@ -82,16 +83,21 @@ def main() -> None:
     reference = _gathered_state(engine, args.zero_stage)
     torch.distributed.barrier()
     if rank == 0:
+        (args.run_dir / "config.yaml").write_text(f"data:\n  data_dir: {args.data_dir}\n")
         save_file(reference, str(args.run_dir / "reference.safetensors"))
+        # The keys launcher/trainer.py writes (the subset export reads), incl. the completion mark.
         sidecar = {
+            "tag": tag,
             "step": step,
-            "stage": 0,
-            "tokens_consumed": batches.tokens_consumed,
-            "world_size": world,
-            "max_seq_len": args.seq_len,
+            "stage_index": 0,
+            "stage_name": "only",
+            "consumed_tokens": batches.tokens_consumed,
+            "consumed_samples": batches.sequences_consumed,
+            "last_validation": {"step": step, "max_seq_len": args.seq_len, "loss": float(loss.detach())},
             "model_config": config.to_dict(),
-            "validation": {"loss": float(loss.detach())},
-            "data_dir": str(args.data_dir),
+            "world_size": world,
+            "zero_stage": args.zero_stage,
+            "complete": True,
         }
         (ckpt_dir / tag / "sidecar.json").write_text(json.dumps(sidecar, indent=2))
     torch.distributed.barrier()

@@ -106,9 +106,9 @@ def test_export_directory_contents_and_model_card(exports):
     sidecar = json.loads((run_dir / "checkpoints" / tag / "sidecar.json").read_text())
     card = (export_dir / "README.md").read_text()
     assert f"| optimizer steps | {STEPS[3]} |" in card
-    assert f"| tokens seen | {sidecar['tokens_consumed']:,} |" in card
-    assert "| world size | 2 |" in card
-    assert "## Validation" in card and f"{sidecar['validation']['loss']:.4g}" in card
+    assert f"| tokens seen | {sidecar['consumed_tokens']:,} |" in card
+    assert "| world size at save | 2 |" in card
+    assert "## Validation" in card and f"| loss | {sidecar['last_validation']['loss']:.4g} |" in card
     info = json.loads((export_dir / "export_info.json").read_text())
     assert info["tag"] == tag and info["step"] == STEPS[3] and info["max_seq_len_trained"] == 32
     with open(export_dir / "model.safetensors", "rb") as f:  # fp32 on disk

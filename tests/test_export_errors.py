@@ -105,15 +105,19 @@ def test_truncated_shard_is_reported_not_crashed_on(capsys, run_copy):
 
 def test_missing_tokenizer(capsys, run_copy, tmp_path):
     run_dir, out = run_copy
-    sidecar_path = run_dir / "checkpoints" / TAG2 / "sidecar.json"
-    sidecar = json.loads(sidecar_path.read_text())
-    sidecar["data_dir"] = str(tmp_path / "moved-away")
-    sidecar_path.write_text(json.dumps(sidecar))
+    (run_dir / "config.yaml").write_text(f"data:\n  data_dir: {tmp_path / 'moved-away'}\n")
     err = _export_fails(capsys, run_dir, out)
     assert "tokenizer missing" in err and "moved-away" in err
     empty = tmp_path / "empty-tokenizer-dir"
     empty.mkdir()
     assert "tokenizer missing" in _export_fails(capsys, run_dir, out, "--tokenizer-from", str(empty))
+
+
+def test_sidecar_marked_incomplete(capsys, run_copy):
+    run_dir, out = run_copy
+    path = run_dir / "checkpoints" / TAG2 / "sidecar.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "complete": False}))
+    assert "the sidecar says the save is not complete" in _export_fails(capsys, run_dir, out)
 
 
 def test_refuses_to_replace_a_directory_that_is_not_an_export(capsys, run_copy, tmp_path):

@@ -1,0 +1,89 @@
+"""Export of a run made by the real trainer (3 stages, 2 ranks, ZeRO-2; shared with test_training),
+and the stage-end eval job started the way the trainer starts it."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+
+import pytest
+import torch
+
+from launcher.checkpoint import find_resume_point
+from launcher.config import load_run_config
+from launcher.errors import UserError
+from launcher.export import export_checkpoint
+from launcher.stage_evals import on_stage_end, validate_eval_names
+from roformer.hf_interop import load_pretrained
+from tests._downstream_common import hf_isolated_logits
+from tests.conftest_training import TINY_STAGES, reference_run
+
+pytestmark = pytest.mark.multiprocess
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}  # same key as test_training
+
+
+@pytest.fixture(scope="module")
+def run_copy(tmp_path_factory):
+    """A private copy: the stage-eval job writes exports/, evals/ and tb/evals into it."""
+    copy = tmp_path_factory.mktemp("trainer_run") / "run"
+    shutil.copytree(reference_run(tmp_path_factory, "fp32", model=NO_DROPOUT), copy)
+    return copy
+
+
+def test_trainer_checkpoint_exports_with_card_and_parity(run_copy, tmp_path):
+    point = find_resume_point(run_copy)
+    out = export_checkpoint(run_copy, tmp_path / "export")
+    card = (out / "README.md").read_text()
+    for stage in TINY_STAGES:  # the whole schedule, each stage reached by the final checkpoint
+        assert f"| {stage['name']} | {stage['max_seq_len']} | {stage['global_batch_size']} | {stage['steps']} |" in card
+    assert card.count("| yes |") == len(TINY_STAGES)
+    assert f"| tokens seen | {point.sidecar['consumed_tokens']:,} |" in card
+    assert f"| loss | {point.sidecar['last_validation']['loss']:.4g} |" in card
+    info = json.loads((out / "export_info.json").read_text())
+    assert info["tag"] == point.tag and info["max_seq_len_trained"] == max(s["max_seq_len"] for s in TINY_STAGES)
+
+    hf = hf_isolated_logits([out], ["Patches go to the mailing list.", "补丁"], tmp_path)[0]
+    with torch.no_grad():
+        ours = load_pretrained(out).eval()(hf["input_ids"], attention_mask=hf["attention_mask"]).logits
+    real = hf["attention_mask"].bool()
+    assert torch.allclose(ours[real], hf["logits"][real], atol=1e-4, rtol=1e-4)
+
+
+def test_stage_end_evals_run_detached_and_report(run_copy):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    point = find_resume_point(run_copy)
+    cfg = load_run_config(run_copy / "config.yaml")
+    specs = ["mlm", "movie-reviews:max_train_examples=64:epochs=1:max_eval_examples=32:max_length=32"]
+    cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, stage_end_evals=specs))
+    stage = type("ResolvedStage", (), {"name": TINY_STAGES[-1]["name"]})()
+    started = time.perf_counter()
+    proc = on_stage_end(run_copy, point.tag, stage, cfg)
+    assert time.perf_counter() - started < 5  # returns at once; the work happens in the child
+    assert proc is not None and proc.poll() is None
+    assert proc.wait(timeout=240) == 0, (run_copy / "evals" / f"{point.tag}.log").read_text()[-3000:]
+
+    mlm = json.loads((run_copy / "evals" / f"{point.tag}.mlm.json").read_text())
+    assert "error" not in mlm and mlm["step"] == point.sidecar["step"] and mlm["stage"] == "wide"
+    assert [r["seq_len"] for r in mlm["results"]] == [64, 128]
+    assert mlm["results"][1]["longer_than_trained"] is True
+    movie = json.loads((run_copy / "evals" / f"{point.tag}.movie-reviews.json").read_text())
+    assert "error" not in movie and movie["train_examples"] == 64 and movie["test"]["examples"] == 32
+    assert (run_copy / "exports" / point.tag / "model.safetensors").is_file()
+
+    events = EventAccumulator(str(run_copy / "tb" / "evals"))
+    events.Reload()
+    scalars = events.Tags()["scalars"]
+    assert {"eval/mlm/loss_len64", "eval/mlm/perplexity_len128", "eval/movie-reviews/test_accuracy"} <= set(scalars)
+    (event,) = events.Scalars("eval/mlm/loss_len128")
+    assert event.step == point.sidecar["step"] and event.value == pytest.approx(mlm["results"][1]["loss"], rel=1e-5)
+
+
+def test_unknown_stage_eval_is_rejected_by_name():
+    with pytest.raises(UserError, match="logging.stage_end_evals: unknown eval 'glue'"):
+        validate_eval_names(["mlm", "glue"])
+    with pytest.raises(UserError, match="bad option 'lr0=1'"):
+        validate_eval_names(["inews:lr0=1"])
+    with pytest.raises(UserError, match="max_train_examples must be a number"):
+        validate_eval_names(["inews:max_train_examples=many"])
