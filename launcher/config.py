@@ -247,6 +247,12 @@ def _validate(cfg: RunConfig) -> None:
         fail("logging.valid_every", "must be >= 0")
     if not all(isinstance(x, str) for x in cfg.logging.stage_end_evals):
         fail("logging.stage_end_evals", "must be a list of names")
+    if cfg.logging.stage_end_evals:
+        try:
+            from launcher.stage_evals import validate_eval_names
+        except ImportError:
+            fail("logging.stage_end_evals", "set, but launcher.stage_evals is not installed")
+        validate_eval_names(cfg.logging.stage_end_evals, where=f"{src}: logging.stage_end_evals")
 
 
 def _apply_override(raw: dict, item: str, path: Path) -> None:

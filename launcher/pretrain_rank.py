@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(args: argparse.Namespace) -> int:
+    import warnings
+
+    # Raised by DeepSpeed's ZeRO all-gather on every step with recent torch; nothing for a user to do.
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
     phases = {"imports": time.time() - PROCESS_START}
     mark = time.perf_counter()
 
