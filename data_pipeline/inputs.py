@@ -145,6 +145,7 @@ def check_file(path: Path, fmt: str, cfg: InputConfig) -> FileCheck:
 
 
 def _check_parquet(path: Path, cfg: InputConfig, bad) -> None:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
@@ -153,6 +154,9 @@ def _check_parquet(path: Path, cfg: InputConfig, bad) -> None:
         raise DataError(f"{path}: not a readable parquet file ({err})") from err
     if cfg.text_field not in meta.schema_arrow.names:
         raise DataError(f"{path}: missing text field {cfg.text_field!r} (columns: {meta.schema_arrow.names})")
+    field_type = meta.schema_arrow.field(cfg.text_field).type
+    if not (pa.types.is_string(field_type) or pa.types.is_large_string(field_type)):
+        raise DataError(f"{path}: text field {cfg.text_field!r} has type {field_type}, not string")
     if meta.metadata.num_rows == 0:
         bad(None, "empty file (no rows)")
 

@@ -53,6 +53,18 @@ def test_invalid_utf8_in_gzipped_text_file(tmp_path, good_file):
         run_prepare([good_file, bad], tmp_path / "out")
 
 
+def test_parquet_without_a_string_text_column(tmp_path, good_file):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["some text"]}), tmp_path / "a.parquet")
+    with pytest.raises(DataError, match=r"a\.parquet: missing text field 'text'"):
+        run_prepare([good_file, tmp_path / "a.parquet"], tmp_path / "out")
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "b.parquet")
+    with pytest.raises(DataError, match=r"b\.parquet: text field 'text' has type int64"):
+        run_prepare([good_file, tmp_path / "b.parquet"], tmp_path / "out")
+
+
 def test_empty_file_missing_file_and_empty_glob(tmp_path, good_file):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n\n")
