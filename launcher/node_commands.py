@@ -68,7 +68,9 @@ def node_commands(plan: LaunchPlan) -> list[tuple[str, str]]:
 def _rank_lines(plan: LaunchPlan) -> list[tuple[str, str]]:
     """What each per-node launcher starts for every rank."""
     command = shlex.join([plan.python, "-u", "-m", *plan.rank_command])
-    return [(f"{host} rank {rank}", f"RANK={rank} LOCAL_RANK={local_rank} {command}")
+    # pdsh/local: DeepSpeed's launcher sets RANK; MPI/Slurm: MPI discovery in the guard finds it.
+    source = "" if plan.launcher in ("local", "pdsh") else " (from MPI discovery)"
+    return [(f"{host} rank {rank}", f"RANK={rank} LOCAL_RANK={local_rank}{source} {command}")
             for rank, host, local_rank in plan.rank_hosts()]
 
 

@@ -7,7 +7,7 @@
 
 Host names reach ssh as separate arguments (never through a local shell) and were validated by
 launcher.hostfile; the only remote shell text is built from constants and `shlex.quote`d paths.
-Runs on this machine only (localhost, not through pdsh) skip 2 and 3.
+Runs on this machine only (localhost, not through pdsh) and Slurm runs skip 2 and 3.
 """
 from __future__ import annotations
 
@@ -133,6 +133,11 @@ def run_preflight(plan) -> str:
     hosts = list(plan.resources)
     if all(h in LOCAL_HOSTNAMES for h in hosts) and plan.launcher != "pdsh":
         return plan.master_addr  # this machine only: mpirun / DeepSpeed's launcher start ranks without ssh
+    if plan.launcher == "slurm":
+        # srun starts the ranks without ssh (which compute nodes often refuse); checked by Slurm instead.
+        print("roformer pretrain: --launcher slurm: not checking ssh reachability or the shared run directory",
+              flush=True)
+        return plan.master_addr
     where = {h.name: f"{plan.hostfile.path}:{h.line}" for h in plan.hostfile.hosts} if plan.hostfile else None
     check_reachable(hosts, where)
     check_shared_run_dir(plan.run_dir, hosts)
