@@ -6,7 +6,6 @@ launcher.rank_guard before the trainer starts). Real DeepSpeed engines train the
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
