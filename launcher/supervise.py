@@ -198,22 +198,32 @@ def _killpg(proc: subprocess.Popen, sig: int) -> None:
 def supervise(plan: LaunchPlan, runner_env: dict[str, str], out=None) -> int:
     """Run the job to its end; return 0 or a non-zero exit code after printing what failed."""
     out = out or sys.stdout
-    runner = subprocess.Popen(plan.runner_argv(), cwd=env_forwarding.project_root(), env=runner_env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              start_new_session=True, text=True, errors="replace", bufsize=1)
+    interrupted: list[int] = []  # handlers first: a Ctrl-C from here on must not orphan the runner
+    previous = {s: signal.signal(s, lambda signum, _f: interrupted.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        runner = subprocess.Popen(plan.runner_argv(), cwd=env_forwarding.project_root(), env=runner_env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  start_new_session=True, text=True, errors="replace", bufsize=1)
+    except BaseException:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        raise
     monitor = OutputMonitor(plan)
 
     def pump() -> None:
+        echo = True
         for line in runner.stdout:
-            out.write(line)
-            out.flush()
             monitor.feed(line)
+            if echo:
+                try:
+                    out.write(line)
+                    out.flush()
+                except (OSError, ValueError):  # our stdout went away: keep draining, keep monitoring
+                    echo = False
 
     reader = threading.Thread(target=pump, name="runner-output", daemon=True)
     reader.start()
-    interrupted: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, _f: interrupted.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM)}
     stopped_after_failure = False
     graceful_deadline: float | None = None
     try:
