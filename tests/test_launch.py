@@ -352,3 +352,44 @@ def test_guard_and_trainer_agree_on_the_orderly_stop_exit_code():
     from launcher import pretrain_rank, rank_guard
 
     assert rank_guard.ORDERLY_STOP_EXIT_CODE == pretrain_rank.STOPPED_EXIT_CODE
+
+
+def _plan(launcher: str = "pdsh", tmp_path: Path = Path("/tmp/unused")):
+    from argparse import Namespace
+
+    from launcher.launch_plan import build_plan
+
+    return build_plan(Namespace(
+        hostfile=str(REFERENCE_HOSTFILE), include="", exclude="", num_nodes=-1, num_gpus=-1, master_addr="",
+        master_port=29500, launcher=launcher, launcher_args="", force_multi=False, bind_cores_to_rank=False,
+        bind_core_list=None, config=str(DEMO), run_dir=str(tmp_path / "run"), overrides=[],
+        entry_module="launcher.pretrain_rank"))
+
+
+def test_output_monitor_blames_the_first_rank_that_died():
+    from launcher.supervise import OutputMonitor, failure_report
+
+    monitor = OutputMonitor(_plan("pdsh"))
+    for line in [
+        "node1: rank 0 step 12 loss 6.1\n",
+        "node2: [roformer-rank-exit] rank=6 local_rank=2 node_rank=1 host=gpu2 pid=77 status=killed by SIGKILL\n",
+        "pdsh@gpu1: node2: ssh exited with exit code 137\n",
+        "node1: [roformer-rank-exit] rank=1 local_rank=1 node_rank=0 host=gpu1 pid=12 status=exit code 1\n",
+    ]:
+        monitor.feed(line)
+        time.sleep(0.01)
+    first = monitor.first()
+    assert (first.rank, first.host, first.status) == (6, "node2", "killed by SIGKILL")
+    report = failure_report(monitor, 137, stopped_after_failure=False)
+    assert report.startswith("rank 6 (local rank 2) on node node2: killed by SIGKILL; the job was stopped")
+    assert "Afterwards: rank 1 (local rank 1) on node node1: exit code 1" in report
+
+
+def test_output_monitor_maps_mpi_ranks_to_hosts_and_ignores_orderly_stops():
+    from launcher.supervise import OutputMonitor
+
+    monitor = OutputMonitor(_plan("openmpi"))  # mpirun adds no host prefix: rank -> host from the hostfile order
+    monitor.feed("[...] exits with return code = 143\n")  # a checkpointed stop is not a failure
+    assert monitor.first() is None
+    monitor.feed("[roformer-rank-exit] rank=5 local_rank=1 node_rank=? host=x pid=3 status=exit code 2\n")
+    assert (monitor.first().rank, monitor.first().host) == (5, "node2")
