@@ -66,7 +66,7 @@ class Trainer:
                 tag = self.save_checkpoint(stage)
                 if stage_done:
                     self.stage_end_evals(stage, tag)
-            if self.stop_agreed:
+            if self.stop_agreed and self.state.step < self.total_steps:
                 return "stopped"
         return "finished"
 
