@@ -12,9 +12,10 @@ export PIP_CACHE_DIR=${PIP_CACHE_DIR:-$CACHE_ROOT/pip}
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$CACHE_ROOT/torch_extensions}
 mkdir -p "$PIP_CACHE_DIR" "$TORCH_EXTENSIONS_DIR"
 
-# --- Debian packages: MPI runtime for mpi4py, numactl for core binding, pdsh + ssh for
+# --- Debian packages: ninja (the ONE ninja that compiles DeepSpeed ops: two different ninjas on
+# PATH make the op cache rebuild each time they alternate), MPI runtime for mpi4py, numactl for core binding, pdsh + ssh for
 # multi-node launch, iproute2 for the two-node test, linux-doc as the bundled English corpus.
-APT_PACKAGES=(openmpi-bin libopenmpi-dev numactl pdsh openssh-server openssh-client iproute2 linux-doc-6.1)
+APT_PACKAGES=(ninja-build openmpi-bin libopenmpi-dev numactl pdsh openssh-server openssh-client iproute2 linux-doc-6.1)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
