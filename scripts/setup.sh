@@ -12,9 +12,10 @@ export PIP_CACHE_DIR=${PIP_CACHE_DIR:-$CACHE_ROOT/pip}
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$CACHE_ROOT/torch_extensions}
 mkdir -p "$PIP_CACHE_DIR" "$TORCH_EXTENSIONS_DIR"
 
-# --- Debian packages: ninja (the ONE ninja that compiles DeepSpeed ops: two different ninjas on
-# PATH make the op cache rebuild each time they alternate), MPI runtime for mpi4py, numactl for core binding, pdsh + ssh for
-# multi-node launch, iproute2 for the two-node test, linux-doc as the bundled English corpus.
+# --- Debian packages: ninja-build (the ONE ninja compiling DeepSpeed ops: with a second ninja in
+# the venv the op cache rebuilds whenever processes alternate between them), the MPI runtime for
+# mpi4py, numactl for core binding, pdsh + ssh for multi-node launch, iproute2 for the two-node
+# test, linux-doc as the bundled English corpus.
 APT_PACKAGES=(ninja-build openmpi-bin libopenmpi-dev numactl pdsh openssh-server openssh-client iproute2 linux-doc-6.1)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -29,7 +30,7 @@ fi
 PIP="$VENV/bin/python -m pip"
 stamp="$VENV/.roformer-setup-$(cat setup.cfg pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  $PIP install -q --upgrade pip setuptools wheel ninja
+  $PIP install -q --upgrade pip setuptools wheel
   # A CPU wheel of torch 2.13.0 lies on disk; an unpinned torch would pull a multi-GB CUDA build.
   "$VENV/bin/python" -c "import torch" 2>/dev/null || $PIP install -q torch==2.13.0
   DS_BUILD_OPS=0 $PIP install -q --no-build-isolation deepspeed==0.19.8
