@@ -4,7 +4,8 @@
 # transformers RoFormer directory, then run the downstream evaluations on the export.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH="$PWD/.venv/bin:$PATH"
+# Appended, as the launcher does for its ranks: the shell's own tools (ninja, ssh) stay first.
+export PATH="$PATH:$PWD/.venv/bin"
 export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
 DATA_CACHE=${ROFORMER_DATA_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/roformer-ds/data}
 RUN_DIR=${RUN_DIR:-runs/demo}

@@ -35,6 +35,8 @@ if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -c "import torch" 2>/dev/null || $PIP install -q torch==2.13.0
   DS_BUILD_OPS=0 $PIP install -q --no-build-isolation deepspeed==0.19.8
   $PIP install -q -e ".[dev,mpi]"
+  # DeepSpeed pulls ninja from PyPI; keep only Debian's so every process compiles ops with the same one.
+  $PIP uninstall -y -q ninja 2>/dev/null || true
   touch "$stamp"
 fi
 
