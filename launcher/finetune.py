@@ -62,6 +62,21 @@ class FinetuneConfig:
             raise UserError(f"--{bad[0].replace('_', '-')}: invalid value {getattr(self, bad[0])!r}")
 
 
+_HELP = {
+    "max_length": "tokens per input incl. [CLS]/[SEP]; longer texts are truncated (try 128 vs 512 on inews)",
+    "epochs": "passes over the training examples; the epoch with the best dev macro-F1 is kept",
+    "batch_size": "training sequences per step",
+    "eval_batch_size": "sequences per forward pass on dev/test",
+    "lr": "peak AdamW learning rate (10%% warmup, linear decay); ~5e-5..1e-4 for base-size models",
+    "warmup_ratio": "share of the steps spent warming up",
+    "weight_decay": "AdamW weight decay (not on biases / LayerNorm)",
+    "max_train_examples": "seeded random subset of the train split (quick runs)",
+    "max_eval_examples": "first N of dev and of test (their order is fixed)",
+    "seed": "head init, dropout, subset and batch order",
+    "threads": "torch CPU threads (0 = torch's default)",
+}
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     from launcher.tasks import TASKS
 
@@ -71,11 +86,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task-data", type=Path, default=None,
                         help="task files root (default: $ROFORMER_DATA_DIR/tasks or ~/.cache/roformer-ds/data/tasks)")
     defaults = FinetuneConfig.__dataclass_fields__
-    for name in ("max_length", "epochs", "batch_size", "eval_batch_size", "lr", "warmup_ratio", "weight_decay",
-                 "max_train_examples", "max_eval_examples", "seed", "threads"):
+    for name, help_text in _HELP.items():
         default = defaults[name].default
         kind = float if isinstance(default, float) else int
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
+                            help=f"{help_text} (default: {default})")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON report here too")
 
 
