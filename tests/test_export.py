@@ -3,6 +3,7 @@ no project code importable, its tokenizer gives the SentencePiece ids, and its l
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -114,3 +115,19 @@ def test_export_directory_contents_and_model_card(exports):
     with open(export_dir / "model.safetensors", "rb") as f:  # fp32 on disk
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
     assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"F32"}
+
+
+def test_universal_checkpoint_exports_the_same_weights(exports, tmp_path):
+    """A ds_to_universal folder placed as a checkpoint tag is read per parameter (weights_only)."""
+    from launcher.export import export_checkpoint
+
+    resumed_dir, _ = exports["resumed-2to1"]
+    source_dir, source_export = exports["zero2"]
+    tag = f"step{STEPS[2]}"
+    run_dir = tmp_path / "run"
+    shutil.copytree(resumed_dir / "universal" / tag, run_dir / "checkpoints" / tag)
+    shutil.copy2(source_dir / "checkpoints" / tag / "sidecar.json", run_dir / "checkpoints" / tag)
+    shutil.copy2(source_dir / "config.yaml", run_dir / "config.yaml")
+    out = export_checkpoint(run_dir, tmp_path / "export", tag=tag)
+    ours, theirs = load_file(str(out / "model.safetensors")), load_file(str(source_export / "model.safetensors"))
+    assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
