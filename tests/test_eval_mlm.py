@@ -117,3 +117,11 @@ def test_length_and_data_errors(capsys, tmp_path_factory, tmp_path):
     assert "--seq-lens: 1 is too short" in _fails(capsys, ["eval-mlm", export_dir, "--data",
                                                           str(data_dir(tmp_path_factory)), "--seq-lens", "1"])
     assert "not found" in _fails(capsys, ["eval-mlm", export_dir, "--data", str(tmp_path / "nothing")])
+
+
+def test_tokenizer_other_than_the_shards_is_refused(capsys, export_copy, tmp_path_factory):
+    (export_copy / "export_info.json").unlink()  # a foreign directory: no recorded checksums
+    with open(export_copy / "spm.model", "ab") as f:
+        f.write(b"\0")  # another tokenizer file than the one the shards were built with
+    err = _fails(capsys, ["eval-mlm", str(export_copy), "--data", str(data_dir(tmp_path_factory))])
+    assert "shards were built with tokenizer" in err
