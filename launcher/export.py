@@ -77,7 +77,7 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
         _copy_tokenizer(tokenizer_source, tmp)
         from launcher.model_card import render_model_card, schedule_stages
 
-        stages = schedule_stages(_read_run_config(run_dir), ref.sidecar.get("step"))
+        stages = schedule_stages(run_dir, _read_run_config(run_dir), ref.sidecar.get("step"))
         (tmp / "README.md").write_text(render_model_card(ref.sidecar, stages, ref.tag, run_dir), encoding="utf-8")
         _write_export_info(tmp, ref, stages)
         if verify:

@@ -69,20 +69,35 @@ def _architecture(model: dict) -> str:
     return ", ".join(parts)
 
 
-def schedule_stages(run_config: dict | None, step: int | None) -> list[dict] | None:
-    """The run's stages with their first step, and whether the checkpoint at `step` got to them."""
-    schedule_file = ((run_config or {}).get("schedule") or {}).get("file")
-    if not schedule_file or not Path(schedule_file).is_file():
-        return None
-    from launcher.schedule import load_schedule
+def schedule_stages(run_dir: Path, run_config: dict | None, step: int | None) -> list[dict] | None:
+    """The run's stages with their first step, and whether the checkpoint at `step` got to them.
 
-    stages, first_step = [], 0
-    for stage in load_schedule(schedule_file):
-        stages.append({"name": stage.name, "max_seq_len": stage.max_seq_len,
-                       "global_batch_size": stage.global_batch_size, "steps": stage.steps,
-                       "first_step": first_step, "reached": step is not None and step > first_step})
-        first_step += stage.steps
-    return stages
+    RUN_DIR/stages.json (the trainer's resolved stages) is the record of what ran; the schedule
+    file named in config.yaml is only a fallback, as it may have been edited since."""
+    rows = _stages_json(Path(run_dir) / "stages.json")
+    if rows is None:
+        schedule_file = ((run_config or {}).get("schedule") or {}).get("file")
+        if not schedule_file or not Path(schedule_file).is_file():
+            return None
+        from launcher.schedule import load_schedule
+
+        rows, first_step = [], 0
+        for stage in load_schedule(schedule_file):
+            rows.append({"name": stage.name, "max_seq_len": stage.max_seq_len,
+                         "global_batch_size": stage.global_batch_size, "steps": stage.steps, "first_step": first_step})
+            first_step += stage.steps
+    for row in rows:
+        row["reached"] = step is not None and step > row["first_step"]
+    return rows
+
+
+def _stages_json(path: Path) -> list[dict] | None:
+    try:
+        stages = json.loads(path.read_text(encoding="utf-8"))["stages"]
+        return [{key: s[key] for key in ("name", "max_seq_len", "global_batch_size", "steps", "first_step")}
+                for s in stages]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _first(d: dict, keys: tuple[str, ...]) -> Any:
