@@ -67,7 +67,20 @@ def find_resume_point(run_dir: Path) -> ResumePoint | None:
     return max(complete, key=lambda p: p.sidecar["step"], default=None)
 
 
-def check_compatible(point: ResumePoint, model_config, world_size: int) -> None:
+def check_foreign_checkpoints(run_dir: Path) -> None:
+    """Refuse a run directory whose checkpoints/ holds DeepSpeed checkpoints we did not write.
+
+    Every checkpoint of ours comes after RUN_DIR/config.yaml (written before the first step), so
+    model-state files without it belong to something else; training there would mix two runs."""
+    if (Path(run_dir) / "config.yaml").is_file():
+        return
+    foreign = sorted(d.name for d in checkpoints_dir(run_dir).glob("*") if d.is_dir() and any(d.glob("*model_states.pt")))
+    if foreign:
+        raise UserError(f"--run-dir {run_dir}: checkpoints/ holds DeepSpeed checkpoints not written by "
+                        f"`roformer pretrain` ({', '.join(foreign[:3])}; no config.yaml); use a new run directory")
+
+
+def check_compatible(point: ResumePoint, model_config) -> None:
     """Refuse to resume a checkpoint of another model (names the differing fields)."""
     from roformer.config import ConfigError, RoFormerConfig
 

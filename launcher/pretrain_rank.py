@@ -81,9 +81,10 @@ def train(args: argparse.Namespace) -> int:
     stages = resolve_stages(cfg, world_size)
     model_config = cfg.model_config()
     run_dir = prepare_run_dir(Path(args.run_dir))
+    ckpt.check_foreign_checkpoints(run_dir)
     point = ckpt.find_resume_point(run_dir)
     if point is not None:
-        ckpt.check_compatible(point, model_config, world_size)
+        ckpt.check_compatible(point, model_config)
         if point.sidecar["step"] >= stages[-1].end_step:
             print(f"{run_dir}: already trained to the end of the schedule (step {point.sidecar['step']}); "
                   f"nothing to do", file=sys.stderr)

@@ -190,3 +190,14 @@ def test_resume_from_another_models_checkpoint_is_refused(bad_input_env, monkeyp
     err = capsys.readouterr().err
     assert "different model" in err and "hidden_size: checkpoint 32 vs config 64" in err and "num_hidden_layers" in err
     assert sorted(os.listdir(other / "checkpoints")) == before
+
+
+def test_run_directory_with_a_foreign_deepspeed_checkpoint_is_refused(bad_input_env, monkeypatch, capsys, tmp_path):
+    root, data_dir, run = bad_input_env
+    foreign = tmp_path / "foreign"
+    shutil.copytree(run / "checkpoints" / "global_step16", foreign / "checkpoints" / "global_step5")
+    (foreign / "checkpoints" / "global_step5" / "sidecar.json").unlink()  # somebody else's: no sidecar, no config
+    config = tiny_run_config(root, data_dir, name="foreign.yaml", model=NO_DROPOUT)
+    assert run_rank_in_process(monkeypatch, config, foreign) == 2
+    assert "not written by `roformer pretrain` (global_step5" in capsys.readouterr().err
+    assert sorted(os.listdir(foreign)) == ["checkpoints"]
