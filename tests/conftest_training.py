@@ -119,7 +119,8 @@ def tiny_data_dir(tmp_factory) -> Path:
 def tiny_run_config(root: Path, data_dir: Path, name: str = "run.yaml", ds_config: str = "cpu_fp32_zero2.json",
                     **sections) -> Path:
     schedule = write_schedule(root / "tiny_schedule.yaml", TINY_STAGES)
-    base = {"checkpoint": {"every_steps": 4, "keep_last": 3}, "logging": {"valid_every": 5, "valid_batches": 1},
+    base = {"checkpoint": {"every_steps": 4, "keep_last": 3},
+            "logging": {"valid_every": 5, "valid_batches": 1, "progress_bar": True},
             "schedule": {"max_tokens_per_micro_batch": 128}}
     for key, value in sections.items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value

@@ -60,6 +60,22 @@ def test_loss_is_per_masked_token_over_all_ranks_and_micro_batches(run):
     assert all(r["tokens_per_s"] > 0 and r["samples_per_s"] > 0 and r["grad_norm"] > 0 for r in train)
 
 
+def test_learning_rate_applied_each_step_follows_the_schedule(run):
+    from launcher.schedule import learning_rate
+
+    cfg = load_run_config(run / "config.yaml")
+    opt = cfg.optimizer
+    for record in read_metrics(run, "train"):
+        assert record["lr"] == pytest.approx(learning_rate(record["step"], TINY_TOTAL_STEPS, opt.lr, opt.warmup_steps,
+                                                           opt.decay, opt.min_lr_ratio), rel=1e-12)
+
+
+def test_rank0_progress_bar_shows_stage_and_etas(run):
+    log = (run.parent / "run.log").read_text(errors="replace")
+    assert "wide (3/3) len 16 batch 16" in log and "stage ETA" in log and "run ETA" in log
+    assert "16/16" in log
+
+
 def test_run_directory_files(run):
     cfg = load_run_config(run / "config.yaml")  # the resolved config loads back
     ds = json.loads((run / "ds_config.resolved.json").read_text())
