@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="export directory to create or replace")
     parser.add_argument("--tokenizer-from", type=Path, default=None,
                         help="prepared data dir (or tokenizer dir) to take the tokenizer from "
-                             "(default: the data dir recorded in the checkpoint)")
+                             "(default: data.data_dir of RUN_DIR/config.yaml)")
     parser.add_argument("--no-verify", action="store_true",
                         help="skip reloading the export with transformers and comparing logits")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,13 +74,39 @@ def on_stage_end(run_dir, tag: str, stage, run_config) -> subprocess.Popen | Non
     evals_dir = run_dir / "evals"
     evals_dir.mkdir(parents=True, exist_ok=True)
     stage_name = getattr(stage, "name", stage)  # the trainer passes its ResolvedStage
-    cmd = [sys.executable, "-m", "launcher.stage_evals", "--run-dir", str(run_dir), "--tag", str(tag),
+    snapshot = snapshot_checkpoint(run_dir, tag)
+    cmd = [sys.executable, "-m", "launcher.stage_evals", "--run-dir", str(run_dir), "--snapshot", str(snapshot),
+           "--tag", str(tag),
            "--stage", str(stage_name), *[arg for spec in names for arg in ("--eval", spec)]]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     with open(evals_dir / f"{tag}.log", "ab") as log:
         # Own session: a Ctrl-C or a signal to the training job's process group does not reach it.
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True, env=env)
+
+
+def snapshot_checkpoint(run_dir: Path, tag: str) -> Path:
+    """Hard links to the checkpoint's files (instant, no copy) in a run-dir-shaped folder under
+    RUN_DIR/evals/: the eval job reads those, so the trainer's retention may delete the original
+    while the job is queued or running. Returns the snapshot's run directory."""
+    source = Path(run_dir) / "checkpoints" / tag
+    snapshot = Path(run_dir) / "evals" / f".snapshot-{tag}" / Path(run_dir).name
+    shutil.rmtree(snapshot.parent, ignore_errors=True)
+    (snapshot / "checkpoints" / tag).mkdir(parents=True)
+    for path in source.iterdir():
+        if path.is_file():
+            _link_or_copy(path, snapshot / "checkpoints" / tag / path.name)
+    for name in ("config.yaml", "stages.json"):
+        if (Path(run_dir) / name).is_file():
+            shutil.copy2(Path(run_dir) / name, snapshot / name)
+    return snapshot
+
+
+def _link_or_copy(source: Path, dest: Path) -> None:
+    try:
+        os.link(source, dest)
+    except OSError:  # another filesystem, or links not allowed
+        shutil.copy2(source, dest)
 
 
 def _configured_evals(run_config) -> list[str]:
@@ -93,8 +120,10 @@ def _configured_evals(run_config) -> list[str]:
 # --------------------------------------------------------------------------- the detached job
 
 
-def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str]) -> dict[str, Path]:
-    """Export `tag`, run each eval, write JSON + TensorBoard; one failing eval does not stop the rest."""
+def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str], snapshot: Path | None = None
+                    ) -> dict[str, Path]:
+    """Export `tag` (from `snapshot` when given, see snapshot_checkpoint), run each eval, write JSON +
+    TensorBoard; one failing eval does not stop the rest. The snapshot is removed at the end."""
     from launcher.checkpoint_reader import resolve_checkpoint
     from launcher.eval_mlm import write_json_atomic
     from launcher.export import export_checkpoint, run_data_dir
@@ -103,14 +132,20 @@ def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str]) -> di
     evals_dir.mkdir(parents=True, exist_ok=True)
     with open(evals_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one eval job per run at a time
-        ref = resolve_checkpoint(run_dir, tag)
-        step = int(ref.sidecar.get("step", 0))
-        export_dir = export_checkpoint(run_dir, run_dir / "exports" / tag, tag=tag)
+        source = snapshot or run_dir
+        try:
+            ref = resolve_checkpoint(source, tag)
+            step = int(ref.sidecar.get("step", 0))
+            export_dir = export_checkpoint(source, run_dir / "exports" / tag, tag=tag)
+            data_dir = run_data_dir(ref)
+        finally:
+            if snapshot is not None:
+                shutil.rmtree(snapshot.parent, ignore_errors=True)
         written = {}
         for spec in specs:
             name, overrides = parse_eval(spec, where="--eval")
             try:
-                report = _run_one(name, overrides, export_dir, run_data_dir(ref))
+                report = _run_one(name, overrides, export_dir, data_dir)
             except (UserError, ValueError, OSError, RuntimeError) as err:
                 report = {"error": f"{type(err).__name__}: {err}"}
             report.update(eval=name, tag=tag, stage=stage, step=step)
@@ -162,6 +197,7 @@ def _to_tensorboard(tb_dir: Path, name: str, report: dict, step: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="stage-end export + evals (started by on_stage_end)")
     parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--snapshot", type=Path, default=None, help="hard-linked copy of the run dir to read")
     parser.add_argument("--tag", required=True)
     parser.add_argument("--stage", default="")
     parser.add_argument("--eval", action="append", required=True, dest="evals", help="eval spec (repeatable)")
@@ -172,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     try:
         validate_eval_names(args.evals, where="--eval")
-        run_stage_evals(args.run_dir, args.tag, args.stage, args.evals)
+        run_stage_evals(args.run_dir, args.tag, args.stage, args.evals, snapshot=args.snapshot)
     except UserError as err:
         print(f"stage-evals: error: {err}", file=sys.stderr)
         return 2

@@ -62,10 +62,14 @@ def test_stage_end_evals_run_detached_and_report(run_copy):
     proc = on_stage_end(run_copy, point.tag, stage, cfg)
     assert time.perf_counter() - started < 5  # returns at once; the work happens in the child
     assert proc is not None and proc.poll() is None
+    # Retention may delete the checkpoint while the job runs: it reads its hard-linked snapshot.
+    shutil.rmtree(run_copy / "checkpoints" / point.tag)
     assert proc.wait(timeout=240) == 0, (run_copy / "evals" / f"{point.tag}.log").read_text()[-3000:]
+    assert not [p for p in (run_copy / "evals").iterdir() if p.name.startswith(".snapshot")]
 
     mlm = json.loads((run_copy / "evals" / f"{point.tag}.mlm.json").read_text())
     assert "error" not in mlm and mlm["step"] == point.sidecar["step"] and mlm["stage"] == "wide"
+    assert mlm["export"] == str((run_copy / "exports" / point.tag).resolve())
     assert [r["seq_len"] for r in mlm["results"]] == [64, 128]
     assert mlm["results"][1]["longer_than_trained"] is True
     movie = json.loads((run_copy / "evals" / f"{point.tag}.movie-reviews.json").read_text())
