@@ -101,3 +101,20 @@ def test_corrupt_weights_and_missing_tokenizer(capsys, tmp_path_factory, tasks_d
     assert "model.safetensors: corrupt" in _fails(capsys, argv)
     weights.unlink()
     assert "model.safetensors: missing" in _fails(capsys, argv)
+
+
+def test_a_directory_saved_by_transformers_itself_works(tmp_path_factory, tasks_dir, tmp_path):
+    """Not only our exports: a RoFormer saved by transformers' save_pretrained (plus a tokenizer)."""
+    import transformers
+
+    ours = exported(tmp_path_factory)
+    config = transformers.RoFormerConfig(vocab_size=900, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=64, pad_token_id=0)
+    foreign = tmp_path / "hf_saved"
+    transformers.RoFormerForMaskedLM(config).save_pretrained(str(foreign))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy2(ours / name, foreign / name)
+    out = tmp_path / "report.json"
+    rc = cli_main(["finetune", str(foreign), "--task", "movie-reviews", "--task-data", str(tasks_dir),
+                   "--max-train-examples", "32", "--epochs", "1", "--max-eval-examples", "16", "--out", str(out)])
+    assert rc == 0 and json.loads(out.read_text())["test"]["examples"] == 16
