@@ -151,6 +151,7 @@ class Trainer:
             ckpt.remove_checkpoint(directory)
         data_state = self.batches.state_dict()
         states = [None] * self.world_size
+        # Also the sync point after rank 0's removal above: no rank writes into the directory before it.
         dist.all_gather_object(states, data_state)  # the data position is global: all ranks must agree
         if any(s != data_state for s in states):
             raise RuntimeError(f"data pipeline states differ between ranks at step {self.state.step}: {states}")
