@@ -129,6 +129,9 @@ def finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr, fl
     encoded = {"train": _encode(tokenizer, train, cfg.max_length),
                **{s: _encode(tokenizer, ex, cfg.max_length) for s, ex in evals.items()}}
 
+    if encoded["train"]["unk_share"] > 0.05:
+        log(f"finetune {task.name}: warning: {encoded['train']['unk_share']:.0%} of the training tokens are "
+            f"[UNK]; the tokenizer of {cfg.export_dir} does not cover this task's text")
     torch.manual_seed(cfg.seed)
     model = load_classifier(cfg.export_dir, task.num_labels)
     if len(tokenizer) > model.config.vocab_size:
@@ -167,6 +170,7 @@ def finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr, fl
         "train_examples": len(train),
         "train_label_counts": [sum(1 for e in train if e.label == k) for k in range(task.num_labels)],
         "truncated_share": {s: round(enc["truncated"] / max(1, len(enc["labels"])), 4) for s, enc in encoded.items()},
+        "unk_token_share": {s: round(enc["unk_share"], 4) for s, enc in encoded.items()},
         "epochs": history,
         "best_epoch": best_epoch,
         "dev": best_dev,
@@ -180,8 +184,13 @@ def _encode(tokenizer, examples, max_length: int) -> dict:
     texts = [e.text for e in examples]
     full = tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
     ids = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
+    # SentencePiece folds a run of unknown characters into ONE [UNK]: a tokenizer trained without
+    # the task's script shows up here (and as short inputs), not as an error.
+    unk = tokenizer.unk_token_id
+    unk_count = sum(seq.count(unk) for seq in full) if unk is not None else 0
     return {"input_ids": ids, "labels": [e.label for e in examples],
-            "truncated": sum(1 for a in full if len(a) > max_length)}
+            "truncated": sum(1 for a in full if len(a) > max_length),
+            "unk_share": unk_count / max(1, sum(len(seq) - 2 for seq in full))}
 
 
 def _collate(input_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

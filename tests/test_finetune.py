@@ -49,6 +49,8 @@ def test_inews_long_documents_are_truncated_and_run(tmp_path_factory, tasks_dir,
     assert report["label_names"] == ["positive", "neutral", "negative"]
     assert len(report["train_label_counts"]) == 3 and sum(report["train_label_counts"]) == 48
     assert report["truncated_share"]["train"] > 0.8 and report["truncated_share"]["test"] > 0.8
+    assert set(report["unk_token_share"]) == {"train", "dev", "test"}
+    assert all(0.0 <= v <= 1.0 for v in report["unk_token_share"].values())
     assert report["majority_baseline"]["label_name"] in report["label_names"]
     assert 0.0 <= report["test"]["macro_f1"] <= 1.0 and report["test"]["examples"] == 24
 
