@@ -1,6 +1,6 @@
 """Data pipeline speed: corpus preparation rate and batch production rate with memory over time.
 
-    HF_DATASETS_OFFLINE=1 .venv/bin/python bench/bench_data.py [--data-cache DIR] [--skip-prepare]
+    HF_DATASETS_OFFLINE=1 .venv/bin/python bench/data_pipeline.py [--data-cache DIR] [--skip-prepare]
 
 Uses the bundled default corpus (set-up step; installed on demand). Writes bench/results/data.json:
   prepare   full English linux-doc set (+ the Chinese set) with --workers 1 and 2: MB/s, phase times,
