@@ -126,6 +126,16 @@ def rank_pattern(plan: LaunchPlan) -> str:
     return f"[-]m {_ere_literal(plan.entry_module)} {_ere_literal(tail)}( |$)"
 
 
+def local_rank_regex(plan: LaunchPlan) -> re.Pattern:
+    """rank_pattern as a Python regex, for the local stop (which reads command lines itself).
+
+    Not rank_pattern compiled with `re`: its POSIX brackets are not Python sets for every
+    character ('[\\]' and '[^]' do not even compile), and a local --run-dir may hold any character.
+    """
+    tail = " ".join(["--config", str(plan.config_path), "--run-dir", str(plan.run_dir)])
+    return re.compile(re.escape(f"-m {plan.entry_module} {tail}") + "( |$)")
+
+
 def request_graceful_stop(plan: LaunchPlan, runner: subprocess.Popen) -> None:
     """SIGTERM to the ranks only: the trainer then finishes its step, checkpoints and exits.
 
@@ -139,7 +149,7 @@ def request_graceful_stop(plan: LaunchPlan, runner: subprocess.Popen) -> None:
     elif plan.launcher == "local":
         import psutil
 
-        regex = re.compile(rank_pattern(plan))
+        regex = local_rank_regex(plan)
         for proc in psutil.Process(runner.pid).children(recursive=True):
             try:
                 if regex.search(" ".join(proc.cmdline())):

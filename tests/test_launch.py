@@ -282,6 +282,37 @@ def test_stop_patterns_match_only_this_jobs_processes(tmp_path):
             p.wait()
 
 
+def test_local_stop_matches_ranks_of_a_run_dir_with_any_character(tmp_path):
+    """The local Ctrl-C path matches real command lines in Python; '^' and '\\' in --run-dir once
+    made its regex fail to compile (leaving the job running in its own session)."""
+    from argparse import Namespace
+
+    import psutil
+
+    from launcher.launch_plan import build_plan
+    from launcher.supervise import local_rank_regex
+
+    run_dir = tmp_path / "r^un\\1"
+    plan = build_plan(Namespace(
+        hostfile=None, include="", exclude="", num_nodes=-1, num_gpus=2, master_addr="", master_port=29500,
+        launcher="pdsh", launcher_args="", force_multi=False, bind_cores_to_rank=False, bind_core_list=None,
+        config=str(DEMO), run_dir=str(run_dir), overrides=[], entry_module="launcher.pretrain_rank"))
+    procs = {
+        "rank": _sleeper("-u", "-m", "launcher.pretrain_rank", *plan.rank_args),
+        "guard": _sleeper("-u", "-m", "launcher.rank_guard", "launcher.pretrain_rank", *plan.rank_args),
+        "other run": _sleeper("-u", "-m", "launcher.pretrain_rank", "--config", str(DEMO), "--run-dir",
+                              f"{plan.run_dir}x"),
+    }
+    try:
+        regex = local_rank_regex(plan)
+        matched = {name for name, p in procs.items() if regex.search(" ".join(psutil.Process(p.pid).cmdline()))}
+        assert matched == {"rank"}
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+
+
 def _guard(*module_args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "launcher.rank_guard", *module_args], cwd=REPO,
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, **kwargs)
