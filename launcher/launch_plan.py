@@ -245,3 +245,9 @@ def check_remote_shell_safe(plan: LaunchPlan, environ: dict[str, str]) -> None:
                 f"{what}: {value!r} contains {bad!r}; with the pdsh launcher it would pass through a remote "
                 "shell, so only letters, digits, spaces and _@+=:,./- are allowed (edit the config file instead)"
             )
+    # DeepSpeed's pdsh command quotes only the rank's arguments; these go in bare (`cd DIR; PYTHON ...
+    # --master_addr=ADDR`), where a space would split them into other arguments.
+    for what in ("project directory", "python", "--master_addr"):
+        if " " in named[what]:
+            raise UserError(f"{what}: {named[what]!r} contains a space, which DeepSpeed's pdsh command passes "
+                            "unquoted to the remote shell; use a path/address without spaces")

@@ -162,6 +162,7 @@ def test_bad_hostfile_refused_before_any_process_or_shell(cli, tmp_path, monkeyp
     (["--include", "node1", "--num_gpus", "1"], "cannot be combined"),
     (["--launcher", "openmpi", "--num_gpus", "1"], "uses every slot of the hostfile"),
     (["--master_port", "70000"], "--master_port 70000"),
+    (["--master_addr", "10.0.0.1 x"], "--master_addr: '10.0.0.1 x' contains a space"),
 ])
 def test_bad_launch_flags_named(cli, tmp_path, flags, message):
     code, _, err = cli("pretrain", "--hostfile", str(REFERENCE_HOSTFILE), *flags, "--config", str(DEMO),
