@@ -16,7 +16,8 @@ The forwarded list (documented in docs/multinode.md; keep the two in sync):
   `PYTHONPATH` (the project root first), `OMP_NUM_THREADS` (when unset: cores / ranks per node,
   so ranks do not oversubscribe the CPU), `MASTER_PORT` (MPI launchers, see launch_plan.py);
 - copied when set: the names in FORWARDED_NAMES and every variable starting with a prefix in
-  FORWARDED_PREFIXES (`NCCL_*`, `GLOO_*`, `TORCH_*`, `HF_*`, `ROFORMER_*`, ...).
+  FORWARDED_PREFIXES (`NCCL_*`, `GLOO_*`, `TORCH_*`, `HF_*`, `ROFORMER_*`, ...), except names that
+  look like credentials (CREDENTIAL_NAME_RE: `HF_TOKEN`, `..._SECRET`, ...).
 
 The pdsh launcher pastes `export KEY=VALUE;` into a remote shell command (values with unusual
 characters in double quotes, `%` substituted by pdsh), so a value containing `"`, `$`, a backtick,
@@ -54,6 +55,10 @@ FORWARDED_PREFIXES = (
 # not write these, but they reach the same remote shell, so they are checked too.
 RUNNER_FORWARDED_PREFIXES = ("PYTHON", "MLFLOW", "MV2", "UCX", "NCCL")
 
+# Credentials under a forwarded prefix (HF_TOKEN, ...) would be written to the shared RUN_DIR/.deepspeed_env,
+# printed by --dry-run and shown in every node's `ps`; the ranks never need them (no hub access).
+CREDENTIAL_NAME_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL", re.IGNORECASE)
+
 _KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _UNSAFE_VALUE_CHARS = frozenset('"$`\\%\n\r')
 
@@ -65,7 +70,8 @@ def project_root() -> Path:
 
 def forwarded_environment(base: dict[str, str], *, ranks_per_node: int, python: str = sys.executable) -> dict[str, str]:
     """The variables written to `.deepspeed_env` (and set for local ranks), from `base` (os.environ)."""
-    env = {k: v for k, v in base.items() if k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)}
+    env = {k: v for k, v in base.items()
+           if k in FORWARDED_NAMES or (k.startswith(FORWARDED_PREFIXES) and not CREDENTIAL_NAME_RE.search(k))}
     venv_bin = str(Path(python).parent)
     env["PATH"] = _append(base.get("PATH", os.defpath), venv_bin)
     env["PYTHONPATH"] = _prepend(str(project_root()), base.get("PYTHONPATH", ""))

@@ -76,6 +76,7 @@ def test_dry_run_reference_hostfile_prints_each_nodes_pdsh_command(cli, tmp_path
     monkeypatch.setenv("ROFORMER_MARK", "forwarded")
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
     monkeypatch.setenv("UNRELATED_SECRET", "not-forwarded")
+    monkeypatch.setenv("HF_TOKEN", "hf_credential_value")  # HF_ prefix, but a credential: not forwarded
     code, out, err = cli("pretrain", "--hostfile", str(REFERENCE_HOSTFILE), "--config", str(DEMO),
                          "--run-dir", str(tmp_path / "r"), "--set", "optimizer.lr=5e-4", "--dry-run")
     assert code == 0, err
@@ -97,6 +98,7 @@ def test_dry_run_reference_hostfile_prints_each_nodes_pdsh_command(cli, tmp_path
         assert "UNRELATED_SECRET" not in remote
         assert remote.endswith(f"--config {DEMO} --run-dir {tmp_path / 'r'} --set optimizer.lr=5e-4")
     assert commands["node2 rank 7"].startswith("RANK=7 LOCAL_RANK=3 ")
+    assert "hf_credential_value" not in out
 
 
 @pytest.mark.parametrize("flags, world_size, info", [
