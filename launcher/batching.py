@@ -117,6 +117,11 @@ def load_ds_json(path: str | Path, overrides: dict | None = None) -> dict:
     owned = [k for k in RESOLVED_KEYS if k in config]
     if owned:
         raise UserError(f"{path}: {', '.join(owned)}: batch sizes come from the schedule; remove them here")
+    if config.get("gradient_allreduce_op", "mean") != "mean":
+        # The trainer's loss scale (world_size / global masked count) assumes DeepSpeed averages
+        # gradients over ranks; "sum" would silently multiply every gradient by the world size.
+        raise UserError(f"{path}: gradient_allreduce_op: only 'mean' is supported (the trainer normalises the "
+                        f"loss by the global masked-token count), got {config['gradient_allreduce_op']!r}")
     if "scheduler" in config:
         raise UserError(f"{path}: scheduler: the learning rate comes from the run config's optimizer section "
                         f"(launcher/schedule.py); remove the DeepSpeed scheduler")

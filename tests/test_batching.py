@@ -84,6 +84,7 @@ def test_resolved_ds_config_carries_the_stage_arithmetic(tmp_path):
     ('{"zero_optimisation": {"stage": 2}}', "unknown DeepSpeed key(s): zero_optimisation"),
     ('{"scheduler": {"type": "WarmupLR"}}', "scheduler: the learning rate comes from the run config"),
     ('{"fp16": {"enabled": true},\n "bf16": }', "line 2: not valid JSON"),
+    ('{"gradient_allreduce_op": "sum"}', "gradient_allreduce_op: only 'mean' is supported"),
 ])
 def test_bad_deepspeed_json(tmp_path, content, message):
     (tmp_path / "ds.json").write_text(content)
