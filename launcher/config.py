@@ -227,6 +227,7 @@ def _validate(cfg: RunConfig) -> None:
         section, name = key.split(".")
         if not Path(getattr(getattr(cfg, section), name)).is_file():
             fail(key, f"file not found: {getattr(getattr(cfg, section), name)}")
+    _validate_masking(cfg.data.masking, fail)
     opt = cfg.optimizer
     if not opt.lr > 0:
         fail("optimizer.lr", f"must be > 0, got {opt.lr}")
@@ -253,6 +254,21 @@ def _validate(cfg: RunConfig) -> None:
         except ImportError:
             fail("logging.stage_end_evals", "set, but launcher.stage_evals is not installed")
         validate_eval_names(cfg.logging.stage_end_evals, where=f"{src}: logging.stage_end_evals")
+
+
+def _validate_masking(masking: dict, fail) -> None:
+    """data.masking becomes MaskingConfig(**masking) on every rank: check it here, by name, not as a TypeError there."""
+    from data_pipeline import MaskingConfig
+    from data_pipeline.errors import DataError
+
+    known = [f.name for f in dataclasses.fields(MaskingConfig)]
+    unknown = sorted(str(k) for k in masking if k not in known)
+    if unknown:
+        fail(", ".join(f"data.masking.{k}" for k in unknown), f"unknown key(s) (known: {', '.join(known)})")
+    try:
+        MaskingConfig(**masking)
+    except DataError as err:
+        fail("data", str(err))
 
 
 def _apply_override(raw: dict, item: str, path: Path) -> None:

@@ -49,6 +49,8 @@ def test_resolved_config_round_trips(tmp_path):
     (lambda c: c["checkpoint"].update(keep_last=0), "checkpoint.keep_last"),
     (lambda c: c["deepspeed"].update(config="/nope/x.json"), "deepspeed.config: file not found"),
     (lambda c: c["model"].update(num_attention_heads=5), "num_attention_heads"),
+    (lambda c: c["data"].update(masking={"mask_probability": 0.2}), "data.masking.mask_probability: unknown key"),
+    (lambda c: c["data"].update(masking={"mask_prob": 1.5}), "masking.mask_prob: 1.5 must be in (0, 1)"),
     (lambda c: c["logging"].update(stage_end_evals=["mlm", "glue"]), "logging.stage_end_evals: unknown eval 'glue'"),
 ])
 def test_bad_fields_are_named_with_the_file(tmp_path, mutate, message):
