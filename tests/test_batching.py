@@ -85,6 +85,9 @@ def test_resolved_ds_config_carries_the_stage_arithmetic(tmp_path):
     ('{"scheduler": {"type": "WarmupLR"}}', "scheduler: the learning rate comes from the run config"),
     ('{"fp16": {"enabled": true},\n "bf16": }', "line 2: not valid JSON"),
     ('{"gradient_allreduce_op": "sum"}', "gradient_allreduce_op: only 'mean' is supported"),
+    ('{"bf16": {"enabled": true}, "zero_optimization": {"stage": 0}}',
+     "zero_optimization.stage: 0 with bf16 cannot be exported in fp32"),
+    ('{"fp16": {"enabled": true}}', "zero_optimization.stage: 0 with fp16 cannot be exported in fp32"),
 ])
 def test_bad_deepspeed_json(tmp_path, content, message):
     (tmp_path / "ds.json").write_text(content)
