@@ -14,13 +14,12 @@ from pathlib import Path
 import deepspeed.comm as dist
 import torch
 
+from data_pipeline.masking import IGNORE_INDEX
 from launcher import checkpoint as ckpt
 from launcher.batching import ResolvedStage, stage_for_step
 from launcher.config import RunConfig
 from launcher.metrics import Metrics
 from launcher.schedule import learning_rate
-
-IGNORE_INDEX = -100
 
 
 @dataclass
