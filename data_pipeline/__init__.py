@@ -12,6 +12,7 @@ import importlib
 
 _EXPORTS = {
     "PretrainBatches": "data_pipeline.batches",
+    "check_state_format": "data_pipeline.batches",
     "DataError": "data_pipeline.errors",
     "IGNORE_INDEX": "data_pipeline.masking",
     "MaskingConfig": "data_pipeline.masking",

@@ -1,119 +1,177 @@
-"""The global token stream: a deterministic function from (seed, epoch) to an order of documents.
+"""The global token stream: per epoch a seeded permutation of ALL documents, read through K lanes.
 
-Stream units: each document's tokens followed by one [SEP]. Epoch e lays the shards out in an order
-shuffled by (seed, e); inside a shard, documents are cut into blocks of `window` consecutive
-documents and each block is permuted by (seed, e, shard, block) -- a bounded-window shuffle whose
-state is a pure function, so any position can be reached without reading what precedes it.
-Every epoch has the same length, so a global position p is epoch p // L, offset p % L, and epochs
-follow one another seamlessly.
+Order. Epoch e lays every document of the split (its tokens, then one [SEP]) out in the order of a
+permutation of all documents drawn from (seed, e): the epoch stream D_e, L units long (the same L
+every epoch). D_e is cut at fixed unit positions b_l = l * L // K into K lanes. Lane l is endless:
+its part of D_0, one [SEP] (so text from two places never runs together), its part of D_1, [SEP],
+... The run's sequence n reads the next units of lane n mod K (`SpanHistory` says how far each lane
+has got), so the G sequences of a global batch come from G different lanes: G far-apart places of
+a random document order, a sample of the whole corpus whatever the shards or the input order. A
+document longer than a sequence stays contiguous in its lane and is read on, piece by piece, every
+K sequences: long sequences still see long documents whole, yet no batch is dominated by one.
 
-Locating an offset: shard (bisect over <= few thousand shard starts) -> block (bisect over the
-block-start array, computed once per shard from every `window`-th offset) -> document (cumulative
-lengths of the block's permuted documents). Only the index is read, never tokens.
+Seeking. Per epoch: the permutation (int32, n_docs) and the start of each permuted document (int64,
+n_docs + 1), built in O(n_docs) and cached for two epochs (lanes cross an epoch boundary a few
+steps apart). Unit position -> document is a bisection of those starts, document -> shard a
+bisection of the shard starts; tokens come from the shard's memory map. Nothing before the
+position is read, whatever the position.
 """
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from data_pipeline.config import SEP_ID
+from data_pipeline.errors import DataError
 from data_pipeline.shards import Corpus
 
-_SHARD_ORDER_KEY = 0x5A4D  # separates the RNG streams of shard order, block order and masking
-_BLOCK_KEY = 0xB10C
+_DOCUMENT_ORDER_KEY = 0xD0C5  # separates the RNG stream of the document order from masking's
+MIN_LANE_UNITS = 4096
+"""Default lane count keeps each lane at least this long (a lane is read a few sequences at a time)."""
+MAX_LANES = 4096
+"""Default lane count cap: more lanes than any global batch has sequences buys nothing."""
+
+
+def default_lanes(epoch_length: int) -> int:
+    return max(1, min(MAX_LANES, epoch_length // MIN_LANE_UNITS))
 
 
 class TokenStream:
-    """Reads ranges of the global stream; stateless apart from caches."""
+    """Reads the epoch streams D_e and the lanes cut from them; stateless apart from caches."""
 
-    def __init__(self, corpus: Corpus, seed: int, shuffle: bool = True, window: int = 1024,
+    def __init__(self, corpus: Corpus, seed: int, shuffle: bool = True, lanes: int | None = None,
                  max_epochs: int | None = None):
-        self.corpus, self.seed, self.shuffle, self.window = corpus, int(seed), shuffle, int(window)
-        self.max_epochs = max_epochs
-        self.shard_units = np.array([s.tokens + s.documents for s in corpus.shards], dtype=np.int64)
-        self.epoch_length = int(self.shard_units.sum())
-        self._block_starts: dict[int, np.ndarray] = {}
-        self._epoch_layout: OrderedDict = OrderedDict()
-        self._blocks: OrderedDict = OrderedDict()
+        self.corpus, self.seed, self.shuffle, self.max_epochs = corpus, int(seed), shuffle, max_epochs
+        # Units (tokens + the closing [SEP]) of every document, documents numbered shard by shard.
+        self._doc_units = np.concatenate([np.diff(np.asarray(s.offsets)).astype(np.int32) + 1
+                                          for s in corpus.shards])
+        self._shard_first_doc = np.cumsum([0] + [s.documents for s in corpus.shards]).tolist()
+        self.documents = len(self._doc_units)
+        self.epoch_length = int(self._doc_units.sum(dtype=np.int64))
+        self.lanes = default_lanes(self.epoch_length) if lanes is None else int(lanes)
+        if not 1 <= self.lanes <= self.epoch_length:
+            raise DataError(f"lanes: {self.lanes} must be in [1, {self.epoch_length}] (units in one epoch)")
+        self.lane_starts = np.arange(self.lanes + 1, dtype=np.int64) * self.epoch_length // self.lanes
+        self.lane_period = np.diff(self.lane_starts) + 1  # (K,) the lane's part of one epoch + its [SEP]
+        self.lane_ends = None if max_epochs is None else max_epochs * self.lane_period
+        """(K,) lane offset where a max_epochs stream's lane stops; None: endless."""
+        self._orders: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
-    @property
-    def end(self) -> int | None:
-        """Global position where the stream stops (None: endless)."""
-        return None if self.max_epochs is None else self.max_epochs * self.epoch_length
-
-    def read(self, position: int, count: int) -> np.ndarray:
-        """Units [position, position + count) of the global stream, shorter if the stream ends."""
-        if self.end is not None:
-            count = max(0, min(count, self.end - position))
+    def read_lane(self, lane: int, offset: int, count: int) -> np.ndarray:
+        """Units [offset, offset + count) of lane `lane`, shorter where a max_epochs lane stops."""
+        period = int(self.lane_period[lane])
+        if self.lane_ends is not None:
+            count = max(0, min(count, int(self.lane_ends[lane]) - offset))
         out = np.empty(count, dtype=np.int64)
         filled = 0
         while filled < count:
-            filled += self._read_some(position + filled, out[filled:])
+            epoch, within = divmod(offset + filled, period)
+            if within == period - 1:  # the [SEP] closing this lane's part of the epoch
+                out[filled] = SEP_ID
+                filled += 1
+                continue
+            filled += self.fill_from_epoch(epoch, int(self.lane_starts[lane]) + within,
+                                           out[filled:filled + period - 1 - within])
         return out
 
-    def _read_some(self, position: int, out: np.ndarray) -> int:
-        """Copy units from the document holding `position`; returns how many were written."""
-        epoch, offset = divmod(position, self.epoch_length)
-        order, starts = self._layout(epoch)
-        k = int(np.searchsorted(starts, offset, side="right")) - 1
-        shard_id = int(order[k])
-        shard = self.corpus.shards[shard_id]
-        within = offset - int(starts[k])
-        block_starts = self._shard_blocks(shard_id)
-        b = int(np.searchsorted(block_starts, within, side="right")) - 1
-        docs, doc_starts = self._block(epoch, shard_id, b)
-        within -= int(block_starts[b])
-        j = int(np.searchsorted(doc_starts, within, side="right")) - 1
-        doc = int(docs[j])
-        into_doc = within - int(doc_starts[j])
-        begin, end = int(shard.offsets[doc]), int(shard.offsets[doc + 1])
-        tokens = shard.token_ids[begin + min(into_doc, end - begin):end]
-        n = min(len(tokens), len(out))
-        out[:n] = tokens[:n]
-        if n < len(out):  # the [SEP] closing the document
-            out[n] = SEP_ID
-            n += 1
-        return n
+    def fill_from_epoch(self, epoch: int, position: int, out: np.ndarray) -> int:
+        """Copy units [position, ...) of D_epoch into `out`; returns how many (fewer at the epoch's end)."""
+        perm, starts = self._order(epoch)
+        count = min(len(out), self.epoch_length - position)
+        j = int(np.searchsorted(starts, position, side="right")) - 1
+        into, filled = position - int(starts[j]), 0
+        while filled < count:
+            tokens = self._document_tokens(int(perm[j]))
+            n = min(len(tokens) - into, count - filled) if into < len(tokens) else 0
+            out[filled:filled + n] = tokens[into:into + n]
+            filled += n
+            if filled < count:  # the document's tokens are used up: its [SEP], then the next document
+                out[filled] = SEP_ID
+                filled += 1
+                j, into = j + 1, 0
+        return count
 
-    def _layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(shard order, start offset of each shard in that order) for an epoch."""
-        if epoch not in self._epoch_layout:
-            n = len(self.corpus.shards)
-            order = (np.random.default_rng([self.seed, _SHARD_ORDER_KEY, epoch]).permutation(n)
-                     if self.shuffle else np.arange(n))
-            starts = np.concatenate([[0], np.cumsum(self.shard_units[order])[:-1]])
-            self._epoch_layout[epoch] = (order, starts)
-            if len(self._epoch_layout) > 4:
-                self._epoch_layout.popitem(last=False)
-        return self._epoch_layout[epoch]
+    def _document_tokens(self, doc: int) -> np.ndarray:
+        k = bisect.bisect_right(self._shard_first_doc, doc) - 1
+        shard, local = self.corpus.shards[k], doc - self._shard_first_doc[k]
+        begin, end = shard.offsets[local:local + 2]
+        return shard.token_ids[begin:end]
 
-    def _shard_blocks(self, shard_id: int) -> np.ndarray:
-        """Start (in units) of each block of `window` documents; independent of the permutation."""
-        if shard_id not in self._block_starts:
-            shard = self.corpus.shards[shard_id]
-            first_docs = np.arange(0, shard.documents, self.window, dtype=np.int64)
-            self._block_starts[shard_id] = np.asarray(shard.offsets[first_docs]) + first_docs
-        return self._block_starts[shard_id]
-
-    def _block(self, epoch: int, shard_id: int, block: int) -> tuple[np.ndarray, np.ndarray]:
-        """(documents of the block in stream order, start of each within the block)."""
-        key = (epoch, shard_id, block)
-        cached = self._blocks.get(key)
+    def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(documents of D_epoch in order, start unit of each plus the end): built once per epoch."""
+        cached = self._orders.get(epoch)
         if cached is not None:
-            self._blocks.move_to_end(key)
+            self._orders.move_to_end(epoch)
             return cached
-        shard = self.corpus.shards[shard_id]
-        first = block * self.window
-        last = min(first + self.window, shard.documents)
-        docs = np.arange(first, last, dtype=np.int64)
+        perm = np.arange(self.documents, dtype=np.int32)
         if self.shuffle:
-            rng = np.random.default_rng([self.seed, _BLOCK_KEY, epoch, shard_id, block])
-            docs = docs[rng.permutation(len(docs))]
-        offsets = np.asarray(shard.offsets[first:last + 1])
-        lengths = (offsets[1:] - offsets[:-1])[docs - first] + 1  # +1: the closing [SEP]
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        self._blocks[key] = (docs, starts)
-        if len(self._blocks) > 64:
-            self._blocks.popitem(last=False)
-        return docs, starts
+            np.random.default_rng([self.seed, _DOCUMENT_ORDER_KEY, epoch]).shuffle(perm)
+        starts = np.zeros(self.documents + 1, dtype=np.int64)
+        np.cumsum(self._doc_units[perm], out=starts[1:])
+        self._orders[epoch] = (perm, starts)
+        if len(self._orders) > 2:
+            self._orders.popitem(last=False)
+        return perm, starts
+
+
+@dataclass
+class SpanHistory:
+    """How many units each sequence of the run reads: seq_len - 1, changing at stage boundaries.
+
+    `segments` holds [first sequence, span] pairs, starts increasing from 0; a segment lasts until
+    the next one starts. Sequence n reads lane n mod K; the lane has already given its earlier
+    sequences n - K, n - 2K, ... their spans, so its offset is a sum over the (few) segments of
+    span x (how many of that lane's sequences the segment holds): O(segments), whatever n.
+    """
+
+    segments: list[list[int]] = field(default_factory=list)
+
+    def record(self, first_sequence: int, span: int) -> None:
+        """Sequences from `first_sequence` on read `span` units (no-op if that is already so)."""
+        if self.segments and self.segments[-1][1] == span:
+            return
+        if self.segments and self.segments[-1][0] == first_sequence:  # a segment that never ran
+            self.segments.pop()
+            if self.segments and self.segments[-1][1] == span:
+                return
+        self.segments.append([int(first_sequence), int(span)])
+
+    def units_before(self, n: int) -> int:
+        """Units read by sequences 0 .. n-1 altogether."""
+        total = 0
+        for (start, span), stop in zip(self.segments, self._stops()):
+            total += span * max(0, min(stop, n) - start)
+        return total
+
+    def lane_offsets(self, lanes: np.ndarray, n: int | np.ndarray, k: int) -> np.ndarray:
+        """Units lane `lanes` has given to its sequences before sequence `n` (arrays broadcast)."""
+        lanes = np.asarray(lanes, dtype=np.int64)
+        n = np.asarray(n, dtype=np.int64)
+        total = np.zeros(np.broadcast(lanes, n).shape, dtype=np.int64)
+        for (start, span), stop in zip(self.segments, self._stops()):
+            end = np.minimum(stop, n)
+            total += span * np.maximum(0, _count_in_lane(lanes, end, k) - _count_in_lane(lanes, start, k))
+        return total
+
+    def _stops(self) -> list[int]:
+        return [s[0] for s in self.segments[1:]] + [np.iinfo(np.int64).max]
+
+    def check(self, sequences: int) -> None:
+        """DataError unless the segments are well formed for a reader at sequence `sequences`."""
+        previous = -1
+        for i, seg in enumerate(self.segments):
+            if (not isinstance(seg, list) or len(seg) != 2 or not all(isinstance(v, int) for v in seg)
+                    or seg[1] < 1 or seg[0] <= previous or seg[0] > sequences or (i == 0 and seg[0] != 0)):
+                raise DataError(f"data state: spans[{i}] {seg!r} is not [first sequence, units >= 1] "
+                                f"with first sequences increasing from 0 up to {sequences}")
+            previous = seg[0]
+        if sequences > 0 and not self.segments:
+            raise DataError(f"data state: spans is empty although {sequences} sequences were consumed")
+
+
+def _count_in_lane(lanes: np.ndarray, end, k: int) -> np.ndarray:
+    """How many of 0 .. end-1 fall in each lane (n in lane n mod k); end >= 0."""
+    return (end - lanes + k - 1) // k
