@@ -25,13 +25,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from launcher.metrics import read_metrics  # noqa: E402
+from launcher.train.metrics import read_metrics  # noqa: E402
 from tests.conftest_training import launch_command, rank_env  # noqa: E402
 
 
 def start(args, run_dir: Path, log) -> subprocess.Popen:
     extra = [item for pair in (("--set", s) for s in args.overrides) for item in pair]
-    cmd = launch_command(args.ranks, "launcher.pretrain_rank",
+    cmd = launch_command(args.ranks, "launcher.train.rank_entry",
                          ["--config", str(args.config), "--run-dir", str(run_dir), *extra])
     return subprocess.Popen(cmd, cwd=REPO, env=rank_env(), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

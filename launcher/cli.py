@@ -10,15 +10,18 @@ import argparse
 import importlib
 import sys
 
+from launcher.defaults import BAD_INPUT_EXIT_CODE
+from launcher.errors import user_errors
+
 # name -> (module, one-line help). The names are part of the public interface: docs and scripts
 # rely on them.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "data": ("launcher.data_cmd", "prepare corpora and train the SentencePiece tokenizer"),
-    "plan": ("launcher.plan_cmd", "validate a run config and print the resolved stages and batch arithmetic"),
-    "pretrain": ("launcher.launch", "staged MLM pretraining under DeepSpeed (single node or a hostfile)"),
-    "export": ("launcher.export", "export a checkpoint as a transformers RoFormer directory"),
-    "eval-mlm": ("launcher.eval_mlm", "masked-LM loss / accuracy / perplexity of an export at several lengths"),
-    "finetune": ("launcher.finetune", "fine-tune and evaluate an export on a labelled classification task"),
+    "data": ("launcher.data_command", "prepare corpora and train the SentencePiece tokenizer"),
+    "plan": ("launcher.config.plan_command", "validate a run config and print the resolved stages and batch arithmetic"),
+    "pretrain": ("launcher.launch.pretrain_command", "staged MLM pretraining under DeepSpeed (single node or a hostfile)"),
+    "export": ("launcher.downstream.export", "export a checkpoint as a transformers RoFormer directory"),
+    "eval-mlm": ("launcher.downstream.eval_mlm", "masked-LM loss / accuracy / perplexity of an export at several lengths"),
+    "finetune": ("launcher.downstream.finetune", "fine-tune and evaluate an export on a labelled classification task"),
 }
 
 
@@ -43,15 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.run(args) or 0)
     except user_errors() as err:  # bad input: one clear line naming what is wrong, no traceback
         print(f"roformer {args.command}: error: {err}", file=sys.stderr)
-        return 2
-
-
-def user_errors() -> tuple[type[Exception], ...]:
-    from data_pipeline.errors import DataError
-    from launcher.errors import UserError
-    from roformer.config import ConfigError
-
-    return (UserError, DataError, ConfigError)
+        return BAD_INPUT_EXIT_CODE
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Run by `scripts/setup.sh` (idempotent). Pretraining text comes from Debian's `linux-doc-6.1` and
 pip packages (see data_pipeline/sources.py); labelled downstream tasks are converted to JSONL once
-here (launcher/tasks.py), so no job ever unpickles a file at training time.
+here (launcher/downstream/task_data.py), so no job ever unpickles a file at training time.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     from data_pipeline.sources import install_corpus_sources
-    from launcher.tasks import prepare_task_data
+    from launcher.downstream.task_data import prepare_task_data
 
     install_corpus_sources(args.out / "corpora")
     prepare_task_data(args.out / "tasks")

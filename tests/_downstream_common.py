@@ -96,7 +96,7 @@ def exported(tmp_path_factory, stage: int = 2) -> Path:
     """A pristine export of the ZeRO-`stage` run (tests that damage files copy it first)."""
     key = f"export{stage}"
     if key not in _CACHE:
-        from launcher.export import export_checkpoint
+        from launcher.downstream.export import export_checkpoint
 
         out = tmp_path_factory.mktemp(f"export_parent{stage}") / "export"
         export_checkpoint(zero_run(tmp_path_factory, stage), out)

@@ -85,7 +85,7 @@ def main() -> None:
     if rank == 0:
         (args.run_dir / "config.yaml").write_text(f"data:\n  data_dir: {args.data_dir}\n")
         save_file(reference, str(args.run_dir / "reference.safetensors"))
-        # The keys launcher/trainer.py writes (the subset export reads), incl. the completion mark.
+        # The keys launcher/train/trainer.py writes (the subset export reads), incl. the completion mark.
         sidecar = {
             "tag": tag,
             "step": step,

@@ -1,4 +1,4 @@
-"""TEST-ONLY per-rank entry: launcher.pretrain_rank plus faults chosen by environment variables.
+"""TEST-ONLY per-rank entry: launcher.train.rank_entry plus faults chosen by environment variables.
 
     ROFORMER_TEST_FP16_CPU=1                 CPU accelerator reports fp16 support (tests/_fp16_cpu.py)
     ROFORMER_TEST_SIGTERM_LAUNCHER_AT=N      rank 0 sends SIGTERM to its launcher (launch.py) before step N
@@ -23,7 +23,8 @@ def _rank_step(var: str) -> tuple[int, int] | None:
 
 
 def install_faults() -> None:
-    from launcher import checkpoint, trainer
+    from launcher.run_dir import tag_for_step
+    from launcher.train import checkpointer, trainer
 
     rank = int(os.environ["RANK"])
     original_step = trainer.Trainer.train_step
@@ -41,14 +42,14 @@ def install_faults() -> None:
     trainer.Trainer.train_step = train_step
 
     kill_in_save = _rank_step("ROFORMER_TEST_SIGKILL_IN_SAVE_AT")
-    original_save_rng = checkpoint.save_rng
+    original_save_rng = checkpointer.save_rng
 
     def save_rng(directory, this_rank):
-        if kill_in_save and kill_in_save[0] == this_rank and directory.name == checkpoint.tag_for_step(kill_in_save[1]):
+        if kill_in_save and kill_in_save[0] == this_rank and directory.name == tag_for_step(kill_in_save[1]):
             os.kill(os.getpid(), signal.SIGKILL)
         original_save_rng(directory, this_rank)
 
-    checkpoint.save_rng = save_rng
+    checkpointer.save_rng = save_rng  # the name the Checkpointer calls
 
 
 if __name__ == "__main__":
@@ -57,6 +58,6 @@ if __name__ == "__main__":
 
         enable_fp16_on_cpu()
     install_faults()
-    from launcher.pretrain_rank import main
+    from launcher.train.rank_entry import main
 
     sys.exit(main(sys.argv[1:]))

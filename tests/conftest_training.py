@@ -78,7 +78,7 @@ def rank_env(**extra: str) -> dict:
     return env
 
 
-def start_run(num_ranks: int, config: Path, run_dir: Path, module: str = "launcher.pretrain_rank",
+def start_run(num_ranks: int, config: Path, run_dir: Path, module: str = "launcher.train.rank_entry",
               extra_args: list[str] = (), log: Path | None = None, **env: str) -> subprocess.Popen:
     """Start a run in its own process group (so a test can signal exactly this run)."""
     log = log or run_dir.parent / f"{run_dir.name}.log"
@@ -142,6 +142,6 @@ def reference_run(tmp_factory, key: str, num_ranks: int = 2, env: dict | None = 
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
-    from launcher.metrics import read_metrics
+    from launcher.train.metrics import read_metrics
 
     return {r["step"]: r["loss"] for r in read_metrics(run_dir, "train")}

@@ -41,12 +41,12 @@ def fake_tools(bin_dir: Path, log: Path, names=("ssh", "pdsh", "mpirun")) -> dic
 
 
 def metrics_steps(run_dir: Path) -> list[int]:
-    from launcher.metrics import read_metrics
+    from launcher.train.metrics import read_metrics
 
     return [r["step"] for r in read_metrics(run_dir, "train")]
 
 
 def events(run_dir: Path, name: str) -> list[dict]:
-    from launcher.metrics import read_metrics
+    from launcher.train.metrics import read_metrics
 
     return [r for r in read_metrics(run_dir, "event") if r.get("event") == name]

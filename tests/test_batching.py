@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.batching import resolve_ds_config, resolve_stages, stage_for_step, total_steps
-from launcher.config import load_run_config
+from launcher.config.deepspeed_json import resolve_ds_config
+from launcher.config.run_config import load_run_config
+from launcher.config.stages import resolve_stages
 from launcher.errors import UserError
 from tests.conftest_training import REPO, run_config_dict, write_schedule, write_yaml
 
@@ -22,7 +23,7 @@ def test_reference_config_on_the_reference_cluster():
         assert s.micro_batch_size * s.grad_accum_steps * 8 == s.global_batch_size
         assert s.micro_batch_size * s.max_seq_len <= cfg.schedule.max_tokens_per_micro_batch
     assert [s.first_step for s in stages] == [0, 200_000, 212_500, 332_500, 412_500, 422_500]
-    assert total_steps(stages) == 452_500
+    assert cfg.schedule.total_steps == stages[-1].end_step == 452_500
 
 
 def test_explicit_and_budgeted_micro_batches(tmp_path):
@@ -32,7 +33,7 @@ def test_explicit_and_budgeted_micro_batches(tmp_path):
     one, two = resolve_stages(cfg, 2)
     assert (one.micro_batch_size, one.grad_accum_steps) == (3, 2)  # largest divisor of 6 with 16*m <= 64
     assert (two.micro_batch_size, two.grad_accum_steps, two.first_step) == (1, 4, 2)
-    assert stage_for_step([one, two], 1) == (one, 1) and stage_for_step([one, two], 2) == (two, 0)
+    assert cfg.schedule.stage_for_step(1) == (0, 1) and cfg.schedule.stage_for_step(2) == (1, 0)
     single = resolve_stages(cfg, 1)
     assert (single[0].micro_batch_size, single[0].grad_accum_steps) == (4, 3)
 

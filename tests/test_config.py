@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.config import dump_run_config, load_run_config
+from launcher.config.run_config import dump_run_config, load_run_config
 from launcher.errors import UserError
 from tests.conftest_training import REPO, run_config_dict, write_yaml
 
@@ -12,7 +12,7 @@ def test_shipped_configs_load_with_absolute_paths():
     for name in ("demo_cpu.yaml", "reference_v100.yaml"):
         cfg = load_run_config(REPO / "configs" / name)
         assert cfg.deepspeed.config.startswith("/") and cfg.schedule.file.startswith("/")
-        assert cfg.model_config().position_encoding == "rope"
+        assert cfg.model.position_encoding == "rope"
 
 
 def test_overrides_parse_values_as_yaml(tmp_path):
@@ -20,7 +20,7 @@ def test_overrides_parse_values_as_yaml(tmp_path):
     cfg = load_run_config(path, ["optimizer.lr=3e-4", "logging.progress_bar=false", "seed=99",
                                  "model.hidden_size=64"])
     assert cfg.optimizer.lr == 3e-4 and cfg.logging.progress_bar is False and cfg.seed == 99
-    assert cfg.model["hidden_size"] == 64
+    assert cfg.model.hidden_size == 64
 
 
 def test_relative_paths_resolve_against_the_config_file(tmp_path):
@@ -51,7 +51,7 @@ def test_resolved_config_round_trips(tmp_path):
     (lambda c: c["model"].update(num_attention_heads=5), "num_attention_heads"),
     (lambda c: c["data"].update(masking={"mask_probability": 0.2}), "data.masking.mask_probability: unknown key"),
     (lambda c: c["data"].update(masking={"mask_prob": 1.5}), "masking.mask_prob: 1.5 must be in (0, 1)"),
-    (lambda c: c["logging"].update(stage_end_evals=["mlm", "glue"]), "logging.stage_end_evals: unknown eval 'glue'"),
+    (lambda c: c["logging"].update(stage_end_evals=["mlm", 3]), "logging.stage_end_evals: must be a list of names"),
 ])
 def test_bad_fields_are_named_with_the_file(tmp_path, mutate, message):
     raw = run_config_dict()
@@ -76,3 +76,18 @@ def test_missing_file_and_bad_yaml(tmp_path):
     (tmp_path / "broken.yaml").write_text("model: [unclosed\n")
     with pytest.raises(UserError, match="broken.yaml: not valid YAML"):
         load_run_config(tmp_path / "broken.yaml")
+
+
+def test_unknown_stage_end_eval_is_named_by_roformer_plan(tmp_path, capsys):
+    """Loading the YAML does not import the eval code; `roformer plan` (like `roformer pretrain` and every
+    rank) asks the eval job's --check, which names the entry and the file."""
+    from launcher.cli import main as cli_main
+
+    raw = run_config_dict(logging={"stage_end_evals": ["mlm", "glue"]})
+    path = write_yaml(tmp_path / "bad.yaml", raw)
+    load_run_config(path)  # the YAML itself is well-formed
+    assert cli_main(["plan", "--config", str(path), "--world-size", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("roformer plan: error: ") and "bad.yaml: logging.stage_end_evals: unknown eval 'glue'" in err
+    raw["logging"]["stage_end_evals"] = ["mlm", "movie-reviews:epochs=1"]
+    assert cli_main(["plan", "--config", str(write_yaml(tmp_path / "good.yaml", raw)), "--world-size", "2"]) == 0

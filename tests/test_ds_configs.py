@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.batching import deepspeed_top_level_keys, load_ds_json, resolve_ds_config, resolve_stages
-from launcher.config import load_run_config
+from launcher.config.deepspeed_json import deepspeed_top_level_keys, load_ds_json, resolve_ds_config
+from launcher.config.stages import resolve_stages
+from launcher.config.run_config import load_run_config
 from tests.conftest_training import REPO, run_config_dict, write_yaml
 
 SHIPPED = sorted(p.name for p in (REPO / "ds_configs").glob("*.json"))

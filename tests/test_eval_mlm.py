@@ -66,7 +66,7 @@ def test_loss_matches_transformers_on_the_same_masked_batches(report, tmp_path_f
 
 
 def test_same_inputs_same_figures(report, tmp_path_factory):
-    from launcher.eval_mlm import MLMEvalConfig, evaluate_mlm
+    from launcher.downstream.eval_mlm import MLMEvalConfig, evaluate_mlm
 
     again = evaluate_mlm(MLMEvalConfig(export_dir=exported(tmp_path_factory), data_dir=data_dir(tmp_path_factory),
                                        seq_lens=[LONG], tokens=4096))

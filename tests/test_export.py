@@ -26,7 +26,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    from launcher.export import export_checkpoint
+    from launcher.downstream.export import export_checkpoint
 
     resumed = resumed_run(tmp_path_factory)
     resumed_export = export_checkpoint(resumed, tmp_path_factory.mktemp("resumed_export") / "export")
@@ -119,7 +119,7 @@ def test_export_directory_contents_and_model_card(exports):
 
 def test_universal_checkpoint_exports_the_same_weights(exports, tmp_path):
     """A ds_to_universal folder placed as a checkpoint tag is read per parameter (weights_only)."""
-    from launcher.export import export_checkpoint
+    from launcher.downstream.export import export_checkpoint
 
     resumed_dir, _ = exports["resumed-2to1"]
     source_dir, source_export = exports["zero2"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import launcher.export as export_module
+import launcher.downstream.export as export_module
 from launcher.cli import main as cli_main
 from tests._downstream_common import REPO, STEPS, ds_env, exported, zero_run
 
@@ -147,7 +147,7 @@ def test_killed_export_leaves_old_export_and_next_export_cleans_up(run_copy):
     before = _tree_digest(out)
     script = (
         "import os, signal, sys\n"
-        "import roformer.hf_interop as h, launcher.export as e\n"
+        "import roformer.hf_interop as h, launcher.downstream.export as e\n"
         "orig = h.write_pretrained_files\n"
         "def write_then_die(model, d, *a, **k):\n"
         "    orig(model, d, *a, **k); os.kill(os.getpid(), signal.SIGKILL)\n"

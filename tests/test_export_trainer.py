@@ -10,11 +10,13 @@ import time
 import pytest
 import torch
 
-from launcher.checkpoint import find_resume_point
-from launcher.config import load_run_config
+from launcher.run_dir import RunDir
+from launcher.train.checkpointer import find_resume_point
+from launcher.config.run_config import load_run_config
 from launcher.errors import UserError
-from launcher.export import export_checkpoint
-from launcher.stage_evals import on_stage_end, validate_eval_names
+from launcher.downstream.export import export_checkpoint
+from launcher.downstream.stage_evals import validate_eval_names
+from launcher.stage_end_jobs import start_stage_end_job
 from roformer.hf_interop import load_pretrained
 from tests._downstream_common import hf_isolated_logits
 from tests.conftest_training import TINY_STAGES, reference_run
@@ -32,14 +34,14 @@ def run_copy(tmp_path_factory):
 
 
 def test_trainer_checkpoint_exports_with_card_and_parity(run_copy, tmp_path):
-    point = find_resume_point(run_copy)
+    point = find_resume_point(RunDir(run_copy))
     out = export_checkpoint(run_copy, tmp_path / "export")
     card = (out / "README.md").read_text()
     for stage in TINY_STAGES:  # the whole schedule, each stage reached by the final checkpoint
         assert f"| {stage['name']} | {stage['max_seq_len']} | {stage['global_batch_size']} | {stage['steps']} |" in card
     assert card.count("| yes |") == len(TINY_STAGES)
-    assert f"| tokens seen | {point.sidecar['consumed_tokens']:,} |" in card
-    assert f"| loss | {point.sidecar['last_validation']['loss']:.4g} |" in card
+    assert f"| tokens seen | {point.sidecar.consumed_tokens:,} |" in card
+    assert f"| loss | {point.sidecar.last_validation['loss']:.4g} |" in card
     info = json.loads((out / "export_info.json").read_text())
     assert info["tag"] == point.tag and info["max_seq_len_trained"] == max(s["max_seq_len"] for s in TINY_STAGES)
 
@@ -53,13 +55,12 @@ def test_trainer_checkpoint_exports_with_card_and_parity(run_copy, tmp_path):
 def test_stage_end_evals_run_detached_and_report(run_copy):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    point = find_resume_point(run_copy)
+    point = find_resume_point(RunDir(run_copy))
     cfg = load_run_config(run_copy / "config.yaml")
     specs = ["mlm", "movie-reviews:max_train_examples=64:epochs=1:max_eval_examples=32:max_length=32"]
     cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, stage_end_evals=specs))
-    stage = type("ResolvedStage", (), {"name": TINY_STAGES[-1]["name"]})()
     started = time.perf_counter()
-    proc = on_stage_end(run_copy, point.tag, stage, cfg)
+    proc = start_stage_end_job(RunDir(run_copy), point.tag, TINY_STAGES[-1]["name"], cfg.logging.stage_end_evals)
     assert time.perf_counter() - started < 5  # returns at once; the work happens in the child
     assert proc is not None and proc.poll() is None
     # Retention may delete the checkpoint while the job runs: it reads its hard-linked snapshot.
@@ -68,7 +69,7 @@ def test_stage_end_evals_run_detached_and_report(run_copy):
     assert not [p for p in (run_copy / "evals").iterdir() if p.name.startswith(".snapshot")]
 
     mlm = json.loads((run_copy / "evals" / f"{point.tag}.mlm.json").read_text())
-    assert "error" not in mlm and mlm["step"] == point.sidecar["step"] and mlm["stage"] == "wide"
+    assert "error" not in mlm and mlm["step"] == point.sidecar.step and mlm["stage"] == "wide"
     assert mlm["export"] == str((run_copy / "exports" / point.tag).resolve())
     assert [r["seq_len"] for r in mlm["results"]] == [64, 128]
     assert mlm["results"][1]["longer_than_trained"] is True
@@ -81,7 +82,7 @@ def test_stage_end_evals_run_detached_and_report(run_copy):
     scalars = events.Tags()["scalars"]
     assert {"eval/mlm/loss_len64", "eval/mlm/perplexity_len128", "eval/movie-reviews/test_accuracy"} <= set(scalars)
     (event,) = events.Scalars("eval/mlm/loss_len128")
-    assert event.step == point.sidecar["step"] and event.value == pytest.approx(mlm["results"][1]["loss"], rel=1e-5)
+    assert event.step == point.sidecar.step and event.value == pytest.approx(mlm["results"][1]["loss"], rel=1e-5)
 
 
 def test_unknown_stage_eval_is_rejected_by_name():

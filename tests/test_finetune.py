@@ -7,7 +7,8 @@ import shutil
 import pytest
 
 from launcher.cli import main as cli_main
-from launcher.tasks import default_tasks_dir, prepare_task_data
+from launcher.downstream.task_data import prepare_task_data
+from launcher.downstream.tasks import default_tasks_dir
 from tests._downstream_common import exported
 
 pytestmark = pytest.mark.multiprocess

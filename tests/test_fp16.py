@@ -10,8 +10,9 @@ import math
 
 import pytest
 
-from launcher.checkpoint import find_resume_point
-from launcher.metrics import read_metrics
+from launcher.run_dir import RunDir
+from launcher.train.checkpointer import find_resume_point
+from launcher.train.metrics import read_metrics
 from tests.conftest_training import TINY_TOTAL_STEPS, start_run, tiny_data_dir, tiny_run_config
 
 pytestmark = pytest.mark.multiprocess
@@ -28,7 +29,7 @@ def fp16_run(tmp_path_factory):
     run_dir = root / "run"
     stopped = start_run(2, config, run_dir, module="tests._rank_wrapper", ROFORMER_TEST_SIGTERM_LAUNCHER_AT="7", **FP16)
     assert stopped.wait(timeout=240) != 0
-    stop_point = find_resume_point(run_dir)
+    stop_point = find_resume_point(RunDir(run_dir))
     before = {r["step"]: r for r in read_metrics(run_dir, "train")}
     resumed = start_run(2, config, run_dir, module="tests._rank_wrapper", **FP16)
     assert resumed.wait(timeout=240) == 0, (root / "run.log").read_text()[-4000:]
@@ -49,19 +50,19 @@ def test_overflow_steps_are_skipped_and_logged(fp16_run):
     assert any(b > a for a, b in zip(scales, scales[1:]))  # and it grows again after good windows
     assert all(math.isfinite(r["loss"]) for r in train)
     assert train[-1]["loss"] < train[0]["loss"]
-    assert find_resume_point(run_dir).sidecar["precision"] == "fp16"
+    assert find_resume_point(RunDir(run_dir)).sidecar.precision == "fp16"
 
 
 def test_loss_scale_and_skip_count_survive_resume(fp16_run):
     run_dir, stop_point, before = fp16_run
     sidecar = stop_point.sidecar
-    last = before[sidecar["step"] - 1]  # the step just before the checkpoint
-    assert (sidecar["loss_scale"], sidecar["skipped_steps"]) == (last["loss_scale"], last["skipped_steps"])
+    last = before[sidecar.step - 1]  # the step just before the checkpoint
+    assert (sidecar.loss_scale, sidecar.skipped_steps) == (last["loss_scale"], last["skipped_steps"])
     resume = [r for r in read_metrics(run_dir, "event") if r["event"] == "resume"][-1]
-    assert (resume["loss_scale"], resume["skipped_steps"]) == (sidecar["loss_scale"], sidecar["skipped_steps"])
-    first = {r["step"]: r for r in read_metrics(run_dir, "train")}[sidecar["step"]]
-    assert first["loss_scale"] in (sidecar["loss_scale"], sidecar["loss_scale"] / 2, sidecar["loss_scale"] * 2)
-    assert first["skipped_steps"] - sidecar["skipped_steps"] in (0, 1)
+    assert (resume["loss_scale"], resume["skipped_steps"]) == (sidecar.loss_scale, sidecar.skipped_steps)
+    first = {r["step"]: r for r in read_metrics(run_dir, "train")}[sidecar.step]
+    assert first["loss_scale"] in (sidecar.loss_scale, sidecar.loss_scale / 2, sidecar.loss_scale * 2)
+    assert first["skipped_steps"] - sidecar.skipped_steps in (0, 1)
 
 
 def test_tensorboard_has_loss_scale_and_skips(fp16_run):

@@ -66,7 +66,7 @@ def test_dry_run_local_shows_command_ranks_and_batch_arithmetic(cli, tmp_path):
     assert f"{sys.executable} -u -m deepspeed.launcher.launch" in launch
     assert world_info_of(launch) == {"localhost": [0, 1]}
     assert "DS_ACCELERATOR=cpu" in launch
-    expected_rank = f"-m launcher.rank_guard launcher.pretrain_rank --config {DEMO} --run-dir {run_dir}"
+    expected_rank = f"-m launcher.launch.rank_guard launcher.train.rank_entry --config {DEMO} --run-dir {run_dir}"
     assert expected_rank in commands["localhost rank 0"] and expected_rank in commands["localhost rank 1"]
     assert "RANK=1 LOCAL_RANK=1" in commands["localhost rank 1"]
     assert not run_dir.exists()  # a dry run writes nothing
@@ -248,24 +248,24 @@ def test_stop_patterns_match_only_this_jobs_processes(tmp_path):
     """pgrep (POSIX ERE, as pkill uses) against real processes with launcher-like command lines."""
     from argparse import Namespace
 
-    from launcher.launch_plan import build_plan
-    from launcher.supervise import job_pattern, rank_pattern
+    from launcher.launch.launch_plan import build_plan
+    from launcher.launch.supervise import job_pattern, rank_pattern
 
     run_dir = tmp_path / "run"
     args = Namespace(hostfile=str(REFERENCE_HOSTFILE), include="", exclude="", num_nodes=-1, num_gpus=-1,
                      master_addr="", master_port=29500, launcher="pdsh", launcher_args="", force_multi=False,
                      bind_cores_to_rank=False, bind_core_list=None, config=str(DEMO), run_dir=str(run_dir),
-                     overrides=["optimizer.lr=1e-3"], entry_module="launcher.pretrain_rank")
+                     overrides=["optimizer.lr=1e-3"], entry_module="launcher.train.rank_entry")
     plan = build_plan(args)
     tail = plan.rank_args
     procs = {
         "node launcher": _sleeper("-u", "-m", "deepspeed.launcher.launch", "--world_info=e30=", "--module",
-                                  "launcher.rank_guard", "launcher.pretrain_rank", *tail),
-        "guard": _sleeper("-u", "-m", "launcher.rank_guard", "launcher.pretrain_rank", *tail),
-        "rank": _sleeper("-u", "-m", "launcher.pretrain_rank", *tail),
+                                  "launcher.launch.rank_guard", "launcher.train.rank_entry", *tail),
+        "guard": _sleeper("-u", "-m", "launcher.launch.rank_guard", "launcher.train.rank_entry", *tail),
+        "rank": _sleeper("-u", "-m", "launcher.train.rank_entry", *tail),
         "runner": _sleeper("-u", "-m", "deepspeed.launcher.runner", "--hostfile", "h", "--module",
-                           "launcher.rank_guard", "launcher.pretrain_rank", *tail),
-        "other run": _sleeper("-u", "-m", "launcher.pretrain_rank", "--config", str(DEMO), "--run-dir",
+                           "launcher.launch.rank_guard", "launcher.train.rank_entry", *tail),
+        "other run": _sleeper("-u", "-m", "launcher.train.rank_entry", "--config", str(DEMO), "--run-dir",
                               f"{run_dir}-other"),
         "wrapper": _sleeper("-m", "launcher", "pretrain", "--config", str(DEMO), "--run-dir", str(run_dir)),
     }
@@ -292,18 +292,18 @@ def test_local_stop_matches_ranks_of_a_run_dir_with_any_character(tmp_path):
 
     import psutil
 
-    from launcher.launch_plan import build_plan
-    from launcher.supervise import local_rank_regex
+    from launcher.launch.launch_plan import build_plan
+    from launcher.launch.supervise import local_rank_regex
 
     run_dir = tmp_path / "r^un\\1"
     plan = build_plan(Namespace(
         hostfile=None, include="", exclude="", num_nodes=-1, num_gpus=2, master_addr="", master_port=29500,
         launcher="pdsh", launcher_args="", force_multi=False, bind_cores_to_rank=False, bind_core_list=None,
-        config=str(DEMO), run_dir=str(run_dir), overrides=[], entry_module="launcher.pretrain_rank"))
+        config=str(DEMO), run_dir=str(run_dir), overrides=[], entry_module="launcher.train.rank_entry"))
     procs = {
-        "rank": _sleeper("-u", "-m", "launcher.pretrain_rank", *plan.rank_args),
-        "guard": _sleeper("-u", "-m", "launcher.rank_guard", "launcher.pretrain_rank", *plan.rank_args),
-        "other run": _sleeper("-u", "-m", "launcher.pretrain_rank", "--config", str(DEMO), "--run-dir",
+        "rank": _sleeper("-u", "-m", "launcher.train.rank_entry", *plan.rank_args),
+        "guard": _sleeper("-u", "-m", "launcher.launch.rank_guard", "launcher.train.rank_entry", *plan.rank_args),
+        "other run": _sleeper("-u", "-m", "launcher.train.rank_entry", "--config", str(DEMO), "--run-dir",
                               f"{plan.run_dir}x"),
     }
     try:
@@ -317,7 +317,7 @@ def test_local_stop_matches_ranks_of_a_run_dir_with_any_character(tmp_path):
 
 
 def _guard(*module_args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "launcher.rank_guard", *module_args], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-m", "launcher.launch.rank_guard", *module_args], cwd=REPO,
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, **kwargs)
 
 
@@ -368,7 +368,7 @@ def test_rank_guard_quiet_on_requested_stop_and_stops_rank_when_orphaned(tmp_pat
     pid_file = tmp_path / "guard.pid"
     parent = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time\n"
-        f"g = subprocess.Popen([sys.executable, '-m', 'launcher.rank_guard', 'http.server', '0', '--bind', '127.0.0.1'],"
+        f"g = subprocess.Popen([sys.executable, '-m', 'launcher.launch.rank_guard', 'http.server', '0', '--bind', '127.0.0.1'],"
         f" cwd={str(REPO)!r})\n"
         f"open({str(pid_file)!r}, 'w').write(str(g.pid))\n"
         "time.sleep(120)\n")])
@@ -382,26 +382,32 @@ def test_rank_guard_quiet_on_requested_stop_and_stops_rank_when_orphaned(tmp_pat
     assert _gone(guard_pid) and _gone(rank)
 
 
-def test_guard_and_trainer_agree_on_the_orderly_stop_exit_code():
-    from launcher import pretrain_rank, rank_guard
+def test_guard_treats_the_trainers_orderly_stop_as_no_failure(tmp_path):
+    """The rank entry's exit code after a checkpointed stop (launcher.defaults) is not reported as a death."""
+    from launcher.defaults import ORDERLY_STOP_EXIT_CODE
 
-    assert rank_guard.ORDERLY_STOP_EXIT_CODE == pretrain_rank.STOPPED_EXIT_CODE
+    script = tmp_path / "orderly_stop.py"
+    script.write_text(f"import sys\nsys.exit({ORDERLY_STOP_EXIT_CODE})\n")
+    proc = subprocess.run([sys.executable, "-m", "launcher.launch.rank_guard", "orderly_stop"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}"}, capture_output=True, text=True)
+    assert proc.returncode == ORDERLY_STOP_EXIT_CODE
+    assert "[roformer-rank-exit]" not in proc.stderr
 
 
 def _plan(launcher: str = "pdsh", tmp_path: Path = Path("/tmp/unused")):
     from argparse import Namespace
 
-    from launcher.launch_plan import build_plan
+    from launcher.launch.launch_plan import build_plan
 
     return build_plan(Namespace(
         hostfile=str(REFERENCE_HOSTFILE), include="", exclude="", num_nodes=-1, num_gpus=-1, master_addr="",
         master_port=29500, launcher=launcher, launcher_args="", force_multi=False, bind_cores_to_rank=False,
         bind_core_list=None, config=str(DEMO), run_dir=str(tmp_path / "run"), overrides=[],
-        entry_module="launcher.pretrain_rank"))
+        entry_module="launcher.train.rank_entry"))
 
 
 def test_output_monitor_blames_the_first_rank_that_died():
-    from launcher.supervise import OutputMonitor, failure_report
+    from launcher.launch.supervise import OutputMonitor, failure_report
 
     monitor = OutputMonitor(_plan("pdsh"))
     for line in [
@@ -420,7 +426,7 @@ def test_output_monitor_blames_the_first_rank_that_died():
 
 
 def test_output_monitor_maps_mpi_ranks_to_hosts_and_ignores_orderly_stops():
-    from launcher.supervise import OutputMonitor
+    from launcher.launch.supervise import OutputMonitor
 
     monitor = OutputMonitor(_plan("openmpi"))  # mpirun adds no host prefix: rank -> host from the hostfile order
     monitor.feed("[...] exits with return code = 143\n")  # a checkpointed stop is not a failure

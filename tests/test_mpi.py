@@ -47,7 +47,7 @@ def test_mpirun_directly(config, tmp_path):
     cmd = ["mpirun", "--allow-run-as-root", "-np", "2", "--mca", "btl_tcp_if_include", "lo",
            "--mca", "oob_tcp_if_include", "lo", *[arg for name in forwarded for arg in ("-x", name)],
            "-x", f"MASTER_PORT={free_port()}",
-           sys.executable, "-u", "-m", "launcher.rank_guard", "launcher.pretrain_rank",
+           sys.executable, "-u", "-m", "launcher.launch.rank_guard", "launcher.train.rank_entry",
            "--config", str(config), "--run-dir", str(run_dir)]
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
                             stdin=subprocess.DEVNULL)

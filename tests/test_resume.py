@@ -15,8 +15,10 @@ import shutil
 
 import pytest
 
-from launcher.checkpoint import find_resume_point, read_sidecar
-from launcher.metrics import read_metrics
+from launcher.run_dir import RunDir
+from launcher.sidecar import complete_sidecar
+from launcher.train.checkpointer import find_resume_point
+from launcher.train.metrics import read_metrics
 from tests.conftest_training import (TINY_TOTAL_STEPS, reference_run, start_run, tiny_data_dir, tiny_run_config,
                                      train_losses)
 
@@ -41,7 +43,7 @@ def chain(tmp_path_factory):
     def attempt(label, **faults):
         proc = start_run(2, config, run_dir, module="tests._rank_wrapper", **faults)
         codes.append(proc.wait(timeout=TIMEOUT))
-        snapshots[label] = (find_resume_point(run_dir), sorted(p.name for p in (run_dir / "checkpoints").iterdir()))
+        snapshots[label] = (find_resume_point(RunDir(run_dir)), sorted(p.name for p in (run_dir / "checkpoints").iterdir()))
 
     attempt("sigterm", ROFORMER_TEST_SIGTERM_LAUNCHER_AT="7")
     attempt("kill_in_save", ROFORMER_TEST_SIGKILL_IN_SAVE_AT="1:12")
@@ -56,11 +58,11 @@ def test_each_stop_left_the_expected_checkpoints(chain):
     assert codes[0] != 0 and codes[1] != 0 and codes[2] == 0
     point, _ = snapshots["sigterm"]
     # SIGTERM arrived before step 7 (0-based): the ranks agreed to stop at step 8 or 9 and saved there.
-    assert point.sidecar["step"] in (8, 9) and point.sidecar["stage_index"] == 1
+    assert point.sidecar.step in (8, 9) and point.sidecar.stage_index == 1
     point, names = snapshots["kill_in_save"]
     assert "global_step12" in names  # DeepSpeed's files were written ...
     assert point.tag == "global_step10"  # ... but without a sidecar it is never picked up
-    assert read_sidecar(run_dir / "checkpoints" / "global_step12") is not None  # rewritten by the resumed run
+    assert complete_sidecar(run_dir / "checkpoints" / "global_step12") is not None  # rewritten by the resumed run
 
 
 def test_resumed_losses_equal_the_uninterrupted_run(chain):
@@ -89,9 +91,9 @@ def test_resume_with_one_rank_continues_schedule_and_loss_curve(chain, tmp_path_
     stages = [r for r in read_metrics(one_rank, "event") if r["event"] == "stage_start"]
     assert stages[-1]["step"] == 10 and stages[-1]["stage"] == 2
     assert (stages[-1]["micro_batch_size"], stages[-1]["grad_accum_steps"]) == (8, 2)  # 16 = 8 x 2 x 1 rank
-    sidecar = find_resume_point(one_rank).sidecar
-    assert (sidecar["step"], sidecar["world_size"]) == (TINY_TOTAL_STEPS, 1)
-    assert sidecar["consumed_samples"] == find_resume_point(reference).sidecar["consumed_samples"]
+    sidecar = find_resume_point(RunDir(one_rank)).sidecar
+    assert (sidecar.step, sidecar.world_size) == (TINY_TOTAL_STEPS, 1)
+    assert sidecar.consumed_samples == find_resume_point(RunDir(reference)).sidecar.consumed_samples
 
 
 def test_rng_states_round_trip(tmp_path):
@@ -100,7 +102,7 @@ def test_rng_states_round_trip(tmp_path):
     import numpy as np
     import torch
 
-    from launcher.checkpoint import load_rng, save_rng, seed_everything
+    from launcher.train.rng import load_rng, save_rng, seed_everything
 
     seed_everything(3)
     save_rng(tmp_path, rank=1)

@@ -9,7 +9,8 @@ import pickle
 import pytest
 
 from launcher.errors import UserError
-from launcher.tasks import TASKS, _DataOnlyUnpickler, get_task, load_split, prepare_task_data
+from launcher.downstream.task_data import _DataOnlyUnpickler, prepare_task_data
+from launcher.downstream.tasks import TASKS, get_task, load_split
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def test_inews_keeps_the_upstream_splits(fresh):
 
 
 def test_same_files_as_the_setup_copy_and_idempotent(fresh, tmp_path):
-    from launcher.tasks import default_tasks_dir
+    from launcher.downstream.tasks import default_tasks_dir
 
     prepare_task_data(default_tasks_dir())  # no-op when set-up already ran
     for name in TASKS:

@@ -15,10 +15,12 @@ import shutil
 import pytest
 import yaml
 
-from launcher.batching import resolve_stages, stage_for_step
-from launcher.checkpoint import find_resume_point, read_sidecar
-from launcher.config import load_run_config
-from launcher.metrics import read_metrics
+from launcher.config.stages import resolve_stages
+from launcher.run_dir import RunDir
+from launcher.sidecar import complete_sidecar
+from launcher.train.checkpointer import find_resume_point
+from launcher.config.run_config import load_run_config
+from launcher.train.metrics import read_metrics
 from tests.conftest_training import TINY_STAGES, TINY_TOTAL_STEPS, reference_run, tiny_data_dir, tiny_run_config
 
 pytestmark = pytest.mark.multiprocess
@@ -40,7 +42,7 @@ def test_the_schedule_is_followed_step_by_step_in_one_engine(run):
     train = read_metrics(run, "train")
     assert [r["step"] for r in train] == list(range(TINY_TOTAL_STEPS))
     for record in train:
-        stage, _ = stage_for_step(stages, record["step"])
+        stage = stages[cfg.schedule.stage_for_step(record["step"])[0]]
         assert (record["stage"], record["max_seq_len"], record["global_batch_size"]) == \
             (stage.index, stage.max_seq_len, stage.global_batch_size)
     switches = events(run, "stage_start")
@@ -52,7 +54,7 @@ def test_the_schedule_is_followed_step_by_step_in_one_engine(run):
 
 def test_loss_is_per_masked_token_over_all_ranks_and_micro_batches(run):
     train = read_metrics(run, "train")
-    vocab = load_run_config(run / "config.yaml").model["vocab_size"]
+    vocab = load_run_config(run / "config.yaml").model.vocab_size
     # Untrained model: mean token CE ~ ln(vocab). A missing 1/world or 1/grad-accum would be off 2x.
     assert abs(train[0]["loss"] - math.log(vocab)) < 0.5
     assert train[-1]["loss"] < train[0]["loss"] - 0.2
@@ -61,7 +63,7 @@ def test_loss_is_per_masked_token_over_all_ranks_and_micro_batches(run):
 
 
 def test_learning_rate_applied_each_step_follows_the_schedule(run):
-    from launcher.schedule import learning_rate
+    from launcher.config.schedule import learning_rate
 
     cfg = load_run_config(run / "config.yaml")
     opt = cfg.optimizer
@@ -87,16 +89,16 @@ def test_run_directory_files(run):
 
 def test_checkpoints_sidecars_latest_and_retention(run):
     root = run / "checkpoints"
-    complete = sorted((d.name for d in root.iterdir() if read_sidecar(d)), key=lambda t: int(t[11:]))
+    complete = sorted((d.name for d in root.iterdir() if complete_sidecar(d)), key=lambda t: int(t[11:]))
     assert complete == ["global_step10", "global_step12", "global_step16"]  # keep_last 3 of 4,6,8,10,12,16
     assert (root / "latest").read_text() == "global_step16"
-    sidecar = find_resume_point(run).sidecar
+    sidecar = find_resume_point(RunDir(run)).sidecar
     samples = sum(s["steps"] * s["global_batch_size"] for s in TINY_STAGES)
-    assert (sidecar["step"], sidecar["stage_index"], sidecar["step_in_stage"], sidecar["stage_complete"]) == \
+    assert (sidecar.step, sidecar.stage_index, sidecar.step_in_stage, sidecar.stage_complete) == \
         (16, 2, 6, True)
-    assert sidecar["consumed_samples"] == samples == sidecar["data_state"]["sequences_consumed"]
-    assert sidecar["world_size"] == 2 and sidecar["precision"] == "fp32" and sidecar["zero_stage"] == 2
-    assert sidecar["model_config"]["hidden_size"] == 32 and sidecar["last_validation"]["step"] == 16
+    assert sidecar.consumed_samples == samples == sidecar.data_state["sequences_consumed"]
+    assert sidecar.world_size == 2 and sidecar.precision == "fp32" and sidecar.zero_stage == 2
+    assert sidecar.model_config["hidden_size"] == 32 and sidecar.last_validation["step"] == 16
     assert {"rng_rank0.pt", "rng_rank1.pt", "mp_rank_00_model_states.pt"} <= {p.name for p in (root / "global_step16").iterdir()}
 
 
@@ -128,7 +130,7 @@ def test_checkpoint_consolidates_to_roformer_keys(run):
     from roformer import RoFormerConfig, RoFormerForMaskedLM
 
     state = get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"))  # follows `latest`
-    model = RoFormerForMaskedLM(RoFormerConfig.from_dict(find_resume_point(run).sidecar["model_config"]))
+    model = RoFormerForMaskedLM(RoFormerConfig.from_dict(find_resume_point(RunDir(run)).sidecar.model_config))
     assert set(state) == set(model.state_dict())
     model.load_state_dict(state)
 
@@ -143,7 +145,7 @@ def bad_input_env(tmp_path_factory, run):
 
 
 def run_rank_in_process(monkeypatch, config, run_dir, world_size=2, overrides=()):
-    from launcher import pretrain_rank
+    from launcher.train import rank_entry as pretrain_rank
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", str(world_size))

@@ -17,7 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.checkpoint import find_resume_point
+from launcher.run_dir import RunDir
+from launcher.train.checkpointer import find_resume_point
 from tests.conftest_training import tiny_run_config, write_schedule
 from tests.launch_common import events, metrics_steps, roformer, roformer_env, start_roformer
 from tests.netns.cluster import NamespacesUnavailable, TwoNodeCluster
@@ -140,9 +141,9 @@ def test_two_nodes_train_past_a_stage_boundary_stop_and_resume(cluster, tmp_path
     assert first_rc == 128 + signal.SIGTERM, output[-4000:]
     assert re.search(r"^node1: ", output, re.M) and re.search(r"^node2: ", output, re.M)
     assert (run_dir / ".deepspeed_env").read_text().count("GLOO_SOCKET_IFNAME=eth1\n") == 1
-    point = find_resume_point(run_dir)
-    assert point is not None and STOP_AFTER_STEP <= point.sidecar["step"] < total, output[-4000:]
-    stopped_at = point.sidecar["step"]
+    point = find_resume_point(RunDir(run_dir))
+    assert point is not None and STOP_AFTER_STEP <= point.sidecar.step < total, output[-4000:]
+    stopped_at = point.sidecar.step
     _assert_nothing_left(cluster, run_dir)
 
     started = time.monotonic()
@@ -153,7 +154,7 @@ def test_two_nodes_train_past_a_stage_boundary_stop_and_resume(cluster, tmp_path
     assert [(e["step"], e["world_size"]) for e in resume] == [(stopped_at, 2)]
     steps = metrics_steps(run_dir)
     assert steps == list(range(total))  # every step once (0-based): the resume continued, not restarted
-    assert find_resume_point(run_dir).sidecar["step"] == total
+    assert find_resume_point(RunDir(run_dir)).sidecar.step == total
     _assert_nothing_left(cluster, run_dir)
     print(f"\ntwo-node run: first invocation {first_seconds:.1f} s (stopped at step {stopped_at}), "
           f"resume to step {total}: {second_seconds:.1f} s")
@@ -167,7 +168,7 @@ def test_rank_killed_on_one_node_stops_the_job_on_all_nodes(cluster, tmp_path, d
     try:
         _wait_for_step(proc, run_dir, 3, log)
         victims = [pid for pid in cluster.pids_in_nodes()["node2"]
-                   if "-m launcher.pretrain_rank --config" in " ".join(psutil.Process(pid).cmdline())]
+                   if "-m launcher.train.rank_entry --config" in " ".join(psutil.Process(pid).cmdline())]
         assert len(victims) == 1, victims
         psutil.Process(victims[0]).kill()  # SIGKILL: the rank cannot report anything itself
         killed_at = time.monotonic()

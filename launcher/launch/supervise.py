@@ -6,9 +6,9 @@ one, or GRACEFUL_STOP_SECONDS without an end, stops every process of the job. Wh
 runner do it: its pdsh signal handler runs
 `pdsh ... pkill -f "<python> -u -m deepspeed.launcher.launch"` on every node, which also kills every
 other DeepSpeed job on those nodes. We instead match this job's own command line
-(`launcher.pretrain_rank --config CFG --run-dir RUN_DIR`, unique per run directory).
+(`launcher.train.rank_entry --config CFG --run-dir RUN_DIR`, unique per run directory).
 
-Failure naming: each rank runs under launcher.rank_guard, which prints a `[roformer-rank-exit]`
+Failure naming: each rank runs under launcher.launch.rank_guard, which prints a `[roformer-rank-exit]`
 line when its rank dies (even by SIGKILL); pdsh prefixes it with the node name. The first such
 line is the cause; ranks failing after it (a peer's collective erroring out) are consequences.
 DeepSpeed's own "exits with return code" lines and pdsh's "ssh exited with exit code" lines name
@@ -27,10 +27,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from launcher import env_forwarding
-from launcher.launch_plan import LaunchPlan
-from launcher.preflight import ssh
-from launcher.rank_guard import MARKER, ORDERLY_STOP_EXIT_CODE
+from launcher.defaults import ORDERLY_STOP_EXIT_CODE
+from launcher.launch import env_forwarding
+from launcher.launch.launch_plan import LaunchPlan
+from launcher.launch.rank_guard import MARKER
+from launcher.launch.ssh import ssh
 
 FAILURE_GRACE_SECONDS = 30.0  # + the stop itself stays well inside the 60 s promised in docs/multinode.md
 STOP_WAIT_SECONDS = 10.0
@@ -107,15 +108,15 @@ class OutputMonitor:
 def job_pattern(plan: LaunchPlan) -> str:
     """A pkill -f regex (POSIX ERE) for this job's per-node launchers, guards and ranks.
 
-    It matches `deepspeed.launcher.launch ... launcher.pretrain_rank --config C --run-dir R`,
-    `-m launcher.rank_guard launcher.pretrain_rank ...` and `-m launcher.pretrain_rank ...`, and
+    It matches `deepspeed.launcher.launch ... launcher.train.rank_entry --config C --run-dir R`,
+    `-m launcher.launch.rank_guard launcher.train.rank_entry ...` and `-m launcher.train.rank_entry ...`, and
     NOT DeepSpeed's runner (`-m deepspeed.launcher.runner ...`), whose SIGTERM handler would pkill
     every DeepSpeed launcher on the nodes. Literal characters are bracketed ('.' -> '[.]'), so the
     regex does not match the command line of the shell running pkill, which holds the regex text.
     """
     tail = " ".join(["--config", str(plan.config_path), "--run-dir", str(plan.run_dir)])
     entry = _ere_literal(plan.entry_module)
-    return (f"(deepspeed[.]launcher[.]launch .*|-m )({_ere_literal('launcher.rank_guard')} )?"
+    return (f"(deepspeed[.]launcher[.]launch .*|-m )({_ere_literal('launcher.launch.rank_guard')} )?"
             f"{entry} {_ere_literal(tail)}( |$)")
 
 

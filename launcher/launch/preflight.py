@@ -5,8 +5,8 @@
 3. the run directory is one directory on all nodes: this machine writes a token, every node must
    read it and write its own marker, and every node must then read every other node's marker.
 
-Host names reach ssh as separate arguments (never through a local shell) and were validated by
-launcher.hostfile; the only remote shell text is built from constants and `shlex.quote`d paths.
+Host names reach ssh as separate arguments (launcher.launch.ssh); the only remote shell text is
+built from constants and `shlex.quote`d paths.
 Runs on this machine only (localhost, not through pdsh) and Slurm runs skip 2 and 3.
 """
 from __future__ import annotations
@@ -19,20 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from launcher.errors import UserError
-from launcher.hostfile import LOCAL_HOSTNAMES
+from launcher.launch.hostfile import LOCAL_HOSTNAMES
+from launcher.launch.ssh import ssh
 
-SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
-SSH_TIMEOUT_SECONDS = 30
 PREFLIGHT_DIR_PREFIX = ".preflight-"
-
-
-def ssh(host: str, remote_command: str, timeout: float = SSH_TIMEOUT_SECONDS) -> subprocess.CompletedProcess:
-    """Run `remote_command` (already quoted) on `host` with the ssh found on PATH."""
-    try:
-        return subprocess.run(["ssh", *SSH_OPTIONS, host, remote_command], capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess([host], 255, "", f"no answer within {timeout:g} s")
 
 
 def _last_line(text: str) -> str:

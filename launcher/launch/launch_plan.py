@@ -3,9 +3,9 @@
 A LaunchPlan is pure data: the validated hostfile, the slots each host contributes, the world size,
 every stage's batch arithmetic at that world size, the variables forwarded to the ranks, and the
 argument list for DeepSpeed's runner (`python -m deepspeed.launcher.runner ...`), which does the
-actual launch. `--dry-run` prints it; `launcher.launch` runs it.
+actual launch. `--dry-run` prints it; `launcher.launch.pretrain_command` runs it.
 
-Each rank runs `python -u -m launcher.rank_guard launcher.pretrain_rank --config CFG --run-dir RUN
+Each rank runs `python -u -m launcher.launch.rank_guard launcher.train.rank_entry --config CFG --run-dir RUN
 [--set k=v ...]` with the venv's Python (DeepSpeed's launcher uses its own sys.executable, which is
 ours), from the project root (pdsh's remote command `cd`s into the runner's working directory).
 """
@@ -19,15 +19,19 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import env_forwarding
+from launcher.config.run_config import load_run_config
+from launcher.config.stages import ResolvedStage, resolve_stages
+from launcher.defaults import DEFAULT_MASTER_PORT
 from launcher.errors import UserError
-from launcher.hostfile import Hostfile, is_local_only, read_hostfile, resolve_resources, world_size_of
+from launcher.launch import env_forwarding
+from launcher.launch.hostfile import Hostfile, is_local_only, read_hostfile, resolve_resources, world_size_of
+from launcher.run_dir import RunDir
+from launcher.stage_end_jobs import check_eval_specs
 
-RANK_ENTRY_MODULE = "launcher.pretrain_rank"
-RANK_GUARD_MODULE = "launcher.rank_guard"
+RANK_ENTRY_MODULE = "launcher.train.rank_entry"
+RANK_GUARD_MODULE = "launcher.launch.rank_guard"
 LAUNCHERS = ("pdsh", "openmpi", "mpich", "slurm")
 MPI_LAUNCHERS = ("openmpi", "mpich")
-DEFAULT_MASTER_PORT = 29500  # DeepSpeed's TORCH_DISTRIBUTED_DEFAULT_PORT
 LOCAL_MASTER_ADDR = "127.0.0.1"
 # pdsh hands its command to a remote shell and substitutes %n/%h/%u, and DeepSpeed quotes only
 # arguments with spaces (in double quotes), so for pdsh every argument of the rank command must be
@@ -46,7 +50,7 @@ class LaunchPlan:
     hostfile: Hostfile | None  # None: local run on this machine
     resources: "OrderedDict[str, list[int]]"  # host -> slot ids, in global rank order
     world_size: int  # total ranks
-    stages: list  # launcher.batching.ResolvedStage for every stage at world_size
+    stages: list[ResolvedStage]  # every stage at world_size
     launcher: str  # "local" (DeepSpeed's launcher on this machine) or one of LAUNCHERS
     force_multi: bool  # tell DeepSpeed's runner to use `launcher` even for a single host
     master_addr: str  # rank 0's address; "" = DeepSpeed asks `ssh FIRST_HOST hostname -I`
@@ -64,12 +68,12 @@ class LaunchPlan:
 
     @property
     def env_file(self) -> Path:
-        return self.run_dir / env_forwarding.ENV_FILE_NAME
+        return RunDir(self.run_dir).env_file
 
     @property
     def hostfile_copy(self) -> Path:
         """The validated hostfile as DeepSpeed's runner and mpirun read it."""
-        return self.run_dir / "launch" / "hostfile"
+        return RunDir(self.run_dir).hostfile_copy
 
     @property
     def rank_args(self) -> list[str]:
@@ -156,7 +160,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     ds.add_argument("--bind_cores_to_rank", "--bind-cores-to-rank", action="store_true",
                     help="bind each rank to its own cores with numactl")
     ds.add_argument("--bind_core_list", "--bind-core-list", default=None, help='cores to bind, e.g. "0-15"')
-    # Developer aid: the per-rank module (default launcher.pretrain_rank), not part of the user interface.
+    # Developer aid: the per-rank module (default launcher.train.rank_entry), not part of the user interface.
     parser.add_argument("--entry-module", default=RANK_ENTRY_MODULE, help=argparse.SUPPRESS)
 
 
@@ -217,12 +221,10 @@ def _local_device_count() -> int:
     return max(1, get_accelerator().device_count())
 
 
-def check_stages(config_path: Path, overrides: list[str], world_size: int, resources, hostfile) -> list:
+def check_stages(config_path: Path, overrides: list[str], world_size: int, resources, hostfile) -> list[ResolvedStage]:
     """Load the run config and resolve every stage's batch arithmetic at this world size."""
-    from launcher.batching import resolve_stages
-    from launcher.config import load_run_config
-
     run_config = load_run_config(config_path, overrides)
+    check_eval_specs(run_config.logging.stage_end_evals, where=f"{run_config.source}: logging.stage_end_evals")
     try:
         return resolve_stages(run_config, world_size)
     except UserError as err:

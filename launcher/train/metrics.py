@@ -8,12 +8,13 @@ the same treatment through SummaryWriter's purge_step.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from launcher.batching import ResolvedStage
+from launcher.config.stages import ResolvedStage
+from launcher.io import atomic_write_text
+from launcher.run_dir import RunDir
 
 # TensorBoard tag of each train-record field.
 TRAIN_SCALARS = {
@@ -27,20 +28,19 @@ TRAIN_SCALARS = {
 class Metrics:
     """Does nothing on ranks other than 0, so the loop can call it unconditionally."""
 
-    def __init__(self, run_dir: Path, rank: int, stages: list[ResolvedStage], start_step: int,
+    def __init__(self, run_dir: RunDir, rank: int, stages: list[ResolvedStage], total_steps: int, start_step: int,
                  log_every: int, progress_bar: bool):
         self.active = rank == 0
-        self.stages, self.log_every = stages, log_every
-        self.total_steps = stages[-1].end_step
+        self.stages, self.total_steps, self.log_every = stages, total_steps, log_every
         self.tokens_per_s: float | None = None  # smoothed, for the ETAs
         if not self.active:
             return
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = run_dir.metrics
         _truncate_from(self.path, start_step)
         self.jsonl = open(self.path, "a", encoding="utf-8")
         from torch.utils.tensorboard import SummaryWriter
 
-        self.tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=start_step if start_step > 0 else None)
+        self.tb = SummaryWriter(str(run_dir.tensorboard), purge_step=start_step if start_step > 0 else None)
         self.bar = None
         if progress_bar:
             from tqdm import tqdm
@@ -120,7 +120,8 @@ class Metrics:
 
 
 def read_metrics(run_dir: Path, kind: str = "train") -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
+    """The records of one kind in RUN_DIR/metrics.jsonl, in order ([] before the first step)."""
+    path = RunDir(Path(run_dir)).metrics
     if not path.is_file():
         return []
     records = []
@@ -145,9 +146,7 @@ def _truncate_from(path: Path, start_step: int) -> None:
             continue
         if record.get("kind") == "event" or record.get("step", -1) < start_step:
             kept.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(f"{line}\n" for line in kept))
 
 
 def _fmt(seconds: float | None) -> str:

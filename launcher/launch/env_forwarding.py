@@ -31,8 +31,9 @@ import sys
 from pathlib import Path
 
 from launcher.errors import UserError
+from launcher.io import atomic_write_text
+from launcher.run_dir import RunDir
 
-ENV_FILE_NAME = ".deepspeed_env"
 
 FORWARDED_NAMES = (
     "DS_ACCELERATOR",  # cpu here; unset on GPU nodes (DeepSpeed detects CUDA)
@@ -65,7 +66,9 @@ _UNSAFE_VALUE_CHARS = frozenset('"$`\\%\n\r')
 
 def project_root() -> Path:
     """The directory holding the `launcher` package: ranks run `python -m launcher...` from it."""
-    return Path(__file__).resolve().parent.parent
+    import launcher
+
+    return Path(launcher.__file__).resolve().parent.parent
 
 
 def forwarded_environment(base: dict[str, str], *, ranks_per_node: int, python: str = sys.executable) -> dict[str, str]:
@@ -119,9 +122,7 @@ def render_env_file(env: dict[str, str]) -> str:
 
 
 def write_env_file(run_dir: Path, env: dict[str, str]) -> Path:
-    """Write RUN_DIR/.deepspeed_env atomically (temp file + rename) and return its path."""
-    path = run_dir / ENV_FILE_NAME
-    tmp = path.with_name(f"{ENV_FILE_NAME}.tmp.{os.getpid()}")
-    tmp.write_text(render_env_file(env), encoding="utf-8")
-    os.replace(tmp, path)
+    """Write RUN_DIR/.deepspeed_env atomically and return its path."""
+    path = RunDir(run_dir).env_file
+    atomic_write_text(path, render_env_file(env))
     return path

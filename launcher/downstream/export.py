@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import hashlib
 import json
 import os
 import shutil
@@ -23,10 +22,12 @@ from pathlib import Path
 import torch
 import yaml
 
-from launcher.checkpoint_reader import CheckpointRef, consolidate_fp32, resolve_checkpoint
+from launcher.downstream.checkpoint_weights import CheckpointRef, consolidate_fp32, resolve_checkpoint
+from launcher.downstream.export_reader import EXPORT_INFO
+from launcher.downstream.model_card import render_model_card, run_stages
 from launcher.errors import UserError
-
-EXPORT_INFO = "export_info.json"
+from launcher.io import file_sha256
+from launcher.run_dir import SIDECAR_NAME, RunDir
 # Largest |logit difference| tolerated between our model and transformers on the same weights
 # (fp32; both compute the same function, differences are summation order only).
 PARITY_ATOL = 1e-4
@@ -59,7 +60,7 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     run_dir, out = Path(run_dir), Path(out)
     _check_destination(out, run_dir)
     ref = resolve_checkpoint(run_dir, tag)
-    model_config = RoFormerConfig.from_dict(ref.sidecar["model_config"], source=f"{ref.path}/sidecar.json: model_config")
+    model_config = RoFormerConfig.from_dict(ref.sidecar.model_config, source=f"{ref.path}/{SIDECAR_NAME}: model_config")
     check_exportable(model_config)  # e.g. linear attention has no transformers counterpart
     tokenizer_source = _tokenizer_source(ref, tokenizer_from)
 
@@ -75,9 +76,7 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
         tmp.chmod(0o755)
         write_pretrained_files(model, tmp)
         _copy_tokenizer(tokenizer_source, tmp)
-        from launcher.model_card import render_model_card, schedule_stages
-
-        stages = schedule_stages(run_dir, _read_run_config(run_dir), ref.sidecar.get("step"))
+        stages = run_stages(ref.run_dir, ref.sidecar.step)
         (tmp / "README.md").write_text(render_model_card(ref.sidecar, stages, ref.tag, run_dir), encoding="utf-8")
         _write_export_info(tmp, ref, stages)
         if verify:
@@ -153,10 +152,10 @@ def _tokenizer_source(ref: CheckpointRef, override: Path | None) -> Path:
         source = Path(override)
         origin = "--tokenizer-from"
     else:
-        data_dir = run_data_dir(ref)
+        data_dir = run_data_dir(ref.run_dir.root)
         if not data_dir:
-            raise UserError(f"{ref.run_dir}/config.yaml: no data.data_dir recorded; pass --tokenizer-from DATA_DIR")
-        source, origin = Path(data_dir), f"data.data_dir of {ref.run_dir}/config.yaml"
+            raise UserError(f"{ref.run_dir.config}: no data.data_dir recorded; pass --tokenizer-from DATA_DIR")
+        source, origin = Path(data_dir), f"data.data_dir of {ref.run_dir.config}"
     if not source.is_dir():
         raise UserError(f"tokenizer missing: {source} ({origin}) does not exist; pass --tokenizer-from DATA_DIR")
     return source
@@ -173,13 +172,15 @@ def _copy_tokenizer(source: Path, dest: Path) -> None:
         raise UserError(f"tokenizer missing: {err}") from None
 
 
-def run_data_dir(ref: CheckpointRef) -> str | None:
-    """The prepared data dir of the run (its config.yaml; older sidecars recorded it themselves)."""
-    return ((_read_run_config(ref.run_dir) or {}).get("data") or {}).get("data_dir") or ref.sidecar.get("data_dir")
+def run_data_dir(run_dir: Path) -> str | None:
+    """The prepared data dir recorded in the run's config.yaml (None when there is none)."""
+    return ((_read_run_config(RunDir(Path(run_dir))) or {}).get("data") or {}).get("data_dir")
 
 
-def _read_run_config(run_dir: Path) -> dict | None:
-    path = run_dir / "config.yaml"
+def _read_run_config(run_dir: RunDir) -> dict | None:
+    """RUN_DIR/config.yaml as plain YAML: only data.data_dir is needed, and an export must not fail
+    because the schedule or DeepSpeed files the run config names have moved since."""
+    path = run_dir.config
     if not path.is_file():
         return None
     try:
@@ -195,27 +196,13 @@ def _write_export_info(export_dir: Path, ref: CheckpointRef, stages: list[dict] 
     info = {
         "format": "roformer-ds-export",
         "version": 1,
-        "run_dir": str(ref.run_dir.resolve()),
+        "run_dir": str(ref.run_dir.root.resolve()),
         "tag": ref.tag,
-        "step": ref.sidecar.get("step"),
-        "max_seq_len_trained": max(reached) if reached else _sidecar_max_seq_len(ref.sidecar),
+        "step": ref.sidecar.step,
+        "max_seq_len_trained": max(reached) if reached else None,
         "sha256": files,
     }
     (export_dir / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-
-
-def _sidecar_max_seq_len(sidecar: dict) -> int | None:
-    """Fallback when the schedule file is gone: the length the sidecar itself records."""
-    value = sidecar.get("max_seq_len") or (sidecar.get("last_validation") or {}).get("max_seq_len")
-    return value if isinstance(value, int) else None
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------- atomic placement

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from launcher.errors import UserError
+from launcher.io import atomic_write_json
 
 
 @dataclass
@@ -29,7 +30,7 @@ class FinetuneConfig:
     """One fine-tuning job."""
 
     export_dir: Path  # transformers-format RoFormer directory with tokenizer files
-    task: str  # name in launcher.tasks.TASKS
+    task: str  # name in launcher.downstream.tasks.TASKS
     task_data: Path | None = None  # directory holding <task>/{train,dev,test}.jsonl (default: set-up cache)
     max_length: int = 128  # tokens per input incl. [CLS]/[SEP]; longer texts are truncated
     epochs: int = 3  # passes over the (possibly subsampled) training split
@@ -48,7 +49,7 @@ class FinetuneConfig:
     threads: int = 1
 
     def __post_init__(self) -> None:
-        from launcher.tasks import get_task
+        from launcher.downstream.tasks import get_task
 
         get_task(self.task)  # unknown task -> error listing the known ones
         checks = {"max_length": self.max_length >= 8, "epochs": self.epochs >= 1, "batch_size": self.batch_size >= 1,
@@ -78,7 +79,7 @@ _HELP = {
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from launcher.tasks import TASKS
+    from launcher.downstream.tasks import TASKS
 
     parser.add_argument("export_dir", type=Path, help="export directory (roformer export --out) or any "
                                                       "transformers RoFormer directory with a tokenizer")
@@ -95,21 +96,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.eval_mlm import write_json_atomic
-
     fields = FinetuneConfig.__dataclass_fields__
     cfg = FinetuneConfig(**{k: getattr(args, k) for k in fields})
     report = finetune(cfg)
     if args.out is not None:
-        write_json_atomic(args.out, report)
+        atomic_write_json(args.out, report)
     print(json.dumps(report, indent=2))
     return 0
 
 
 def finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
-    from launcher.classification_metrics import majority_label, scores
-    from launcher.export_dir import check_export_dir, load_classifier, load_tokenizer
-    from launcher.tasks import default_tasks_dir, get_task, load_split
+    from launcher.downstream.classification_metrics import majority_label, scores
+    from launcher.downstream.export_reader import check_export_dir, load_auto_tokenizer, load_classifier
+    from launcher.downstream.tasks import default_tasks_dir, get_task, load_split
 
     started = time.perf_counter()
     if cfg.threads:
@@ -119,7 +118,7 @@ def finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr, fl
     # Every input is checked before the slow part starts.
     check_export_dir(cfg.export_dir)
     splits = {split: load_split(task_data, task, split) for split in ("train", "dev", "test")}
-    tokenizer = load_tokenizer(cfg.export_dir)
+    tokenizer = load_auto_tokenizer(cfg.export_dir)
 
     train = splits["train"]
     if cfg.max_train_examples is not None and cfg.max_train_examples < len(train):

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from launcher.errors import UserError
+from launcher.io import file_sha256
 
 EXPORT_INFO = "export_info.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -41,8 +42,6 @@ def _check_recorded_checksums(path: Path) -> None:
         recorded = json.loads(info_path.read_text(encoding="utf-8")).get("sha256", {})
     except ValueError as err:
         raise UserError(f"{info_path}: not valid JSON ({err})") from None
-    from launcher.export import file_sha256
-
     for name, digest in recorded.items():
         file = path / name
         if file.is_file() and file_sha256(file) != digest:
@@ -68,7 +67,7 @@ def _check_safetensors(weights: Path) -> None:
         raise UserError(f"{weights}: unreadable safetensors file ({err})") from None
 
 
-def load_tokenizer(path: Path):
+def load_auto_tokenizer(path: Path):
     """transformers' AutoTokenizer on the export (no remote code); special tokens checked."""
     from transformers import AutoTokenizer
 

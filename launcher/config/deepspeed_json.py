@@ -1,101 +1,19 @@
-"""Batch arithmetic, resolved once per (run config, world size), and the resolved DeepSpeed config.
-
-For every stage: global_batch_size = micro_batch_size x grad_accum_steps x world_size (data
-parallel only). Every check runs before any process trains and names the stage that fails.
+"""The DeepSpeed JSON of a run: a shipped file (ds_configs/) checked against DeepSpeed's own keys,
+plus the batch sizes of the starting stage and the peak learning rate.
 """
 from __future__ import annotations
 
 import copy
 import json
 import re
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from launcher.config import RunConfig
+from launcher.config.run_config import RunConfig
+from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
-from launcher.schedule import Stage, load_schedule, stage_index_at
 
 # Keys our resolver owns: a DeepSpeed JSON that sets them would silently disagree with the schedule.
 RESOLVED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-
-
-@dataclass(frozen=True)
-class ResolvedStage:
-    index: int
-    """0-based position in the schedule."""
-    name: str
-    max_seq_len: int
-    global_batch_size: int
-    micro_batch_size: int
-    """Sequences per rank per forward/backward."""
-    grad_accum_steps: int
-    """Micro-batches per rank per optimizer step."""
-    steps: int
-    first_step: int
-    """Global step at which this stage starts (0-based)."""
-    lr_scale: float
-
-    @property
-    def end_step(self) -> int:
-        return self.first_step + self.steps
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def resolve_stages(run_config: RunConfig, world_size: int) -> list[ResolvedStage]:
-    """Validate the schedule for `world_size` ranks and fix each stage's micro-batch and grad-accum."""
-    if not isinstance(world_size, int) or world_size < 1:
-        raise UserError(f"world size must be a positive integer, got {world_size!r}")
-    stages = load_schedule(run_config.schedule.file)
-    model = run_config.model_config()
-    resolved, first = [], 0
-    for index, stage in enumerate(stages):
-        where = f"{run_config.schedule.file}: stage {index + 1} ({stage.name})"
-        if model.position_encoding != "rope" and stage.max_seq_len > model.max_position_embeddings:
-            raise UserError(f"{where}: max_seq_len {stage.max_seq_len} is longer than the model's "
-                            f"{model.position_encoding} position table (model.max_position_embeddings = "
-                            f"{model.max_position_embeddings})")
-        micro = _micro_batch_size(stage, world_size, run_config.schedule.max_tokens_per_micro_batch, where)
-        resolved.append(ResolvedStage(index=index, name=stage.name, max_seq_len=stage.max_seq_len,
-                                      global_batch_size=stage.global_batch_size, micro_batch_size=micro,
-                                      grad_accum_steps=stage.global_batch_size // (micro * world_size),
-                                      steps=stage.steps, first_step=first, lr_scale=stage.lr_scale))
-        first += stage.steps
-    return resolved
-
-
-def _micro_batch_size(stage: Stage, world_size: int, max_tokens: int, where: str) -> int:
-    if stage.global_batch_size % world_size:
-        raise UserError(f"{where}: global_batch_size {stage.global_batch_size} is not divisible by the "
-                        f"world size {world_size}")
-    per_rank = stage.global_batch_size // world_size
-    if stage.micro_batch_size is not None:
-        if per_rank % stage.micro_batch_size:
-            raise UserError(f"{where}: global_batch_size {stage.global_batch_size} is not divisible by "
-                            f"micro_batch_size {stage.micro_batch_size} x world size {world_size}")
-        return stage.micro_batch_size
-    if max_tokens <= 0:
-        raise UserError(f"{where}: micro_batch_size is not set and schedule.max_tokens_per_micro_batch is 0; "
-                        f"set one of them")
-    fitting = [d for d in range(1, per_rank + 1) if per_rank % d == 0 and d * stage.max_seq_len <= max_tokens]
-    if not fitting:
-        raise UserError(f"{where}: one sequence of max_seq_len {stage.max_seq_len} does not fit "
-                        f"schedule.max_tokens_per_micro_batch {max_tokens}")
-    return max(fitting)
-
-
-def total_steps(stages: list[ResolvedStage]) -> int:
-    return stages[-1].end_step
-
-
-def stage_for_step(stages: list[ResolvedStage], step: int) -> tuple[ResolvedStage, int]:
-    """The stage that runs global step `step`, and the step within it."""
-    index, in_stage = stage_index_at([s.steps for s in stages], step)
-    return stages[index], in_stage
-
-
-# --- DeepSpeed config -------------------------------------------------------------------------
 
 
 def load_ds_json(path: str | Path, overrides: dict | None = None) -> dict:
@@ -130,7 +48,7 @@ def load_ds_json(path: str | Path, overrides: dict | None = None) -> dict:
                         f"use stage 1, 2 or 3")
     if "scheduler" in config:
         raise UserError(f"{path}: scheduler: the learning rate comes from the run config's optimizer section "
-                        f"(launcher/schedule.py); remove the DeepSpeed scheduler")
+                        f"(launcher/config/schedule.py); remove the DeepSpeed scheduler")
     return config
 
 

@@ -6,9 +6,9 @@
 A thin wrapper around DeepSpeed's runner (`python -m deepspeed.launcher.runner`), which does the
 launching (locally, or through pdsh / OpenMPI / MPICH / Slurm). Before anything starts we check
 what DeepSpeed would only find out on the nodes: the hostfile and host filters
-(launcher.hostfile), the batch arithmetic of every stage at the resulting world size and the
-variables forwarded to the ranks (launcher.launch_plan), then ssh reachability and the shared run
-directory (launcher.preflight). While it runs, launcher.supervise names the node and rank of a
+(launcher.launch.hostfile), the batch arithmetic of every stage at the resulting world size and the
+variables forwarded to the ranks (launcher.launch.launch_plan), then ssh reachability and the shared run
+directory (launcher.launch.preflight). While it runs, launcher.launch.supervise names the node and rank of a
 failure and makes sure the whole job stops. Multi-node set-up: docs/multinode.md.
 """
 from __future__ import annotations
@@ -18,9 +18,10 @@ import dataclasses
 import os
 import shlex
 
-from launcher import env_forwarding
-from launcher.launch_plan import add_launch_arguments, build_plan
-from launcher.node_commands import describe_plan
+from launcher.io import atomic_write_text
+from launcher.launch import env_forwarding
+from launcher.launch.launch_plan import add_launch_arguments, build_plan
+from launcher.launch.node_commands import describe_plan
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -33,17 +34,14 @@ def run(args: argparse.Namespace) -> int:
         print(describe_plan(plan))
         return 0
 
-    from launcher import preflight
-    from launcher.supervise import supervise
+    from launcher.launch import preflight
+    from launcher.launch.supervise import supervise
 
     master_addr = preflight.run_preflight(plan)
     plan = dataclasses.replace(plan, master_addr=master_addr)
     env_file = env_forwarding.write_env_file(plan.run_dir, plan.env)
     if plan.multi_node:
-        plan.hostfile_copy.parent.mkdir(parents=True, exist_ok=True)
-        tmp = plan.hostfile_copy.with_suffix(f".tmp.{os.getpid()}")
-        tmp.write_text(plan.hostfile.render(), encoding="utf-8")
-        os.replace(tmp, plan.hostfile_copy)
+        atomic_write_text(plan.hostfile_copy, plan.hostfile.render())
 
     runner_env = {**os.environ, **plan.env, "DS_ENV_FILE": str(env_file)}
     print(f"roformer pretrain: world size {plan.world_size} on {', '.join(plan.resources)} "

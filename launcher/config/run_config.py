@@ -1,9 +1,11 @@
-"""Run configuration: one YAML file, one dataclass per section, unknown keys rejected by name.
+"""Run configuration: one YAML file, parsed once into typed sections; unknown keys rejected by name.
 
-A run config has the sections `model` (the `RoFormerConfig` fields), `data`, `optimizer`,
-`schedule`, `checkpoint`, `logging` and `deepspeed`, plus a top-level `seed`. Relative paths are
-resolved against the directory of the config file, so a config works from any working directory;
-the resolved config written into a run directory holds absolute paths only.
+A run config has the sections `model` (a `roformer.RoFormerConfig`), `data` (its `masking` a
+`data_pipeline.MaskingConfig`), `optimizer`, `schedule` (the schedule file is read at load: its
+stages, `total_steps` and `stage_for_step`), `checkpoint`, `logging` and `deepspeed`, plus a
+top-level `seed`. Relative paths are resolved against the directory of the config file, so a config
+works from any working directory; the resolved config written into a run directory holds absolute
+paths only.
 
     cfg = load_run_config("configs/demo_cpu.yaml", ["optimizer.lr=5e-4", "schedule.file=..."])
 """
@@ -17,7 +19,12 @@ from typing import Any
 
 import yaml
 
+from data_pipeline.errors import DataError
+from data_pipeline.masking import MaskingConfig
+from launcher.config.schedule import Stage, load_schedule, stage_index_at
 from launcher.errors import UserError
+from launcher.io import atomic_write_text
+from roformer.config import ConfigError, RoFormerConfig
 
 DECAY_KINDS = ("linear", "cosine", "constant")
 
@@ -28,8 +35,8 @@ class DataSection:
     """Prepared data directory (`roformer data prepare --out DIR`): manifest, tokenizer, train/ and valid/."""
     seed: int = 1234
     """Seed of the data order and the masking; the global stream depends on it, not on the world size."""
-    masking: dict = field(default_factory=dict)
-    """Keyword arguments of `data_pipeline.MaskingConfig` (empty = its defaults)."""
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    """MLM corruption (`data_pipeline.MaskingConfig`; the YAML mapping holds its fields, empty = defaults)."""
     verify: bool = True
     """Check the manifest checksums and tokenizer hash when opening the corpus."""
 
@@ -53,6 +60,17 @@ class ScheduleSection:
     max_tokens_per_micro_batch: int = 0
     """Memory budget for stages without an explicit micro_batch_size: the micro-batch is the largest
     divisor of global_batch_size / world_size with micro x max_seq_len <= this. 0 = stages must say."""
+    stages: tuple[Stage, ...] = field(default=(), init=False)
+    """The stages of `file`, read at load (not a YAML key)."""
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps of the whole run (the same at every world size)."""
+        return sum(stage.steps for stage in self.stages)
+
+    def stage_for_step(self, step: int) -> tuple[int, int]:
+        """(stage index, step within that stage) of global step `step` (0-based)."""
+        return stage_index_at([stage.steps for stage in self.stages], step)
 
 
 @dataclass
@@ -74,7 +92,8 @@ class LoggingSection:
     progress_bar: bool = True
     """Show the rank-0 progress bar (stage, stage ETA, run ETA)."""
     stage_end_evals: list = field(default_factory=list)
-    """Names passed to launcher.stage_evals.on_stage_end after each stage checkpoint (empty = none)."""
+    """Evals run in the background on each stage-end checkpoint (`mlm` or a task name with optional
+    `:field=value` fine-tune options; launcher/downstream/stage_evals.py). Empty = none."""
 
 
 @dataclass
@@ -87,8 +106,8 @@ class DeepSpeedSection:
 
 @dataclass
 class RunConfig:
-    model: dict
-    """RoFormerConfig fields (validated by roformer.RoFormerConfig.from_dict)."""
+    model: RoFormerConfig
+    """The architecture (the YAML section holds RoFormerConfig fields)."""
     data: DataSection
     optimizer: OptimizerSection
     schedule: ScheduleSection
@@ -101,17 +120,11 @@ class RunConfig:
     """The file this config came from (for error messages)."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The YAML form (loads back with run_config_from_dict)."""
         out = dataclasses.asdict(self)
         out.pop("source")
+        out["schedule"].pop("stages")
         return out
-
-    def model_config(self):
-        from roformer.config import ConfigError, RoFormerConfig
-
-        try:
-            return RoFormerConfig.from_dict(dict(self.model), source=f"{self.source}: model")
-        except ConfigError as err:
-            raise UserError(str(err)) from None
 
 
 SECTIONS: dict[str, type] = {
@@ -156,23 +169,25 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path) -> RunConfig:
     seed = raw.get("seed", RunConfig.seed)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise UserError(f"{source}: seed: must be an integer, got {seed!r}")
-    cfg = RunConfig(model=dict(raw["model"]), seed=seed, source=source, **sections)
+    try:
+        model = RoFormerConfig.from_dict(dict(raw["model"]), source=f"{source}: model")
+    except ConfigError as err:
+        raise UserError(str(err)) from None
+    cfg = RunConfig(model=model, seed=seed, source=source, **sections)
     _validate(cfg)
-    cfg.model_config()  # architecture errors surface now, naming the field
+    cfg.schedule.stages = tuple(load_schedule(cfg.schedule.file))
     return cfg
 
 
 def dump_run_config(cfg: RunConfig, path: Path) -> None:
     """Write the resolved config (absolute paths) atomically; it loads back with load_run_config."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def _build_section(name: str, cls: type, values: Any, source: str, base_dir: Path):
     if not isinstance(values, dict):
         raise UserError(f"{source}: section '{name}' must be a mapping, got {type(values).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise UserError(f"{source}: unknown key(s) {', '.join(f'{name}.{k}' for k in unknown)} "
@@ -181,11 +196,29 @@ def _build_section(name: str, cls: type, values: Any, source: str, base_dir: Pat
     for key, value in values.items():
         default = fields[key].default if fields[key].default is not dataclasses.MISSING \
             else fields[key].default_factory()
+        if dataclasses.is_dataclass(default):
+            kwargs[key] = _build_nested(f"{name}.{key}", type(default), value, source)
+            continue
         kwargs[key] = _check_type(f"{name}.{key}", value, default, source)
         if (name, key) in PATH_FIELDS and kwargs[key]:
             expanded = Path(os.path.expandvars(os.path.expanduser(kwargs[key])))
             kwargs[key] = str(expanded if expanded.is_absolute() else (base_dir / expanded).resolve())
     return cls(**kwargs)
+
+
+def _build_nested(where: str, cls: type, values: Any, source: str):
+    """A section field that is itself a dataclass (data.masking): keys named as where.<key>."""
+    if not isinstance(values, dict):
+        raise UserError(f"{source}: {where}: expected a mapping of {cls.__name__} fields, got {values!r}")
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(str(k) for k in values if k not in known)
+    if unknown:
+        raise UserError(f"{source}: {', '.join(f'{where}.{k}' for k in unknown)}: unknown key(s) "
+                        f"(known: {', '.join(known)})")
+    try:
+        return cls(**values)
+    except DataError as err:
+        raise UserError(f"{source}: data: {err}") from None
 
 
 def _check_type(where: str, value: Any, default: Any, source: str) -> Any:
@@ -227,7 +260,6 @@ def _validate(cfg: RunConfig) -> None:
         section, name = key.split(".")
         if not Path(getattr(getattr(cfg, section), name)).is_file():
             fail(key, f"file not found: {getattr(getattr(cfg, section), name)}")
-    _validate_masking(cfg.data.masking, fail)
     opt = cfg.optimizer
     if not opt.lr > 0:
         fail("optimizer.lr", f"must be > 0, got {opt.lr}")
@@ -248,27 +280,6 @@ def _validate(cfg: RunConfig) -> None:
         fail("logging.valid_every", "must be >= 0")
     if not all(isinstance(x, str) for x in cfg.logging.stage_end_evals):
         fail("logging.stage_end_evals", "must be a list of names")
-    if cfg.logging.stage_end_evals:
-        try:
-            from launcher.stage_evals import validate_eval_names
-        except ImportError:
-            fail("logging.stage_end_evals", "set, but launcher.stage_evals is not installed")
-        validate_eval_names(cfg.logging.stage_end_evals, where=f"{src}: logging.stage_end_evals")
-
-
-def _validate_masking(masking: dict, fail) -> None:
-    """data.masking becomes MaskingConfig(**masking) on every rank: check it here, by name, not as a TypeError there."""
-    from data_pipeline import MaskingConfig
-    from data_pipeline.errors import DataError
-
-    known = [f.name for f in dataclasses.fields(MaskingConfig)]
-    unknown = sorted(str(k) for k in masking if k not in known)
-    if unknown:
-        fail(", ".join(f"data.masking.{k}" for k in unknown), f"unknown key(s) (known: {', '.join(known)})")
-    try:
-        MaskingConfig(**masking)
-    except DataError as err:
-        fail("data", str(err))
 
 
 def _apply_override(raw: dict, item: str, path: Path) -> None:

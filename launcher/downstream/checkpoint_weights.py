@@ -13,7 +13,6 @@ files. Universal `fp32.pt` files are plain tensors and are read with `weights_on
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import sys
 from dataclasses import dataclass
@@ -22,8 +21,9 @@ from pathlib import Path
 import torch
 
 from launcher.errors import UserError
+from launcher.run_dir import RunDir
+from launcher.sidecar import CheckpointSidecar, read_sidecar
 
-SIDECAR = "sidecar.json"
 _OPTIM_RANK = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 _ZERO3_MODEL_RANK = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_\d+_model_states\.pt$")
 
@@ -32,30 +32,26 @@ _ZERO3_MODEL_RANK = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_\d+_model_states\.p
 class CheckpointRef:
     """One complete checkpoint of a run."""
 
-    run_dir: Path  # the run directory given on the command line
-    tag: str  # sub-directory name under run_dir/checkpoints
-    sidecar: dict  # the trainer's sidecar.json (step, stage, tokens, model_config, validation, data dir)
-
-    @property
-    def checkpoints_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+    run_dir: RunDir  # the run directory given on the command line
+    tag: str  # sub-directory name under checkpoints/
+    sidecar: CheckpointSidecar
 
     @property
     def path(self) -> Path:
-        return self.checkpoints_dir / self.tag
+        return self.run_dir.checkpoint(self.tag)
 
 
 def resolve_checkpoint(run_dir: Path, tag: str | None) -> CheckpointRef:
     """Find the checkpoint (`tag`, or the one `checkpoints/latest` names) and check it is complete."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir}: run directory not found")
-    ckpt_dir = run_dir / "checkpoints"
+    layout = RunDir(Path(run_dir))
+    if not layout.root.is_dir():
+        raise UserError(f"{layout.root}: run directory not found")
+    ckpt_dir = layout.checkpoints
     if not ckpt_dir.is_dir():
         raise UserError(f"{ckpt_dir}: no checkpoints directory (has this run saved a checkpoint yet?)")
     available = sorted(p.name for p in ckpt_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
     if tag is None:
-        latest = ckpt_dir / "latest"
+        latest = layout.latest
         if not latest.is_file():
             raise UserError(f"{latest}: missing, so there is no latest checkpoint; pass --tag "
                             f"(available: {', '.join(available) or 'none'})")
@@ -66,28 +62,12 @@ def resolve_checkpoint(run_dir: Path, tag: str | None) -> CheckpointRef:
         raise UserError(f"--tag {tag!r}: not a checkpoint tag")
     if tag not in available:
         raise UserError(f"{ckpt_dir}: unknown checkpoint tag {tag!r} (available: {', '.join(available) or 'none'})")
-    ref = CheckpointRef(run_dir=run_dir, tag=tag, sidecar={})
-    ref.sidecar = _read_sidecar(ref.path)
-    _check_shards(ref.path, ref.sidecar)
-    return ref
+    sidecar = read_sidecar(layout.checkpoint(tag))
+    _check_shards(layout.checkpoint(tag), sidecar.world_size)
+    return CheckpointRef(run_dir=layout, tag=tag, sidecar=sidecar)
 
 
-def _read_sidecar(tag_dir: Path) -> dict:
-    path = tag_dir / SIDECAR
-    if not path.is_file():
-        raise UserError(f"{tag_dir}: partial checkpoint: {SIDECAR} missing (the save did not finish)")
-    try:
-        sidecar = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as err:
-        raise UserError(f"{path}: not valid JSON ({err})") from None
-    if isinstance(sidecar, dict) and sidecar.get("complete") is False:
-        raise UserError(f"{path}: partial checkpoint: the sidecar says the save is not complete")
-    if not isinstance(sidecar, dict) or not isinstance(sidecar.get("model_config"), dict):
-        raise UserError(f"{path}: field 'model_config' missing (the architecture to export)")
-    return sidecar
-
-
-def _check_shards(tag_dir: Path, sidecar: dict) -> None:
+def _check_shards(tag_dir: Path, world_size: int) -> None:
     """Every rank's files present: a missing shard is reported by name, before any loading."""
     optim = sorted(p.name for p in tag_dir.glob("*_optim_states.pt"))
     models = sorted(p.name for p in tag_dir.glob("*_model_states.pt"))
@@ -99,15 +79,13 @@ def _check_shards(tag_dir: Path, sidecar: dict) -> None:
     if not optim:
         return  # ZeRO-0: the model state file holds the full weights
     ranks = sorted(int(m.group(1)) for m in map(_OPTIM_RANK.search, optim) if m)
-    world = sidecar.get("world_size")
-    expected = int(world) if isinstance(world, int) else (max(ranks) + 1 if ranks else 0)
-    missing = sorted(set(range(expected)) - set(ranks))
+    missing = sorted(set(range(world_size)) - set(ranks))
     if missing:
         raise UserError(f"{tag_dir}: partial checkpoint: optimizer shard(s) of rank(s) "
                         f"{', '.join(map(str, missing))} missing (*zero_pp_rank_N_*_optim_states.pt)")
     zero3_model_ranks = {int(m.group(1)) for m in map(_ZERO3_MODEL_RANK.match, models) if m}
     if zero3_model_ranks:
-        missing = sorted(set(range(expected)) - zero3_model_ranks)
+        missing = sorted(set(range(world_size)) - zero3_model_ranks)
         if missing:
             raise UserError(f"{tag_dir}: partial checkpoint: ZeRO-3 model state shard(s) of rank(s) "
                             f"{', '.join(map(str, missing))} missing")
@@ -124,7 +102,7 @@ def consolidate_fp32(ref: CheckpointRef) -> dict[str, torch.Tensor]:
 
             # DeepSpeed prints progress to stdout; keep stdout for the command's own output.
             with contextlib.redirect_stdout(sys.stderr):
-                state = get_fp32_state_dict_from_zero_checkpoint(str(ref.checkpoints_dir), tag=ref.tag)
+                state = get_fp32_state_dict_from_zero_checkpoint(str(ref.run_dir.checkpoints), tag=ref.tag)
         elif (tag_dir / "zero").is_dir():
             state = _read_universal(tag_dir / "zero")
         else:

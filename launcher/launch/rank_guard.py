@@ -1,6 +1,6 @@
 """Run one rank as a child process and say which rank died, and how, if it fails.
 
-    python -m launcher.rank_guard launcher.pretrain_rank --config CFG --run-dir RUN_DIR ...
+    python -m launcher.launch.rank_guard launcher.train.rank_entry --config CFG --run-dir RUN_DIR ...
 
 A rank killed by SIGKILL (the OOM killer, a node problem) cannot report anything itself, and
 DeepSpeed's per-node launcher only logs "exits with return code" for the last command it started,
@@ -26,13 +26,11 @@ import subprocess
 import sys
 import time
 
+from launcher.defaults import DEFAULT_MASTER_PORT, ORDERLY_STOP_EXIT_CODE
+
 MARKER = "[roformer-rank-exit]"
 PR_SET_PDEATHSIG = 1
 ORPHAN_STOP_SECONDS = 60.0
-# launcher.pretrain_rank.STOPPED_EXIT_CODE: the trainer stopped on SIGTERM/SIGINT after a checkpoint
-# (a requested stop, not a failure; tests/test_launch.py checks the two agree).
-ORDERLY_STOP_EXIT_CODE = 143
-DEFAULT_MASTER_PORT = 29500  # DeepSpeed's TORCH_DISTRIBUTED_DEFAULT_PORT
 DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 MPI_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
@@ -95,7 +93,7 @@ def mpi_environment() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("-"):
-        print("usage: python -m launcher.rank_guard MODULE [ARGS...]", file=sys.stderr)
+        print("usage: python -m launcher.launch.rank_guard MODULE [ARGS...]", file=sys.stderr)
         return 2
     parent = os.getppid()
     _die_with_parent()

@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from launcher.batching import resolve_ds_config, resolve_stages, total_steps
-from launcher.config import load_run_config
+from launcher.config.deepspeed_json import resolve_ds_config
+from launcher.config.run_config import load_run_config
+from launcher.config.stages import ResolvedStage, resolve_stages
+from launcher.stage_end_jobs import check_eval_specs
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.config, args.overrides)
+    check_eval_specs(cfg.logging.stage_end_evals, where=f"{cfg.source}: logging.stage_end_evals")
     stages = resolve_stages(cfg, args.world_size)
     ds_config = resolve_ds_config(cfg, stages[0], args.world_size)
     if args.json:
@@ -33,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_plan(stages, world_size: int) -> str:
+def format_plan(stages: list[ResolvedStage], world_size: int) -> str:
     header = f"{'#':>2}  {'stage':<16}{'max_len':>8}{'global':>8}{'micro':>7}{'accum':>7}{'steps':>9}{'first':>9}" \
              f"{'lr_scale':>9}"
     rows = [f"plan for world size {world_size}: global batch = micro x accum x {world_size}", header]
@@ -41,5 +44,5 @@ def format_plan(stages, world_size: int) -> str:
         rows.append(f"{s.index + 1:>2}  {s.name[:15]:<16}{s.max_seq_len:>8}{s.global_batch_size:>8}"
                     f"{s.micro_batch_size:>7}{s.grad_accum_steps:>7}{s.steps:>9}{s.first_step:>9}{s.lr_scale:>9g}")
     tokens = sum(s.steps * s.global_batch_size * s.max_seq_len for s in stages)
-    rows.append(f"total: {total_steps(stages)} optimizer steps, {tokens:,} token slots")
+    rows.append(f"total: {stages[-1].end_step} optimizer steps, {tokens:,} token slots")
     return "\n".join(rows)

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from launcher.errors import UserError
+from launcher.io import atomic_write_json
 
 
 @dataclass
@@ -70,14 +71,14 @@ def run(args: argparse.Namespace) -> int:
     report = evaluate_mlm(cfg)
     text = json.dumps(report, indent=2)
     if args.out is not None:
-        write_json_atomic(args.out, report)
+        atomic_write_json(args.out, report)
     print(text)
     return 0
 
 
 def evaluate_mlm(cfg: MLMEvalConfig) -> dict:
     from data_pipeline import MaskingConfig, PretrainBatches, open_corpus, tokenizer_hash
-    from launcher.export_dir import load_masked_lm, trained_max_seq_len
+    from launcher.downstream.export_reader import load_masked_lm, trained_max_seq_len
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -150,11 +151,3 @@ def _resolve_data(path: Path, split: str) -> tuple[Path, str]:
     if not (path / "manifest.json").is_file() and (path.parent / "manifest.json").is_file():
         return path.parent, path.name
     return path, split
-
-
-def write_json_atomic(path: Path, payload: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)

@@ -1,0 +1,91 @@
+"""The README.md model card of an export: what was trained, on how much, and how well.
+
+Every figure comes from the run's own records: the checkpoint sidecar and RUN_DIR/stages.json (the
+stages the trainer resolved and ran; the schedule file named in config.yaml may have been edited since).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from launcher.run_dir import RunDir
+from launcher.sidecar import CheckpointSidecar
+
+STAGE_COLUMNS = ("name", "max_seq_len", "global_batch_size", "steps", "first_step")
+
+
+def render_model_card(sidecar: CheckpointSidecar, stages: list[dict] | None, tag: str, run_dir: Path) -> str:
+    """Markdown with a transformers-style YAML header."""
+    model = sidecar.model_config
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: fill-mask",
+        "tags: [roformer, rope, masked-lm, roformer-ds]",
+        "---",
+        "",
+        f"# RoFormer masked-LM export of `{Path(run_dir).name}` at checkpoint `{tag}`",
+        "",
+        "Encoder with Rotary Position Embedding (RoFormer, arXiv 2104.09864), pretrained with masked",
+        "language modelling by RoFormer-DS under DeepSpeed ZeRO. Weights are fp32, consolidated from the",
+        "ZeRO shards. Load with `transformers.RoFormerForMaskedLM.from_pretrained(dir)` and",
+        "`transformers.AutoTokenizer.from_pretrained(dir)`; RoPE has no maximum length.",
+        "",
+        "## Training state",
+        "",
+        "| field | value |",
+        "|---|---|",
+    ]
+    for label, value in (("optimizer steps", sidecar.step),
+                         ("stage at save", sidecar.stage_name),
+                         ("stage complete", sidecar.stage_complete),
+                         ("tokens seen", sidecar.consumed_tokens),
+                         ("sequences seen", sidecar.consumed_samples),
+                         ("world size at save", sidecar.world_size),
+                         ("ZeRO stage", sidecar.zero_stage),
+                         ("training precision", sidecar.precision)):
+        lines.append(f"| {label} | {_fmt(value)} |")
+    lines.append(f"| architecture | {_architecture(model)} |")
+
+    if stages:
+        lines += ["", "## Training stages (schedule of the run; steps counted over the whole run)", "",
+                  "| stage | max length | global batch | steps | first step | reached by this checkpoint |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {s['name']} | {s['max_seq_len']} | {s['global_batch_size']} | {s['steps']:,} | "
+                  f"{s['first_step']:,} | {'yes' if s['reached'] else 'no'} |" for s in stages]
+
+    if sidecar.last_validation:
+        lines += ["", "## Validation (held-out shards, at save time)", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {_fmt(v)} |" for k, v in sidecar.last_validation.items()]
+
+    lines += ["", "## Model config", "", "```json", json.dumps(model, indent=2, sort_keys=True), "```", ""]
+    return "\n".join(lines)
+
+
+def _architecture(model: dict) -> str:
+    parts = [f"{model['num_hidden_layers']} layers", f"hidden {model['hidden_size']}",
+             f"{model['num_attention_heads']} heads", f"vocab {model['vocab_size']}",
+             f"positions: {model['position_encoding']}"]
+    return ", ".join(parts)
+
+
+def run_stages(run_dir: RunDir, step: int) -> list[dict] | None:
+    """The run's stages (RUN_DIR/stages.json) and whether the checkpoint at `step` got into each;
+    None when the file is missing or unreadable (the card then has no stage table)."""
+    try:
+        stages = json.loads(run_dir.stages.read_text(encoding="utf-8"))["stages"]
+        rows = [{key: s[key] for key in STAGE_COLUMNS} for s in stages]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for row in rows:
+        row["reached"] = step > row["first_step"]
+    return rows
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)

@@ -1,0 +1,54 @@
+"""Files that are never seen half-written, and file checksums (the one copy of each).
+
+A write goes to a hidden temporary file next to the target, is flushed to disk, and is renamed over
+the target (os.replace is atomic on POSIX): a reader sees the old file or the new one, never a mix,
+and a crash leaves at most a `.NAME.tmp<pid>` file behind.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    _atomic_write(path, write)
+
+
+def atomic_write_json(path: Path, payload: Any) -> None:
+    """Indented JSON with a final newline (every JSON file of a run directory and a report)."""
+    atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    import torch
+
+    _atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

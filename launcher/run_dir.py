@@ -1,0 +1,100 @@
+"""The run directory's layout: every file and folder name of RUN_DIR, defined here and nowhere else.
+
+    RUN_DIR/
+      config.yaml                 resolved run config (absolute paths), written before the first step
+      stages.json                 the stages at the run's world size (batch arithmetic)
+      ds_config.resolved.json     the DeepSpeed config the engine started with
+      metrics.jsonl, tb/          rank-0 metrics (tb/evals: stage-end eval scalars)
+      checkpoints/<tag>/          DeepSpeed's files, rng_rank<r>.pt, sidecar.json (written last)
+      checkpoints/latest          the newest complete tag
+      universal/<tag>/            ds_to_universal output when resuming at another world size
+      evals/, exports/<tag>/      stage-end eval reports and their exports
+      .deepspeed_env, launch/     what `roformer pretrain` gave the ranks (env file, hostfile copy)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+TAG_PREFIX = "global_step"
+SIDECAR_NAME = "sidecar.json"
+ENV_FILE_NAME = ".deepspeed_env"
+
+
+def tag_for_step(step: int) -> str:
+    """Checkpoint tag after `step` optimizer steps (DeepSpeed's own naming)."""
+    return f"{TAG_PREFIX}{step}"
+
+
+def step_of_tag(tag: str) -> int | None:
+    number = tag[len(TAG_PREFIX):]
+    return int(number) if tag.startswith(TAG_PREFIX) and number.isdigit() else None
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths of one run directory (nothing is created here)."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def stages(self) -> Path:
+        return self.root / "stages.json"
+
+    @property
+    def ds_config(self) -> Path:
+        return self.root / "ds_config.resolved.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tb"
+
+    @property
+    def eval_tensorboard(self) -> Path:
+        return self.tensorboard / "evals"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def latest(self) -> Path:
+        return self.checkpoints / "latest"
+
+    def checkpoint(self, tag: str) -> Path:
+        return self.checkpoints / tag
+
+    @property
+    def universal(self) -> Path:
+        return self.root / "universal"
+
+    @property
+    def evals(self) -> Path:
+        return self.root / "evals"
+
+    def export(self, tag: str) -> Path:
+        return self.root / "exports" / tag
+
+    @property
+    def env_file(self) -> Path:
+        return self.root / ENV_FILE_NAME
+
+    @property
+    def hostfile_copy(self) -> Path:
+        return self.root / "launch" / "hostfile"
+
+
+def sidecar_path(checkpoint_dir: Path) -> Path:
+    return Path(checkpoint_dir) / SIDECAR_NAME
+
+
+def rng_path(checkpoint_dir: Path, rank: int) -> Path:
+    return Path(checkpoint_dir) / f"rng_rank{rank}.pt"

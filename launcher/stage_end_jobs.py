@@ -1,0 +1,74 @@
+"""Stage-end evals as seen from outside the eval code: check their specs, start one job per checkpoint.
+
+The eval job itself (export + eval-mlm / quick fine-tunes) is launcher.downstream.stage_evals. It is
+reached only as a separate process (`python -m launcher.downstream.stage_evals`), so neither the run
+config, the launcher nor the trainer imports the fine-tuning code; the job's `--check` mode is the
+one place that knows which evals and options exist.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher.defaults import BAD_INPUT_EXIT_CODE
+from launcher.errors import UserError
+from launcher.run_dir import RunDir
+
+STAGE_EVALS_MODULE = "launcher.downstream.stage_evals"
+
+
+def _eval_args(specs: list[str]) -> list[str]:
+    return [arg for spec in specs for arg in ("--eval", spec)]
+
+
+def check_eval_specs(specs: list[str], where: str = "logging.stage_end_evals") -> None:
+    """UserError naming `where` and the bad entry unless every spec is a known eval with valid options.
+    Costs one short Python process, and only when evals are configured."""
+    if not specs:
+        return
+    proc = subprocess.run([sys.executable, "-m", STAGE_EVALS_MODULE, "--check", "--where", where, *_eval_args(specs)],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode == BAD_INPUT_EXIT_CODE:
+        raise UserError(proc.stderr.strip().splitlines()[-1])
+    if proc.returncode != 0:
+        raise RuntimeError(f"checking {where} failed (exit code {proc.returncode}): {proc.stderr[-2000:]}")
+
+
+def start_stage_end_job(run_dir: RunDir, tag: str, stage_name: str, specs: list[str]) -> subprocess.Popen:
+    """Start the evals of checkpoint `tag` in a detached process (own session, output to
+    RUN_DIR/evals/<tag>.log) and return at once."""
+    run_dir.evals.mkdir(parents=True, exist_ok=True)
+    snapshot = snapshot_checkpoint(run_dir, tag)
+    cmd = [sys.executable, "-m", STAGE_EVALS_MODULE, "--run-dir", str(run_dir.root), "--snapshot", str(snapshot),
+           "--tag", tag, "--stage", stage_name, *_eval_args(specs)]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    with open(run_dir.evals / f"{tag}.log", "ab") as log:
+        # Own session: a Ctrl-C or a signal to the training job's process group does not reach it.
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True, env=env)
+
+
+def snapshot_checkpoint(run_dir: RunDir, tag: str) -> Path:
+    """Hard links to the checkpoint's files (instant, no copy) in a run-dir-shaped folder under
+    RUN_DIR/evals/: the eval job reads those, so the trainer's retention may delete the original
+    while the job is queued or running. Returns the snapshot's run directory."""
+    snapshot = RunDir(run_dir.evals / f".snapshot-{tag}" / run_dir.root.name)
+    shutil.rmtree(snapshot.root.parent, ignore_errors=True)
+    snapshot.checkpoint(tag).mkdir(parents=True)
+    for path in run_dir.checkpoint(tag).iterdir():
+        if path.is_file():
+            _link_or_copy(path, snapshot.checkpoint(tag) / path.name)
+    for source, dest in ((run_dir.config, snapshot.config), (run_dir.stages, snapshot.stages)):
+        if source.is_file():
+            shutil.copy2(source, dest)
+    return snapshot.root
+
+
+def _link_or_copy(source: Path, dest: Path) -> None:
+    try:
+        os.link(source, dest)
+    except OSError:  # another filesystem, or links not allowed
+        shutil.copy2(source, dest)

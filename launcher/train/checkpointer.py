@@ -1,0 +1,195 @@
+"""Checkpoints of a run directory: the Checkpointer that saves and loads a run's named states, the
+choice of the resume point, retention, and the conversion for another world size.
+
+Layout (launcher/run_dir.py): RUN_DIR/checkpoints/<tag>/ holds DeepSpeed's files, rng_rank<r>.pt per
+rank and sidecar.json, written LAST by rank 0 after every rank finished (launcher/sidecar.py);
+checkpoints/latest names the newest complete tag. A checkpoint without a complete sidecar is never
+resumed from; the newest complete one is.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import deepspeed.comm as dist
+
+from launcher.config.stages import ResolvedStage
+from launcher.errors import UserError
+from launcher.io import atomic_write_text
+from launcher.run_dir import RunDir, sidecar_path, step_of_tag, tag_for_step
+from launcher.sidecar import CheckpointSidecar, complete_sidecar, write_sidecar
+from launcher.train.engine import loss_scale, precision
+from launcher.train.rng import load_rng, save_rng, seed_everything
+from roformer.config import ConfigError, RoFormerConfig
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class ResumePoint:
+    """The newest complete checkpoint of a run directory."""
+
+    directory: Path
+    sidecar: CheckpointSidecar
+
+    @property
+    def tag(self) -> str:
+        return self.sidecar.tag
+
+
+class Checkpointer:
+    """Saves and loads the named states of a run (torchtitan-style), all ranks together:
+
+    "model"  the DeepSpeed engine (weights, optimizer, loss scaler), one file set per rank;
+    "train"  the loop's counters and "data" the data position: the same on every rank, in the sidecar;
+    "rng"    this rank's random generators (rng_rank<r>.pt).
+    """
+
+    def __init__(self, run_dir: RunDir, engine, train: Stateful, data: Stateful, *, model_config: RoFormerConfig,
+                 rank: int, world_size: int, keep_last: int, total_steps: int):
+        self.run_dir, self.engine, self.train, self.data = run_dir, engine, train, data
+        self.model_config, self.rank, self.world_size = model_config, rank, world_size
+        self.keep_last, self.total_steps = keep_last, total_steps
+
+    def save(self, stage: ResolvedStage) -> str:
+        """All ranks write, barrier, then rank 0 marks the checkpoint complete and moves `latest`."""
+        train = self.train.state_dict()
+        step, tag = train["step"], tag_for_step(train["step"])
+        directory = self.run_dir.checkpoint(tag)
+        if self.rank == 0 and directory.exists():  # left by an interrupted run that got further
+            remove_checkpoint(directory)
+        data_state = self.data.state_dict()
+        states = [None] * self.world_size
+        # Also the sync point after rank 0's removal above: no rank writes into the directory before it.
+        dist.all_gather_object(states, data_state)  # the data position is global: all ranks must agree
+        if any(s != data_state for s in states):
+            raise RuntimeError(f"data pipeline states differ between ranks at step {step}: {states}")
+        sidecar = CheckpointSidecar(
+            tag=tag, stage_index=stage.index, stage_name=stage.name, step_in_stage=step - stage.first_step,
+            stage_complete=step == stage.end_step, **train, data_state=data_state,
+            model_config=self.model_config.to_dict(), world_size=self.world_size, loss_scale=loss_scale(self.engine),
+            skipped_steps=int(self.engine.skipped_steps), zero_stage=self.engine.zero_optimization_stage(),
+            precision=precision(self.engine), total_steps=self.total_steps)
+        self.engine.save_checkpoint(str(self.run_dir.checkpoints), tag=tag,
+                                    client_state={"roformer_ds": sidecar.to_dict()}, save_latest=False)
+        save_rng(directory, self.rank)
+        dist.barrier()
+        if self.rank == 0:
+            write_sidecar(directory, sidecar)
+            atomic_write_text(self.run_dir.latest, tag)
+            prune(self.run_dir, self.keep_last)
+        dist.barrier()
+        return tag
+
+    def load(self, point: ResumePoint, universal: bool, seed: int) -> None:
+        """Every state from `point` (through RUN_DIR/universal/<tag> when the world size changed)."""
+        load_dir = self.run_dir.universal if universal else self.run_dir.checkpoints
+        path, client_state = self.engine.load_checkpoint(str(load_dir), tag=point.tag)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load {load_dir / point.tag}")
+        saved_step = (client_state or {}).get("roformer_ds", {}).get("step")
+        if saved_step != point.sidecar.step:
+            raise RuntimeError(f"{point.directory}: sidecar step {point.sidecar.step} does not match the DeepSpeed "
+                               f"checkpoint's client state step {saved_step}")
+        sidecar = point.sidecar
+        self.train.load_state_dict({"step": sidecar.step, "consumed_samples": sidecar.consumed_samples,
+                                    "consumed_tokens": sidecar.consumed_tokens,
+                                    "last_validation": sidecar.last_validation})
+        self.data.load_state_dict(sidecar.data_state)
+        if universal or not load_rng(point.directory, self.rank):
+            seed_everything(seed * 1009 + self.rank + 7919 * sidecar.step)  # other world size: fresh streams
+
+
+def find_resume_point(run_dir: RunDir) -> ResumePoint | None:
+    """The newest complete checkpoint of the run directory (None: start from scratch)."""
+    if not run_dir.checkpoints.is_dir():
+        return None
+    complete = []
+    for directory in run_dir.checkpoints.iterdir():
+        if directory.is_dir() and not directory.name.startswith("."):
+            sidecar = complete_sidecar(directory)
+            if sidecar is not None and sidecar.tag == directory.name:
+                complete.append(ResumePoint(directory, sidecar))
+    return max(complete, key=lambda p: p.sidecar.step, default=None)
+
+
+def check_foreign_checkpoints(run_dir: RunDir) -> None:
+    """Refuse a run directory whose checkpoints/ holds DeepSpeed checkpoints we did not write.
+
+    Every checkpoint of ours comes after RUN_DIR/config.yaml (written before the first step), so
+    model-state files without it belong to something else; training there would mix two runs."""
+    if run_dir.config.is_file():
+        return
+    foreign = sorted(d.name for d in run_dir.checkpoints.glob("*") if d.is_dir() and any(d.glob("*model_states.pt")))
+    if foreign:
+        raise UserError(f"--run-dir {run_dir.root}: checkpoints/ holds DeepSpeed checkpoints not written by "
+                        f"`roformer pretrain` ({', '.join(foreign[:3])}; no config.yaml); use a new run directory")
+
+
+def check_compatible(point: ResumePoint, model_config: RoFormerConfig) -> None:
+    """Refuse to resume a checkpoint of another model (names the differing fields)."""
+    try:
+        saved = RoFormerConfig.from_dict(point.sidecar.model_config, source=str(sidecar_path(point.directory)))
+    except ConfigError as err:
+        raise UserError(f"{point.directory}: not a checkpoint of this project's model: {err}") from None
+    differing = saved.diff(model_config)
+    if differing:
+        details = ", ".join(f"{name}: checkpoint {getattr(saved, name)!r} vs config {getattr(model_config, name)!r}"
+                            for name in differing)
+        raise UserError(f"{point.directory}: the checkpoint was trained with a different model; differing "
+                        f"field(s): {details}. Use a new run directory or the checkpoint's model config.")
+
+
+def convert_to_universal(point: ResumePoint, run_dir: RunDir) -> Path:
+    """Rank 0 only: DeepSpeed's ds_to_universal into RUN_DIR/universal/<tag> (atomic rename; reused)."""
+    final = run_dir.universal / point.tag
+    if (final / "zero").is_dir():
+        return final
+    partial = run_dir.universal / f".{point.tag}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(point.directory),
+           "--output_folder", str(partial), "--inject_missing_state", "--num_extract_workers", "1",
+           "--num_merge_workers", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ds_to_universal failed for {point.directory}:\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+    os.replace(partial, final)
+    return final
+
+
+def prune(run_dir: RunDir, keep_last: int) -> list[str]:
+    """Delete all but the newest `keep_last` complete checkpoints, and incomplete ones older than
+    the newest complete one (leftovers of killed writes). Returns the deleted tags."""
+    complete, incomplete = [], []
+    for directory in run_dir.checkpoints.iterdir():
+        if not directory.is_dir():
+            continue
+        sidecar = complete_sidecar(directory)
+        (complete if sidecar else incomplete).append((sidecar.step if sidecar else None, directory))
+    complete.sort(key=lambda item: item[0])
+    doomed = [d for _, d in complete[:-keep_last]]
+    newest = complete[-1][0] if complete else None
+    for _, directory in incomplete:
+        step = step_of_tag(directory.name)
+        if newest is not None and step is not None and step < newest:
+            doomed.append(directory)
+    for directory in doomed:
+        remove_checkpoint(directory)
+    return [d.name for d in doomed]
+
+
+def remove_checkpoint(directory: Path) -> None:
+    # Drop the marker first: a crash during rmtree leaves an incomplete (ignored) directory.
+    sidecar_path(directory).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
+

@@ -1,0 +1,40 @@
+"""The DeepSpeed engine of a rank: built from the run config, and what the loop and the checkpoints
+read back from it (loss scale, precision)."""
+from __future__ import annotations
+
+import deepspeed
+import torch
+
+from launcher.config.run_config import RunConfig
+from launcher.train.rng import seed_everything
+from roformer import RoFormerForMaskedLM
+
+
+def build_engine(cfg: RunConfig, ds_config: dict, rank: int):
+    seed_everything(cfg.seed)  # the same initial weights on every rank
+    model = RoFormerForMaskedLM(cfg.model)
+    seed_everything(cfg.seed * 1009 + rank)  # independent dropout per rank
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]  # biases and LayerNorm: no weight decay
+    groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config)
+    return engine
+
+
+def loss_scale(engine) -> float:
+    """The dynamic fp16 loss scale (1.0 when there is none: fp32 / bf16)."""
+    optimizer = engine.optimizer
+    for path in ("loss_scale", "cur_scale", "loss_scale_config.cur_scale", "loss_scaler.cur_scale"):
+        value = optimizer
+        try:
+            for attr in path.split("."):
+                value = getattr(value, attr)
+        except AttributeError:
+            continue
+        if isinstance(value, (int, float, torch.Tensor)):
+            return float(value)
+    return 1.0
+
+
+def precision(engine) -> str:
+    return "fp16" if engine.fp16_enabled() else "bf16" if engine.bfloat16_enabled() else "fp32"

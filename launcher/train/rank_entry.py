@@ -1,0 +1,135 @@
+"""Per-rank entry of pretraining, started by DeepSpeed's launcher (`roformer pretrain` builds the command):
+
+    python -m launcher.train.rank_entry --config CFG --run-dir RUN_DIR [--set section.key=value ...]
+
+Everything that can be wrong with the input is checked before the engine exists: the run config,
+the stages for this world size, the run directory, a checkpoint of another model, the data. Then
+the run resumes from the newest complete checkpoint of RUN_DIR (through a universal checkpoint
+when the world size changed) or starts fresh, and trains to the end of the schedule.
+Exit codes: 0 finished, 2 bad input (one line on stderr), 143 stopped by SIGTERM/SIGINT after
+saving a checkpoint (re-run the same command to resume).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+PROCESS_START = time.time()  # for the start-up timing event
+
+
+def _default_omp_threads() -> None:
+    # Must run before torch is imported. Ranks of one node share its cores; without this every
+    # rank would start one thread per core and the node would be oversubscribed.
+    if "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // max(1, int(os.environ.get("LOCAL_SIZE", "1")))))
+
+
+_default_omp_threads()
+
+import argparse  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from launcher.config.run_config import load_run_config  # noqa: E402
+from launcher.config.stages import resolve_stages  # noqa: E402
+from launcher.defaults import BAD_INPUT_EXIT_CODE, ORDERLY_STOP_EXIT_CODE  # noqa: E402
+from launcher.errors import UserError, user_errors  # noqa: E402
+from launcher.stage_end_jobs import check_eval_specs  # noqa: E402
+from launcher.train import startup  # noqa: E402
+from launcher.train.checkpointer import Checkpointer  # noqa: E402
+from launcher.train.engine import build_engine  # noqa: E402
+from launcher.train.metrics import Metrics  # noqa: E402
+from launcher.train.trainer import Trainer, TrainState  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m launcher.train.rank_entry", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="run config YAML")
+    parser.add_argument("--run-dir", required=True, help="run directory (created; resumed when it holds checkpoints)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # added by DeepSpeed
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return train(args)
+    except user_errors() as err:
+        print(f"pretrain (rank {os.environ.get('RANK', '?')}): error: {err}", file=sys.stderr, flush=True)
+        return BAD_INPUT_EXIT_CODE
+
+
+def train(args: argparse.Namespace) -> int:
+    """Check the input, build the components (data, engine, checkpointer, metrics), then trainer.run()."""
+    # Raised by DeepSpeed's ZeRO all-gather on every step with recent torch; nothing for a user to do.
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
+    timer = startup.PhaseTimer(PROCESS_START)
+    cfg = load_run_config(args.config, args.overrides)
+    check_eval_specs(cfg.logging.stage_end_evals, where=f"{cfg.source}: logging.stage_end_evals")
+    rank, world_size = rank_and_world_size()
+    stages = resolve_stages(cfg, world_size)
+    run_dir = startup.prepare_run_dir(Path(args.run_dir))
+    point = startup.resume_point(run_dir, cfg)
+    if point is not None and point.sidecar.step >= cfg.schedule.total_steps:
+        print(f"{run_dir.root}: already trained to the end of the schedule (step {point.sidecar.step}); "
+              "nothing to do", file=sys.stderr)
+        return 0
+    batches, valid_batches = startup.open_batches(cfg, stages, rank, world_size)
+    timer.phase("checks_and_data")
+
+    startup.init_distributed()
+    timer.phase("init_distributed")
+    universal = point is not None and point.sidecar.world_size != world_size
+    ds_config = startup.write_run_files(run_dir, cfg, stages, world_size, rank, point, universal)
+    timer.phase("run_files_and_conversion")
+    engine = build_engine(cfg, ds_config, rank)
+    timer.phase("engine")
+    state = TrainState()
+    checkpointer = Checkpointer(run_dir, engine, state, batches, model_config=cfg.model, rank=rank,
+                                world_size=world_size, keep_last=cfg.checkpoint.keep_last,
+                                total_steps=cfg.schedule.total_steps)
+    if point is not None:
+        checkpointer.load(point, universal, cfg.seed)
+        timer.phase("checkpoint_load")
+    metrics = Metrics(run_dir, rank, stages, cfg.schedule.total_steps, state.step, cfg.logging.log_every,
+                      cfg.logging.progress_bar)
+    startup.report_start(metrics, timer, point, engine, world_size, universal)
+    trainer = Trainer(cfg, stages, engine, batches, valid_batches, state, checkpointer, metrics,
+                      on_stage_end=startup.stage_end_callback(cfg, run_dir))
+    install_stop_handlers(trainer, metrics)
+    outcome = trainer.run()
+    metrics.event(outcome, step=state.step)
+    metrics.message(f"{outcome} at step {state.step}; checkpoints in {run_dir.checkpoints}")
+    metrics.close()
+    return 0 if outcome == "finished" else ORDERLY_STOP_EXIT_CODE
+
+
+def rank_and_world_size() -> tuple[int, int]:
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        raise UserError("RANK / WORLD_SIZE are not set: start this through `roformer pretrain` "
+                        "(DeepSpeed's launcher), not directly") from None
+
+
+def install_stop_handlers(trainer, metrics) -> None:
+    """SIGTERM / SIGINT: finish the current step, checkpoint, exit (all ranks agree via the step's all-reduce)."""
+
+    def request_stop(signum, _frame):
+        if not trainer.stop_signalled:
+            trainer.stop_signalled = True
+            metrics.message(f"{signal.Signals(signum).name}: stopping after this step with a checkpoint")
+        else:  # a second signal: stop now
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

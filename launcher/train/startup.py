@@ -1,0 +1,122 @@
+"""Start-up of one rank, in the order the rank entry runs it: the run directory, the resume point,
+the data, the distributed group, the run's record files, and the start-up report."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import deepspeed
+import deepspeed.comm as dist
+from deepspeed.accelerator import get_accelerator
+
+from data_pipeline import PretrainBatches, open_corpus
+from launcher.config.deepspeed_json import resolve_ds_config
+from launcher.config.run_config import RunConfig, dump_run_config
+from launcher.config.stages import ResolvedStage
+from launcher.errors import UserError
+from launcher.io import atomic_write_json
+from launcher.run_dir import RunDir
+from launcher.stage_end_jobs import start_stage_end_job
+from launcher.train.checkpointer import (ResumePoint, check_compatible, check_foreign_checkpoints,
+                                         convert_to_universal, find_resume_point)
+from launcher.train.engine import loss_scale
+from launcher.train.metrics import Metrics
+from launcher.train.trainer import StageEndCallback
+
+
+class PhaseTimer:
+    """Seconds spent in each start-up phase (the `startup` event of metrics.jsonl)."""
+
+    def __init__(self, process_start: float):
+        self.process_start = process_start
+        self.phases = {"imports": time.time() - process_start}
+        self.mark = time.perf_counter()
+
+    def phase(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = now - self.mark
+        self.mark = now
+
+
+def prepare_run_dir(path: Path) -> RunDir:
+    """Create RUN_DIR (its parent must exist) and check it is a writable directory."""
+    root = path.expanduser().resolve()
+    if root.exists() and not root.is_dir():
+        raise UserError(f"--run-dir {root}: exists and is not a directory")
+    if not root.parent.is_dir():
+        raise UserError(f"--run-dir {root}: parent directory {root.parent} does not exist")
+    run_dir = RunDir(root)
+    try:
+        run_dir.checkpoints.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise UserError(f"--run-dir {root}: not writable ({err.strerror})") from None
+    return run_dir
+
+
+def resume_point(run_dir: RunDir, cfg: RunConfig) -> ResumePoint | None:
+    """The checkpoint to resume from, after refusing foreign checkpoints and another model's."""
+    check_foreign_checkpoints(run_dir)
+    point = find_resume_point(run_dir)
+    if point is not None:
+        check_compatible(point, cfg.model)
+    return point
+
+
+def open_batches(cfg: RunConfig, stages: list[ResolvedStage], rank: int, world_size: int):
+    """This rank's training and validation batches; a corpus too small for a stage fails now, not mid-run."""
+    corpora = [open_corpus(Path(cfg.data.data_dir), split=split, verify=cfg.data.verify) for split in ("train", "valid")]
+    if corpora[0].vocab_size > cfg.model.vocab_size:
+        raise UserError(f"{cfg.source}: model.vocab_size {cfg.model.vocab_size} is smaller than the "
+                        f"tokenizer's vocabulary {corpora[0].vocab_size} in {cfg.data.data_dir}")
+    train, valid = (PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed,
+                                    masking=cfg.data.masking) for corpus in corpora)
+    for stage in stages:
+        train.check_min_size(stage.max_seq_len, stage.global_batch_size)
+    return train, valid
+
+
+def init_distributed() -> None:
+    deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
+
+
+def write_run_files(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int, rank: int,
+                    point: ResumePoint | None, universal: bool) -> dict:
+    """The DeepSpeed config to start with (batch sizes of the stage the run starts or resumes in).
+    Rank 0 records config.yaml, ds_config.resolved.json and stages.json, and converts the resume
+    checkpoint for this world size; the other ranks wait for it."""
+    start_stage = stages[cfg.schedule.stage_for_step(point.sidecar.step if point else 0)[0]]
+    ds_config = resolve_ds_config(cfg, start_stage, world_size, load_universal=universal)
+    if rank == 0:
+        dump_run_config(cfg, run_dir.config)
+        atomic_write_json(run_dir.ds_config, ds_config)
+        atomic_write_json(run_dir.stages, {"world_size": world_size, "stages": [s.to_dict() for s in stages]})
+        if universal:
+            convert_to_universal(point, run_dir)
+    dist.barrier()
+    return ds_config
+
+
+def report_start(metrics: Metrics, timer: PhaseTimer, point: ResumePoint | None, engine, world_size: int,
+                 universal: bool) -> None:
+    step = point.sidecar.step if point else 0
+    if point is not None:
+        seconds = timer.phases["checkpoint_load"]
+        metrics.event("resume", step=step, tag=point.tag, from_world_size=point.sidecar.world_size,
+                      world_size=world_size, universal=universal, seconds=seconds,
+                      loss_scale=loss_scale(engine), skipped_steps=int(engine.skipped_steps))
+        metrics.message(f"resumed from {point.tag} (step {step}) in {seconds:.2f} s"
+                        f"{' via a universal checkpoint' if universal else ''}")
+    metrics.event("startup", step=step, seconds=time.time() - timer.process_start,
+                  phases={k: round(v, 3) for k, v in timer.phases.items()})
+
+
+def stage_end_callback(cfg: RunConfig, run_dir: RunDir) -> StageEndCallback | None:
+    """Starts the configured stage-end evals (a detached process) on each stage-end checkpoint."""
+    specs = list(cfg.logging.stage_end_evals)
+    if not specs:
+        return None
+    return lambda tag, stage: start_stage_end_job(run_dir, tag, stage.name, specs)
