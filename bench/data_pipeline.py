@@ -1,12 +1,19 @@
-"""Data pipeline speed: corpus preparation rate and batch production rate with memory over time.
+"""Data pipeline speed: corpus preparation rate, batch production rate with memory over time, mixing.
 
-    HF_DATASETS_OFFLINE=1 .venv/bin/python bench/data_pipeline.py [--data-cache DIR] [--skip-prepare]
+    HF_DATASETS_OFFLINE=1 .venv/bin/python bench/data_pipeline.py [--data-cache DIR]
+        [--baseline-src DIR]   # e.g. `git archive <rev> data_pipeline | tar -x -C DIR`: A/B against it
+        [--data-dir DIR]       # reuse a prepared en+zh directory instead of preparing (no prepare figures)
 
 Uses the bundled default corpus (set-up step; installed on demand). Writes bench/results/data.json:
   prepare   full English linux-doc set (+ the Chinese set) with --workers 1 and 2: MB/s, phase times,
             and the rate extrapolated to the paper's ~34 GB corpus
   batches   tokens/s of next_batch at the demo shape (seq 128 x 16) and a long-sequence shape, RSS
-            (anonymous and file-backed) sampled while streaming several epochs
+            (anonymous and file-backed) sampled while streaming several epochs; each shape measured
+            in fresh processes, alternating with the baseline reader when one is given (shared load
+            hits both alike), median of the rounds
+  mixing    English/Chinese token share of each of the first global batches against the corpus share
+  scale     a synthetic split of 10^7 documents (the reference scale): open, first batch (builds the
+            epoch order), seek to a far step, tokens/s, anonymous RSS
   model     fwd+bwd time of the default demo model at seq 128 x 16, as the rate batches must beat 10x
 """
 from __future__ import annotations
@@ -15,13 +22,18 @@ import argparse
 import json
 import os
 import platform
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# A worker process measuring a baseline reader imports `data_pipeline` from that copy instead.
+sys.path.insert(0, os.environ.get("BENCH_DATA_PIPELINE_SRC") or str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
 
 from data_pipeline import MaskingConfig, PretrainBatches, open_corpus  # noqa: E402
 from data_pipeline.config import InputConfig, PrepareConfig, TokenizerConfig  # noqa: E402
@@ -114,6 +126,138 @@ def bench_batches(data_dir: Path, seq_len: int, micro_batch: int, whole_word: bo
             "rss_timeline": timeline}
 
 
+def bench_mixing(data_dir: Path, seq_len: int, global_batch: int, steps: int) -> dict:
+    """Chinese share of the tokens of each of the first `steps` global batches vs the corpus share."""
+    corpus = open_corpus(data_dir, "train")
+    is_zh, is_en = _script_tables(corpus)
+    shard_zh = sum(int(is_zh[np.asarray(s.token_ids)].sum()) for s in corpus.shards)
+    shard_en = sum(int(is_en[np.asarray(s.token_ids)].sum()) for s in corpus.shards)
+    share = shard_zh / (shard_zh + shard_en)
+    reader = PretrainBatches(corpus, rank=0, world_size=1, seed=0)
+    shares = []
+    for _ in range(steps):
+        b = reader.next_batch(seq_len, global_batch)
+        ids = np.where(b["labels"].numpy() != -100, b["labels"].numpy(), b["input_ids"].numpy())
+        zh, en = int(is_zh[ids].sum()), int(is_en[ids].sum())
+        shares.append(zh / max(zh + en, 1))
+    deviation = np.abs(np.array(shares) - share)
+    return {"seq_len": seq_len, "global_batch": global_batch, "steps": steps, "corpus_zh_share": round(share, 3),
+            "mean_abs_deviation": round(float(deviation.mean()), 3),
+            "worst_deviation": round(float(deviation.max()), 3),
+            "steps_over_90pct_one_language": int(sum(x < 0.1 or x > 0.9 for x in shares)),
+            "zh_share_first_20_steps": [round(x, 2) for x in shares[:20]]}
+
+
+def _script_tables(corpus) -> tuple[np.ndarray, np.ndarray]:
+    """(V,) bool: the piece holds a CJK ideograph / holds an ASCII letter (and no ideograph)."""
+    from data_pipeline.tokenizer import load_sentencepiece
+
+    sp = load_sentencepiece(corpus.data_dir / "tokenizer" / "spm.model")
+    pieces = [sp.id_to_piece(i) for i in range(corpus.vocab_size)]
+    zh = np.array([any("\u4e00" <= c <= "\u9fff" for c in p) for p in pieces])
+    en = np.array([any(c.isascii() and c.isalpha() for c in p) for p in pieces]) & ~zh
+    zh[:5] = en[:5] = False
+    return zh, en
+
+
+SCALE_DOCUMENTS = 10_000_000
+SCALE_SHARDS = 40
+
+
+def write_scale_corpus(directory: Path, documents: int = SCALE_DOCUMENTS, shards: int = SCALE_SHARDS) -> Path:
+    """Synthetic shards of `documents` short documents (1-15 tokens): the reference document count."""
+    rng = np.random.default_rng(0)
+    entries = []
+    for k, count in enumerate(np.diff(np.linspace(0, documents, shards + 1).astype(np.int64))):
+        lengths = rng.integers(1, 16, size=count)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        name = f"shard_{k:05d}"
+        rng.integers(5, 8000, size=int(offsets[-1]), dtype=np.uint16).tofile(directory / f"{name}.bin")
+        offsets.tofile(directory / f"{name}.idx")
+        entries.append({"name": name, "documents": int(count), "tokens": int(offsets[-1])})
+    (directory / "shards.json").write_text(json.dumps(entries))
+    return directory
+
+
+def bench_scale(directory: Path, seconds: float) -> dict:
+    """Open, first batch, far seek, rate and anonymous RSS of a reader over the synthetic split."""
+    from data_pipeline.shards import Corpus, Shard
+
+    entries = json.loads((directory / "shards.json").read_text())
+    shards = [Shard(directory / e["name"], e["documents"], e["tokens"], np.dtype(np.uint16)) for e in entries]
+    corpus = Corpus(directory, "train", shards, 8000, "synthetic", {})
+    figures = {"documents": corpus.documents, "tokens": corpus.tokens, "rss_anon_mb_before": memory_mb()["RssAnon"]}
+    start = time.perf_counter()
+    reader = PretrainBatches(corpus, seed=0)
+    figures["open_seconds"] = round(time.perf_counter() - start, 2)
+    start = time.perf_counter()
+    reader.next_batch(128, 16)
+    figures["first_batch_seconds"] = round(time.perf_counter() - start, 2)
+    state, sequences = reader.state_dict(), 10**8 + 7  # about epoch 12
+    if "spans" in state:
+        far = dict(state, spans=[[0, 127]], sequences_consumed=sequences, tokens_consumed=sequences * 128)
+    else:  # format 1: a stream position
+        far = dict(state, position=sequences * 127, sequences_consumed=sequences, tokens_consumed=sequences * 128)
+    start = time.perf_counter()
+    reader.load_state_dict(far)
+    reader.next_batch(128, 16)
+    figures["seek_far_and_batch_seconds"] = round(time.perf_counter() - start, 2)
+    figures["epoch_after_seek"] = reader.epoch
+    tokens, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        tokens += reader.next_batch(128, 16)["input_ids"].numel()
+    figures["tokens_per_s"] = round(tokens / (time.perf_counter() - start))
+    figures["rss_anon_mb_after"] = memory_mb()["RssAnon"]
+    figures["rss_anon_mb_reader"] = round(figures["rss_anon_mb_after"] - figures["rss_anon_mb_before"], 1)
+    return figures
+
+
+def run_worker(task: dict, src: str | None) -> dict:
+    """Run one measurement in a fresh process importing `data_pipeline` from `src` (None: this tree)."""
+    env = dict(os.environ, BENCH_DATA_PIPELINE_SRC=src or "")
+    done = subprocess.run([sys.executable, __file__, "--worker", json.dumps(task)], env=env, check=True,
+                          stdout=subprocess.PIPE, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def worker_main(task: dict) -> dict:
+    kind = task.pop("kind")
+    if kind == "batches":
+        return bench_batches(Path(task["data_dir"]), task["seq_len"], task["micro_batch"], task["whole_word"],
+                             task["seconds"])
+    if kind == "mixing":
+        return bench_mixing(Path(task["data_dir"]), task["seq_len"], task["global_batch"], task["steps"])
+    if kind == "scale":
+        return bench_scale(Path(task["directory"]), task["seconds"])
+    raise ValueError(kind)
+
+
+def compare(tasks: list[dict], baseline: str | None, rounds: int, key: str | None) -> list[dict]:
+    """Each task `rounds` times, alternating current and baseline; median of `key` (else the first run)."""
+    out = []
+    for task in tasks:
+        runs = {"current": [], "baseline": []}
+        for _ in range(rounds):
+            for name, src in (("current", None), ("baseline", baseline)):
+                if name == "current" or baseline:
+                    runs[name].append(run_worker(dict(task), src))
+        entry = dict(runs["current"][0])
+        if key:
+            entry[key] = round(statistics.median(r[key] for r in runs["current"]))
+            entry[f"{key}_rounds"] = [r[key] for r in runs["current"]]
+        if baseline:
+            base = dict(runs["baseline"][0])
+            base.pop("rss_timeline", None)
+            if key:
+                base[key] = round(statistics.median(r[key] for r in runs["baseline"]))
+                base[f"{key}_rounds"] = [r[key] for r in runs["baseline"]]
+                entry[f"{key}_over_baseline"] = round(entry[key] / base[key], 3)
+            entry["baseline"] = base
+        out.append(entry)
+        print(json.dumps({k: v for k, v in entry.items() if k != "rss_timeline"}), file=sys.stderr)
+    return out
+
+
 def bench_model(iters: int = 6) -> dict:
     import torch
 
@@ -142,29 +286,51 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-cache", type=Path,
                         default=Path(os.environ.get("ROFORMER_DATA_DIR", Path.home() / ".cache/roformer-ds/data")))
-    parser.add_argument("--batch-seconds", type=float, default=15.0)
+    parser.add_argument("--batch-seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=2, help="fresh-process runs per batch shape (median)")
+    parser.add_argument("--baseline-src", type=Path, help="directory holding another data_pipeline to compare")
+    parser.add_argument("--baseline-name", default="baseline", help="what the baseline is, for the JSON")
+    parser.add_argument("--data-dir", type=Path, help="prepared en+zh directory to reuse (skips prepare)")
+    parser.add_argument("--previous", type=Path, help="results of an earlier run (e.g. before a change) to "
+                        "show beside this one; its batch figures are copied under previous_run")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "data.json")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    install_corpus_sources(corpus_dir(args.data_cache))
+    if args.worker:
+        print(json.dumps(worker_main(json.loads(args.worker))))
+        return 0
+    baseline = str(args.baseline_src.resolve()) if args.baseline_src else None
+    if baseline and not (Path(baseline) / "data_pipeline" / "batches.py").is_file():
+        parser.error(f"--baseline-src {baseline}: no data_pipeline/batches.py inside")
     results = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                            "load_average_at_start": os.getloadavg(),
                            "note": "machine shared with other jobs; load average > cpus inflates every time"},
-               "prepare": [], "batches": []}
-    results["worker_startup_seconds"] = worker_startup_seconds()
+               "baseline": args.baseline_name if baseline else None, "prepare": [], "batches": []}
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
         work = Path(tmp)
-        english = default_corpus_files(args.data_cache, ("en",))
-        for workers in (1, 2):
-            results["prepare"].append(bench_prepare(english, workers, work, "en"))
-            print(json.dumps(results["prepare"][-1]), file=sys.stderr)
-        both = bench_prepare(default_corpus_files(args.data_cache), 2, work, "en+zh")
-        results["prepare"].append(both)
-        print(json.dumps(both), file=sys.stderr)
-        data_dir = Path(both["data_dir"])
-        for seq_len, mb, wwm in ((128, 16, False), (128, 16, True), (512, 4, True)):
-            results["batches"].append(bench_batches(data_dir, seq_len, mb, wwm, args.batch_seconds))
-            print(json.dumps({k: v for k, v in results["batches"][-1].items() if k != "rss_timeline"}),
-                  file=sys.stderr)
+        data_dir = args.data_dir
+        if data_dir is None:
+            install_corpus_sources(corpus_dir(args.data_cache))
+            results["worker_startup_seconds"] = worker_startup_seconds()
+            english = default_corpus_files(args.data_cache, ("en",))
+            for workers in (1, 2):
+                results["prepare"].append(bench_prepare(english, workers, work, "en"))
+                print(json.dumps(results["prepare"][-1]), file=sys.stderr)
+            both = bench_prepare(default_corpus_files(args.data_cache), 2, work, "en+zh")
+            results["prepare"].append(both)
+            print(json.dumps(both), file=sys.stderr)
+            data_dir = Path(both["data_dir"])
+        shapes = [{"kind": "batches", "data_dir": str(data_dir), "seq_len": seq_len, "micro_batch": mb,
+                   "whole_word": wwm, "seconds": args.batch_seconds}
+                  for seq_len, mb, wwm in ((128, 16, False), (128, 16, True), (512, 4, True))]
+        results["batches"] = compare(shapes, baseline, args.rounds, "tokens_per_s")
+        results["mixing"] = compare([{"kind": "mixing", "data_dir": str(data_dir), "seq_len": 128,
+                                      "global_batch": 16, "steps": 400}], baseline, 1, None)[0]
+        scale_dir = work / "scale"
+        scale_dir.mkdir()
+        write_scale_corpus(scale_dir)
+        results["scale"] = compare([{"kind": "scale", "directory": str(scale_dir), "seconds": args.batch_seconds}],
+                                   baseline, 1, None)[0]
     for p in results["prepare"]:
         p.pop("data_dir")
     results["model"] = bench_model()
@@ -174,7 +340,14 @@ def main() -> int:
     results["model_quiet_reference"] = {"step_seconds": 0.35, "tokens_per_s": round(16 * 128 / 0.35)}
     results["batch_rate_over_quiet_model_rate"] = round(slowest / results["model_quiet_reference"]["tokens_per_s"], 1)
     results["machine"]["load_average_at_end"] = os.getloadavg()
-    results["target"] = "batch production >= 10x the demo model's training token rate, flat RSS"
+    if args.previous:
+        earlier = json.loads(args.previous.read_text())
+        keys = ("seq_len", "micro_batch", "whole_word", "tokens_per_s", "rss_anon_growth_mb")
+        results["previous_run"] = {"file": str(args.previous), "machine": earlier.get("machine"),
+                                   "batches": [{k: b.get(k) for k in keys} for b in earlier.get("batches", [])],
+                                   "model": earlier.get("model")}
+    results["target"] = ("batch production >= 10x the demo model's training token rate and within 20% of the "
+                         "baseline reader's, flat RSS")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
