@@ -21,13 +21,12 @@ from .model import (
     RoFormerForSequenceClassification,
     RoFormerModel,
     SequenceClassifierOutput,
-    count_parameters,
 )
 from .rope import RotaryEmbedding, apply_rotary
 
 __all__ = [
     "ConfigError", "RoFormerConfig", "RoFormerModel", "RoFormerForMaskedLM", "RoFormerForSequenceClassification",
-    "MaskedLMOutput", "SequenceClassifierOutput", "IGNORE_INDEX", "count_parameters", "RotaryEmbedding",
+    "MaskedLMOutput", "SequenceClassifierOutput", "IGNORE_INDEX", "RotaryEmbedding",
     "apply_rotary", "save_pretrained", "write_pretrained_files", "load_pretrained",
     "load_classifier_from_pretrained", "to_hf_state_dict", "from_hf_state_dict", "config_to_hf", "config_from_hf",
 ]

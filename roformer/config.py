@@ -6,10 +6,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .activations import ACTIVATION_FUNCTIONS
+
 POSITION_ENCODINGS = ("rope", "sinusoidal", "learned")
 ATTENTION_KINDS = ("softmax", "linear")
 ROPE_SCALINGS = ("none", "linear", "ntk")
-ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
+ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)
 
 # Fields that do not change the function a set of weights computes: they may differ between a
 # checkpoint and a resumed run without making the checkpoint incompatible.

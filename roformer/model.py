@@ -14,20 +14,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .activations import ACTIVATION_FUNCTIONS
 from .attention import SelfAttention
 from .config import ConfigError, RoFormerConfig
+from .dropout import Dropout, use_cpu_kernels
 from .rope import RotaryEmbedding
 
 IGNORE_INDEX = -100  # label value of unmasked positions (the data pipeline's and transformers' convention)
 
-_ACTIVATIONS = {
-    "gelu": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-    "silu": F.silu,
-    "swish": F.silu,
-}
 
 
 def sinusoidal_position_table(num_positions: int, size: int) -> torch.Tensor:
@@ -53,7 +47,7 @@ class Embeddings(nn.Module):
             table = sinusoidal_position_table(config.max_position_embeddings, config.embedding_size)
             self.register_buffer("position_table", table, persistent=False)
         self.norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         # Factorized embeddings (ALBERT-style, as transformers' RoFormer): E may be smaller than H.
         self.project = (nn.Linear(config.embedding_size, config.hidden_size)
                         if config.embedding_size != config.hidden_size else None)
@@ -86,15 +80,15 @@ class Block(nn.Module):
         self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size)
         self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
         self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.activation = _ACTIVATIONS[config.hidden_act]
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.activation = ACTIVATION_FUNCTIONS[config.hidden_act]
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         attended = self.attention(hidden, attention_mask, rotary)  # (B, T, H)
-        hidden = self.attention_norm(hidden + self.dropout(attended))
+        hidden = self.attention_norm(self.dropout(attended, residual=hidden))
         expanded = self.activation(self.ffn_in(hidden))  # (B, T, intermediate)
-        return self.ffn_norm(hidden + self.dropout(self.ffn_out(expanded)))  # (B, T, H)
+        return self.ffn_norm(self.dropout(self.ffn_out(expanded), residual=hidden))  # (B, T, H)
 
 
 # ----------------------------------------------------------------------------------------------- encoder
@@ -116,6 +110,10 @@ class RoFormerModel(nn.Module):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
         hidden = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        if attention_mask is not None and use_cpu_kernels(attention_mask) and bool(attention_mask.all()):
+            # No padding: drop the mask so attention needs no bias pass. Only on CPU, where reading
+            # the flag costs nothing; on GPUs it would be a host sync per step.
+            attention_mask = None
         rotary = self.rope.cos_sin(input_ids.shape[1], input_ids.device) if self.rope is not None else None
         for layer in self.layers:
             if self.gradient_checkpointing and self.training:
@@ -178,7 +176,7 @@ class MaskedLMHead(nn.Module):
     def __init__(self, config: RoFormerConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.embedding_size)
-        self.activation = _ACTIVATIONS[config.hidden_act]
+        self.activation = ACTIVATION_FUNCTIONS[config.hidden_act]
         self.norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
@@ -228,9 +226,9 @@ class ClassificationHead(nn.Module):
 
     def __init__(self, config: RoFormerConfig, num_labels: int):
         super().__init__()
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.activation = _ACTIVATIONS[config.hidden_act]
+        self.activation = ACTIVATION_FUNCTIONS[config.hidden_act]
         self.out_proj = nn.Linear(config.hidden_size, num_labels)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -262,9 +260,5 @@ class RoFormerForSequenceClassification(PreTrainedBase):
         return SequenceClassifierOutput(logits=logits, loss=loss)
 
 
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 __all__ = ["RoFormerModel", "RoFormerForMaskedLM", "RoFormerForSequenceClassification", "MaskedLMOutput",
-           "SequenceClassifierOutput", "IGNORE_INDEX", "count_parameters", "sinusoidal_position_table"]
+           "SequenceClassifierOutput", "IGNORE_INDEX", "sinusoidal_position_table"]
