@@ -9,6 +9,7 @@
       checkpoints/latest          the newest complete tag
       universal/<tag>/            ds_to_universal output when resuming at another world size
       evals/, exports/<tag>/      stage-end eval reports and their exports
+      plots/, report.md           PNGs rendered at every stage end and by `roformer report` (+ its page)
       .deepspeed_env, launch/     what `roformer pretrain` gave the ranks (env file, hostfile copy)
 """
 from __future__ import annotations
@@ -79,6 +80,14 @@ class RunDir:
     @property
     def evals(self) -> Path:
         return self.root / "evals"
+
+    @property
+    def plots(self) -> Path:
+        return self.root / "plots"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.md"
 
     def export(self, tag: str) -> Path:
         return self.root / "exports" / tag

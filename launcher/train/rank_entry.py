@@ -37,6 +37,7 @@ from launcher.config.run_config import load_run_config  # noqa: E402
 from launcher.config.stages import resolve_stages  # noqa: E402
 from launcher.defaults import BAD_INPUT_EXIT_CODE, ORDERLY_STOP_EXIT_CODE  # noqa: E402
 from launcher.errors import UserError, user_errors  # noqa: E402
+from launcher.report.hook import PlotHook  # noqa: E402
 from launcher.stage_end_jobs import check_eval_specs  # noqa: E402
 from launcher.train import startup  # noqa: E402
 from launcher.train.checkpointer import Checkpointer  # noqa: E402
@@ -98,11 +99,14 @@ def train(args: argparse.Namespace) -> int:
     metrics = Metrics(run_dir, rank, stages, cfg.schedule.total_steps, state.step, cfg.logging.log_every,
                       cfg.logging.progress_bar)
     startup.report_start(metrics, timer, point, engine, world_size, universal)
+    plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 else None
     trainer = Trainer(cfg, stages, engine, batches, valid_batches, state, checkpointer, metrics,
-                      on_stage_end=startup.stage_end_callback(cfg, run_dir))
+                      on_stage_end=startup.stage_end_callback(cfg, run_dir, plots))
     install_stop_handlers(trainer, metrics)
     outcome = trainer.run()
     metrics.event(outcome, step=state.step)
+    if plots is not None:  # RUN_DIR/plots complete when a finished run returns; a stop does not wait
+        plots.run_end(state.step, wait=outcome == "finished")
     metrics.message(f"{outcome} at step {state.step}; checkpoints in {run_dir.checkpoints}")
     metrics.close()
     return 0 if outcome == "finished" else ORDERLY_STOP_EXIT_CODE

@@ -16,6 +16,7 @@ from launcher.config.run_config import RunConfig, dump_run_config
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
 from launcher.io import atomic_write_json
+from launcher.report.hook import PlotHook
 from launcher.run_dir import RunDir
 from launcher.stage_end_jobs import start_stage_end_job
 from launcher.train.checkpointer import (ResumePoint, check_compatible, check_foreign_checkpoints,
@@ -114,9 +115,17 @@ def report_start(metrics: Metrics, timer: PhaseTimer, point: ResumePoint | None,
                   phases={k: round(v, 3) for k, v in timer.phases.items()})
 
 
-def stage_end_callback(cfg: RunConfig, run_dir: RunDir) -> StageEndCallback | None:
-    """Starts the configured stage-end evals (a detached process) on each stage-end checkpoint."""
+def stage_end_callback(cfg: RunConfig, run_dir: RunDir, plots: PlotHook | None = None) -> StageEndCallback | None:
+    """On each stage-end checkpoint (rank 0): refresh RUN_DIR/plots and start the configured
+    stage-end evals, each a detached process."""
     specs = list(cfg.logging.stage_end_evals)
-    if not specs:
+    if not specs and plots is None:
         return None
-    return lambda tag, stage: start_stage_end_job(run_dir, tag, stage.name, specs)
+
+    def on_stage_end(tag: str, stage: ResolvedStage) -> None:
+        if plots is not None:
+            plots.stage_end(stage.end_step)
+        if specs:
+            start_stage_end_job(run_dir, tag, stage.name, specs)
+
+    return on_stage_end

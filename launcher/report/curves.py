@@ -1,0 +1,224 @@
+"""A run's metrics as typed columns: RUN_DIR/metrics.jsonl (format: launcher/train/metrics.py) and
+RUN_DIR/stages.json read into what the plots and the report draw.
+
+Tolerant by design, because it reads runs that are still being written or were killed: a line cut
+by a kill (or otherwise not JSON) is skipped, a field a record lacks becomes NaN, and optional
+fields (`mfu`, `tflops`) exist only when some record carries them.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from launcher.run_dir import RunDir
+
+STEP_OFFSET = 1
+"""Steps completed = a train record's `step` + STEP_OFFSET: metrics.jsonl writes the 0-based index of
+the step just taken (launcher/train/metrics.py). The one place to change if that convention does."""
+
+
+@dataclass(frozen=True)
+class StageSpan:
+    """One stage of the schedule, from stages.json (or, before it exists, from the records)."""
+
+    index: int
+    """0-based position in the schedule."""
+    name: str
+    max_seq_len: int
+    global_batch_size: int
+    first_step: int
+    """Global step the stage starts at (0-based)."""
+    steps: int
+    micro_batch_size: int | None = None
+    grad_accum_steps: int | None = None
+
+    @property
+    def end_step(self) -> int:
+        return self.first_step + self.steps
+
+    @property
+    def label(self) -> str:
+        """What a boundary marker says: name and shape (length x global batch)."""
+        return f"{self.name}: {self.max_seq_len} x {self.global_batch_size}"
+
+
+@dataclass(frozen=True)
+class TrainCurve:
+    """One entry per training step in metrics.jsonl, in step order (NaN where a record lacks a field)."""
+
+    step: np.ndarray
+    """Optimizer steps completed after this one (1 for the run's first step): the x of the plots."""
+    stage: np.ndarray
+    """0-based stage index of the step."""
+    loss: np.ndarray
+    accuracy: np.ndarray
+    """MLM accuracy over the step's masked tokens."""
+    lr: np.ndarray
+    loss_scale: np.ndarray
+    grad_norm: np.ndarray
+    tokens_per_s: np.ndarray
+    step_time_s: np.ndarray
+    tokens: np.ndarray
+    """Non-padding tokens trained on (all ranks) up to and including the step, summed from the
+    records (tokens_per_s x step_time_s), so it starts at 0 with the file's first record."""
+    skipped_steps: np.ndarray
+    """fp16 steps skipped on overflow so far."""
+    mfu: np.ndarray | None
+    """Model FLOP utilisation (fraction), when the records carry it."""
+    tflops: np.ndarray | None
+    """Achieved TFLOP/s, when the records carry it."""
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    @property
+    def steps_done(self) -> int:
+        """Optimizer steps completed at the last record (0 before the first)."""
+        return int(self.step[-1]) if len(self) else 0
+
+    def tokens_at(self, steps: np.ndarray) -> np.ndarray:
+        """Tokens trained at each of `steps` (the last train record at or before it; 0 before any)."""
+        index = np.searchsorted(self.step, steps, side="right") - 1
+        return np.where(index >= 0, self.tokens[np.clip(index, 0, None)] if len(self) else 0, 0)
+
+
+@dataclass(frozen=True)
+class ValidCurve:
+    """The validation records, in step order."""
+
+    step: np.ndarray
+    """Optimizer steps completed when the validation ran."""
+    stage: np.ndarray
+    loss: np.ndarray
+    accuracy: np.ndarray
+    tokens: np.ndarray
+    """Tokens trained when the validation ran (from the train curve)."""
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """Where a stage begins on both x axes of the plots: steps and tokens completed before its first step."""
+
+    stage: StageSpan
+    step: float
+    tokens: float
+
+
+@dataclass(frozen=True)
+class Curves:
+    train: TrainCurve
+    valid: ValidCurve
+    stages: list[StageSpan]
+    events: list[dict]
+    """`kind: event` records in file order (startup, stage_start, checkpoint, resume, finished, ...)."""
+    skipped_lines: int
+    """Lines of metrics.jsonl that were not a JSON object (cut by a kill, or damaged)."""
+
+    def boundaries(self) -> list[Boundary]:
+        """The start of every stage the records reach, the first one included."""
+        result = []
+        for stage in self.stages:
+            rows = np.flatnonzero(self.train.stage == stage.index)
+            if not len(rows):
+                continue
+            first = rows[0]
+            before_tokens = self.train.tokens[first - 1] if first > 0 else 0.0
+            result.append(Boundary(stage, float(self.train.step[first]) - 1, float(before_tokens)))
+        return result
+
+    def optional(self, name: str) -> bool:
+        """Whether the optional column `name` (mfu, tflops) has any finite value."""
+        column = getattr(self.train, name)
+        return column is not None and bool(np.isfinite(column).any())
+
+
+def read_records(path: Path) -> tuple[dict[str, list[dict]], int]:
+    """metrics.jsonl's records grouped by `kind`, and the number of lines skipped as not JSON objects."""
+    groups: dict[str, list[dict]] = {"train": [], "valid": [], "event": []}
+    skipped = 0
+    if not path.is_file():
+        return groups, skipped
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # the last line of a killed run, or damage
+                skipped += 1
+                continue
+            if not isinstance(record, dict):
+                skipped += 1
+                continue
+            groups.setdefault(str(record.get("kind")), []).append(record)
+    return groups, skipped
+
+
+def load_curves(run_dir: Path) -> Curves:
+    layout = RunDir(Path(run_dir))
+    groups, skipped = read_records(layout.metrics)
+    train = _train_curve(_by_step(groups["train"]))
+    valid_records = _by_step(groups["valid"])
+    valid_steps = _column(valid_records, "step") + STEP_OFFSET
+    valid = ValidCurve(step=valid_steps, stage=_column(valid_records, "stage"), loss=_column(valid_records, "loss"),
+                       accuracy=_column(valid_records, "mlm_accuracy"),
+                       tokens=train.tokens_at(valid_steps).astype(float))
+    return Curves(train=train, valid=valid, stages=read_stages(layout, groups["train"], groups["event"]),
+                  events=groups["event"], skipped_lines=skipped)
+
+
+def read_stages(layout: RunDir, train: list[dict] = (), events: list[dict] = ()) -> list[StageSpan]:
+    """The stages from stages.json; without it (or unreadable), what the records say about them."""
+    try:
+        raw = json.loads(layout.stages.read_text(encoding="utf-8"))
+        return [StageSpan(index=int(s["index"]), name=str(s["name"]), max_seq_len=int(s["max_seq_len"]),
+                          global_batch_size=int(s["global_batch_size"]), first_step=int(s["first_step"]),
+                          steps=int(s["steps"]), micro_batch_size=s.get("micro_batch_size"),
+                          grad_accum_steps=s.get("grad_accum_steps")) for s in raw["stages"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    names = {e.get("stage"): e.get("name") for e in events if e.get("event") == "stage_start"}
+    spans: dict[int, StageSpan] = {}
+    for record in train:
+        index = record.get("stage")
+        if not isinstance(index, int) or index in spans:
+            continue
+        spans[index] = StageSpan(index=index, name=str(names.get(index) or f"stage {index + 1}"),
+                                 max_seq_len=int(record.get("max_seq_len") or 0),
+                                 global_batch_size=int(record.get("global_batch_size") or 0),
+                                 first_step=int(record.get("step", 0)), steps=0)
+    return [spans[k] for k in sorted(spans)]
+
+
+def _by_step(records: list[dict]) -> list[dict]:
+    """Records with an integer step, sorted by it; of two with the same step the later line wins."""
+    latest = {r["step"]: r for r in records if isinstance(r.get("step"), int)}
+    return [latest[step] for step in sorted(latest)]
+
+
+def _column(records: list[dict], key: str) -> np.ndarray:
+    return np.array([_number(r.get(key)) for r in records], dtype=float)
+
+
+def _number(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    return float(value)
+
+
+def _train_curve(records: list[dict]) -> TrainCurve:
+    tokens_per_s, step_time = _column(records, "tokens_per_s"), _column(records, "step_time_s")
+    step_tokens = np.nan_to_num(tokens_per_s * step_time, nan=0.0, posinf=0.0)
+    optional = {key: (_column(records, key) if any(key in r for r in records) else None) for key in ("mfu", "tflops")}
+    return TrainCurve(step=_column(records, "step") + STEP_OFFSET, stage=_column(records, "stage"), loss=_column(records, "loss"),
+                      accuracy=_column(records, "mlm_accuracy"), lr=_column(records, "lr"),
+                      loss_scale=_column(records, "loss_scale"), grad_norm=_column(records, "grad_norm"),
+                      tokens_per_s=tokens_per_s, step_time_s=step_time, tokens=np.cumsum(np.round(step_tokens)),
+                      skipped_steps=_column(records, "skipped_steps"), **optional)

@@ -1,0 +1,313 @@
+"""PNG figures of a run, rendered with matplotlib's Agg backend (no display, no pyplot state).
+
+    curves_steps.png    train / validation MLM loss and accuracy against optimizer steps
+    curves_tokens.png   the same against tokens trained
+    learning_rate.png   learning rate and gradient norm
+    throughput.png      tokens/s and step time (+ MFU and TFLOP/s when the records carry them)
+    loss_scale.png      dynamic fp16 loss scale and skipped steps (fp16 runs, or when it varies)
+    eval_mlm.png        eval-mlm loss / accuracy per sequence length (when reports exist)
+    finetune.png        fine-tune test scores vs the majority baseline and a random-init twin
+
+Every figure is 1200 x 800 px with a title naming the run and its step, labelled axes with units,
+a legend, and the stage boundaries marked and labelled `name: length x batch`. The per-step train
+curves are drawn raw (faint) and smoothed within each stage (a loss jump at a length change is not
+smeared across the boundary).
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+from launcher.io import atomic_write_bytes
+from launcher.report.curves import Curves
+from launcher.report.run_summary import RunSummary, finetune_rows
+
+FIGSIZE, DPI = (12, 8), 100
+RAW_POINTS = 4000
+"""Above this many steps, the raw per-step line becomes a min-max band over buckets of steps."""
+TRAIN, VALID, EXTRA = "tab:blue", "tab:orange", "tab:green"
+
+
+def render_all(curves: Curves, summary: RunSummary, out_dir: Path) -> list[Path]:
+    """Render every figure the data allows into out_dir; returns the files written, in display order."""
+    figures = [("curves_steps.png", _loss_accuracy(curves, summary, "step")),
+               ("curves_tokens.png", _loss_accuracy(curves, summary, "tokens")),
+               ("learning_rate.png", _learning_rate(curves, summary)),
+               ("throughput.png", _throughput(curves, summary)),
+               ("loss_scale.png", _loss_scale(curves, summary) if wants_loss_scale(curves, summary) else None),
+               ("eval_mlm.png", _eval_mlm(summary)),
+               ("finetune.png", _finetune(summary))]
+    written = []
+    for name, figure in figures:
+        if figure is None:
+            continue
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=DPI)
+        atomic_write_bytes(Path(out_dir) / name, buffer.getvalue())
+        written.append(Path(out_dir) / name)
+    return written
+
+
+def wants_loss_scale(curves: Curves, summary: RunSummary) -> bool:
+    scale = curves.train.loss_scale[np.isfinite(curves.train.loss_scale)]
+    return len(scale) > 0 and (summary.precision == "fp16" or bool(np.ptp(scale) > 0))
+
+
+# --- the figures ------------------------------------------------------------------------------------
+
+
+def _loss_accuracy(curves: Curves, summary: RunSummary, axis: str):
+    train, valid = curves.train, curves.valid
+    if not len(train) and not len(valid):
+        return None
+    fig, (loss_ax, acc_ax) = _figure(2, f"MLM loss and accuracy against {_AXIS_NAMES[axis]}", curves, summary)
+    x_train = train.step if axis == "step" else train.tokens
+    x_valid = valid.step if axis == "step" else valid.tokens
+    for ax, y_train, y_valid, name in ((loss_ax, train.loss, valid.loss, "MLM loss"),
+                                       (acc_ax, train.accuracy, valid.accuracy, "MLM accuracy")):
+        _raw_and_smoothed(ax, x_train, y_train, train.stage, TRAIN, f"train {name.split()[-1]}")
+        if len(valid):
+            ax.plot(x_valid, y_valid, "o-", color=VALID, markersize=5, linewidth=1.5,
+                    label=f"validation {name.split()[-1]} (held-out batches)")
+        ax.legend(loc="upper right" if ax is loss_ax else "lower right", fontsize=9)
+    loss_ax.set_ylabel("MLM loss (cross-entropy, nats)")
+    acc_ax.set_ylabel("MLM accuracy (share of masked tokens)")
+    _mark_stages(curves, (loss_ax, acc_ax), axis)
+    _x_axis(acc_ax, axis)
+    return fig
+
+
+def _learning_rate(curves: Curves, summary: RunSummary):
+    train = curves.train
+    if not len(train):
+        return None
+    has_norm = bool(np.isfinite(train.grad_norm).any())
+    fig, axes = _figure(2 if has_norm else 1, "learning rate and gradient norm" if has_norm else "learning rate",
+                        curves, summary)
+    axes[0].plot(train.step, train.lr, color=TRAIN, linewidth=1.8, label="learning rate (set every step)")
+    axes[0].set_ylabel("learning rate")
+    axes[0].ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    axes[0].legend(loc="upper right", fontsize=9)
+    if has_norm:
+        _raw_and_smoothed(axes[1], train.step, train.grad_norm, train.stage, EXTRA, "gradient norm")
+        axes[1].set_yscale("log")
+        axes[1].set_ylabel("gradient L2 norm (before clipping, log scale)")
+        axes[1].legend(loc="upper right", fontsize=9)
+    _mark_stages(curves, axes, "step")
+    _x_axis(axes[-1], "step")
+    return fig
+
+
+def _throughput(curves: Curves, summary: RunSummary):
+    train = curves.train
+    if not len(train):
+        return None
+    extra = [name for name in ("mfu", "tflops") if curves.optional(name)]
+    fig, axes = _figure(3 if extra else 2, "throughput", curves, summary)
+    _raw_and_smoothed(axes[0], train.step, train.tokens_per_s, train.stage, TRAIN, "tokens/s")
+    _stage_medians(axes[0], curves, train.tokens_per_s, "{:,.0f} tok/s")
+    axes[0].set_ylabel("tokens/s (non-padding, all ranks)")
+    _raw_and_smoothed(axes[1], train.step, train.step_time_s, train.stage, EXTRA, "step time")
+    _stage_medians(axes[1], curves, train.step_time_s, "{:.3g} s")
+    axes[1].set_ylabel("seconds per optimizer step")
+    for ax in axes[:2]:
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="upper right", fontsize=9)
+    if extra:
+        _utilisation(axes[2], curves, extra)
+    _mark_stages(curves, axes, "step")
+    _x_axis(axes[-1], "step")
+    return fig
+
+
+def _utilisation(ax, curves: Curves, present: list[str]) -> None:
+    train = curves.train
+    handles = []
+    if "mfu" in present:
+        handles += _raw_and_smoothed(ax, train.step, 100 * train.mfu, train.stage, "tab:purple", "MFU")
+        ax.set_ylabel("model FLOP utilisation (%)")
+        ax.set_ylim(bottom=0)
+    if "tflops" in present:
+        other = ax.twinx() if "mfu" in present else ax
+        handles += _raw_and_smoothed(other, train.step, train.tflops, train.stage, "tab:brown", "TFLOP/s")
+        other.set_ylabel("achieved TFLOP/s (all ranks)")
+        other.set_ylim(bottom=0)
+    ax.legend(handles=handles, loc="upper right", fontsize=9)
+
+
+def _loss_scale(curves: Curves, summary: RunSummary):
+    train = curves.train
+    fig, (ax,) = _figure(1, "fp16 dynamic loss scale", curves, summary)
+    ax.step(train.step, train.loss_scale, where="post", color=TRAIN, linewidth=1.8, label="loss scale")
+    ax.set_yscale("log", base=2)
+    ax.set_ylabel("loss scale (log2 scale)")
+    skipped = np.flatnonzero(np.diff(np.nan_to_num(train.skipped_steps), prepend=0) > 0)
+    if len(skipped):
+        ax.plot(train.step[skipped], train.loss_scale[skipped], "x", color="tab:red", markersize=8,
+                label=f"step skipped on overflow ({len(skipped)})")
+    ax.legend(loc="upper right", fontsize=9)
+    _mark_stages(curves, (ax,), "step")
+    _x_axis(ax, "step")
+    return fig
+
+
+def _eval_mlm(summary: RunSummary):
+    reports = [r for r in summary.evals if r.kind == "mlm"]
+    if not reports:
+        return None
+    fig, (loss_ax, acc_ax) = _figure(2, "eval-mlm: masked-LM figures per sequence length", None, summary, sharex=True)
+    trained = set()
+    for i, report in enumerate(reports):
+        rows = sorted(report.content["results"], key=lambda r: r["seq_len"])
+        lengths = [r["seq_len"] for r in rows]
+        for ax, key in ((loss_ax, "loss"), (acc_ax, "accuracy")):
+            ax.plot(lengths, [r.get(key, np.nan) for r in rows], "o-", color=f"C{i % 10}", linewidth=1.8,
+                    markersize=6, label=report.label)
+        if isinstance(report.content.get("trained_max_seq_len"), int):
+            trained.add(report.content["trained_max_seq_len"])
+    for ax in (loss_ax, acc_ax):
+        for length in sorted(trained):
+            ax.axvline(length, color="0.4", linestyle="--", linewidth=1)
+            ax.text(length, 0.97, f" longest trained length ({length})", transform=ax.get_xaxis_transform(),
+                    va="top", ha="left", fontsize=9, color="0.3")
+        ax.set_xscale("log", base=2)
+        ax.legend(loc="best", fontsize=9)
+    loss_ax.set_ylabel("MLM loss (cross-entropy, nats)")
+    acc_ax.set_ylabel("MLM accuracy (share of masked tokens)")
+    acc_ax.set_xlabel("sequence length (tokens, log2 scale)")
+    lengths = sorted({r["seq_len"] for report in reports for r in report.content["results"]})
+    acc_ax.set_xticks(lengths, [str(n) for n in lengths])
+    return fig
+
+
+def _finetune(summary: RunSummary):
+    rows = finetune_rows(summary.evals)
+    if not rows:
+        return None
+    fig, axes = _figure(2, "fine-tuning: test scores against the baselines", None, summary, sharex=True)
+    models = [("pretrained", "pretrained export", TRAIN), ("random_init", "random-init twin", "tab:gray"),
+              ("majority", "majority-class baseline", "tab:red")]
+    width = 0.8 / len(models)
+    for ax, metric, name in ((axes[0], "accuracy", "test accuracy"), (axes[1], "macro_f1", "test macro-F1")):
+        for k, (key, label, color) in enumerate(models):
+            values = [row[key][metric] if row.get(key) else np.nan for row in rows]
+            positions = np.arange(len(rows)) + (k - (len(models) - 1) / 2) * width
+            bars = ax.bar(positions, values, width, color=color, label=label)
+            ax.bar_label(bars, labels=["" if v != v else f"{v:.3f}" for v in values], fontsize=8, padding=2)
+        ax.set_ylabel(name)
+        ax.set_ylim(0, 1.1)
+        ax.legend(loc="upper right", fontsize=9, ncols=3)
+    axes[1].set_xticks(np.arange(len(rows)), [row["label"] for row in rows])
+    axes[1].set_xlabel("task (max length, training examples)")
+    return fig
+
+
+# --- shared pieces ----------------------------------------------------------------------------------
+
+_AXIS_NAMES = {"step": "optimizer steps", "tokens": "tokens trained"}
+
+
+def _figure(rows: int, what: str, curves: Curves | None, summary: RunSummary, sharex: bool = True):
+    from matplotlib.figure import Figure  # no pyplot: no global state, the Agg canvas by default
+
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    axes = fig.subplots(rows, 1, sharex=sharex, squeeze=False)[:, 0]
+    where = f"step {curves.train.steps_done}" if curves is not None and len(curves.train) else ""
+    total = f"/{summary.total_steps}" if where and summary.total_steps else ""
+    fig.suptitle(f"{summary.root.name}: {what}", fontsize=14, fontweight="bold")
+    if where:
+        fig.text(0.995, 0.995, f"{where}{total} ({summary.status.state})", ha="right", va="top", fontsize=9,
+                 color="0.35")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    return fig, list(axes)
+
+
+def _x_axis(ax, axis: str) -> None:
+    from matplotlib.ticker import EngFormatter, MaxNLocator
+
+    ax.xaxis.set_major_formatter(EngFormatter(sep=" "))
+    if axis == "step":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("optimizer steps completed" if axis == "step" else "tokens trained (non-padding, all ranks)")
+
+
+def _raw_and_smoothed(ax, x: np.ndarray, y: np.ndarray, stage: np.ndarray, color: str, label: str) -> list:
+    """The raw per-step values faint (a min-max band past RAW_POINTS steps) and a moving average
+    computed within each stage; returns the legend handles."""
+    finite = np.isfinite(y) & np.isfinite(x)
+    x, y, stage = x[finite], y[finite], stage[finite]
+    if not len(x):
+        return []
+    if len(x) <= RAW_POINTS:
+        ax.plot(x, y, color=color, alpha=0.25, linewidth=0.8)
+    else:
+        buckets = np.array_split(np.arange(len(x)), RAW_POINTS // 2)
+        ax.fill_between([x[b].mean() for b in buckets], [y[b].min() for b in buckets], [y[b].max() for b in buckets],
+                        color=color, alpha=0.2, linewidth=0)
+    window = smoothing_window(len(x))
+    smoothed = np.concatenate([moving_average(y[stage == s], window) for s in _runs(stage)])
+    line, = ax.plot(x, smoothed, color=color, linewidth=2,
+                    label=f"{label} (raw, and mean of {window} steps)" if window > 1 else label)
+    return [line]
+
+
+def smoothing_window(points: int) -> int:
+    """Odd, about 2% of the points: visible trend without hiding a stage's first steps."""
+    return max(1, min(501, (points // 50) | 1))
+
+
+def moving_average(y: np.ndarray, window: int) -> np.ndarray:
+    """Centred mean over `window` points, shrinking at the ends (same length as y)."""
+    if window <= 1 or len(y) < 2:
+        return y.astype(float)
+    half = window // 2
+    sums = np.concatenate([[0.0], np.cumsum(y, dtype=float)])
+    lo = np.clip(np.arange(len(y)) - half, 0, len(y))
+    hi = np.clip(np.arange(len(y)) + half + 1, 0, len(y))
+    return (sums[hi] - sums[lo]) / (hi - lo)
+
+
+def _runs(stage: np.ndarray) -> list[float]:
+    """Stage indices in order of appearance (the records are sorted by step, so each stage is one run)."""
+    return list(dict.fromkeys(stage.tolist()))
+
+
+def _mark_stages(curves: Curves, axes, axis: str) -> None:
+    """A dashed line at each stage start, alternate stages shaded, and `name: length x batch` on the top panel."""
+    boundaries = curves.boundaries()
+    if not boundaries:
+        return
+    end = curves.train.step[-1] if axis == "step" else curves.train.tokens[-1]
+    start = boundaries[0].step if axis == "step" else boundaries[0].tokens
+    # Shared x: the first stage's label sits inside, at the left edge; the last points are not cut.
+    axes[0].set_xlim(start, end + 0.015 * max(end - start, 1e-9))
+    for k, boundary in enumerate(boundaries):
+        x = boundary.step if axis == "step" else boundary.tokens
+        x_next = (boundaries[k + 1].step if axis == "step" else boundaries[k + 1].tokens) \
+            if k + 1 < len(boundaries) else end
+        for ax in axes:
+            if k > 0:
+                ax.axvline(x, color="0.3", linestyle="--", linewidth=1)
+            if k % 2:
+                ax.axvspan(x, x_next, color="0.5", alpha=0.07, linewidth=0)
+        axes[0].text(x, 0.98, f" {boundary.stage.label}", transform=axes[0].get_xaxis_transform(), rotation=90,
+                     va="top", ha="left", fontsize=9, color="0.2",
+                     bbox={"facecolor": "white", "alpha": 0.7, "edgecolor": "none", "pad": 1})
+
+
+def _stage_medians(ax, curves: Curves, values: np.ndarray, fmt: str) -> None:
+    """Each stage's median as a dotted segment over the stage, labelled with the number."""
+    train = curves.train
+    for stage in _runs(train.stage):
+        rows = train.stage == stage
+        column = values[rows]
+        if not np.isfinite(column).any():
+            continue
+        median = float(np.nanmedian(column))
+        x0, x1 = train.step[rows][0], train.step[rows][-1]
+        ax.hlines(median, x0, x1, colors="black", linestyles=":", linewidth=1.5)
+        ax.text((x0 + x1) / 2, median, f"median {fmt.format(median)}", ha="center", va="bottom", fontsize=8,
+                bbox={"facecolor": "white", "alpha": 0.7, "edgecolor": "none", "pad": 1})

@@ -1,0 +1,174 @@
+"""report.md: one page on a run, written next to its plots/ (links are relative, so the folder moves).
+
+Sections: status line, what ran, stages with their throughput, the curves, checkpoints, evaluations.
+Everything comes from launcher.report.curves / run_summary; a missing piece is said, not guessed.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from launcher.report.curves import Curves
+from launcher.report.run_summary import RunSummary, finetune_rows
+
+MAX_CHECKPOINT_ROWS = 8
+CAPTIONS = {
+    "curves_steps.png": "MLM loss and accuracy against optimizer steps",
+    "curves_tokens.png": "MLM loss and accuracy against tokens trained",
+    "learning_rate.png": "learning rate and gradient norm",
+    "throughput.png": "throughput per step, with each stage's median",
+    "loss_scale.png": "fp16 dynamic loss scale",
+    "eval_mlm.png": "eval-mlm per sequence length",
+    "finetune.png": "fine-tuning against the baselines",
+}
+
+
+def write_report_text(curves: Curves, summary: RunSummary, plots: list[Path], report_path: Path) -> str:
+    """The Markdown of the report at `report_path` (plot links relative to it)."""
+    parts = [f"# Run report: {summary.root.name}",
+             f"`{summary.root}`, written {time.strftime('%Y-%m-%d %H:%M:%S')} by `roformer report`.",
+             _where(curves, summary),
+             "## What ran", _what_ran(summary),
+             "## Stages and throughput", _stage_table(curves, summary),
+             "## Curves", _figures(plots, report_path, [n for n in CAPTIONS if n not in ("eval_mlm.png", "finetune.png")]),
+             "## Checkpoints", _checkpoint_table(summary),
+             "## Evaluations", _evaluations(summary, plots, report_path)]
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def _where(curves: Curves, summary: RunSummary) -> str:
+    train = curves.train
+    lines = [f"**Status:** {summary.status.detail}."]
+    if len(train):
+        done = train.steps_done
+        total = summary.total_steps
+        stage = next((s for s in curves.stages if s.index == int(train.stage[-1])), None)
+        progress = f"step {done:,}" + (f" of {total:,} ({100 * done / total:.0f}%)" if total else "")
+        lines.append(f"**Progress:** {progress}, {_count(train.tokens[-1])} tokens trained"
+                     + (f", stage {stage.index + 1}/{len(curves.stages)} `{stage.name}`" if stage else "")
+                     + f"; last train loss {train.loss[-1]:.4f}, MLM accuracy {train.accuracy[-1]:.4f}.")
+    if len(curves.valid):
+        lines.append(f"**Last validation** (step {int(curves.valid.step[-1]):,}): loss {curves.valid.loss[-1]:.4f}, "
+                     f"MLM accuracy {curves.valid.accuracy[-1]:.4f}.")
+    latest = summary.latest
+    lines.append(f"**Last checkpoint:** `{latest.tag}` (step {latest.step:,}, stage `{latest.stage_name}`, "
+                 f"saved {latest.saved_at})." if latest else "**Last checkpoint:** none yet.")
+    if curves.skipped_lines:
+        lines.append(f"_{curves.skipped_lines} line(s) of metrics.jsonl were not JSON (cut by a kill?) and were skipped._")
+    return "  \n".join(lines)
+
+
+def _what_ran(summary: RunSummary) -> str:
+    config = summary.config
+    model = config.get("model") or {}
+    optimizer = config.get("optimizer") or {}
+    deepspeed = config.get("deepspeed") or {}
+    rows = [("run config", f"`{summary.root / 'config.yaml'}`" if config else "config.yaml missing"),
+            ("model", ", ".join(f"{k} {model[k]}" for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                             "intermediate_size", "vocab_size", "position_encoding")
+                                 if k in model) or "?"),
+            ("world size", f"{summary.world_size} ranks" if summary.world_size else "?"),
+            ("precision", summary.precision or "?"),
+            ("ZeRO stage", str(summary.zero_stage) if summary.zero_stage is not None else "?"),
+            ("DeepSpeed config", f"`{deepspeed['config']}`" if deepspeed.get("config") else "?"),
+            ("optimizer", ", ".join(f"{k} {optimizer[k]}" for k in ("lr", "warmup_steps", "decay", "min_lr_ratio")
+                                    if k in optimizer) or "?"),
+            ("data", f"`{(config.get('data') or {}).get('data_dir', '?')}`")]
+    return _table(["", ""], rows)
+
+
+def _stage_table(curves: Curves, summary: RunSummary) -> str:
+    if not curves.stages:
+        return "_No stages recorded yet (stages.json is written when the run starts)._"
+    train = curves.train
+    rows = []
+    for stage in curves.stages:
+        mine = train.stage == stage.index
+        done = int(mine.sum())
+        shape = f"{stage.max_seq_len} x {stage.global_batch_size}"
+        split = (f"{stage.micro_batch_size} x {stage.grad_accum_steps} x {summary.world_size}"
+                 if stage.micro_batch_size and summary.world_size else "?")
+        steps = f"{done:,} / {stage.steps:,}" if stage.steps else f"{done:,}"
+        speed = _median(train.tokens_per_s[mine], "{:,.0f}")
+        step_time = _median(train.step_time_s[mine], "{:.3f} s")
+        tokens = _count(np.nansum(train.tokens_per_s[mine] * train.step_time_s[mine])) if done else "-"
+        rows.append((str(stage.index + 1), f"`{stage.name}`", shape, split, steps, speed, step_time, tokens))
+    return _table(["#", "stage", "length x batch", "micro x accum x ranks", "steps done", "median tokens/s",
+                   "median step time", "tokens"], rows)
+
+
+def _checkpoint_table(summary: RunSummary) -> str:
+    if not summary.checkpoints:
+        return "_No complete checkpoint yet._"
+    shown = summary.checkpoints[-MAX_CHECKPOINT_ROWS:]
+    rows = [(f"`{c.tag}`", f"{c.step:,}", f"`{c.stage_name}`" + (" (stage end)" if c.stage_complete else ""),
+             _count(c.consumed_tokens),
+             f"{c.last_validation['loss']:.4f}" if isinstance(c.last_validation.get("loss"), (int, float)) else "-",
+             c.saved_at) for c in shown]
+    more = len(summary.checkpoints) - len(shown)
+    note = f"\n\n_{more} older checkpoint(s) not shown._" if more else ""
+    return _table(["tag", "step", "stage", "tokens", "validation loss", "saved at"], rows) + note + \
+        f"\n\nIn `{summary.root / 'checkpoints'}`; `roformer export {summary.root} --out DIR` exports the newest."
+
+
+def _evaluations(summary: RunSummary, plots: list[Path], report_path: Path) -> str:
+    parts = []
+    mlm = [r for r in summary.evals if r.kind == "mlm"]
+    if mlm:
+        rows = [(f"`{r.label}`", str(row["seq_len"]), _num(row.get("loss")), _num(row.get("accuracy")),
+                 _num(row.get("perplexity"), "{:.2f}"), {True: "yes", False: "no"}.get(row.get("longer_than_trained"), "?"))
+                for r in mlm for row in sorted(r.content["results"], key=lambda x: x["seq_len"])]
+        parts += ["### eval-mlm", _table(["report", "length", "loss", "accuracy", "perplexity", "longer than trained"],
+                                         rows), _figures(plots, report_path, ["eval_mlm.png"])]
+    finetune = finetune_rows(summary.evals)
+    if finetune:
+        rows = [(row["label"].replace("\n", ", "), _pair(row["pretrained"]), _pair(row["random_init"]),
+                 _pair(row["majority"]), ", ".join(f"`{s}`" for s in row["source"])) for row in finetune]
+        parts += ["### Fine-tuning (test split: accuracy / macro-F1)",
+                  _table(["task", "pretrained export", "random-init twin", "majority baseline", "report"], rows),
+                  _figures(plots, report_path, ["finetune.png"])]
+    errors = [r for r in summary.evals if r.kind == "error"]
+    if errors:
+        parts.append("Failed evals: " + "; ".join(f"`{r.label}`: {r.content['error']}" for r in errors))
+    if summary.unreadable:
+        parts.append("Not valid JSON (skipped): " + ", ".join(f"`{name}`" for name in summary.unreadable))
+    if not parts:
+        return ("_No evaluation report in the run directory yet_ (JSON of `roformer eval-mlm --out` / "
+                "`roformer finetune --out` saved in RUN_DIR, or stage-end evals in RUN_DIR/evals/).")
+    return "\n\n".join(p for p in parts if p)
+
+
+def _figures(plots: list[Path], report_path: Path, names: list[str]) -> str:
+    by_name = {p.name: p for p in plots}
+    return "\n\n".join(f"![{CAPTIONS[n]}]({os.path.relpath(by_name[n], report_path.parent)})"
+                       for n in names if n in by_name)
+
+
+def _table(header: list[str], rows: list[tuple]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _median(values: np.ndarray, fmt: str) -> str:
+    finite = values[np.isfinite(values)]
+    return fmt.format(float(np.median(finite))) if len(finite) else "-"
+
+
+def _num(value, fmt: str = "{:.4f}") -> str:
+    return fmt.format(value) if isinstance(value, (int, float)) else "-"
+
+
+def _pair(scores: dict | None) -> str:
+    return f"{scores['accuracy']:.4f} / {scores['macro_f1']:.4f}" if scores else "-"
+
+
+def _count(value: float) -> str:
+    """1234567 -> '1.23 M' (tokens)."""
+    for factor, suffix in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return f"{value:.0f}"

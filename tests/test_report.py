@@ -1,0 +1,185 @@
+"""RUN_DIR/plots/ and `roformer report` on real runs: the session's 2-rank trainer run (whose own
+stage-end hook rendered its plots), real eval-mlm / finetune reports of its export, and the stored
+run (no process started). PNGs are checked as files a person could open: PNG signature, decodable,
+1200 x 800, not blank, and the curves' colours present."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import main as cli_main
+from launcher.report.hook import LOG_NAME, PlotHook
+from launcher.run_dir import RunDir
+from tests.helpers import TINY_STAGES, TINY_TOTAL_STEPS, roformer
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TRAIN_BLUE, VALID_ORANGE = (31, 119, 180), (255, 127, 14)  # matplotlib's tab:blue / tab:orange
+RUN_PLOTS = ("curves_steps.png", "curves_tokens.png", "learning_rate.png", "throughput.png")
+
+
+def check_png(path: Path, colours: tuple = ()) -> None:
+    """A real, decodable 1200 x 800 PNG with content (and the given RGB colours somewhere in it)."""
+    import numpy as np
+    from matplotlib.image import imread
+
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, f"{path}: not a PNG"
+    width, height = struct.unpack(">II", data[16:24])  # IHDR
+    assert (width, height) == (1200, 800), f"{path}: {width}x{height}"
+    assert 15_000 < len(data) < 400_000, f"{path}: {len(data)} bytes"
+    pixels = imread(path)
+    assert pixels.shape[:2] == (800, 1200)
+    rgb = (pixels[..., :3] * 255).round().astype(int).reshape(-1, 3)
+    assert len(np.unique(rgb, axis=0)) > 50, f"{path}: nearly blank"
+    for colour in colours:
+        assert (np.abs(rgb - colour).sum(axis=1) <= 6).sum() > 200, f"{path}: no line in colour {colour}"
+
+
+def report_of(run_dir: Path, out: Path) -> str:
+    proc = roformer("report", str(run_dir), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(Path(line).name for line in proc.stdout.split()) == sorted(p.name for p in (out / "plots").glob("*.png"))
+    return (out / "report.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.multiprocess
+def test_training_rendered_its_plots_at_stage_ends_and_the_end(trainer_run):
+    """The trainer's own hook: RUN_DIR/plots holds every run figure, rendered from the final state
+    (the run waited for it), and the renders' log names the last stage end."""
+    plots = RunDir(trainer_run).plots
+    for name in RUN_PLOTS:
+        check_png(plots / name, colours=(TRAIN_BLUE,))
+    check_png(plots / "curves_steps.png", colours=(TRAIN_BLUE, VALID_ORANGE))
+    assert not (plots / "loss_scale.png").exists()  # fp32: a constant scale of 1 is not drawn
+    log = (plots / LOG_NAME).read_text()
+    renders = [int(n) for n in re.findall(r"^--- step (\d+),", log, flags=re.M)]
+    assert renders and renders[-1] == TINY_TOTAL_STEPS, log
+    assert set(renders) <= {sum(s["steps"] for s in TINY_STAGES[:k + 1]) for k in range(len(TINY_STAGES))}, log
+    assert "Traceback" not in log, log
+    newest_metrics = RunDir(trainer_run).metrics.stat().st_mtime
+    assert min((plots / n).stat().st_mtime for n in RUN_PLOTS) >= newest_metrics - 1  # the final state
+
+
+@pytest.mark.multiprocess
+def test_report_of_a_finished_run(trainer_run, tmp_path):
+    out = tmp_path / "out"
+    text = report_of(trainer_run, out)
+    for name in RUN_PLOTS:
+        check_png(out / "plots" / name, colours=(TRAIN_BLUE,))
+        assert f"](plots/{name})" in text
+    for stage in TINY_STAGES:
+        assert f"`{stage['name']}`" in text and f"{stage['max_seq_len']} x {stage['global_batch_size']}" in text
+    assert f"step {TINY_TOTAL_STEPS} of {TINY_TOTAL_STEPS} (100%)" in text
+    assert "finished at step 16" in text
+    assert f"**Last checkpoint:** `global_step{TINY_TOTAL_STEPS}` (step {TINY_TOTAL_STEPS}," in text
+    assert "| world size | 2 ranks |" in text and "| precision | fp32 |" in text and "| ZeRO stage | 2 |" in text
+    kept = sorted(int(p.name.removeprefix("global_step")) for p in (trainer_run / "checkpoints").glob("global_step*"))
+    assert all(f"| `global_step{step}` | {step} |" in text for step in kept)
+    assert "No evaluation report" in text
+    assert not (trainer_run / "report.md").exists()  # --out: the run directory is only read
+
+
+@pytest.mark.multiprocess
+def test_report_reads_eval_reports_and_skips_a_cut_metrics_line(trainer_run, trainer_export, tiny_data, copy_of,
+                                                               tmp_path):
+    """Real eval-mlm and finetune JSON (a random-init twin inside the report, and as a separate
+    report), a metrics line cut by a kill, and a damaged JSON file."""
+    from launcher.downstream.task_data import prepare_task_data
+    from launcher.downstream.tasks import default_tasks_dir
+
+    run = copy_of(trainer_run)
+    prepare_task_data(default_tasks_dir())
+    assert cli_main(["eval-mlm", str(trainer_export), "--data", str(tiny_data), "--seq-lens", "32,128",
+                     "--tokens", "2048", "--out", str(run / "eval_mlm.json")]) == 0
+    small = ["--task", "inews", "--max-train-examples", "48", "--epochs", "1", "--max-eval-examples", "24",
+             "--threads", "1"]
+    assert cli_main(["finetune", str(trainer_export), *small, "--max-length", "64", "--compare-random-init",
+                     "--out", str(run / "finetune_inews.json")]) == 0
+    assert cli_main(["finetune", str(trainer_export), *small, "--max-length", "32",
+                     "--out", str(run / "finetune_inews32.json")]) == 0
+    assert cli_main(["finetune", str(trainer_export), *small, "--max-length", "32", "--init", "random",
+                     "--out", str(run / "finetune_inews32_random.json")]) == 0
+    (run / "finetune_broken.json").write_text('{"task": "inews", "test": {"accu')
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as metrics:
+        metrics.write('{"kind": "train", "step": 16, "stage": 2, "loss": 4.1, "mlm_acc')  # killed mid-write
+
+    text = report_of(run, tmp_path / "out")
+    plots = tmp_path / "out" / "plots"
+    check_png(plots / "eval_mlm.png")
+    check_png(plots / "finetune.png", colours=(TRAIN_BLUE,))
+    assert "1 line(s) of metrics.jsonl were not JSON" in text
+    assert f"step {TINY_TOTAL_STEPS} of {TINY_TOTAL_STEPS} (100%)" in text
+    mlm = json.loads((run / "eval_mlm.json").read_text())
+    for row in mlm["results"]:
+        assert f"| `eval_mlm` | {row['seq_len']} | {row['loss']:.4f} | {row['accuracy']:.4f} |" in text
+    twin = json.loads((run / "finetune_inews.json").read_text())
+    pair = lambda s: f"{s['accuracy']:.4f} / {s['macro_f1']:.4f}"  # noqa: E731
+    assert (f"| inews, len 64, 48 ex. | {pair(twin['test'])} | {pair(twin['random_init']['test'])} | "
+            f"{pair(twin['majority_baseline']['test'])} |") in text
+    apart, apart_random = (json.loads((run / f"finetune_inews32{s}.json").read_text()) for s in ("", "_random"))
+    assert f"| inews, len 32, 48 ex. | {pair(apart['test'])} | {pair(apart_random['test'])} |" in text
+    assert "Not valid JSON (skipped): `finetune_broken.json`" in text
+
+
+def test_report_of_a_stored_run_without_starting_anything(stored_run, copy_of):
+    """The fast suite's check: a run directory written by an older version, report into RUN_DIR itself."""
+    run = copy_of(stored_run)
+    assert cli_main(["report", str(run)]) == 0
+    text = (run / "report.md").read_text()
+    assert "`short`" in text and "`long`" in text and "32 x 8" in text
+    assert "step 5 of 5 (100%)" in text and "`global_step5`" in text
+    for name in RUN_PLOTS:
+        check_png(run / "plots" / name)
+
+
+@pytest.mark.multiprocess
+def test_report_while_running_and_after_a_kill(trainer_run, copy_of, tmp_path):
+    """Records of a run cut after its first stage: fresh -> running; untouched for long -> not running."""
+    run = copy_of(trainer_run)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    first_stage_end = next(i for i, line in enumerate(lines) if '"event": "stage_start", ' in line and '"stage": 1' in line)
+    (run / "metrics.jsonl").write_text("\n".join(lines[:first_stage_end]) + "\n")
+    steps = TINY_STAGES[0]["steps"]
+    text = report_of(run, tmp_path / "live")
+    assert "**Status:** running (last record" in text
+    assert f"step {steps} of {TINY_TOTAL_STEPS}" in text and "stage 1/3 `short`" in text
+    old = time.time() - 3600
+    os.utime(run / "metrics.jsonl", (old, old))
+    text = report_of(run, tmp_path / "dead")
+    assert "**Status:** no end record and nothing written for 60 min" in text
+    check_png(tmp_path / "dead" / "plots" / "curves_steps.png", colours=(TRAIN_BLUE,))
+
+
+def test_report_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
+    assert cli_main(["report", str(tmp_path)]) == 2
+    assert "not a run directory of `roformer pretrain`" in capsys.readouterr().err
+    assert cli_main(["report", str(tmp_path / "missing")]) == 2
+    assert "no such run directory" in capsys.readouterr().err
+
+
+def test_plot_hook_failures_are_messages_not_errors(tmp_path):
+    """A render that cannot start (plots/ is a file) or fails (not a run dir) is one message each."""
+    messages = []
+    blocked = RunDir(tmp_path / "blocked")
+    blocked.root.mkdir()
+    blocked.plots.write_text("not a directory")
+    hook = PlotHook(blocked, 10, messages.append)
+    hook.stage_end(3)
+    hook.run_end(3, wait=True)
+    assert len(messages) == 2 and all("could not start rendering" in m for m in messages)
+
+    messages.clear()
+    empty = RunDir(tmp_path / "empty")
+    empty.root.mkdir()
+    hook = PlotHook(empty, 10, messages.append)
+    hook.run_end(7, wait=True)
+    assert messages == [f"plots: rendering failed (exit code 2); see {empty.plots / LOG_NAME}"]
+    assert "not a run directory" in (empty.plots / LOG_NAME).read_text()
+    shutil.rmtree(empty.root)
