@@ -87,10 +87,16 @@ def load_masked_lm(path: Path):
     return load_pretrained(path).eval()
 
 
-def load_classifier(path: Path, num_labels: int):
-    from roformer.hf_interop import load_classifier_from_pretrained
+def load_classifier(path: Path, num_labels: int, random_init: bool = False):
+    """The export's encoder + a fresh head; with `random_init`, its random-init twin (same config,
+    weights from the current torch seed), for measuring what pretraining bought."""
+    from roformer import RoFormerForSequenceClassification
+    from roformer.hf_interop import load_classifier_from_pretrained, read_hf_directory
 
     check_export_dir(path)
+    if random_init:
+        config, _, _ = read_hf_directory(path)
+        return RoFormerForSequenceClassification(config, num_labels)
     return load_classifier_from_pretrained(path, num_labels)
 
 

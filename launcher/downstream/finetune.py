@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import sys
@@ -47,6 +48,9 @@ class FinetuneConfig:
     # torch CPU threads; 0 = torch's default. 1 by default: this job's small matrices gain nothing
     # from a second thread, which burned ~3x the CPU time for the same wall time in measurements here.
     threads: int = 1
+    # "pretrained": the export's encoder weights; "random": its random-init twin (same architecture
+    # and tokenizer, weights freshly initialised from `seed`), to measure what pretraining bought.
+    init: str = "pretrained"
 
     def __post_init__(self) -> None:
         from launcher.downstream.tasks import get_task
@@ -57,11 +61,13 @@ class FinetuneConfig:
                   "warmup_ratio": 0 <= self.warmup_ratio < 1, "weight_decay": self.weight_decay >= 0,
                   "max_train_examples": self.max_train_examples is None or self.max_train_examples >= 2,
                   "max_eval_examples": self.max_eval_examples is None or self.max_eval_examples >= 1,
-                  "threads": self.threads >= 0}
+                  "threads": self.threads >= 0, "init": self.init in INITS}
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise UserError(f"--{bad[0].replace('_', '-')}: invalid value {getattr(self, bad[0])!r}")
 
+
+INITS = ("pretrained", "random")
 
 _HELP = {
     "max_length": "tokens per input incl. [CLS]/[SEP]; longer texts are truncated (try 128 vs 512 on inews)",
@@ -86,6 +92,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
     parser.add_argument("--task-data", type=Path, default=None,
                         help="task files root (default: $ROFORMER_DATA_DIR/tasks or ~/.cache/roformer-ds/data/tasks)")
+    parser.add_argument("--init", choices=INITS, default="pretrained",
+                        help="encoder weights: the export's (pretrained) or its random-init twin: same architecture "
+                             "and tokenizer, freshly initialised (default: pretrained)")
+    parser.add_argument("--compare-random-init", action="store_true",
+                        help="also fine-tune the random-init twin with the same settings and print both side by "
+                             "side (the JSON report gets a 'random_init' entry)")
     defaults = FinetuneConfig.__dataclass_fields__
     for name, help_text in _HELP.items():
         default = defaults[name].default
@@ -98,7 +110,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     fields = FinetuneConfig.__dataclass_fields__
     cfg = FinetuneConfig(**{k: getattr(args, k) for k in fields})
+    if args.compare_random_init and cfg.init != "pretrained":
+        raise UserError("--compare-random-init compares the pretrained export with its twin: drop --init random")
     report = finetune(cfg)
+    if args.compare_random_init:
+        report["random_init"] = finetune(dataclasses.replace(cfg, init="random"))
+        print(side_by_side(report), file=sys.stderr)
     if args.out is not None:
         atomic_write_json(args.out, report)
     print(json.dumps(report, indent=2))
@@ -132,7 +149,7 @@ def finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr, fl
         log(f"finetune {task.name}: warning: {encoded['train']['unk_share']:.0%} of the training tokens are "
             f"[UNK]; the tokenizer of {cfg.export_dir} does not cover this task's text")
     torch.manual_seed(cfg.seed)
-    model = load_classifier(cfg.export_dir, task.num_labels)
+    model = load_classifier(cfg.export_dir, task.num_labels, random_init=cfg.init == "random")
     if len(tokenizer) > model.config.vocab_size:
         raise UserError(f"{cfg.export_dir}: tokenizer has {len(tokenizer)} ids, the model only {model.config.vocab_size}")
 
@@ -177,6 +194,18 @@ def finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr, fl
         "majority_baseline": baseline,
         "seconds": round(time.perf_counter() - started, 1),
     }
+
+
+def side_by_side(report: dict) -> str:
+    """The pretrained export next to its random-init twin (report["random_init"]) and the majority baseline."""
+    twin, base = report["random_init"], report["majority_baseline"]["test"]
+    rows = [("pretrained export", report["test"]), ("random-init twin", twin["test"]), ("majority baseline", base)]
+    lines = [f"finetune {report['task']} ({report['train_examples']} training examples), test split:",
+             f"  {'':<18} {'accuracy':>9} {'macro-F1':>9}"]
+    lines += [f"  {name:<18} {s['accuracy']:>9.4f} {s['macro_f1']:>9.4f}" for name, s in rows]
+    gain = report["test"]["accuracy"] - twin["test"]["accuracy"]
+    lines.append(f"  pretraining changed test accuracy by {gain * 100:+.1f} points")
+    return "\n".join(lines)
 
 
 def _encode(tokenizer, examples, max_length: int) -> dict:

@@ -1,0 +1,126 @@
+"""PNG figures of a reproduction (matplotlib, Agg backend): one question per picture.
+
+- fig2_encodings.png / linear_attention.png: MLM validation loss against steps, the mean over seeds
+  as a line and the min-max over seeds as a band, one colour per variant; the final-loss spread is
+  in the legend.
+- table5_lengths.png: inews test accuracy and macro-F1 against the fine-tuning max length.
+- downstream.png: test accuracy against the label budget, pretrained export vs random-init twin,
+  one panel per task, with the majority baseline dashed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on training machines
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+COLOURS = {"rope": "tab:blue", "sinusoidal": "tab:orange", "learned": "tab:green",
+           "linear+rope": "tab:blue", "linear+sinusoidal": "tab:orange",
+           "pretrained": "tab:blue", "random": "tab:gray"}
+SIZE = (10, 6)  # inches at 110 dpi: 1100 x 660 px
+DPI = 110
+
+
+def loss_curves(groups: dict, title: str, path: Path) -> Path:
+    """Mean validation loss per group with its min-max band over seeds."""
+    fig, ax = plt.subplots(figsize=SIZE)
+    boundaries: list[tuple[int, str]] = []
+    for group, data in groups.items():
+        curves = [run["valid_curve"] for run in data["runs"].values() if run["valid_curve"]]
+        if not curves:
+            continue
+        steps = sorted(set.intersection(*[{point[0] for point in curve} for curve in curves]))
+        losses = np.array([[dict((p[0], p[1]) for p in curve)[s] for s in steps] for curve in curves])
+        final = data["final_valid_loss"]
+        label = f"{group}: final {final['mean']:.3f} (min {final['min']:.3f}, max {final['max']:.3f}, n={final['n']})"
+        colour = COLOURS.get(group)
+        ax.plot(steps, losses.mean(axis=0), color=colour, linewidth=2, label=label)
+        ax.fill_between(steps, losses.min(axis=0), losses.max(axis=0), color=colour, alpha=0.2, linewidth=0)
+        if not boundaries:
+            first = next(iter(data["runs"].values()))
+            boundaries = [(s["first_step"], f"{s['max_seq_len']} x {s['global_batch_size']}")
+                          for s in first.get("stages", []) if "first_step" in s]
+    _mark_stages(ax, boundaries)
+    ax.set(title=title, xlabel="optimizer step", ylabel="MLM validation loss (nats per masked token)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right")
+    return _save(fig, path)
+
+
+def lengths(table: dict, trained_max_len: int | None, path: Path) -> Path:
+    """inews test accuracy and macro-F1 against the fine-tuning max length (mean, min-max bars)."""
+    fig, ax = plt.subplots(figsize=SIZE)
+    xs = sorted(int(k) for k in table)
+    for metric, marker in (("accuracy", "o"), ("macro_f1", "s")):
+        stats = [table[str(x)][metric] for x in xs]
+        mean = np.array([s["mean"] for s in stats])
+        err = np.array([[s["mean"] - s["min"] for s in stats], [s["max"] - s["mean"] for s in stats]])
+        ax.errorbar(xs, mean, yerr=err, marker=marker, capsize=4, linewidth=2,
+                    label=f"test {metric.replace('_', '-')} (mean, min-max over seeds)")
+    if xs:
+        ax.axhline(table[str(xs[0])]["majority_baseline_accuracy"], color="black", linestyle="--",
+                   linewidth=1, label="majority baseline accuracy")
+    if trained_max_len:
+        ax.axvline(trained_max_len, color="gray", linestyle=":", label=f"longest pretrained length ({trained_max_len})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set(title="Long documents (inews): fine-tuning max length (paper Table 5 analog)",
+           xlabel="max tokens per document at fine-tuning", ylabel="test score")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    return _save(fig, path)
+
+
+def downstream(table: dict, path: Path) -> Path:
+    """Test accuracy against label budget, export vs random-init twin, one panel per task."""
+    tasks = list(table)
+    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(SIZE[0], SIZE[1] * 0.8), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        budgets = list(table[task])
+        xs = np.arange(len(budgets))
+        for offset, init in ((-0.08, "pretrained"), (0.08, "random")):
+            stats = [table[task][b].get(init, {}).get("accuracy", {"n": 0}) for b in budgets]
+            keep = [i for i, s in enumerate(stats) if s["n"]]
+            mean = np.array([stats[i]["mean"] for i in keep])
+            err = np.array([[stats[i]["mean"] - stats[i]["min"] for i in keep],
+                            [stats[i]["max"] - stats[i]["mean"] for i in keep]])
+            name = "pretrained export" if init == "pretrained" else "random-init twin"
+            ax.errorbar(xs[keep] + offset, mean, yerr=err, marker="o", capsize=4, linewidth=2,
+                        color=COLOURS[init], label=name)
+        ax.axhline(table[task][budgets[0]].get("pretrained", table[task][budgets[0]].get("random", {}))
+                   .get("majority_baseline_accuracy", np.nan), color="black", linestyle="--", linewidth=1,
+                   label="majority baseline")
+        labels = [f"{b}\n({_examples(table[task][b])} ex.)" if b == "all" else b for b in budgets]
+        ax.set_xticks(xs, labels)
+        ax.set(title=task, xlabel="labelled training examples", ylabel="test accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    fig.suptitle("What pretraining buys: export vs random-init twin (mean, min-max over fine-tuning seeds)")
+    return _save(fig, path)
+
+
+def _examples(cell: dict) -> str:
+    for init in ("pretrained", "random"):
+        if init in cell:
+            return str(cell[init]["train_examples"])
+    return "?"
+
+
+def _mark_stages(ax, boundaries: list[tuple[int, str]]) -> None:
+    for start, label in boundaries:
+        ax.axvline(start, color="gray", linestyle=":", linewidth=1)
+        ax.annotate(f"stage: {label}", (start, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
+                    textcoords="offset points", fontsize=8, color="dimgray")
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.tight_layout()
+    fig.savefig(tmp, dpi=DPI, format="png")
+    plt.close(fig)
+    tmp.replace(path)
+    return path

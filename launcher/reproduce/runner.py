@@ -1,0 +1,138 @@
+"""Runs the reproduction's jobs as ordinary `roformer` commands, skipping what is already done.
+
+Each job is a child process (`python -m launcher.cli ...`, an argument list, no shell) whose console
+output goes to OUT/logs/<job>.log; this process prints one line per job. A pretraining run that was
+interrupted is simply started again: `roformer pretrain` resumes its run directory. A fine-tune
+report is written atomically by `roformer finetune --out`, so an existing report is a finished job.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import UserError
+from launcher.reproduce.plan import FinetuneRun, Preset, PretrainRun
+from launcher.run_dir import RunDir
+from launcher.sidecar import complete_sidecar
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths under the reproduction's output directory (see launcher/reproduce/plan.py)."""
+
+    out: Path
+
+    @property
+    def data(self) -> Path:
+        return self.out / "data"
+
+    def run_dir(self, run: PretrainRun | str) -> Path:
+        return self.out / "runs" / (run if isinstance(run, str) else run.name)
+
+    def export(self, run: PretrainRun | str) -> Path:
+        return self.run_dir(run) / "export"
+
+    def finetune_report(self, run: FinetuneRun) -> Path:
+        return self.out / "finetune" / f"{run.name}.json"
+
+    def log(self, job: str) -> Path:
+        return self.out / "logs" / f"{job}.log"
+
+    @property
+    def report(self) -> Path:
+        return self.out / "report"
+
+
+def trained_steps(run_dir: Path) -> int:
+    """Steps of the newest complete checkpoint of a run directory (0 when there is none)."""
+    checkpoints = RunDir(run_dir).checkpoints
+    sidecars = [complete_sidecar(d) for d in checkpoints.iterdir() if d.is_dir()] if checkpoints.is_dir() else []
+    return max((s.step for s in sidecars if s is not None), default=0)
+
+
+def is_finished(run_dir: Path) -> bool:
+    checkpoints = RunDir(run_dir).checkpoints
+    if not checkpoints.is_dir():
+        return False
+    sidecars = [complete_sidecar(d) for d in checkpoints.iterdir() if d.is_dir()]
+    return any(s is not None and s.step >= s.total_steps for s in sidecars)
+
+
+class Runner:
+    def __init__(self, preset: Preset, layout: Layout, data_dir: Path | None = None,
+                 log=lambda line: print(line, flush=True)):
+        self.preset, self.layout, self.log = preset, layout, log
+        self.data_dir = data_dir if data_dir is not None else layout.data
+        self.env = dict(os.environ)
+
+    def prepare_data(self) -> None:
+        if (self.data_dir / "manifest.json").is_file():
+            self.log(f"data: {self.data_dir} (prepared)")
+            return
+        self._run("data", ["data", "prepare", *self.preset.prepare_args, "--out", str(self.data_dir)])
+
+    def pretrain_all(self, runs: list[PretrainRun], export: set[str]) -> None:
+        """Every run (preset.pretrain_jobs at a time), then the exports named in `export`."""
+        self._parallel(lambda run: self.pretrain(run, with_export=run.name in export), runs, self.preset.pretrain_jobs)
+
+    def pretrain(self, run: PretrainRun, with_export: bool) -> None:
+        run_dir = self.layout.run_dir(run)
+        if is_finished(run_dir):
+            self.log(f"pretrain {run.name}: finished earlier ({trained_steps(run_dir)} steps)")
+        else:
+            overrides = [*run.overrides, f"data.data_dir={self.data_dir.resolve()}"]
+            self._run(f"pretrain-{run.name}",
+                      ["pretrain", "--num_gpus", str(self.preset.num_ranks), "--master_port", str(_free_port()),
+                       "--config", str(run.config), "--run-dir", str(run_dir),
+                       *[arg for item in overrides for arg in ("--set", item)]])
+        if with_export and not (self.layout.export(run) / "config.json").is_file():
+            self._run(f"export-{run.name}", ["export", str(run_dir), "--out", str(self.layout.export(run))])
+
+    def finetune_all(self, runs: list[FinetuneRun]) -> None:
+        todo = [run for run in runs if not self.layout.finetune_report(run).is_file()]
+        if len(todo) < len(runs):
+            self.log(f"finetune: {len(runs) - len(todo)} of {len(runs)} reports exist, skipped")
+        self._parallel(self.finetune, todo, self.preset.finetune_jobs)
+
+    @staticmethod
+    def _parallel(job, items: list, workers: int) -> None:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            for future in [pool.submit(job, item) for item in items]:
+                future.result()  # re-raises the first failure
+
+    def finetune(self, run: FinetuneRun) -> None:
+        budget = [] if run.budget is None else ["--max-train-examples", str(run.budget)]
+        self._run(f"finetune-{run.name}",
+                  ["finetune", str(self.layout.export(run.pretrain)), "--task", run.task, "--init", run.init,
+                   "--max-length", str(run.max_length), "--seed", str(run.seed), "--threads", "1", *budget,
+                   *run.args, "--out", str(self.layout.finetune_report(run))])
+
+    def _run(self, job: str, args: list[str]) -> None:
+        log_path = self.layout.log(job)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        self.log(f"{job}: running (log: {log_path})")
+        with open(log_path, "a", encoding="utf-8") as log_file:
+            log_file.write(f"\n$ roformer {' '.join(args)}\n")
+            log_file.flush()
+            code = subprocess.call([sys.executable, "-m", "launcher.cli", *args], stdout=log_file,
+                                   stderr=subprocess.STDOUT, env=self.env)
+        seconds = time.perf_counter() - started
+        if code != 0:
+            tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
+            raise UserError(f"{job}: `roformer {args[0]}` exited {code} after {seconds:.0f} s; last lines of "
+                            f"{log_path}:\n  " + "\n  ".join(tail))
+        self.log(f"{job}: done in {seconds:.0f} s")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
