@@ -24,7 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated subset of: {', '.join(PARTS)} (default: all)")
     parser.add_argument("--data", type=Path, default=None,
-                        help="use this prepared data directory instead of preparing OUT/data")
+                        help="use this prepared data directory instead of preparing OUT/data (the ablations' corpus)")
     parser.add_argument("--report-only", action="store_true",
                         help="write the report from whatever runs exist; start nothing")
 
@@ -50,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
     if not args.report_only:
         runner = Runner(preset, layout, data_dir=args.data)
-        runner.prepare_data()
-        runner.pretrain_all(preset.pretrain_runs(parts), export={preset.recipe_run})
+        pretrain_runs = preset.pretrain_runs(parts)
+        runner.prepare_data(pretrain_runs)
+        runner.pretrain_all(pretrain_runs, export={preset.recipe_run})
         runner.finetune_all(preset.finetune_runs(parts))
     results = collect(preset, layout, parts)
     results["wall_seconds_this_invocation"] = round(time.time() - started, 1)

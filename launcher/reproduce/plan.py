@@ -3,7 +3,8 @@
 Every run is an ordinary `roformer pretrain` run directory or `roformer finetune` JSON report under
 one output directory, so an interrupted reproduction resumes and finished runs are skipped:
 
-    OUT/data/                          the prepared corpus (shared by every pretraining run)
+    OUT/data/                          the ablations' prepared corpus (the bundled English + Chinese text)
+    OUT/data-recipe/                   the recipe's prepared corpus (when the preset has its own)
     OUT/runs/<pretrain run>/           run directories; <run>/export/ is its transformers export
     OUT/finetune/<finetune run>.json   fine-tune reports
     OUT/logs/<run>.log                 each command's console output
@@ -39,6 +40,8 @@ class PretrainRun:
     group: str
     """What the run is compared as: e.g. "rope", "sinusoidal", "linear+rope", "recipe"."""
     seed: int
+    data: str = "data"
+    """Prepared data directory name under OUT/ ("data" or "data-recipe")."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,9 @@ class Preset:
 
     name: str
     prepare_args: tuple[str, ...]
-    """`roformer data prepare` arguments besides --out (corpus and tokenizer)."""
+    """`roformer data prepare` arguments besides --out (corpus and tokenizer) of OUT/data."""
+    recipe_prepare_args: tuple[str, ...] | None
+    """The same for OUT/data-recipe, the recipe's own corpus; None = the recipe trains on OUT/data."""
     ablation_config: Path
     """Run config of the encodings and linear parts."""
     recipe_config: Path | None
@@ -129,7 +134,8 @@ class Preset:
                                    f"model.attention={attention}", *table, f"seed={seed}")))
         if needs_recipe and self.recipe_config is not None:
             runs.append(PretrainRun(name="recipe", config=self.recipe_config, group="recipe", seed=0,
-                                    overrides=self.overrides))
+                                    overrides=self.overrides,
+                                    data="data" if self.recipe_prepare_args is None else "data-recipe"))
         return runs
 
     def finetune_runs(self, parts: tuple[str, ...]) -> list[FinetuneRun]:
@@ -157,7 +163,8 @@ def full_preset() -> Preset:
     """The documented reproduction (about 2 hours on a 2-core CPU; see configs/reproduce/README.md)."""
     return Preset(
         name="full",
-        prepare_args=("--default-corpus", "recipe", "--vocab-size", "16000", "--workers", "2"),
+        prepare_args=("--default-corpus", "en,zh", "--vocab-size", "8000", "--workers", "2"),
+        recipe_prepare_args=("--default-corpus", "recipe", "--vocab-size", "16000", "--workers", "2"),
         ablation_config=_configs() / "ablation.yaml",
         recipe_config=_configs() / "recipe.yaml",
         pretrain_seeds=(0, 1, 2),
@@ -176,6 +183,7 @@ def quick_preset() -> Preset:
     return Preset(
         name="quick",
         prepare_args=("--default-corpus", "en", "--max-documents", "300", "--vocab-size", "600"),
+        recipe_prepare_args=None,
         ablation_config=_configs() / "ablation.yaml",
         recipe_config=None,
         pretrain_seeds=(0,),

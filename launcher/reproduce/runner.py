@@ -27,9 +27,8 @@ class Layout:
 
     out: Path
 
-    @property
-    def data(self) -> Path:
-        return self.out / "data"
+    def data(self, name: str = "data") -> Path:
+        return self.out / name
 
     def run_dir(self, run: PretrainRun | str) -> Path:
         return self.out / "runs" / (run if isinstance(run, str) else run.name)
@@ -67,14 +66,22 @@ class Runner:
     def __init__(self, preset: Preset, layout: Layout, data_dir: Path | None = None,
                  log=lambda line: print(line, flush=True)):
         self.preset, self.layout, self.log = preset, layout, log
-        self.data_dir = data_dir if data_dir is not None else layout.data
+        self.given_data = data_dir
         self.env = dict(os.environ)
 
-    def prepare_data(self) -> None:
-        if (self.data_dir / "manifest.json").is_file():
-            self.log(f"data: {self.data_dir} (prepared)")
-            return
-        self._run("data", ["data", "prepare", *self.preset.prepare_args, "--out", str(self.data_dir)])
+    def data_dir(self, name: str) -> Path:
+        """A prepared corpus: --data when given (for OUT/data), else OUT/<name>."""
+        return self.given_data if (self.given_data is not None and name == "data") else self.layout.data(name)
+
+    def prepare_data(self, runs: list[PretrainRun]) -> None:
+        """Prepare each corpus the runs train on (once: a directory with a manifest is kept)."""
+        args = {"data": self.preset.prepare_args, "data-recipe": self.preset.recipe_prepare_args}
+        for name in sorted({run.data for run in runs}):
+            out = self.data_dir(name)
+            if (out / "manifest.json").is_file():
+                self.log(f"{name}: {out} (prepared)")
+                continue
+            self._run(name, ["data", "prepare", *args[name], "--out", str(out)])
 
     def pretrain_all(self, runs: list[PretrainRun], export: set[str]) -> None:
         """Every run (preset.pretrain_jobs at a time), then the exports named in `export`."""
@@ -85,7 +92,7 @@ class Runner:
         if is_finished(run_dir):
             self.log(f"pretrain {run.name}: finished earlier ({trained_steps(run_dir)} steps)")
         else:
-            overrides = [*run.overrides, f"data.data_dir={self.data_dir.resolve()}"]
+            overrides = [*run.overrides, f"data.data_dir={self.data_dir(run.data).resolve()}"]
             self._run(f"pretrain-{run.name}",
                       ["pretrain", "--num_gpus", str(self.preset.num_ranks), "--master_port", str(_free_port()),
                        "--config", str(run.config), "--run-dir", str(run_dir),

@@ -1,0 +1,113 @@
+"""`roformer reproduce`: the plan of runs, argument checks, and the quick mode end to end.
+
+The quick mode starts real `roformer data prepare / pretrain / export / finetune` jobs (tiny model,
+a few steps) and checks the report's shape; a second invocation must skip every finished job.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.config.run_config import load_run_config
+from launcher.reproduce.command import parse_parts
+from launcher.reproduce.plan import PARTS, PRESETS
+from launcher.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def roformer(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
+    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_full_preset_compares_every_variant_over_at_least_three_seeds():
+    preset = PRESETS["full"]()
+    runs = preset.pretrain_runs(PARTS)
+    groups: dict[str, set[int]] = {}
+    for run in runs:
+        groups.setdefault(run.group, set()).add(run.seed)
+    assert set(groups) == {"rope", "sinusoidal", "learned", "linear+rope", "linear+sinusoidal", "recipe"}
+    assert all(len(seeds) >= 3 for group, seeds in groups.items() if group != "recipe")
+    # Same config and schedule for every ablation variant: only encoding, attention, table and seed differ.
+    ablation = [r for r in runs if r.group != "recipe"]
+    assert {r.config for r in ablation} == {preset.ablation_config}
+    finetunes = preset.finetune_runs(PARTS)
+    assert len({f.name for f in finetunes}) == len(finetunes)  # one report file per job
+    downstream = [f for f in finetunes if f.part == "downstream"]
+    assert {(f.task, f.budget, f.init) for f in downstream} == {
+        (t, b, i) for t in ("movie-reviews", "inews") for b in (250, 1000, None) for i in ("pretrained", "random")}
+    assert {f.max_length for f in finetunes if f.part == "lengths"} == {128, 256, 512, 1024}
+    assert len(preset.finetune_seeds) >= 3
+
+
+def test_each_part_runs_alone_with_only_what_it_needs():
+    preset = PRESETS["full"]()
+    assert [r.name for r in preset.pretrain_runs(("downstream",))] == ["recipe"]
+    assert {r.group for r in preset.pretrain_runs(("linear",))} == {"linear+rope", "linear+sinusoidal"}
+    assert preset.finetune_runs(("encodings",)) == []
+
+
+@pytest.mark.parametrize("name", ["ablation.yaml", "recipe.yaml"])
+def test_shipped_reproduction_configs_load(name):
+    cfg = load_run_config(REPO / "configs" / "reproduce" / name)
+    assert cfg.schedule.total_steps > 0
+    lengths = {stage.max_seq_len for stage in cfg.schedule.stages}
+    assert len(lengths) > 1  # length changes mid-run, as the paper's Table 4
+    assert PRESETS["full"]().absolute_positions >= max(lengths)
+
+
+def test_parts_are_checked():
+    assert parse_parts("linear,encodings") == ("encodings", "linear")
+    with pytest.raises(UserError, match="--parts: unknown part"):
+        parse_parts("encodings,fig9")
+
+
+def test_bad_arguments_fail_before_any_job(tmp_path):
+    result = roformer("reproduce", "--out", str(tmp_path / "out"), "--parts", "fig9")
+    assert result.returncode == 2 and "--parts" in result.stderr
+    result = roformer("reproduce", "--out", str(tmp_path / "out"), "--data", str(tmp_path / "missing"))
+    assert result.returncode == 2 and "manifest.json" in result.stderr
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+@pytest.mark.multiprocess
+def test_quick_reproduction_writes_the_report_and_resumes(tmp_path):
+    out = tmp_path / "repro"
+    first = roformer("reproduce", "--quick", "--out", str(out))
+    assert first.returncode == 0, first.stdout + first.stderr
+    report = out / "report"
+    text = (report / "report.md").read_text()
+    for heading in ("Fig. 2 analog", "Linear attention", "Table 5 analog", "random-init twin"):
+        assert heading in text
+    for png in ("fig2_encodings.png", "linear_attention.png", "table5_lengths.png", "downstream.png"):
+        data = (report / png).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 10_000, png
+        assert f"({png})" in text  # embedded in the report
+    results = json.loads((report / "results.json").read_text())
+    assert set(results["encodings"]) == {"rope", "sinusoidal", "learned"}
+    assert set(results["linear"]) == {"linear+rope", "linear+sinusoidal"}
+    for group in (*results["encodings"].values(), *results["linear"].values()):
+        assert group["final_valid_loss"]["n"] == 1 and group["final_valid_loss"]["mean"] > 0
+        run = next(iter(group["runs"].values()))
+        assert run["valid_curve"] and run["stages"]
+    for task in ("movie-reviews", "inews"):
+        cell = results["downstream"][task]["32"]
+        assert cell["pretrained"]["accuracy"]["n"] == 1 and cell["random"]["accuracy"]["n"] == 1
+        assert "gain_points" in cell
+    assert set(results["lengths"]) == {"32", "64"}
+    # Ordinary run directories: an export that transformers' format describes, per-job logs.
+    assert (out / "runs" / "rope-s0" / "export" / "config.json").is_file()
+    assert len(list((out / "finetune").glob("*.json"))) == 6
+
+    second = roformer("reproduce", "--quick", "--out", str(out))
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert second.stdout.count("finished earlier") == 5
+    assert "pretrain-" not in second.stdout and "6 of 6 reports exist" in second.stdout
