@@ -7,5 +7,9 @@ ORDERLY_STOP_EXIT_CODE = 143
 """A rank stopped on SIGTERM/SIGINT after writing a checkpoint (128 + SIGTERM, as a shell reports it):
 a requested stop, not a failure. The rank entry exits with it; the rank guard and the supervisor
 recognise it."""
+HUNG_EXIT_CODE = 124
+"""The hang watchdog stopped the job: a rank made no progress within its bound (launcher.launch.watchdog;
+124 as `timeout` reports a command that ran out of time). The newest complete checkpoint is intact:
+re-run the same command to resume."""
 DEFAULT_MASTER_PORT = 29500
 """Rendezvous TCP port on rank 0's host: DeepSpeed's TORCH_DISTRIBUTED_DEFAULT_PORT."""

@@ -9,6 +9,8 @@
       checkpoints/latest          the newest complete tag
       universal/<tag>/            ds_to_universal output when resuming at another world size
       evals/, exports/<tag>/      stage-end eval reports and their exports
+      heartbeats/rank<r>.json     rank r's progress (phase, step, its bound); rank<r>.guard.json: what
+                                  its rank guard sees (process state, network); the hang watchdog's input
       plots/, report.md           PNGs rendered at every stage end and by `roformer report` (+ its page)
       .deepspeed_env, launch/     what `roformer pretrain` gave the ranks (env file, hostfile copy)
 """
@@ -91,6 +93,16 @@ class RunDir:
 
     def export(self, tag: str) -> Path:
         return self.root / "exports" / tag
+
+    @property
+    def heartbeats(self) -> Path:
+        return self.root / "heartbeats"
+
+    def heartbeat(self, rank: int) -> Path:
+        return self.heartbeats / f"rank{rank}.json"
+
+    def guard_status(self, rank: int) -> Path:
+        return self.heartbeats / f"rank{rank}.guard.json"
 
     @property
     def env_file(self) -> Path:

@@ -2,10 +2,10 @@
 
 A run config has the sections `model` (a `roformer.RoFormerConfig`), `data` (its `masking` a
 `data_pipeline.MaskingConfig`), `optimizer`, `schedule` (the schedule file is read at load: its
-stages, `total_steps` and `stage_for_step`), `checkpoint`, `logging` and `deepspeed`, plus a
-top-level `seed`. Relative paths are resolved against the directory of the config file, so a config
-works from any working directory; the resolved config written into a run directory holds absolute
-paths only.
+stages, `total_steps` and `stage_for_step`), `checkpoint`, `logging`, `deepspeed` and `watchdog`
+(launcher.config.watchdog), plus a top-level `seed`. Relative paths are resolved against the
+directory of the config file, so a config works from any working directory; the resolved config
+written into a run directory holds absolute paths only.
 
     cfg = load_run_config("configs/demo_cpu.yaml", ["optimizer.lr=5e-4", "schedule.file=..."])
 """
@@ -22,6 +22,7 @@ import yaml
 from data_pipeline.errors import DataError
 from data_pipeline.masking import MaskingConfig
 from launcher.config.schedule import Stage, load_schedule, stage_index_at
+from launcher.config.watchdog import WatchdogSection
 from launcher.errors import UserError
 from launcher.io import atomic_write_text
 from roformer.config import ConfigError, RoFormerConfig
@@ -116,6 +117,8 @@ class RunConfig:
     deepspeed: DeepSpeedSection
     seed: int = 42
     """Seed of the model initialisation and of torch/numpy/python RNGs (dropout)."""
+    watchdog: WatchdogSection = field(default_factory=WatchdogSection)
+    """Hang watchdog bounds (launcher.config.watchdog)."""
     source: str = ""
     """The file this config came from (for error messages)."""
 
@@ -134,6 +137,7 @@ SECTIONS: dict[str, type] = {
     "checkpoint": CheckpointSection,
     "logging": LoggingSection,
     "deepspeed": DeepSpeedSection,
+    "watchdog": WatchdogSection,
 }
 TOP_LEVEL_SCALARS = ("seed",)
 # Fields holding paths, resolved against the config file's directory.
@@ -280,6 +284,7 @@ def _validate(cfg: RunConfig) -> None:
         fail("logging.valid_every", "must be >= 0")
     if not all(isinstance(x, str) for x in cfg.logging.stage_end_evals):
         fail("logging.stage_end_evals", "must be a list of names")
+    cfg.watchdog.check(fail)
 
 
 def _apply_override(raw: dict, item: str, path: Path) -> None:

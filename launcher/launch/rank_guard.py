@@ -15,6 +15,10 @@ A rank stopped by SIGTERM/SIGINT is not reported (that is the stop, not the caus
 started the guard dies, the kernel sends it SIGTERM (Linux PR_SET_PDEATHSIG) and the guard stops
 the rank, so no rank outlives its launcher. Under mpirun the guard also runs DeepSpeed's MPI
 discovery for the rank (see mpi_environment).
+
+The guard also runs the hang watchdog (launcher.launch.watchdog) for a rank with a `--run-dir`: when
+the rank stops making progress it prints a `[roformer-watchdog] {...}` line naming the ranks that hold
+the job up, SIGKILLs the rank and exits with HUNG_EXIT_CODE.
 """
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ import subprocess
 import sys
 import time
 
-from launcher.defaults import DEFAULT_MASTER_PORT, ORDERLY_STOP_EXIT_CODE
+from launcher.defaults import DEFAULT_MASTER_PORT, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE
+from launcher.launch.watchdog import Watchdog
 
 MARKER = "[roformer-rank-exit]"
 PR_SET_PDEATHSIG = 1
@@ -102,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
 
     env = {**os.environ, **mpi_environment()}
     child = subprocess.Popen([sys.executable, "-u", "-m", *argv], env=env, preexec_fn=_die_with_parent)
+    identity = _rank_identity(env)
+    watchdog = Watchdog.for_rank(argv[1:], env, identity, child.pid,
+                                 report=lambda line: print(line, file=sys.stderr, flush=True))
+    if watchdog is not None:
+        watchdog.start()
     stopping = False
     orphan_deadline: float | None = None
 
@@ -123,8 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         if orphan_deadline is not None and time.monotonic() > orphan_deadline:
             child.kill()
     returncode = child.returncode
+    if watchdog is not None:
+        watchdog.stop()
+        if watchdog.verdict is not None:  # we killed it: the watchdog line said why
+            return HUNG_EXIT_CODE
     if returncode not in (0, ORDERLY_STOP_EXIT_CODE) and not stopping:
-        fields = " ".join(f"{k}={v}" for k, v in _rank_identity(env).items())
+        fields = " ".join(f"{k}={v}" for k, v in identity.items())
         print(f"{MARKER} {fields} pid={child.pid} status={describe_status(returncode)}", file=sys.stderr, flush=True)
     # A signal death becomes 128+N, as a shell reports it; DeepSpeed's launcher only checks != 0.
     return returncode if returncode >= 0 else 128 - returncode

@@ -14,6 +14,11 @@ line is the cause; ranks failing after it (a peer's collective erroring out) are
 DeepSpeed's own "exits with return code" lines and pdsh's "ssh exited with exit code" lines name
 the node when no guard line is seen. Once a failure is seen, the rest of the job gets
 FAILURE_GRACE_SECONDS to end by itself before we stop it on every node.
+
+Hangs: a guard whose rank stopped making progress prints a `[roformer-watchdog] {...}` verdict
+(launcher.launch.watchdog) naming the ranks that hold the job up. A verdict is the cause, whatever
+rank deaths follow it; the guards stop their own ranks, so the rest gets only HUNG_GRACE_SECONDS
+(a partitioned node's launcher never answers), and the job ends with HUNG_EXIT_CODE.
 """
 from __future__ import annotations
 
@@ -27,15 +32,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from launcher.defaults import ORDERLY_STOP_EXIT_CODE
+from launcher.defaults import HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE
 from launcher.launch import env_forwarding
 from launcher.launch.launch_plan import LaunchPlan
 from launcher.launch.rank_guard import MARKER
 from launcher.launch.ssh import ssh
+from launcher.launch.watchdog import Verdict
+from launcher.run_dir import RunDir
 
 FAILURE_GRACE_SECONDS = 30.0  # + the stop itself stays well inside the 60 s promised in docs/multinode.md
 STOP_WAIT_SECONDS = 10.0
 GRACEFUL_STOP_SECONDS = 120.0  # Ctrl-C: time for the ranks to finish the step and write a checkpoint
+HUNG_GRACE_SECONDS = 10.0  # after a watchdog verdict: the other guards decide within their settle time
 
 _PDSH_PREFIX_RE = re.compile(r"^([A-Za-z0-9_.-]+): (.*)$")
 _GUARD_RE = re.compile(re.escape(MARKER) + r" rank=(\S+) local_rank=(\S+) node_rank=(\S+) host=(\S+) pid=(\d+) "
@@ -53,6 +61,7 @@ class Failure:
     local_rank: str  # rank on its node, "?" when unknown
     status: str  # "killed by SIGKILL", "exit code 1", ...
     seen_at: float  # time.monotonic() when its line arrived
+    hung: bool = False  # a hang watchdog verdict (the cause of whatever fails after it)
 
     def describe(self) -> str:
         who = f"rank {self.rank} (local rank {self.local_rank}) on node {self.host}" if self.rank is not None \
@@ -80,6 +89,12 @@ class OutputMonitor:
 
     def _parse(self, host: str | None, text: str) -> Failure | None:
         now = time.monotonic()
+        verdict = Verdict.from_line(text)
+        if verdict is not None and verdict.ranks:
+            # The culprit's node from the hostfile: a partitioned node's own line never arrives.
+            by_rank = {r: (h, str(local)) for r, h, local in self.plan.rank_hosts()}
+            culprit_host, local_rank = by_rank.get(verdict.ranks[0]) or ("?", (verdict.local_ranks or ["?"])[0])
+            return Failure(culprit_host, verdict.ranks[0], local_rank, verdict.what(), now, hung=True)
         guard = _GUARD_RE.search(text)
         if guard:
             rank_text, local_rank, _node_rank, _hostname, _pid, status = guard.groups()
@@ -97,8 +112,9 @@ class OutputMonitor:
 
     def first(self) -> Failure | None:
         with self.lock:
+            hung = [f for f in self.failures if f.hung]
             ranked = [f for f in self.failures if f.rank is not None]
-            return min(ranked or self.failures, key=lambda f: f.seen_at, default=None)
+            return min(hung or ranked or self.failures, key=lambda f: f.seen_at, default=None)
 
     def snapshot(self) -> list[Failure]:
         with self.lock:
@@ -249,7 +265,8 @@ def supervise(plan: LaunchPlan, runner_env: dict[str, str], out=None) -> int:
             elif graceful_deadline is not None and (len(interrupted) > 1 or time.monotonic() > graceful_deadline):
                 print("roformer pretrain: stopping every process of the job now", file=sys.stderr, flush=True)
                 stop_job(plan, runner)
-            elif first is not None and time.monotonic() - first.seen_at > FAILURE_GRACE_SECONDS:
+            elif first is not None and time.monotonic() - first.seen_at > (
+                    HUNG_GRACE_SECONDS if first.hung else FAILURE_GRACE_SECONDS):
                 stop_job(plan, runner)
                 stopped_after_failure = True
     finally:
@@ -270,6 +287,8 @@ def supervise(plan: LaunchPlan, runner_env: dict[str, str], out=None) -> int:
         return returncode
     print("roformer pretrain: error: " + failure_report(monitor, returncode, stopped_after_failure),
           file=sys.stderr, flush=True)
+    if any(f.hung for f in failures):
+        return HUNG_EXIT_CODE
     return returncode if returncode > 0 else 1
 
 
@@ -277,6 +296,8 @@ def failure_report(monitor: OutputMonitor, returncode: int, stopped_after_failur
     first = monitor.first()
     if first is None:
         return f"DeepSpeed's runner exited with code {returncode}; see the output above"
+    if first.hung:
+        return f"hung: {first.describe()}; stopped by the hang watchdog on all nodes; {resume_hint(monitor.plan)}"
     later = [f.describe() for f in monitor.snapshot() if f is not first and f.rank is not None]
     text = f"{first.describe()}; the job was stopped on all nodes"
     if stopped_after_failure:
@@ -284,3 +305,12 @@ def failure_report(monitor: OutputMonitor, returncode: int, stopped_after_failur
     if later:
         text += ". Afterwards: " + "; ".join(later)
     return text
+
+
+def resume_hint(plan: LaunchPlan) -> str:
+    """Where a re-run of the same command continues from (the newest complete checkpoint)."""
+    try:
+        tag = RunDir(plan.run_dir).latest.read_text().strip()
+    except OSError:
+        return "no checkpoint was complete yet: running the same command again starts from the beginning"
+    return f"the newest complete checkpoint is {tag}: run the same command again to resume from it"

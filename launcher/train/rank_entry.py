@@ -42,6 +42,7 @@ from launcher.stage_end_jobs import check_eval_specs  # noqa: E402
 from launcher.train import startup  # noqa: E402
 from launcher.train.checkpointer import Checkpointer  # noqa: E402
 from launcher.train.engine import build_engine  # noqa: E402
+from launcher.train.heartbeat import ProgressRecorder  # noqa: E402
 from launcher.train.metrics import Metrics  # noqa: E402
 from launcher.train.trainer import Trainer, TrainState  # noqa: E402
 
@@ -74,6 +75,8 @@ def train(args: argparse.Namespace) -> int:
     rank, world_size = rank_and_world_size()
     stages = resolve_stages(cfg, world_size)
     run_dir = startup.prepare_run_dir(Path(args.run_dir))
+    progress = ProgressRecorder(run_dir, rank, cfg.watchdog)  # heartbeats for the hang watchdog (rank guard)
+    progress.start_up("checks and data")
     point = startup.resume_point(run_dir, cfg)
     if point is not None and point.sidecar.step >= cfg.schedule.total_steps:
         print(f"{run_dir.root}: already trained to the end of the schedule (step {point.sidecar.step}); "
@@ -82,11 +85,14 @@ def train(args: argparse.Namespace) -> int:
     batches, valid_batches = startup.open_batches(cfg, stages, rank, world_size)
     timer.phase("checks_and_data")
 
+    progress.start_up("rendezvous (init_distributed)")
     startup.init_distributed()
     timer.phase("init_distributed")
+    progress.start_up("run files and conversion")
     universal = point is not None and point.sidecar.world_size != world_size
     ds_config = startup.write_run_files(run_dir, cfg, stages, world_size, rank, point, universal)
     timer.phase("run_files_and_conversion")
+    progress.start_up("engine")
     engine = build_engine(cfg, ds_config, rank)
     timer.phase("engine")
     state = TrainState()
@@ -94,6 +100,7 @@ def train(args: argparse.Namespace) -> int:
                                 world_size=world_size, keep_last=cfg.checkpoint.keep_last,
                                 total_steps=cfg.schedule.total_steps)
     if point is not None:
+        progress.start_up("checkpoint load")
         checkpointer.load(point, universal, cfg.seed)
         timer.phase("checkpoint_load")
     metrics = Metrics(run_dir, rank, stages, cfg.schedule.total_steps, state.step, cfg.logging.log_every,
@@ -101,9 +108,10 @@ def train(args: argparse.Namespace) -> int:
     startup.report_start(metrics, timer, point, engine, world_size, universal)
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 else None
     trainer = Trainer(cfg, stages, engine, batches, valid_batches, state, checkpointer, metrics,
-                      on_stage_end=startup.stage_end_callback(cfg, run_dir, plots))
+                      on_stage_end=startup.stage_end_callback(cfg, run_dir, plots), progress=progress)
     install_stop_handlers(trainer, metrics)
     outcome = trainer.run()
+    progress.ended(outcome, state.step)
     metrics.event(outcome, step=state.step)
     if plots is not None:  # RUN_DIR/plots complete when a finished run returns; a stop does not wait
         plots.run_end(state.step, wait=outcome == "finished")

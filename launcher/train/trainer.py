@@ -20,6 +20,7 @@ from launcher.config.schedule import learning_rate
 from launcher.config.stages import ResolvedStage
 from launcher.train.checkpointer import Checkpointer
 from launcher.train.engine import loss_scale
+from launcher.train.heartbeat import ProgressRecorder
 from launcher.train.metrics import Metrics
 
 StageEndCallback = Callable[[str, ResolvedStage], None]
@@ -50,9 +51,10 @@ class TrainState:
 class Trainer:
     def __init__(self, cfg: RunConfig, stages: list[ResolvedStage], engine, batches, valid_batches,
                  state: TrainState, checkpointer: Checkpointer, metrics: Metrics,
-                 on_stage_end: StageEndCallback | None = None):
+                 on_stage_end: StageEndCallback | None = None, progress: ProgressRecorder | None = None):
         self.cfg, self.stages, self.engine, self.batches, self.valid_batches = cfg, stages, engine, batches, valid_batches
         self.state, self.checkpointer, self.metrics, self.on_stage_end = state, checkpointer, metrics, on_stage_end
+        self.progress = progress or ProgressRecorder.disabled()  # heartbeats for the hang watchdog
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.stop_signalled = False  # set by a signal handler on this rank
         self.stop_agreed = False     # all ranks know (carried by the per-step all-reduce)
@@ -63,16 +65,21 @@ class Trainer:
         while self.state.step < self.cfg.schedule.total_steps:
             current = self.stages[self.cfg.schedule.stage_for_step(self.state.step)[0]]
             if current is not stage:
-                stage = self.switch_to(current)
-            self.metrics.train_step(self.train_step(stage))
+                with self.progress.phase("stage switch", self.state.step):
+                    stage = self.switch_to(current)
+            with self.progress.step(self.state.step, stage.index):
+                self.metrics.train_step(self.train_step(stage))
             self.state.step += 1
             stage_done = self.state.step == stage.end_step
             if stage_done or _every(self.cfg.logging.valid_every, self.state.step):
-                self.validate(stage)
+                with self.progress.phase("validation", self.state.step):
+                    self.validate(stage)
             if stage_done or self.stop_agreed or _every(self.cfg.checkpoint.every_steps, self.state.step):
-                tag = self.save_checkpoint(stage)
+                with self.progress.phase("checkpoint save", self.state.step):
+                    tag = self.save_checkpoint(stage)
                 if stage_done:
-                    self.stage_end(stage, tag)
+                    with self.progress.phase("stage end", self.state.step):
+                        self.stage_end(stage, tag)
             if self.stop_agreed and self.state.step < self.cfg.schedule.total_steps:
                 return "stopped"
         return "finished"

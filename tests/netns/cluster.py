@@ -178,6 +178,13 @@ class TwoNodeCluster:
             f.write(f"Host {name}\n  HostName {self.subnet}.1\n  Port 1\n" + text)
             f.truncate()
 
+    def set_link(self, node: str, up: bool) -> None:
+        """Take `node`'s cable out (or put it back): its veth's end on the bridge goes down, so packets
+        to and from the node vanish silently, as with a failed switch port; the node's own `eth1`
+        stays configured (no error on its side)."""
+        host_side = f"rf{self.tag}v{self.node_names.index(node) + 1}"
+        _run("ip", "link", "set", host_side, "up" if up else "down")
+
     def hide_directory_on(self, node: str, path: Path) -> None:
         """Mount an empty tmpfs over `path` as `node` sees it (its sshd's mount namespace only), so
         `path` is no longer one shared directory. Undone when the node's sshd stops."""
