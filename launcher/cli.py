@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "eval-mlm": ("launcher.downstream.eval_mlm", "masked-LM loss / accuracy / perplexity of an export at several lengths"),
     "finetune": ("launcher.downstream.finetune", "fine-tune and evaluate an export on a labelled classification task"),
     "report": ("launcher.report.command", "one-page report.md and PNG plots of a run (running or stopped)"),
+    "reproduce": ("launcher.reproduce.command", "reproduce the paper's claims at small scale: runs, plots, report"),
 }
 
 
