@@ -9,7 +9,7 @@ export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-fast clean
 
 setup:
 	bash scripts/setup.sh
@@ -19,6 +19,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Everything that starts no multi-rank DeepSpeed job (markers: setup.cfg, tests/conftest.py).
+test-fast: setup
+	$(PY) -m pytest -m "not multiprocess" $(PYTEST_ARGS)
 
 clean:
 	rm -rf runs build *.egg-info

@@ -5,6 +5,10 @@
     ROFORMER_TEST_SIGKILL_AT=RANK:N          that rank SIGKILLs itself before step N
     ROFORMER_TEST_SIGKILL_IN_SAVE_AT=RANK:N  that rank SIGKILLs itself while writing the checkpoint of
                                              step N (after DeepSpeed's files, before the sidecar)
+    ROFORMER_TEST_SAVE_LIVE_WEIGHTS=1        after training, the weights the engine holds (gathered
+                                             under ZeRO-3) go to RUN_DIR/reference.safetensors, so an
+                                             export can be compared with them, independently of the
+                                             zero_to_fp32 consolidation under test
 Steps are 0-based global steps (the index of the step about to be taken).
 """
 from __future__ import annotations
@@ -50,6 +54,30 @@ def install_faults() -> None:
         original_save_rng(directory, this_rank)
 
     checkpointer.save_rng = save_rng  # the name the Checkpointer calls
+
+    if os.environ.get("ROFORMER_TEST_SAVE_LIVE_WEIGHTS") == "1":
+        original_run = trainer.Trainer.run
+
+        def run_then_save_weights(self):
+            outcome = original_run(self)
+            save_live_weights(self.engine, self.checkpointer.run_dir.root / "reference.safetensors", rank)
+            return outcome
+
+        trainer.Trainer.run = run_then_save_weights
+
+
+def save_live_weights(engine, path, rank: int) -> None:
+    """Full fp32 weights as the engine holds them now (all ranks take part in the ZeRO-3 gather)."""
+    import deepspeed
+    import torch.distributed
+    from safetensors.torch import save_file
+
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None,
+                                           enabled=engine.zero_optimization_stage() == 3):
+        state = {k: v.detach().clone().float().contiguous() for k, v in engine.module.state_dict().items()}
+    if rank == 0:
+        save_file(state, str(path))
+    torch.distributed.barrier()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from launcher.config.deepspeed_json import resolve_ds_config
 from launcher.config.run_config import load_run_config
 from launcher.config.stages import resolve_stages
 from launcher.errors import UserError
-from tests.conftest_training import REPO, run_config_dict, write_schedule, write_yaml
+from tests.helpers import REPO, run_config_dict, write_schedule, write_yaml
 
 
 def _config(tmp_path, stages, overrides=(), **sections):

@@ -5,7 +5,7 @@ import pytest
 
 from launcher.config.run_config import dump_run_config, load_run_config
 from launcher.errors import UserError
-from tests.conftest_training import REPO, run_config_dict, write_yaml
+from tests.helpers import REPO, run_config_dict, write_yaml
 
 
 def test_shipped_configs_load_with_absolute_paths():

@@ -11,7 +11,7 @@ import pytest
 from launcher.config.deepspeed_json import deepspeed_top_level_keys, load_ds_json, resolve_ds_config
 from launcher.config.stages import resolve_stages
 from launcher.config.run_config import load_run_config
-from tests.conftest_training import REPO, run_config_dict, write_yaml
+from tests.helpers import REPO, run_config_dict, write_yaml
 
 SHIPPED = sorted(p.name for p in (REPO / "ds_configs").glob("*.json"))
 WORLD_SIZES = (1, 2, 8)

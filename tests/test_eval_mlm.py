@@ -1,32 +1,36 @@
 """eval-mlm on a real export: lengths beyond the trained one, figures checked against transformers'
-own RoFormer on the same masked batches, determinism, and bad input (corrupt weights, no tokenizer)."""
+own RoFormer on the same masked batches, determinism (on the session's trainer export), and bad
+input (corrupt weights, no tokenizer; on copies of the stored run's export, no DeepSpeed job)."""
 from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import pytest
 import torch
 
 from data_pipeline import MaskingConfig, PretrainBatches, open_corpus
 from launcher.cli import main as cli_main
-from tests._downstream_common import TRAIN_SEQ_LEN, data_dir, exported
+from tests.helpers import TINY_MAX_SEQ_LEN as TRAIN_SEQ_LEN
 
-pytestmark = pytest.mark.multiprocess
-
-LONG = 8 * TRAIN_SEQ_LEN  # 256: eight times the pretraining length
+LONG = 4 * TRAIN_SEQ_LEN  # 256: four times the longest pretraining length
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def report(tmp_path_factory, trainer_export, tiny_data):
     out = tmp_path_factory.mktemp("eval_mlm") / "mlm.json"
-    rc = cli_main(["eval-mlm", str(exported(tmp_path_factory)), "--data", str(data_dir(tmp_path_factory)),
+    rc = cli_main(["eval-mlm", str(trainer_export), "--data", str(tiny_data),
                    "--seq-lens", f"{TRAIN_SEQ_LEN},{LONG}", "--tokens", "4096", "--out", str(out)])
     assert rc == 0
     return json.loads(out.read_text())
 
 
+@pytest.fixture(scope="module")
+def stored_data(stored_run):
+    return stored_run.parent / "data"
+
+
+@pytest.mark.multiprocess
 def test_reports_every_length_and_marks_the_untrained_one(report):
     assert report["trained_max_seq_len"] == TRAIN_SEQ_LEN
     by_len = {r["seq_len"]: r for r in report["results"]}
@@ -41,12 +45,13 @@ def test_reports_every_length_and_marks_the_untrained_one(report):
     assert abs(by_len[LONG]["tokens"] - by_len[TRAIN_SEQ_LEN]["tokens"]) < 0.1 * by_len[LONG]["tokens"]
 
 
-def test_loss_matches_transformers_on_the_same_masked_batches(report, tmp_path_factory):
+@pytest.mark.multiprocess
+def test_loss_matches_transformers_on_the_same_masked_batches(report, trainer_export, tiny_data):
     """An independent computation: transformers' RoFormerForMaskedLM scores the same batches."""
     from transformers import RoFormerForMaskedLM
 
-    hf = RoFormerForMaskedLM.from_pretrained(str(exported(tmp_path_factory))).eval()
-    corpus = open_corpus(data_dir(tmp_path_factory), "valid")
+    hf = RoFormerForMaskedLM.from_pretrained(str(trainer_export)).eval()
+    corpus = open_corpus(tiny_data, "valid")
     row = next(r for r in report["results"] if r["seq_len"] == LONG)
     batches = PretrainBatches(corpus, seed=report["config"]["seed"], masking=MaskingConfig(mask_prob=0.15))
     total, count, correct = 0.0, 0, 0
@@ -65,10 +70,11 @@ def test_loss_matches_transformers_on_the_same_masked_batches(report, tmp_path_f
     assert math.isclose(correct / count, row["accuracy"], abs_tol=1e-4)
 
 
-def test_same_inputs_same_figures(report, tmp_path_factory):
+@pytest.mark.multiprocess
+def test_same_inputs_same_figures(report, trainer_export, tiny_data):
     from launcher.downstream.eval_mlm import MLMEvalConfig, evaluate_mlm
 
-    again = evaluate_mlm(MLMEvalConfig(export_dir=exported(tmp_path_factory), data_dir=data_dir(tmp_path_factory),
+    again = evaluate_mlm(MLMEvalConfig(export_dir=trainer_export, data_dir=tiny_data,
                                        seq_lens=[LONG], tokens=4096))
     first = next(r for r in report["results"] if r["seq_len"] == LONG)
     assert {k: v for k, v in again["results"][0].items() if k != "seconds"} == \
@@ -76,10 +82,8 @@ def test_same_inputs_same_figures(report, tmp_path_factory):
 
 
 @pytest.fixture
-def export_copy(tmp_path_factory, tmp_path):
-    copy = tmp_path / "export"
-    shutil.copytree(exported(tmp_path_factory), copy)
-    return copy
+def export_copy(stored_export, copy_of):
+    return copy_of(stored_export)
 
 
 def _fails(capsys, argv) -> str:
@@ -90,14 +94,14 @@ def _fails(capsys, argv) -> str:
     return err
 
 
-def test_corrupt_safetensors_is_named(capsys, export_copy, tmp_path_factory, tmp_path):
+def test_corrupt_safetensors_is_named(capsys, export_copy, stored_data, tmp_path):
     weights = export_copy / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte in a tensor: structurally still valid
     weights.write_bytes(bytes(data))
     out = tmp_path / "result.json"
     out.write_text("previous result")
-    argv = ["eval-mlm", str(export_copy), "--data", str(data_dir(tmp_path_factory)), "--seq-lens", "64",
+    argv = ["eval-mlm", str(export_copy), "--data", str(stored_data), "--seq-lens", "64",
             "--out", str(out)]
     assert "model.safetensors: corrupt (sha256 differs" in _fails(capsys, argv)
     assert out.read_text() == "previous result"
@@ -106,22 +110,22 @@ def test_corrupt_safetensors_is_named(capsys, export_copy, tmp_path_factory, tmp
     assert "model.safetensors: corrupt safetensors file" in _fails(capsys, argv)
 
 
-def test_missing_tokenizer_is_named(capsys, export_copy, tmp_path_factory):
+def test_missing_tokenizer_is_named(capsys, export_copy, stored_data):
     (export_copy / "tokenizer.json").unlink()
-    err = _fails(capsys, ["eval-mlm", str(export_copy), "--data", str(data_dir(tmp_path_factory))])
+    err = _fails(capsys, ["eval-mlm", str(export_copy), "--data", str(stored_data)])
     assert "tokenizer missing (tokenizer.json not found)" in err
 
 
-def test_length_and_data_errors(capsys, tmp_path_factory, tmp_path):
-    export_dir = str(exported(tmp_path_factory))
+def test_length_and_data_errors(capsys, stored_export, stored_data, tmp_path):
+    export_dir = str(stored_export)
     assert "--seq-lens: 1 is too short" in _fails(capsys, ["eval-mlm", export_dir, "--data",
-                                                          str(data_dir(tmp_path_factory)), "--seq-lens", "1"])
+                                                          str(stored_data), "--seq-lens", "1"])
     assert "not found" in _fails(capsys, ["eval-mlm", export_dir, "--data", str(tmp_path / "nothing")])
 
 
-def test_tokenizer_other_than_the_shards_is_refused(capsys, export_copy, tmp_path_factory):
+def test_tokenizer_other_than_the_shards_is_refused(capsys, export_copy, stored_data):
     (export_copy / "export_info.json").unlink()  # a foreign directory: no recorded checksums
     with open(export_copy / "spm.model", "ab") as f:
         f.write(b"\0")  # another tokenizer file than the one the shards were built with
-    err = _fails(capsys, ["eval-mlm", str(export_copy), "--data", str(data_dir(tmp_path_factory))])
+    err = _fails(capsys, ["eval-mlm", str(export_copy), "--data", str(stored_data)])
     assert "shards were built with tokenizer" in err

@@ -1,8 +1,9 @@
 """Export of bad input fails with one clear line naming the problem, and never touches a good export.
 
-Each test damages a COPY of a real 2-rank ZeRO checkpoint, runs `roformer export` through the CLI
-entry point (exit code 2 + message on stderr), and checks the previous export at --out is
-byte-for-byte what it was.
+Each test damages a COPY of a real 2-rank ZeRO-2 run directory (the stored one, tests/fixtures/README.md:
+no DeepSpeed job is started here), runs `roformer export` through the CLI entry point (exit code 2 +
+message on stderr), and checks the previous export at --out is byte-for-byte what it was. The
+ZeRO-3 case is in test_export.py, next to its run.
 """
 from __future__ import annotations
 
@@ -18,12 +19,9 @@ import pytest
 
 import launcher.downstream.export as export_module
 from launcher.cli import main as cli_main
-from tests._downstream_common import REPO, STEPS, ds_env, exported, zero_run
+from tests.helpers import REPO, roformer_env
 
-pytestmark = pytest.mark.multiprocess
-
-
-TAG2, TAG3 = f"step{STEPS[2]}", f"step{STEPS[3]}"
+TAG2 = "global_step5"  # the stored run's checkpoint
 
 
 def _tree_digest(directory: Path) -> dict[str, str]:
@@ -31,12 +29,12 @@ def _tree_digest(directory: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def run_copy(tmp_path_factory, tmp_path):
+def run_copy(stored_run, stored_export, tmp_path):
     """A private copy of the ZeRO-2 run, and a good export of it already sitting at `out`."""
     run_dir = tmp_path / "run"
-    shutil.copytree(zero_run(tmp_path_factory, 2), run_dir)
+    shutil.copytree(stored_run, run_dir)
     out = tmp_path / "exports" / "model"
-    shutil.copytree(exported(tmp_path_factory, 2), out)
+    shutil.copytree(stored_export, out)
     return run_dir, out
 
 
@@ -85,14 +83,6 @@ def test_missing_model_state_file(capsys, run_copy):
     (run_dir / "checkpoints" / TAG2 / "mp_rank_00_model_states.pt").unlink()
     err = _export_fails(capsys, run_dir, out)
     assert "partial checkpoint: no model state file (mp_rank_00_model_states.pt" in err
-
-
-def test_missing_zero3_model_shard_is_named(capsys, run_copy, tmp_path_factory, tmp_path):
-    _, out = run_copy
-    run_dir = tmp_path / "run3"
-    shutil.copytree(zero_run(tmp_path_factory, 3), run_dir)
-    (run_dir / "checkpoints" / TAG3 / "zero_pp_rank_1_mp_rank_00_model_states.pt").unlink()
-    assert "ZeRO-3 model state shard(s) of rank(s) 1 missing" in _export_fails(capsys, run_dir, out)
 
 
 def test_truncated_shard_is_reported_not_crashed_on(capsys, run_copy):
@@ -154,7 +144,7 @@ def test_killed_export_leaves_old_export_and_next_export_cleans_up(run_copy):
         "h.write_pretrained_files = write_then_die\n"
         f"e.export_checkpoint({str(run_dir)!r}, {str(out)!r})\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=ds_env(), capture_output=True)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=roformer_env(), capture_output=True)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     assert _tree_digest(out) == before
     leftovers = [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.tmp-")]

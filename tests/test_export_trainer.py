@@ -1,8 +1,7 @@
-"""Export of a run made by the real trainer (3 stages, 2 ranks, ZeRO-2; shared with test_training),
+"""Export of a run made by the real trainer (the session's `trainer_run`: 3 stages, 2 ranks, ZeRO-2),
 and the stage-end eval job started the way the trainer starts it."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import time
@@ -12,30 +11,23 @@ import torch
 
 from launcher.run_dir import RunDir
 from launcher.train.checkpointer import find_resume_point
-from launcher.config.run_config import load_run_config
 from launcher.errors import UserError
-from launcher.downstream.export import export_checkpoint
 from launcher.downstream.stage_evals import validate_eval_names
 from launcher.stage_end_jobs import start_stage_end_job
 from roformer.hf_interop import load_pretrained
-from tests._downstream_common import hf_isolated_logits
-from tests.conftest_training import TINY_STAGES, reference_run
-
-pytestmark = pytest.mark.multiprocess
-NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}  # same key as test_training
+from tests.helpers import TINY_STAGES, hf_isolated_logits
 
 
-@pytest.fixture(scope="module")
-def run_copy(tmp_path_factory):
+@pytest.fixture
+def run_copy(trainer_run, copy_of):
     """A private copy: the stage-eval job writes exports/, evals/ and tb/evals into it."""
-    copy = tmp_path_factory.mktemp("trainer_run") / "run"
-    shutil.copytree(reference_run(tmp_path_factory, "fp32", model=NO_DROPOUT), copy)
-    return copy
+    return copy_of(trainer_run)
 
 
-def test_trainer_checkpoint_exports_with_card_and_parity(run_copy, tmp_path):
-    point = find_resume_point(RunDir(run_copy))
-    out = export_checkpoint(run_copy, tmp_path / "export")
+@pytest.mark.multiprocess
+def test_trainer_checkpoint_exports_with_card_and_parity(trainer_run, trainer_export, tmp_path):
+    point = find_resume_point(RunDir(trainer_run))
+    out = trainer_export
     card = (out / "README.md").read_text()
     for stage in TINY_STAGES:  # the whole schedule, each stage reached by the final checkpoint
         assert f"| {stage['name']} | {stage['max_seq_len']} | {stage['global_batch_size']} | {stage['steps']} |" in card
@@ -52,15 +44,14 @@ def test_trainer_checkpoint_exports_with_card_and_parity(run_copy, tmp_path):
     assert torch.allclose(ours[real], hf["logits"][real], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.multiprocess
 def test_stage_end_evals_run_detached_and_report(run_copy):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     point = find_resume_point(RunDir(run_copy))
-    cfg = load_run_config(run_copy / "config.yaml")
     specs = ["mlm", "movie-reviews:max_train_examples=64:epochs=1:max_eval_examples=32:max_length=32"]
-    cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, stage_end_evals=specs))
     started = time.perf_counter()
-    proc = start_stage_end_job(RunDir(run_copy), point.tag, TINY_STAGES[-1]["name"], cfg.logging.stage_end_evals)
+    proc = start_stage_end_job(RunDir(run_copy), point.tag, TINY_STAGES[-1]["name"], specs)
     assert time.perf_counter() - started < 5  # returns at once; the work happens in the child
     assert proc is not None and proc.poll() is None
     # Retention may delete the checkpoint while the job runs: it reads its hard-linked snapshot.

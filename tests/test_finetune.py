@@ -1,4 +1,5 @@
-"""Fine-tuning end to end from a real export on the real labelled tasks, and its bad input."""
+"""Fine-tuning end to end from a real export on the real labelled tasks (the session's trainer
+export), and its bad input (on the stored run's export: no DeepSpeed job)."""
 from __future__ import annotations
 
 import json
@@ -9,9 +10,6 @@ import pytest
 from launcher.cli import main as cli_main
 from launcher.downstream.task_data import prepare_task_data
 from launcher.downstream.tasks import default_tasks_dir
-from tests._downstream_common import exported
-
-pytestmark = pytest.mark.multiprocess
 
 
 @pytest.fixture(scope="module")
@@ -21,11 +19,12 @@ def tasks_dir():
     return default_tasks_dir()
 
 
-def test_movie_reviews_beats_the_majority_baseline(tmp_path_factory, tasks_dir, tmp_path):
-    """The tiny model (pretrained 120 steps) must learn sentiment from 2000 real sentences: a real
+@pytest.mark.multiprocess
+def test_movie_reviews_beats_the_majority_baseline(trainer_export, tasks_dir, tmp_path):
+    """The tiny model (pretrained 16 steps) must learn sentiment from 2000 real sentences: a real
     signal, as the dev/test sets are balanced (a constant answer scores ~0.5 accuracy, ~0.33 F1)."""
     out = tmp_path / "movie.json"
-    rc = cli_main(["finetune", str(exported(tmp_path_factory)), "--task", "movie-reviews", "--task-data", str(tasks_dir),
+    rc = cli_main(["finetune", str(trainer_export), "--task", "movie-reviews", "--task-data", str(tasks_dir),
                    "--max-train-examples", "2000", "--epochs", "4", "--lr", "1e-3", "--max-length", "64",
                    "--max-eval-examples", "500", "--threads", "1", "--out", str(out)])
     assert rc == 0
@@ -39,10 +38,11 @@ def test_movie_reviews_beats_the_majority_baseline(tmp_path_factory, tasks_dir, 
     assert report["dev"]["macro_f1"] == max(e["dev"]["macro_f1"] for e in report["epochs"])  # best epoch kept
 
 
-def test_inews_long_documents_are_truncated_and_run(tmp_path_factory, tasks_dir, tmp_path):
+@pytest.mark.multiprocess
+def test_inews_long_documents_are_truncated_and_run(trainer_export, tasks_dir, tmp_path):
     """The Chinese 3-class task runs end to end; at 64 tokens nearly every ~1.2k-char document is cut."""
     out = tmp_path / "inews.json"
-    rc = cli_main(["finetune", str(exported(tmp_path_factory)), "--task", "inews", "--task-data", str(tasks_dir),
+    rc = cli_main(["finetune", str(trainer_export), "--task", "inews", "--task-data", str(tasks_dir),
                    "--max-train-examples", "48", "--epochs", "1", "--max-length", "64", "--max-eval-examples", "24",
                    "--out", str(out)])
     assert rc == 0
@@ -64,13 +64,12 @@ def _fails(capsys, argv) -> str:
     return err
 
 
-def test_unknown_task(capsys, tmp_path_factory):
-    err = _fails(capsys, ["finetune", str(exported(tmp_path_factory)), "--task", "imdb"])
+def test_unknown_task(capsys, tmp_path):
+    err = _fails(capsys, ["finetune", str(tmp_path), "--task", "imdb"])  # named before the export is read
     assert "unknown task 'imdb'" in err and "inews" in err and "movie-reviews" in err
 
 
-def test_labels_missing_in_a_split_are_named_and_nothing_is_overwritten(capsys, tmp_path_factory, tasks_dir,
-                                                                        tmp_path):
+def test_labels_missing_in_a_split_are_named_and_nothing_is_overwritten(capsys, stored_export, tasks_dir, tmp_path):
     broken = tmp_path / "tasks"
     shutil.copytree(tasks_dir / "movie-reviews", broken / "movie-reviews")
     dev = broken / "movie-reviews" / "dev.jsonl"
@@ -81,24 +80,22 @@ def test_labels_missing_in_a_split_are_named_and_nothing_is_overwritten(capsys, 
     dev.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "report.json"
     out.write_text("earlier report")
-    err = _fails(capsys, ["finetune", str(exported(tmp_path_factory)), "--task", "movie-reviews", "--task-data",
+    err = _fails(capsys, ["finetune", str(stored_export), "--task", "movie-reviews", "--task-data",
                           str(broken), "--out", str(out)])
     assert f"{dev}:3: field 'label' missing (dev split" in err
     assert out.read_text() == "earlier report"
     shutil.copy2(tasks_dir / "movie-reviews" / "dev.jsonl", dev)
     (broken / "movie-reviews" / "test.jsonl").unlink()
-    err = _fails(capsys, ["finetune", str(exported(tmp_path_factory)), "--task", "movie-reviews", "--task-data",
-                          str(broken)])
+    err = _fails(capsys, ["finetune", str(stored_export), "--task", "movie-reviews", "--task-data", str(broken)])
     assert "test.jsonl: task file missing" in err
 
 
-def test_corrupt_weights_and_missing_tokenizer(capsys, tmp_path_factory, tasks_dir, tmp_path):
-    export_copy = tmp_path / "export"
-    shutil.copytree(exported(tmp_path_factory), export_copy)
+def test_corrupt_weights_and_missing_tokenizer(capsys, stored_export, tasks_dir, copy_of):
+    export_copy = copy_of(stored_export)
     argv = ["finetune", str(export_copy), "--task", "movie-reviews", "--task-data", str(tasks_dir)]
     (export_copy / "tokenizer_config.json").unlink()
     assert "tokenizer missing (tokenizer_config.json not found)" in _fails(capsys, argv)
-    shutil.copy2(exported(tmp_path_factory) / "tokenizer_config.json", export_copy)
+    shutil.copy2(stored_export / "tokenizer_config.json", export_copy)
     weights = export_copy / "model.safetensors"
     weights.write_bytes(b"\x00" * 7)  # not even a header length
     assert "model.safetensors: corrupt" in _fails(capsys, argv)
@@ -106,12 +103,12 @@ def test_corrupt_weights_and_missing_tokenizer(capsys, tmp_path_factory, tasks_d
     assert "model.safetensors: missing" in _fails(capsys, argv)
 
 
-def test_a_directory_saved_by_transformers_itself_works(tmp_path_factory, tasks_dir, tmp_path):
+def test_a_directory_saved_by_transformers_itself_works(stored_export, tasks_dir, tmp_path):
     """Not only our exports: a RoFormer saved by transformers' save_pretrained (plus a tokenizer)."""
     import transformers
 
-    ours = exported(tmp_path_factory)
-    config = transformers.RoFormerConfig(vocab_size=900, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+    ours = stored_export
+    config = transformers.RoFormerConfig(vocab_size=500, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                          intermediate_size=64, pad_token_id=0)
     foreign = tmp_path / "hf_saved"
     transformers.RoFormerForMaskedLM(config).save_pretrained(str(foreign))

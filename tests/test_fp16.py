@@ -13,7 +13,7 @@ import pytest
 from launcher.run_dir import RunDir
 from launcher.train.checkpointer import find_resume_point
 from launcher.train.metrics import read_metrics
-from tests.conftest_training import TINY_TOTAL_STEPS, start_run, tiny_data_dir, tiny_run_config
+from tests.helpers import TEST_RANK_ENTRY, TINY_TOTAL_STEPS, start_run, tiny_run_config
 
 pytestmark = pytest.mark.multiprocess
 FP16 = {"ROFORMER_TEST_FP16_CPU": "1"}
@@ -22,16 +22,16 @@ OVERRIDES = {"optimizer": {"params": {"torch_adam": True}},
 
 
 @pytest.fixture(scope="module")
-def fp16_run(tmp_path_factory):
+def fp16_run(tmp_path_factory, tiny_data):
     root = tmp_path_factory.mktemp("fp16")
-    config = tiny_run_config(root, tiny_data_dir(tmp_path_factory), ds_config="v100_fp16_zero2.json",
+    config = tiny_run_config(root, tiny_data, ds_config="v100_fp16_zero2.json",
                              deepspeed={"overrides": OVERRIDES})
     run_dir = root / "run"
-    stopped = start_run(2, config, run_dir, module="tests._rank_wrapper", ROFORMER_TEST_SIGTERM_LAUNCHER_AT="7", **FP16)
+    stopped = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGTERM_LAUNCHER_AT="7", **FP16)
     assert stopped.wait(timeout=240) != 0
     stop_point = find_resume_point(RunDir(run_dir))
     before = {r["step"]: r for r in read_metrics(run_dir, "train")}
-    resumed = start_run(2, config, run_dir, module="tests._rank_wrapper", **FP16)
+    resumed = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, **FP16)
     assert resumed.wait(timeout=240) == 0, (root / "run.log").read_text()[-4000:]
     return run_dir, stop_point, before
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main as cli_main
-from tests.conftest_training import run_config_dict, write_schedule, write_yaml
-from tests.launch_common import REPO, fake_tools
+from tests.helpers import REPO, fake_tools, run_config_dict, write_schedule, write_yaml
 
 DEMO = REPO / "configs" / "demo_cpu.yaml"
 REFERENCE_HOSTFILE = REPO / "hostfile"

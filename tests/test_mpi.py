@@ -12,8 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest_training import free_port, tiny_data_dir, tiny_run_config
-from tests.launch_common import REPO, metrics_steps, roformer, roformer_env
+from tests.helpers import REPO, free_port, metrics_steps, roformer, roformer_env, tiny_data_dir, tiny_run_config
 
 pytestmark = pytest.mark.multiprocess
 TINY_TOTAL_STEPS = 16

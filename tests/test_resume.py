@@ -19,11 +19,9 @@ from launcher.run_dir import RunDir
 from launcher.sidecar import complete_sidecar
 from launcher.train.checkpointer import find_resume_point
 from launcher.train.metrics import read_metrics
-from tests.conftest_training import (TINY_TOTAL_STEPS, reference_run, start_run, tiny_data_dir, tiny_run_config,
-                                     train_losses)
+from tests.helpers import NO_DROPOUT, TEST_RANK_ENTRY, TINY_TOTAL_STEPS, start_run, tiny_run_config, train_losses
 
 pytestmark = pytest.mark.multiprocess
-NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 TIMEOUT = 240
 
 
@@ -32,16 +30,16 @@ def resumes(run_dir):
 
 
 @pytest.fixture(scope="module")
-def chain(tmp_path_factory):
+def chain(tmp_path_factory, trainer_run, tiny_data):
     """Run the interrupted chain once; returns (reference run dir, chain run dir, snapshots, return codes)."""
-    reference = reference_run(tmp_path_factory, "fp32", model=NO_DROPOUT)
+    reference = trainer_run
     root = tmp_path_factory.mktemp("chain")
-    config = tiny_run_config(root, tiny_data_dir(tmp_path_factory), model=NO_DROPOUT)
+    config = tiny_run_config(root, tiny_data, model=NO_DROPOUT)
     run_dir = root / "run"
     snapshots, codes = {}, []
 
     def attempt(label, **faults):
-        proc = start_run(2, config, run_dir, module="tests._rank_wrapper", **faults)
+        proc = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, **faults)
         codes.append(proc.wait(timeout=TIMEOUT))
         snapshots[label] = (find_resume_point(RunDir(run_dir)), sorted(p.name for p in (run_dir / "checkpoints").iterdir()))
 
@@ -78,7 +76,7 @@ def test_resumed_losses_equal_the_uninterrupted_run(chain):
 
 def test_resume_with_one_rank_continues_schedule_and_loss_curve(chain, tmp_path_factory):
     reference, _, one_rank, config = chain[:4]
-    proc = start_run(1, config, one_rank, module="tests._rank_wrapper")
+    proc = start_run(1, config, one_rank, module=TEST_RANK_ENTRY)
     assert proc.wait(timeout=TIMEOUT) == 0, (one_rank.parent / "one_rank.log").read_text()[-4000:]
     event = resumes(one_rank)[-1]
     assert (event["tag"], event["from_world_size"], event["world_size"], event["universal"]) == \

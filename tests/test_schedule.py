@@ -7,7 +7,7 @@ import pytest
 
 from launcher.errors import UserError
 from launcher.config.schedule import learning_rate, load_schedule, stage_index_at
-from tests.conftest_training import REPO, write_schedule
+from tests.helpers import REPO, write_schedule
 
 TABLE4 = [(512, 256, 200_000), (1536, 256, 12_500), (256, 256, 120_000), (128, 512, 80_000),
           (1536, 256, 10_000), (512, 512, 30_000)]

@@ -19,8 +19,7 @@ import pytest
 
 from launcher.run_dir import RunDir
 from launcher.train.checkpointer import find_resume_point
-from tests.conftest_training import tiny_run_config, write_schedule
-from tests.launch_common import events, metrics_steps, roformer, roformer_env, start_roformer
+from tests.helpers import events, metrics_steps, roformer, roformer_env, start_roformer, tiny_run_config, write_schedule
 from tests.netns.cluster import NamespacesUnavailable, TwoNodeCluster
 
 pytestmark = [pytest.mark.netns, pytest.mark.multiprocess]
@@ -43,10 +42,8 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    from tests.conftest_training import tiny_data_dir
-
-    return tiny_data_dir(tmp_path_factory)
+def data_dir(tiny_data):
+    return tiny_data
 
 
 def _config(root: Path, data_dir: Path, wide_steps: int) -> Path:

@@ -4,10 +4,10 @@ plus the batch sizes of the starting stage and the peak learning rate.
 from __future__ import annotations
 
 import copy
-import json
 import re
 from pathlib import Path
 
+from launcher.config.files import read_mapping
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
@@ -19,15 +19,7 @@ RESOLVED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient
 def load_ds_json(path: str | Path, overrides: dict | None = None) -> dict:
     """Read a shipped DeepSpeed JSON, reject keys DeepSpeed does not know and keys we resolve."""
     path = Path(path)
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: DeepSpeed config not found") from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path}: line {err.lineno}: not valid JSON: {err.msg}") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{path}: a DeepSpeed config is a JSON object")
-    config = _deep_merge(config, overrides or {})
+    config = _deep_merge(read_mapping(path, "DeepSpeed config"), overrides or {})
     known = deepspeed_top_level_keys()
     unknown = sorted(k for k in config if k not in known)
     if unknown:

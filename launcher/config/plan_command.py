@@ -9,7 +9,7 @@ import json
 
 from launcher.config.deepspeed_json import resolve_ds_config
 from launcher.config.run_config import load_run_config
-from launcher.config.stages import ResolvedStage, resolve_stages
+from launcher.config.stages import format_plan, resolve_stages
 from launcher.stage_end_jobs import check_eval_specs
 
 
@@ -34,15 +34,3 @@ def run(args: argparse.Namespace) -> int:
           f"{ds_config.get('zero_optimization', {}).get('stage', 0)}, "
           f"{'fp16' if ds_config.get('fp16', {}).get('enabled') else 'bf16' if ds_config.get('bf16', {}).get('enabled') else 'fp32'})")
     return 0
-
-
-def format_plan(stages: list[ResolvedStage], world_size: int) -> str:
-    header = f"{'#':>2}  {'stage':<16}{'max_len':>8}{'global':>8}{'micro':>7}{'accum':>7}{'steps':>9}{'first':>9}" \
-             f"{'lr_scale':>9}"
-    rows = [f"plan for world size {world_size}: global batch = micro x accum x {world_size}", header]
-    for s in stages:
-        rows.append(f"{s.index + 1:>2}  {s.name[:15]:<16}{s.max_seq_len:>8}{s.global_batch_size:>8}"
-                    f"{s.micro_batch_size:>7}{s.grad_accum_steps:>7}{s.steps:>9}{s.first_step:>9}{s.lr_scale:>9g}")
-    tokens = sum(s.steps * s.global_batch_size * s.max_seq_len for s in stages)
-    rows.append(f"total: {stages[-1].end_step} optimizer steps, {tokens:,} token slots")
-    return "\n".join(rows)

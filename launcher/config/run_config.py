@@ -21,6 +21,7 @@ import yaml
 
 from data_pipeline.errors import DataError
 from data_pipeline.masking import MaskingConfig
+from launcher.config.files import read_mapping
 from launcher.config.schedule import Stage, load_schedule, stage_index_at
 from launcher.config.watchdog import WatchdogSection
 from launcher.errors import UserError
@@ -147,14 +148,7 @@ PATH_FIELDS = {("data", "data_dir"), ("schedule", "file"), ("deepspeed", "config
 def load_run_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Read, override (`section.key=value`, value parsed as YAML) and validate a run config."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: run config not found") from None
-    except yaml.YAMLError as err:
-        raise UserError(f"{path}: not valid YAML: {err}") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{path}: a run config must be a mapping of sections")
+    raw = read_mapping(path, "run config")
     for item in overrides:
         _apply_override(raw, item, path)
     return run_config_from_dict(raw, source=str(path), base_dir=path.resolve().parent)

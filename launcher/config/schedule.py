@@ -10,13 +10,11 @@ Steps are counted from 0 over the whole run; stage i covers [first_step_i, first
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+from launcher.config.files import read_mapping
 from launcher.errors import UserError
 
 STAGE_KEYS = ("name", "max_seq_len", "global_batch_size", "steps", "micro_batch_size", "lr_scale")
@@ -43,14 +41,8 @@ class Stage:
 def load_schedule(path: str | Path) -> list[Stage]:
     """Parse and validate a schedule file; errors name the file and the stage."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except FileNotFoundError:
-        raise UserError(f"{path}: schedule file not found") from None
-    except (yaml.YAMLError, json.JSONDecodeError) as err:
-        raise UserError(f"{path}: schedule is not valid {path.suffix.lstrip('.').upper()}: {err}") from None
-    if not isinstance(raw, dict) or set(raw) - {"stages", "description"}:
+    raw = read_mapping(path, "schedule")
+    if set(raw) - {"stages", "description"}:
         raise UserError(f"{path}: a schedule is a mapping with the key 'stages' (and optional 'description')")
     entries = raw.get("stages")
     if not isinstance(entries, list) or not entries:

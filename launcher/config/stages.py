@@ -75,3 +75,16 @@ def _micro_batch_size(stage: Stage, world_size: int, max_tokens: int, where: str
         raise UserError(f"{where}: one sequence of max_seq_len {stage.max_seq_len} does not fit "
                         f"schedule.max_tokens_per_micro_batch {max_tokens}")
     return max(fitting)
+
+
+def format_plan(stages: list[ResolvedStage], world_size: int) -> str:
+    """The stages as a table (`roformer plan`, `roformer pretrain --dry-run`)."""
+    header = f"{'#':>2}  {'stage':<16}{'max_len':>8}{'global':>8}{'micro':>7}{'accum':>7}{'steps':>9}{'first':>9}" \
+             f"{'lr_scale':>9}"
+    rows = [f"plan for world size {world_size}: global batch = micro x accum x {world_size}", header]
+    for s in stages:
+        rows.append(f"{s.index + 1:>2}  {s.name[:15]:<16}{s.max_seq_len:>8}{s.global_batch_size:>8}"
+                    f"{s.micro_batch_size:>7}{s.grad_accum_steps:>7}{s.steps:>9}{s.first_step:>9}{s.lr_scale:>9g}")
+    tokens = sum(s.steps * s.global_batch_size * s.max_seq_len for s in stages)
+    rows.append(f"total: {stages[-1].end_step} optimizer steps, {tokens:,} token slots")
+    return "\n".join(rows)

@@ -120,11 +120,8 @@ def _read_universal(zero_dir: Path) -> dict[str, torch.Tensor]:
     state = {}
     for fp32_file in sorted(zero_dir.rglob("fp32.pt")):
         name = fp32_file.parent.relative_to(zero_dir).as_posix()
-        payload = torch.load(fp32_file, map_location="cpu", weights_only=True)
-        tensor = payload["param"] if isinstance(payload, dict) else payload
-        if not isinstance(tensor, torch.Tensor):
-            raise UserError(f"{fp32_file}: expected a tensor under 'param'")
-        state[name] = tensor
+        # ds_to_universal saves {"param": tensor} (a missing key is reported by consolidate_fp32).
+        state[name] = torch.load(fp32_file, map_location="cpu", weights_only=True)["param"]
     if not state:
         raise UserError(f"{zero_dir}: universal checkpoint without any */fp32.pt parameter file")
     return state

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shlex
 
+from launcher.config.stages import format_plan
 from launcher.launch import env_forwarding
 from launcher.launch.launch_plan import LOCAL_MASTER_ADDR, LaunchPlan
 
@@ -86,8 +87,6 @@ def _accelerator_export_prefixes() -> list[str]:
 
 def describe_plan(plan: LaunchPlan) -> str:
     """The --dry-run report: hosts, world size, batch arithmetic per stage, commands, environment."""
-    from launcher.config.plan_command import format_plan
-
     hosts = ", ".join(f"{host} ({len(slots)} rank{'s' * (len(slots) != 1)})" for host, slots in plan.resources.items())
     source = plan.hostfile.path if plan.hostfile else "this machine (no --hostfile)"
     lines = [

@@ -1,0 +1,83 @@
+"""Session fixtures shared by the test modules: real data, one real training run, real exports.
+
+Built once per pytest session, on first use, from the real parts: data_pipeline's preparation
+(SentencePiece on linux-doc text), the real trainer on 2 ranks under DeepSpeed ZeRO-2, and
+`roformer export`. Tests that damage files work on copies (`copy_of`). Helpers: tests/helpers.py.
+
+Markers (setup.cfg): `multiprocess` for tests that start multi-rank DeepSpeed jobs (or use a fixture
+that does), `netns` for the two-node test; `pytest -m "not multiprocess"` is the fast suite.
+"""
+from __future__ import annotations
+
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import NO_DROPOUT, TEST_RANK_ENTRY, run_to_end, tiny_data_dir, tiny_run_config
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """A prepared data dir: real SentencePiece (vocab 900) and shards, English + Chinese."""
+    return tiny_data_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def trainer_run(tmp_path_factory, tiny_data) -> Path:
+    """One uninterrupted run of the real trainer: 2 ranks, ZeRO-2, fp32, no dropout, the three tiny
+    stages (tests.helpers.TINY_STAGES, 16 steps), checkpoints every 4 steps and at stage ends (3 kept),
+    validation every 5 steps, and the engine's final weights in RUN_DIR/reference.safetensors.
+    Its log is RUN_DIR/../run.log. Read-only: copy it before changing anything."""
+    root = tmp_path_factory.mktemp("trainer_run")
+    run_dir = root / "run"
+    run_to_end(2, tiny_run_config(root, tiny_data, model=NO_DROPOUT), run_dir, module=TEST_RANK_ENTRY,
+               ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1")
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def trainer_export(tmp_path_factory, trainer_run) -> Path:
+    """`roformer export` of trainer_run's latest checkpoint (read-only)."""
+    from launcher.downstream.export import export_checkpoint
+
+    return export_checkpoint(trainer_run, tmp_path_factory.mktemp("trainer_export") / "export")
+
+
+@pytest.fixture(scope="session")
+def stored_run(tmp_path_factory) -> Path:
+    """A run directory written before the issue-9 restructure (tests/fixtures/README.md): 2 ranks,
+    ZeRO-2, checkpoint global_step5. No process is started to get it. config.yaml's data.data_dir
+    points at the stored corpus (`stored_run.parent / "data"`). Read-only: copy it before changing it."""
+    root = tmp_path_factory.mktemp("stored")
+    with tarfile.open(FIXTURES / "old_run_dir.tar.xz") as archive:
+        archive.extractall(root, filter="data")
+    run_dir = root / "old_run" / "run"
+    config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    config["data"]["data_dir"] = str(run_dir.parent / "data")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def stored_export(tmp_path_factory, stored_run) -> Path:
+    """`roformer export` of stored_run (consolidated in this process; no DeepSpeed job). Read-only."""
+    from launcher.downstream.export import export_checkpoint
+
+    return export_checkpoint(stored_run, tmp_path_factory.mktemp("stored_export") / "export")
+
+
+@pytest.fixture
+def copy_of(tmp_path):
+    """copy_of(path) -> a private copy under tmp_path (for tests that damage or extend files)."""
+
+    def copy(source: Path, name: str | None = None) -> Path:
+        dest = tmp_path / (name or source.name)
+        shutil.copytree(source, dest)
+        return dest
+
+    return copy
