@@ -4,8 +4,14 @@ A shard is two files in `<data_dir>/<split>/`:
   shard_XXXXX.bin  token ids of all its documents back to back (uint16 if vocab < 65536, else uint32)
   shard_XXXXX.idx  int64 document offsets into .bin, length documents + 1 (offsets[0] = 0)
 so document d, token t is element offsets[d] + t of a memory map: O(1) seek, nothing read before it.
-`manifest.json` lists every shard with document/token counts and sha256 of both files, plus the
-tokenizer hash, sources and options; `open_corpus` checks all of it and names the bad shard.
+`manifest.json` lists every shard with document/token counts, sha256 and modification time
+(`bin_mtime_ns`, `idx_mtime_ns`) of both files, plus the tokenizer hash, sources and options;
+`open_corpus` checks all of it and names the bad shard.
+
+Hash once: the shards are hashed when they are written. `open_corpus(verify=True)` re-hashes only a
+shard whose size or mtime differs from the manifest's (replaced, rewritten, copied without keeping
+times, or a manifest from before the times were recorded); an unchanged shard costs two stat calls.
+Shards and the tokenizer are fsynced before the manifest, written last, marks the directory complete.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_pipeline.durable import fsync_dir, fsync_tree
 from data_pipeline.errors import DataError
 from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
 
@@ -42,7 +49,8 @@ class ShardWriter:
     """Appends tokenized documents to `<directory>/<stem>_NNN.bin/.idx`, rolling over at a token budget.
 
     Offsets of the open shard are kept in memory (8 bytes per document of one shard only);
-    tokens stream to disk. Empty shards are never written.
+    tokens stream to disk. Empty shards are never written. A finished shard is on disk (fsync) and
+    its entry records both files' mtimes, which `open_corpus` compares instead of re-hashing.
     """
 
     def __init__(self, directory: Path, stem: str, dtype: np.dtype, shard_tokens: int):
@@ -72,11 +80,18 @@ class ShardWriter:
         self._offsets = [0]
 
     def _close(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
-        np.asarray(self._offsets, dtype=np.int64).tofile(self.directory / f"{self._name}.idx")
+        bin_path, idx_path = self.directory / f"{self._name}.bin", self.directory / f"{self._name}.idx"
+        with open(idx_path, "wb") as handle:
+            handle.write(np.asarray(self._offsets, dtype=np.int64).tobytes())
+            handle.flush()
+            os.fsync(handle.fileno())
         self.finished.append({"name": self._name, "documents": len(self._offsets) - 1,
-                              "tokens": int(self._offsets[-1])})
+                              "tokens": int(self._offsets[-1]), "bin_mtime_ns": bin_path.stat().st_mtime_ns,
+                              "idx_mtime_ns": idx_path.stat().st_mtime_ns})
 
 
 @dataclass
@@ -162,7 +177,8 @@ def read_manifest(data_dir: Path) -> dict:
 
 def open_corpus(data_dir: Path, split: str = "train", verify: bool = True,
                 expected_tokenizer_sha256: str | None = None) -> Corpus:
-    """Open one split; checks shard structure always, and sha256 checksums when `verify`.
+    """Open one split; checks shard structure always, and content when `verify`: sha256 of every
+    shard whose size or mtime is not the one recorded at prepare time (see the module docstring).
 
     `expected_tokenizer_sha256` is the run's tokenizer (e.g. `tokenizer_hash(spm.model)`); the
     shards must have been built with it. Every failure raises DataError naming the file.
@@ -207,12 +223,24 @@ def _check_shard(shard: Shard, entry: dict, verify: bool) -> None:
     if offsets[0] != 0 or offsets[-1] != shard.tokens:
         raise DataError(f"{idx_path}: offsets do not span the shard's {shard.tokens} tokens")
     if verify:
-        for p, key in ((bin_path, "bin_sha256"), (idx_path, "idx_sha256")):
-            if file_sha256(p) != entry[key]:
+        for p, key in ((bin_path, "bin"), (idx_path, "idx")):
+            if p.stat().st_mtime_ns == entry.get(f"{key}_mtime_ns"):
+                continue  # hashed when written, untouched since (sizes were checked above)
+            if file_sha256(p) != entry[f"{key}_sha256"]:
                 raise DataError(f"{p}: sha256 does not match the manifest (corrupted or replaced shard)")
 
 
 def write_manifest(out_dir: Path, manifest: dict) -> None:
+    """The completion marker: the tokenizer and every split are flushed to disk first, then the
+    manifest (atomically), then the directory entry."""
+    for name in ("tokenizer", *manifest.get("splits", {})):
+        if (out_dir / name).is_dir():
+            fsync_tree(out_dir / name)
     tmp = out_dir / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(manifest, indent=2, ensure_ascii=False))
+        handle.flush()
+        os.fsync(handle.fileno())
+    fsync_dir(out_dir)
     os.replace(tmp, out_dir / MANIFEST)
+    fsync_dir(out_dir)

@@ -2,7 +2,8 @@
 
 A write goes to a hidden temporary file next to the target, is flushed to disk, and is renamed over
 the target (os.replace is atomic on POSIX): a reader sees the old file or the new one, never a mix,
-and a crash leaves at most a `.NAME.tmp<pid>` file behind.
+and a crash leaves at most a `.NAME.tmp<pid>` file behind. The directory is fsynced after the
+rename, so the new file also survives a power loss (fsync helpers: data_pipeline.durable).
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from data_pipeline.durable import fsync_dir, fsync_file, fsync_tree  # noqa: F401  (re-exported)
+
 
 def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     path = Path(path)
@@ -19,10 +22,12 @@ def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         write(tmp)
+        fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

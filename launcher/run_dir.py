@@ -4,9 +4,14 @@
       config.yaml                 resolved run config (absolute paths), written before the first step
       stages.json                 the stages at the run's world size (batch arithmetic)
       ds_config.resolved.json     the DeepSpeed config the engine started with
+      config.N.yaml, stages.N.json, ds_config.resolved.N.json
+                                  version N of one of those, written by an accepted resume whose
+                                  config differs (the originals are never replaced); listed with the
+                                  step each took effect at in config_versions.json (launcher/run_records.py)
       metrics.jsonl, tb/          rank-0 metrics (tb/evals: stage-end eval scalars)
       checkpoints/<tag>/          DeepSpeed's files, rng_rank<r>.pt, sidecar.json (written last)
       checkpoints/latest          the newest complete tag
+      checkpoints/damaged/<tag>-<time>/  a checkpoint that failed verification, set aside (never pruned)
       universal/<tag>/            ds_to_universal output when resuming at another world size
       evals/, exports/<tag>/      stage-end eval reports and their exports
       heartbeats/rank<r>.json     rank r's progress (phase, step, its bound); rank<r>.guard.json: what
@@ -21,6 +26,7 @@ from pathlib import Path
 
 TAG_PREFIX = "global_step"
 SIDECAR_NAME = "sidecar.json"
+DAMAGED_DIR = "damaged"
 ENV_FILE_NAME = ".deepspeed_env"
 
 
@@ -72,6 +78,14 @@ class RunDir:
     def latest(self) -> Path:
         return self.checkpoints / "latest"
 
+    @property
+    def damaged(self) -> Path:
+        return self.checkpoints / DAMAGED_DIR
+
+    @property
+    def config_versions(self) -> Path:
+        return self.root / "config_versions.json"
+
     def checkpoint(self, tag: str) -> Path:
         return self.checkpoints / tag
 
@@ -111,6 +125,14 @@ class RunDir:
     @property
     def hostfile_copy(self) -> Path:
         return self.root / "launch" / "hostfile"
+
+
+def versioned(path: Path, version: int) -> Path:
+    """Version `version` of a record file: config.yaml (1), config.2.yaml, ds_config.resolved.3.json."""
+    if version == 1:
+        return path
+    stem, _, suffix = path.name.rpartition(".")
+    return path.with_name(f"{stem}.{version}.{suffix}")
 
 
 def sidecar_path(checkpoint_dir: Path) -> Path:

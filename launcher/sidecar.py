@@ -3,9 +3,14 @@
 Rank 0 writes it LAST, after every rank has written its DeepSpeed files, so its presence (with
 `complete: true`) marks a finished save: a checkpoint without one is never resumed from or exported.
 It records where the run is (step, stage, data position, counters), what was trained (the model
-config) and how (world size, precision, ZeRO stage, loss scale). The trainer writes it; resume,
-export, the model card and the stage-end evals read it. The same content goes into DeepSpeed's
-client state, which resume checks against it.
+config, the tokenizer's sha256) and how (world size, precision, ZeRO stage, loss scale), and the size
+and sha256 of every other file of the checkpoint, checked before anything loads it
+(launcher/checkpoint_files.py). The trainer writes it; resume, export, the model card and the
+stage-end evals read it. The same content (without the file records, which exist only after the
+save) goes into DeepSpeed's client state, which resume checks against it.
+
+Formats: 1 (before checksums and the tokenizer were recorded) is still read; its missing fields are
+None and are not written back, so a format-1 sidecar round-trips unchanged.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from launcher.errors import UserError
 from launcher.io import atomic_write_json
 from launcher.run_dir import SIDECAR_NAME, sidecar_path
 
-SIDECAR_FORMAT = 1
+SIDECAR_FORMAT = 2
 
 
 @dataclass
@@ -56,13 +61,20 @@ class CheckpointSidecar:
     """"fp32", "fp16" or "bf16"."""
     total_steps: int
     """Steps of the whole schedule."""
+    tokenizer_sha256: str | None = None
+    """sha256 of the spm.model the run trained with (the data manifest's tokenizer.sha256): export
+    packs only this tokenizer, resume refuses another. None in format 1."""
+    files: dict | None = None
+    """Every other file of the checkpoint directory: name -> {"bytes": size, "sha256": hex digest},
+    recorded at save time after the files were flushed to disk. None in format 1."""
     complete: bool = True
     """Written last: False or absent means the save did not finish."""
     format: int = SIDECAR_FORMAT
     saved_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The JSON object; optional fields that are None (a format-1 sidecar's) are left out."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if not (v is None and k in _OPTIONAL_FIELDS)}
 
     @classmethod
     def from_dict(cls, raw: object, where: str) -> "CheckpointSidecar":
@@ -76,7 +88,10 @@ class CheckpointSidecar:
                     raise UserError(f"{where}: field '{f.name}' missing")
                 continue
             value = raw[f.name]
-            kind = _FIELD_TYPES[f.type]
+            kind = _FIELD_TYPES[f.type.removesuffix(" | None")]
+            if value is None and f.name in _OPTIONAL_FIELDS:
+                values[f.name] = value
+                continue
             if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
                 raise UserError(f"{where}: field '{f.name}' must be {f.type}, got {value!r}")
             values[f.name] = value
@@ -85,6 +100,7 @@ class CheckpointSidecar:
 
 # Annotations are strings (postponed evaluation): the JSON types each stands for.
 _FIELD_TYPES = {"str": str, "int": int, "bool": bool, "dict": dict, "float": (int, float)}
+_OPTIONAL_FIELDS = frozenset(f.name for f in dataclasses.fields(CheckpointSidecar) if f.type.endswith(" | None"))
 
 
 def write_sidecar(checkpoint_dir: Path, sidecar: CheckpointSidecar) -> None:
@@ -103,7 +119,10 @@ def read_sidecar(checkpoint_dir: Path) -> CheckpointSidecar:
         raise UserError(f"{path}: not valid JSON ({err})") from None
     if isinstance(raw, dict) and raw.get("complete") is not True:
         raise UserError(f"{path}: partial checkpoint: the sidecar says the save is not complete")
-    return CheckpointSidecar.from_dict(raw, where=str(path))
+    sidecar = CheckpointSidecar.from_dict(raw, where=str(path))
+    if sidecar.format > SIDECAR_FORMAT:
+        raise UserError(f"{path}: sidecar format {sidecar.format} is newer than this release reads ({SIDECAR_FORMAT})")
+    return sidecar
 
 
 def complete_sidecar(checkpoint_dir: Path) -> CheckpointSidecar | None:

@@ -16,6 +16,8 @@ from pathlib import Path
 from launcher.defaults import BAD_INPUT_EXIT_CODE
 from launcher.errors import UserError
 from launcher.run_dir import RunDir
+from launcher.run_records import files_in_effect
+from launcher.sidecar import read_sidecar
 
 STAGE_EVALS_MODULE = "launcher.downstream.stage_evals"
 
@@ -61,7 +63,8 @@ def snapshot_checkpoint(run_dir: RunDir, tag: str) -> Path:
     for path in run_dir.checkpoint(tag).iterdir():
         if path.is_file():
             _link_or_copy(path, snapshot.checkpoint(tag) / path.name)
-    for source, dest in ((run_dir.config, snapshot.config), (run_dir.stages, snapshot.stages)):
+    in_effect = files_in_effect(run_dir, read_sidecar(run_dir.checkpoint(tag)).step)  # the run's config versions
+    for source, dest in ((in_effect["config"], snapshot.config), (in_effect["stages"], snapshot.stages)):
         if source.is_file():
             shutil.copy2(source, dest)
     return snapshot.root

@@ -13,19 +13,16 @@ files. Universal `fp32.pt` files are plain tensors and are read with `weights_on
 from __future__ import annotations
 
 import contextlib
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from launcher.checkpoint_files import checkpoint_dirs, verify_files
 from launcher.errors import UserError
 from launcher.run_dir import RunDir
 from launcher.sidecar import CheckpointSidecar, read_sidecar
-
-_OPTIM_RANK = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
-_ZERO3_MODEL_RANK = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_\d+_model_states\.pt$")
 
 
 @dataclass
@@ -42,14 +39,15 @@ class CheckpointRef:
 
 
 def resolve_checkpoint(run_dir: Path, tag: str | None) -> CheckpointRef:
-    """Find the checkpoint (`tag`, or the one `checkpoints/latest` names) and check it is complete."""
+    """Find the checkpoint (`tag`, or the one `checkpoints/latest` names) and check it is complete and
+    its files are the ones its save recorded (sizes, sha256), before anything is loaded."""
     layout = RunDir(Path(run_dir))
     if not layout.root.is_dir():
         raise UserError(f"{layout.root}: run directory not found")
     ckpt_dir = layout.checkpoints
     if not ckpt_dir.is_dir():
         raise UserError(f"{ckpt_dir}: no checkpoints directory (has this run saved a checkpoint yet?)")
-    available = sorted(p.name for p in ckpt_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    available = [p.name for p in checkpoint_dirs(layout)]
     if tag is None:
         latest = layout.latest
         if not latest.is_file():
@@ -63,34 +61,8 @@ def resolve_checkpoint(run_dir: Path, tag: str | None) -> CheckpointRef:
     if tag not in available:
         raise UserError(f"{ckpt_dir}: unknown checkpoint tag {tag!r} (available: {', '.join(available) or 'none'})")
     sidecar = read_sidecar(layout.checkpoint(tag))
-    _check_shards(layout.checkpoint(tag), sidecar.world_size)
+    verify_files(layout.checkpoint(tag), sidecar)
     return CheckpointRef(run_dir=layout, tag=tag, sidecar=sidecar)
-
-
-def _check_shards(tag_dir: Path, world_size: int) -> None:
-    """Every rank's files present: a missing shard is reported by name, before any loading."""
-    optim = sorted(p.name for p in tag_dir.glob("*_optim_states.pt"))
-    models = sorted(p.name for p in tag_dir.glob("*_model_states.pt"))
-    if (tag_dir / "zero").is_dir() and not optim:
-        return  # universal checkpoint: checked per parameter when read
-    if not models:
-        raise UserError(f"{tag_dir}: partial checkpoint: no model state file (mp_rank_00_model_states.pt "
-                        f"for ZeRO 0-2, zero_pp_rank_N_mp_rank_00_model_states.pt for ZeRO-3)")
-    if not optim:
-        return  # ZeRO-0: the model state file holds the full weights
-    ranks = sorted(int(m.group(1)) for m in map(_OPTIM_RANK.search, optim) if m)
-    missing = sorted(set(range(world_size)) - set(ranks))
-    if missing:
-        raise UserError(f"{tag_dir}: partial checkpoint: optimizer shard(s) of rank(s) "
-                        f"{', '.join(map(str, missing))} missing (*zero_pp_rank_N_*_optim_states.pt)")
-    zero3_model_ranks = {int(m.group(1)) for m in map(_ZERO3_MODEL_RANK.match, models) if m}
-    if zero3_model_ranks:
-        missing = sorted(set(range(world_size)) - zero3_model_ranks)
-        if missing:
-            raise UserError(f"{tag_dir}: partial checkpoint: ZeRO-3 model state shard(s) of rank(s) "
-                            f"{', '.join(map(str, missing))} missing")
-    elif not (tag_dir / "mp_rank_00_model_states.pt").is_file():
-        raise UserError(f"{tag_dir}: partial checkpoint: mp_rank_00_model_states.pt missing")
 
 
 def consolidate_fp32(ref: CheckpointRef) -> dict[str, torch.Tensor]:

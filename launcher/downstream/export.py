@@ -5,8 +5,15 @@ any stage and world size), the tokenizer files, `README.md` (model card) and `ex
 (source run/tag and file checksums, which later jobs use to detect a corrupt file).
 
 Atomicity: everything is written into a hidden temporary directory next to DIR, checked (the
-weights are reloaded with transformers and must reproduce our model's logits), and only then
-swapped into place. An existing export at DIR stays untouched until the new one is complete.
+weights are reloaded with transformers and must reproduce our model's logits), flushed to disk, and
+only then swapped into place (and the parent directory flushed). An existing export at DIR stays
+untouched until the new one is complete.
+
+Tokenizer: the one the checkpoint was trained with. Its sha256 is in the sidecar (format 2); the
+data dir comes from the run config in effect when the checkpoint was written
+(launcher/run_records.py), and a tokenizer with another sha256, from there or --tokenizer-from, is
+refused naming both files and hashes. A format-1 sidecar has no hash: the data dir's corpus
+fingerprint must then match the checkpoint's data position (skipped for --tokenizer-from).
 """
 from __future__ import annotations
 
@@ -26,8 +33,9 @@ from launcher.downstream.checkpoint_weights import CheckpointRef, consolidate_fp
 from launcher.downstream.export_reader import EXPORT_INFO
 from launcher.downstream.model_card import render_model_card, run_stages
 from launcher.errors import UserError
-from launcher.io import file_sha256
-from launcher.run_dir import SIDECAR_NAME, RunDir
+from launcher.io import file_sha256, fsync_dir
+from launcher.run_dir import SIDECAR_NAME, RunDir, sidecar_path
+from launcher.run_records import files_in_effect
 # Largest |logit difference| tolerated between our model and transformers on the same weights
 # (fp32; both compute the same function, differences are summation order only).
 PARITY_ATOL = 1e-4
@@ -86,6 +94,7 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    fsync_dir(out.parent)  # the swap itself survives a power loss
     return out
 
 
@@ -152,13 +161,47 @@ def _tokenizer_source(ref: CheckpointRef, override: Path | None) -> Path:
         source = Path(override)
         origin = "--tokenizer-from"
     else:
-        data_dir = run_data_dir(ref.run_dir.root)
+        config = files_in_effect(ref.run_dir, ref.sidecar.step)["config"]
+        data_dir = run_data_dir(ref.run_dir.root, ref.sidecar.step)
         if not data_dir:
-            raise UserError(f"{ref.run_dir.config}: no data.data_dir recorded; pass --tokenizer-from DATA_DIR")
-        source, origin = Path(data_dir), f"data.data_dir of {ref.run_dir.config}"
+            raise UserError(f"{config}: no data.data_dir recorded; pass --tokenizer-from DATA_DIR")
+        source, origin = Path(data_dir), f"data.data_dir of {config}"
     if not source.is_dir():
         raise UserError(f"tokenizer missing: {source} ({origin}) does not exist; pass --tokenizer-from DATA_DIR")
+    _check_trained_tokenizer(ref, source, origin)
     return source
+
+
+def _check_trained_tokenizer(ref: CheckpointRef, source: Path, origin: str) -> None:
+    """Refuse a tokenizer other than the one the checkpoint was trained with (see module docstring)."""
+    from data_pipeline import open_corpus
+    from data_pipeline.errors import DataError
+    from data_pipeline.shards import MANIFEST
+    from data_pipeline.tokenizer import SPM_FILE, tokenizer_hash
+
+    # The file copy_hf_tokenizer_files packs: <source>/tokenizer/spm.model, else <source>/spm.model.
+    spm = source / "tokenizer" / SPM_FILE if (source / "tokenizer" / SPM_FILE).is_file() else source / SPM_FILE
+    if not spm.is_file():
+        return  # reported by _copy_tokenizer, naming the missing files
+    recorded, sidecar = ref.sidecar.tokenizer_sha256, sidecar_path(ref.path)
+    if recorded is not None:
+        actual = tokenizer_hash(spm)
+        if actual != recorded:
+            raise UserError(f"{spm} ({origin}): tokenizer sha256 {actual} is not the one checkpoint {ref.tag} was "
+                            f"trained with ({recorded}, recorded in {sidecar}); pass --tokenizer-from the data "
+                            f"dir the run was trained on")
+        return
+    if origin == "--tokenizer-from" or not (source / MANIFEST).is_file():
+        return  # format 1 without a prepared data dir to compare: the user's choice
+    try:
+        fingerprint = open_corpus(source, split="train", verify=False).fingerprint
+    except DataError:
+        return  # shards gone: nothing to compare the tokenizer with
+    trained = (ref.sidecar.data_state or {}).get("corpus")
+    if trained is not None and fingerprint != trained:
+        raise UserError(f"{source} ({origin}): corpus fingerprint {fingerprint} is not the one checkpoint {ref.tag} "
+                        f"was trained on ({trained}, data_state.corpus in {sidecar}), so its tokenizer {spm} may "
+                        f"differ too; pass --tokenizer-from the data dir the run was trained on")
 
 
 def _copy_tokenizer(source: Path, dest: Path) -> None:
@@ -172,15 +215,16 @@ def _copy_tokenizer(source: Path, dest: Path) -> None:
         raise UserError(f"tokenizer missing: {err}") from None
 
 
-def run_data_dir(run_dir: Path) -> str | None:
-    """The prepared data dir recorded in the run's config.yaml (None when there is none)."""
-    return ((_read_run_config(RunDir(Path(run_dir))) or {}).get("data") or {}).get("data_dir")
+def run_data_dir(run_dir: Path, step: int | None = None) -> str | None:
+    """The prepared data dir in the run's config (the version in effect at `step`, default the
+    latest: launcher/run_records.py); None when there is none."""
+    path = files_in_effect(RunDir(Path(run_dir)), 10**18 if step is None else step)["config"]
+    return ((_read_run_config(path) or {}).get("data") or {}).get("data_dir")
 
 
-def _read_run_config(run_dir: RunDir) -> dict | None:
-    """RUN_DIR/config.yaml as plain YAML: only data.data_dir is needed, and an export must not fail
+def _read_run_config(path: Path) -> dict | None:
+    """A run's config.yaml as plain YAML: only data.data_dir is needed, and an export must not fail
     because the schedule or DeepSpeed files the run config names have moved since."""
-    path = run_dir.config
     if not path.is_file():
         return None
     try:

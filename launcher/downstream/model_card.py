@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.run_dir import RunDir
+from launcher.run_records import files_in_effect
 from launcher.sidecar import CheckpointSidecar
 
 STAGE_COLUMNS = ("name", "max_seq_len", "global_batch_size", "steps", "first_step")
@@ -71,10 +72,11 @@ def _architecture(model: dict) -> str:
 
 
 def run_stages(run_dir: RunDir, step: int) -> list[dict] | None:
-    """The run's stages (RUN_DIR/stages.json) and whether the checkpoint at `step` got into each;
-    None when the file is missing or unreadable (the card then has no stage table)."""
+    """The run's stages (RUN_DIR/stages.json, or the version in effect at `step`) and whether the
+    checkpoint at `step` got into each; None when the file is missing or unreadable (the card then
+    has no stage table)."""
     try:
-        stages = json.loads(run_dir.stages.read_text(encoding="utf-8"))["stages"]
+        stages = json.loads(files_in_effect(run_dir, step)["stages"].read_text(encoding="utf-8"))["stages"]
         rows = [{key: s[key] for key in STAGE_COLUMNS} for s in stages]
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -4,7 +4,12 @@ choice of the resume point, retention, and the conversion for another world size
 Layout (launcher/run_dir.py): RUN_DIR/checkpoints/<tag>/ holds DeepSpeed's files, rng_rank<r>.pt per
 rank and sidecar.json, written LAST by rank 0 after every rank finished (launcher/sidecar.py);
 checkpoints/latest names the newest complete tag. A checkpoint without a complete sidecar is never
-resumed from; the newest complete one is.
+resumed from; the newest one whose files match the sizes and sha256 its sidecar records is
+(launcher/train/resume.py, launcher/checkpoint_files.py).
+
+Durability: every file of a save is fsynced (each rank its share, while hashing it), then the
+directory, before the sidecar marks the checkpoint complete and before `latest` moves; a power loss
+leaves at worst an incomplete checkpoint, never a "complete" one with missing bytes.
 """
 from __future__ import annotations
 
@@ -19,9 +24,10 @@ from typing import Protocol
 import deepspeed.comm as dist
 
 from launcher.config.stages import ResolvedStage
+from launcher.checkpoint_files import file_shares, move_aside, record_files
 from launcher.errors import UserError
-from launcher.io import atomic_write_text
-from launcher.run_dir import RunDir, sidecar_path, step_of_tag, tag_for_step
+from launcher.io import atomic_write_text, fsync_dir, fsync_tree
+from launcher.run_dir import DAMAGED_DIR, RunDir, sidecar_path, step_of_tag, tag_for_step
 from launcher.sidecar import CheckpointSidecar, complete_sidecar, write_sidecar
 from launcher.train.engine import loss_scale, precision
 from launcher.train.rng import load_rng, save_rng, seed_everything
@@ -55,10 +61,11 @@ class Checkpointer:
     """
 
     def __init__(self, run_dir: RunDir, engine, train: Stateful, data: Stateful, *, model_config: RoFormerConfig,
-                 rank: int, world_size: int, keep_last: int, total_steps: int):
+                 rank: int, world_size: int, keep_last: int, total_steps: int, tokenizer_sha256: str | None = None):
         self.run_dir, self.engine, self.train, self.data = run_dir, engine, train, data
         self.model_config, self.rank, self.world_size = model_config, rank, world_size
         self.keep_last, self.total_steps = keep_last, total_steps
+        self.tokenizer_sha256 = tokenizer_sha256  # recorded in every sidecar (export packs this tokenizer only)
 
     def save(self, stage: ResolvedStage) -> str:
         """All ranks write, barrier, then rank 0 marks the checkpoint complete and moves `latest`."""
@@ -66,7 +73,10 @@ class Checkpointer:
         step, tag = train["step"], tag_for_step(train["step"])
         directory = self.run_dir.checkpoint(tag)
         if self.rank == 0 and directory.exists():  # left by an interrupted run that got further
-            remove_checkpoint(directory)
+            if sidecar_path(directory).exists():  # claims to be complete: never delete such a one
+                move_aside(self.run_dir, directory)
+            else:
+                remove_checkpoint(directory)
         data_state = self.data.state_dict()
         states = [None] * self.world_size
         # Also the sync point after rank 0's removal above: no rank writes into the directory before it.
@@ -78,17 +88,33 @@ class Checkpointer:
             stage_complete=step == stage.end_step, **train, data_state=data_state,
             model_config=self.model_config.to_dict(), world_size=self.world_size, loss_scale=loss_scale(self.engine),
             skipped_steps=int(self.engine.skipped_steps), zero_stage=self.engine.zero_optimization_stage(),
-            precision=precision(self.engine), total_steps=self.total_steps)
+            precision=precision(self.engine), total_steps=self.total_steps, tokenizer_sha256=self.tokenizer_sha256)
         self.engine.save_checkpoint(str(self.run_dir.checkpoints), tag=tag,
                                     client_state={"roformer_ds": sidecar.to_dict()}, save_latest=False)
         save_rng(directory, self.rank)
         dist.barrier()
+        sidecar.files = self._record_files(directory)
         if self.rank == 0:
-            write_sidecar(directory, sidecar)
+            fsync_dir(directory)
+            fsync_dir(self.run_dir.checkpoints)
+            write_sidecar(directory, sidecar)  # the completion marker, only now
             atomic_write_text(self.run_dir.latest, tag)
             prune(self.run_dir, self.keep_last)
         dist.barrier()
         return tag
+
+    def _record_files(self, directory: Path) -> dict[str, dict]:
+        """All ranks: rank 0 splits the written files into shares of about equal bytes, each rank
+        fsyncs and hashes its share, rank 0 gets every record (the others get their own)."""
+        shares = [file_shares(directory, self.world_size) if self.rank == 0 else None]
+        dist.broadcast_object_list(shares, src=0)
+        mine = record_files(directory, shares[0][self.rank])
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, mine)
+        records = {}
+        for share in gathered:
+            records.update(share)
+        return dict(sorted(records.items()))
 
     def load(self, point: ResumePoint, universal: bool, seed: int) -> None:
         """Every state from `point` (through RUN_DIR/universal/<tag> when the world size changed)."""
@@ -162,8 +188,11 @@ def convert_to_universal(point: ResumePoint, run_dir: RunDir) -> Path:
            "--num_merge_workers", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
+        shutil.rmtree(partial, ignore_errors=True)
         raise RuntimeError(f"ds_to_universal failed for {point.directory}:\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+    fsync_tree(partial)  # reused by later resumes: it must not come back half-written after a power loss
     os.replace(partial, final)
+    fsync_dir(final.parent)
     return final
 
 
@@ -172,7 +201,7 @@ def prune(run_dir: RunDir, keep_last: int) -> list[str]:
     the newest complete one (leftovers of killed writes). Returns the deleted tags."""
     complete, incomplete = [], []
     for directory in run_dir.checkpoints.iterdir():
-        if not directory.is_dir():
+        if not directory.is_dir() or directory.name == DAMAGED_DIR:  # set aside on purpose: kept
             continue
         sidecar = complete_sidecar(directory)
         (complete if sidecar else incomplete).append((sidecar.step if sidecar else None, directory))

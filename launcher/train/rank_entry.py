@@ -2,10 +2,12 @@
 
     python -m launcher.train.rank_entry --config CFG --run-dir RUN_DIR [--set section.key=value ...]
 
-Everything that can be wrong with the input is checked before the engine exists: the run config,
-the stages for this world size, the run directory, a checkpoint of another model, the data. Then
-the run resumes from the newest complete checkpoint of RUN_DIR (through a universal checkpoint
-when the world size changed) or starts fresh, and trains to the end of the schedule.
+Everything that can be wrong with the input is checked before the engine exists and before anything
+in RUN_DIR is written: the run config, the stages for this world size, the run directory, the data,
+and (rank 0, launcher/train/resume.py) the checkpoint to resume: its files against the checksums of
+its save, its model, tokenizer, data position, precision and ZeRO stage. Then the run resumes from
+the newest intact checkpoint of RUN_DIR (through a universal checkpoint when the world size
+changed; damaged newer ones are moved aside and named) or starts fresh, and trains to the end.
 Exit codes: 0 finished, 2 bad input (one line on stderr), 143 stopped by SIGTERM/SIGINT after
 saving a checkpoint (re-run the same command to resume).
 """
@@ -39,7 +41,7 @@ from launcher.defaults import BAD_INPUT_EXIT_CODE, ORDERLY_STOP_EXIT_CODE  # noq
 from launcher.errors import UserError, user_errors  # noqa: E402
 from launcher.report.hook import PlotHook  # noqa: E402
 from launcher.stage_end_jobs import check_eval_specs  # noqa: E402
-from launcher.train import startup  # noqa: E402
+from launcher.train import resume, startup  # noqa: E402
 from launcher.train.checkpointer import Checkpointer  # noqa: E402
 from launcher.train.engine import build_engine  # noqa: E402
 from launcher.train.heartbeat import ProgressRecorder  # noqa: E402
@@ -77,20 +79,22 @@ def train(args: argparse.Namespace) -> int:
     run_dir = startup.prepare_run_dir(Path(args.run_dir))
     progress = ProgressRecorder(run_dir, rank, cfg.watchdog)  # heartbeats for the hang watchdog (rank guard)
     progress.start_up("checks and data")
-    point = startup.resume_point(run_dir, cfg)
-    if point is not None and point.sidecar.step >= cfg.schedule.total_steps:
-        print(f"{run_dir.root}: already trained to the end of the schedule (step {point.sidecar.step}); "
-              "nothing to do", file=sys.stderr)
-        return 0
     batches, valid_batches = startup.open_batches(cfg, stages, rank, world_size)
+    decision = resume.decide(run_dir, cfg, stages, world_size, batches) if rank == 0 else None  # writes nothing
     timer.phase("checks_and_data")
 
     progress.start_up("rendezvous (init_distributed)")
     startup.init_distributed()
     timer.phase("init_distributed")
     progress.start_up("run files and conversion")
-    universal = point is not None and point.sidecar.world_size != world_size
-    ds_config = startup.write_run_files(run_dir, cfg, stages, world_size, rank, point, universal)
+    decision = resume.share(decision)
+    point, universal, ds_config = decision.point, decision.universal, decision.ds_config
+    if decision.finished:
+        if rank == 0:
+            print(f"{run_dir.root}: already trained to the end of the schedule (step {point.sidecar.step}); "
+                  "nothing to do", file=sys.stderr)
+        return 0
+    notes = resume.accept(decision, run_dir, cfg, stages, world_size, rank)
     timer.phase("run_files_and_conversion")
     progress.start_up("engine")
     engine = build_engine(cfg, ds_config, rank)
@@ -98,7 +102,7 @@ def train(args: argparse.Namespace) -> int:
     state = TrainState()
     checkpointer = Checkpointer(run_dir, engine, state, batches, model_config=cfg.model, rank=rank,
                                 world_size=world_size, keep_last=cfg.checkpoint.keep_last,
-                                total_steps=cfg.schedule.total_steps)
+                                total_steps=cfg.schedule.total_steps, tokenizer_sha256=batches.corpus.tokenizer_sha256)
     if point is not None:
         progress.start_up("checkpoint load")
         checkpointer.load(point, universal, cfg.seed)
@@ -106,6 +110,8 @@ def train(args: argparse.Namespace) -> int:
     metrics = Metrics(run_dir, rank, stages, cfg.schedule.total_steps, state.step, cfg.logging.log_every,
                       cfg.logging.progress_bar)
     startup.report_start(metrics, timer, point, engine, world_size, universal)
+    for note in notes:  # damaged checkpoints set aside, a new config version (printed already)
+        metrics.event("resume_note", step=state.step, message=note)
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 else None
     trainer = Trainer(cfg, stages, engine, batches, valid_batches, state, checkpointer, metrics,
                       on_stage_end=startup.stage_end_callback(cfg, run_dir, plots), progress=progress)

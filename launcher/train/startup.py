@@ -1,5 +1,6 @@
-"""Start-up of one rank, in the order the rank entry runs it: the run directory, the resume point,
-the data, the distributed group, the run's record files, and the start-up report."""
+"""Start-up of one rank, in the order the rank entry runs it: the run directory, the data, the resume
+decision (launcher/train/resume.py: rank 0 checks, then shares it; the run's record files are written
+only once it is accepted), the distributed group, and the start-up report."""
 from __future__ import annotations
 
 import os
@@ -7,20 +8,16 @@ import time
 from pathlib import Path
 
 import deepspeed
-import deepspeed.comm as dist
 from deepspeed.accelerator import get_accelerator
 
 from data_pipeline import PretrainBatches, open_corpus
-from launcher.config.deepspeed_json import resolve_ds_config
-from launcher.config.run_config import RunConfig, dump_run_config
+from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
-from launcher.io import atomic_write_json
 from launcher.report.hook import PlotHook
 from launcher.run_dir import RunDir
 from launcher.stage_end_jobs import start_stage_end_job
-from launcher.train.checkpointer import (ResumePoint, check_compatible, check_foreign_checkpoints,
-                                         convert_to_universal, find_resume_point)
+from launcher.train.checkpointer import ResumePoint
 from launcher.train.engine import loss_scale
 from launcher.train.metrics import Metrics
 from launcher.train.trainer import StageEndCallback
@@ -58,18 +55,14 @@ def prepare_run_dir(path: Path) -> RunDir:
     return run_dir
 
 
-def resume_point(run_dir: RunDir, cfg: RunConfig) -> ResumePoint | None:
-    """The checkpoint to resume from, after refusing foreign checkpoints and another model's."""
-    check_foreign_checkpoints(run_dir)
-    point = find_resume_point(run_dir)
-    if point is not None:
-        check_compatible(point, cfg.model)
-    return point
-
-
 def open_batches(cfg: RunConfig, stages: list[ResolvedStage], rank: int, world_size: int):
-    """This rank's training and validation batches; a corpus too small for a stage fails now, not mid-run."""
-    corpora = [open_corpus(Path(cfg.data.data_dir), split=split, verify=cfg.data.verify) for split in ("train", "valid")]
+    """This rank's training and validation batches; a corpus too small for a stage fails now, not mid-run.
+
+    Shard content is verified once, by rank 0 (and it re-hashes only shards changed since they were
+    written: data_pipeline/shards.py); the others check structure and sizes. A corrupt shard stops
+    rank 0 before the process group starts, so the job ends there."""
+    verify = cfg.data.verify and rank == 0
+    corpora = [open_corpus(Path(cfg.data.data_dir), split=split, verify=verify) for split in ("train", "valid")]
     if corpora[0].vocab_size > cfg.model.vocab_size:
         raise UserError(f"{cfg.source}: model.vocab_size {cfg.model.vocab_size} is smaller than the "
                         f"tokenizer's vocabulary {corpora[0].vocab_size} in {cfg.data.data_dir}")
@@ -82,23 +75,6 @@ def open_batches(cfg: RunConfig, stages: list[ResolvedStage], rank: int, world_s
 
 def init_distributed() -> None:
     deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
-
-
-def write_run_files(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int, rank: int,
-                    point: ResumePoint | None, universal: bool) -> dict:
-    """The DeepSpeed config to start with (batch sizes of the stage the run starts or resumes in).
-    Rank 0 records config.yaml, ds_config.resolved.json and stages.json, and converts the resume
-    checkpoint for this world size; the other ranks wait for it."""
-    start_stage = stages[cfg.schedule.stage_for_step(point.sidecar.step if point else 0)[0]]
-    ds_config = resolve_ds_config(cfg, start_stage, world_size, load_universal=universal)
-    if rank == 0:
-        dump_run_config(cfg, run_dir.config)
-        atomic_write_json(run_dir.ds_config, ds_config)
-        atomic_write_json(run_dir.stages, {"world_size": world_size, "stages": [s.to_dict() for s in stages]})
-        if universal:
-            convert_to_universal(point, run_dir)
-    dist.barrier()
-    return ds_config
 
 
 def report_start(metrics: Metrics, timer: PhaseTimer, point: ResumePoint | None, engine, world_size: int,

@@ -1,0 +1,175 @@
+"""Where a (re)started run continues: rank 0 decides, every rank follows, and nothing in RUN_DIR is
+written before the decision is final.
+
+The order (launcher/train/rank_entry.py):
+  1. every rank checks its input: config, stages, run directory, data (rank 0 hashes what needs it);
+  2. rank 0 `decide`s: foreign checkpoints; every checkpoint's sidecar; the newest complete
+     checkpoint's files against the sizes and sha256 recorded at save time (a damaged one is noted
+     and the next older one tried); then the chosen one against this run: model config, tokenizer,
+     data position (corpus, format), precision and ZeRO stage, world size (universal path). A
+     refusal is one line and exit code 2 right there, with the run directory exactly as it was;
+  3. the process group starts and `share` hands rank 0's verdict to every rank;
+  4. rank 0 `accept`s it: universal conversion, damaged checkpoints moved to checkpoints/damaged/
+     (one line each, saying where the run resumes instead), the record files (a config that
+     differs from the run's becomes a new version: launcher/run_records.py).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import deepspeed.comm as dist
+
+from data_pipeline import check_state_format
+from data_pipeline.errors import DataError
+from launcher.checkpoint_files import DamagedCheckpoint, checkpoint_dirs, classify, move_aside, verify_files
+from launcher.config.deepspeed_json import resolve_ds_config
+from launcher.config.run_config import RunConfig
+from launcher.config.stages import ResolvedStage
+from launcher.errors import UserError
+from launcher.run_dir import RunDir, sidecar_path
+from launcher.run_records import describe_change, record_start
+from launcher.train.checkpointer import ResumePoint, check_compatible, check_foreign_checkpoints, convert_to_universal
+
+# ZeRO stages whose checkpoints DeepSpeed loads into each other (same partitioned optimizer files).
+_INTERCHANGEABLE_ZERO_STAGES = frozenset({1, 2})
+
+
+@dataclass
+class Damaged:
+    """A checkpoint that cannot be resumed from although its save may have finished."""
+
+    directory: Path
+    reason: str
+    """What is wrong, naming the file."""
+
+    @property
+    def tag(self) -> str:
+        return self.directory.name
+
+
+@dataclass
+class ResumeDecision:
+    """Rank 0's verdict, the same on every rank after `share`."""
+
+    point: ResumePoint | None
+    """The newest intact checkpoint (None: a fresh start)."""
+    ds_config: dict
+    """The DeepSpeed config the engine starts with (batch sizes of the starting stage)."""
+    universal: bool = False
+    """The world size changed: load through RUN_DIR/universal/<tag>."""
+    finished: bool = False
+    """The point is at the end of the schedule: nothing to do."""
+    damaged: list[Damaged] = field(default_factory=list)
+    """Checkpoints to move aside once the resume is accepted."""
+
+
+def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches) -> ResumeDecision:
+    """Rank 0: the resume point and every check on it; UserError (nothing written) on a refusal."""
+    check_foreign_checkpoints(run_dir)
+    point, damaged = newest_intact(run_dir)
+    if point is None:
+        if damaged:
+            raise UserError(f"--run-dir {run_dir.root}: no intact checkpoint to resume from: "
+                            + "; ".join(f"{d.tag}: {d.reason}" for d in damaged)
+                            + " (move them away to start over)")
+        return ResumeDecision(None, resolve_ds_config(cfg, stages[0], world_size))
+    check_compatible(point, cfg.model)
+    if point.sidecar.step >= cfg.schedule.total_steps:
+        return ResumeDecision(point, {}, finished=True, damaged=damaged)
+    check_tokenizer(point, batches.corpus)
+    check_data_position(point, batches)
+    universal = point.sidecar.world_size != world_size
+    start_stage = stages[cfg.schedule.stage_for_step(point.sidecar.step)[0]]
+    ds_config = resolve_ds_config(cfg, start_stage, world_size, load_universal=universal)
+    check_run_shape(point, ds_config, cfg.deepspeed.config)
+    return ResumeDecision(point, ds_config, universal, damaged=damaged)
+
+
+def newest_intact(run_dir: RunDir) -> tuple[ResumePoint | None, list[Damaged]]:
+    """The newest complete checkpoint whose files match its sidecar's records (older ones are not
+    read), and every damaged checkpoint met on the way. Partial saves (no sidecar) are skipped."""
+    states = [classify(directory) for directory in checkpoint_dirs(run_dir)]
+    damaged = [Damaged(s.directory, s.reason) for s in states if s.kind == "damaged"]
+    for state in sorted((s for s in states if s.kind == "complete"), key=lambda s: s.sidecar.step, reverse=True):
+        try:
+            verify_files(state.directory, state.sidecar)
+        except DamagedCheckpoint as err:
+            damaged.append(Damaged(state.directory, str(err)))
+            continue
+        return ResumePoint(state.directory, state.sidecar), damaged
+    return None, damaged
+
+
+def check_tokenizer(point: ResumePoint, corpus) -> None:
+    """The data's tokenizer must be the one the checkpoint was trained with (format-1 sidecars did
+    not record it; their data position's corpus fingerprint covers it)."""
+    recorded = point.sidecar.tokenizer_sha256
+    if recorded is not None and recorded != corpus.tokenizer_sha256:
+        spm = corpus.data_dir / corpus.manifest["tokenizer"]["path"]
+        raise UserError(f"{spm}: tokenizer sha256 {corpus.tokenizer_sha256} is not the one checkpoint {point.tag} "
+                        f"was trained with ({recorded}, recorded in {sidecar_path(point.directory)}); resume "
+                        f"with the run's data dir or use a new run directory")
+
+
+def check_data_position(point: ResumePoint, batches) -> None:
+    """The checkpoint's data position must continue this corpus' stream (format, corpus, seed, ...)."""
+    state = point.sidecar.data_state
+    check_state_format(state)
+    try:
+        batches.check_state(state)
+    except DataError as err:
+        raise UserError(f"{sidecar_path(point.directory)}: data_state does not fit data.data_dir "
+                        f"{batches.corpus.data_dir}: {err}") from None
+
+
+def check_run_shape(point: ResumePoint, ds_config: dict, ds_path: str) -> None:
+    """Precision and ZeRO stage must be ones DeepSpeed can load the checkpoint's files into."""
+    saved = point.sidecar
+    precision = ("fp16" if (ds_config.get("fp16") or {}).get("enabled") else
+                 "bf16" if (ds_config.get("bf16") or ds_config.get("bfloat16") or {}).get("enabled") else "fp32")
+    if precision != saved.precision:
+        raise UserError(f"{ds_path}: precision {precision}, but checkpoint {point.tag} was saved in {saved.precision} "
+                        f"(its optimizer state cannot be loaded in another precision); resume with a "
+                        f"{saved.precision} DeepSpeed config or use a new run directory")
+    stage = int((ds_config.get("zero_optimization") or {}).get("stage", 0))
+    if stage != saved.zero_stage and not {stage, saved.zero_stage} <= _INTERCHANGEABLE_ZERO_STAGES:
+        raise UserError(f"{ds_path}: zero_optimization.stage {stage}, but checkpoint {point.tag} was saved with "
+                        f"ZeRO stage {saved.zero_stage} (only stages 1 and 2 load each other's checkpoints); "
+                        f"resume with stage {saved.zero_stage} or use a new run directory")
+
+
+def share(decision: ResumeDecision | None) -> ResumeDecision:
+    """Every rank gets rank 0's decision (call on all ranks after the process group started)."""
+    box = [decision]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def accept(decision: ResumeDecision, run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage],
+           world_size: int, rank: int) -> list[str]:
+    """All ranks, once the decision is shared: rank 0 converts for this world size, sets damaged
+    checkpoints aside and records the config, the others wait. Returns the lines rank 0 printed."""
+    notes = _accept_on_rank0(decision, run_dir, cfg, stages, world_size) if rank == 0 else []
+    dist.barrier()
+    return notes
+
+
+def _accept_on_rank0(decision: ResumeDecision, run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage],
+                     world_size: int) -> list[str]:
+    point, notes = decision.point, []
+    if decision.universal:
+        convert_to_universal(point, run_dir)
+    for damaged in decision.damaged:
+        dest = move_aside(run_dir, damaged.directory)
+        notes.append(f"checkpoint {damaged.tag} is damaged ({damaged.reason}); moved to {dest}; resuming from "
+                     f"{point.tag} (step {point.sidecar.step})")
+    records = {"config": cfg.to_dict(), "ds_config": decision.ds_config,
+               "stages": {"world_size": world_size, "stages": [s.to_dict() for s in stages]}}
+    version = record_start(run_dir, records, point.sidecar.step if point else 0, point.tag if point else None)
+    if version is not None and version.version > 1:
+        notes.append(describe_change(run_dir, version))
+    for note in notes:
+        print(f"pretrain: {note}", file=sys.stderr, flush=True)
+    return notes
