@@ -11,13 +11,15 @@ same probabilities in both models), identical initial weights and batch. Measure
 - P3: RoPE's share of our step: fwd+bwd of the rotary embedding on the step's own q/k shapes, timed
   in the same run, over our step time; plus a torch.profiler table of the step's top operators.
 Steps alternate round-robin and each figure is the median over --iters rounds (the machine is
-shared; the load average is recorded). Results go to bench/results/model.json under --label, so the
-'before' and 'after' runs sit next to each other.
+shared; the load average is recorded). With --baseline-rev REV the roformer package of git revision
+REV is loaded as a third model (same weights, same batch) and measured in the same rounds, so the
+before/after figures come from one run. Results go to bench/results/model.json under --label.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -25,6 +27,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -37,7 +40,7 @@ import transformers  # noqa: E402
 
 from roformer import IGNORE_INDEX, RoFormerConfig, RoFormerForMaskedLM, save_pretrained  # noqa: E402
 from roformer.flops import forward_flops, training_flops  # noqa: E402
-from roformer.rope import RotaryEmbedding, apply_rotary  # noqa: E402
+from roformer.rope import RotaryEmbedding  # noqa: E402
 
 SHAPE = dict(vocab_size=30000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
              hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
@@ -79,7 +82,8 @@ def timed(step: Callable[[], None]) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def rope_step_seconds(config: RoFormerConfig, batch_size: int, seq_len: int, repeats: int = 5) -> float:
+def rope_step_seconds(apply_rotary: Callable, config: RoFormerConfig, batch_size: int, seq_len: int,
+                      repeats: int = 5) -> float:
     """Median time of all of one step's RoPE work: fwd+bwd of q and k in every layer, at the step's shapes."""
     rope = RotaryEmbedding(config.head_size, config.rope_theta)
     cos, sin = rope.cos_sin(seq_len, torch.device("cpu"))
@@ -109,75 +113,119 @@ def profile_table(step: Callable[[], None], steps: int = 2, top: int = 15) -> li
              "self_ms_per_step": round(e.self_cpu_time_total / 1e3 / steps, 1)} for e in events[:top]]
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def git_revision() -> str:
-    root = Path(__file__).resolve().parents[1]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "roformer"], cwd=root, capture_output=True,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "roformer"], cwd=ROOT, capture_output=True,
                                text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+uncommitted roformer/ changes" if dirty else "")
 
 
-def run(batch_size: int, seq_len: int, iters: int, workdir: Path) -> dict:
+def load_baseline_package(revision: str, workdir: Path):
+    """roformer/ as of git `revision`, imported as the package `roformer_baseline`."""
+    archive = workdir / "baseline.tar"
+    with archive.open("wb") as out:
+        subprocess.run(["git", "archive", "--format=tar", revision, "roformer"], cwd=ROOT, stdout=out, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(workdir / "baseline", filter="data")
+    package = workdir / "baseline" / "roformer"
+    spec = importlib.util.spec_from_file_location("roformer_baseline", package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["roformer_baseline"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def training_step(model, optimizer, batch: dict) -> Callable[[], None]:
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+        optimizer.step()
+    return step
+
+
+def adamw(model) -> torch.optim.AdamW:
+    """The trainer's optimizer (ds_configs/*.json: torch AdamW, betas 0.9/0.999, eps 1e-6, weight decay 0.01)."""
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+
+
+def run(batch_size: int, seq_len: int, iters: int, workdir: Path, baseline_rev: str | None) -> dict:
     torch.manual_seed(0)
     config = RoFormerConfig(**SHAPE)
     ours = RoFormerForMaskedLM(config).train()
     export = save_pretrained(ours, workdir / "export", overwrite=True)
     theirs = transformers.RoFormerForMaskedLM.from_pretrained(export).train()
     input_ids, attention_mask, labels = make_batch(config.vocab_size, batch_size, seq_len)
+    batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
     num_masked = int((labels != IGNORE_INDEX).sum())
     tokens = batch_size * seq_len
-    ours_optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-4)
-    theirs_optimizer = torch.optim.AdamW(theirs.parameters(), lr=1e-4)
-
-    def ours_step() -> None:
-        ours_optimizer.zero_grad(set_to_none=True)
-        ours(input_ids, attention_mask, labels=labels).loss.backward()
-        ours_optimizer.step()
-
-    def theirs_step() -> None:
-        theirs_optimizer.zero_grad(set_to_none=True)
-        theirs(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
-        theirs_optimizer.step()
+    steps = {"ours": training_step(ours, adamw(ours), batch),
+             "transformers": training_step(theirs, adamw(theirs), batch)}
+    rotaries = {"ours": sys.modules["roformer.rope"].apply_rotary}
+    if baseline_rev:
+        package = load_baseline_package(baseline_rev, workdir)
+        baseline = package.RoFormerForMaskedLM(package.RoFormerConfig(**SHAPE)).train()
+        baseline.load_state_dict(ours.state_dict())
+        steps["baseline"] = training_step(baseline, adamw(baseline), batch)
+        rotaries["baseline"] = sys.modules["roformer_baseline.rope"].apply_rotary
 
     probe = matmul_probe()
     for _ in range(2):  # warm-up: allocator, oneDNN primitives, optimizer state
-        ours_step(), theirs_step(), probe()
-    samples: dict[str, list[float]] = {"ours_wall_s": [], "ours_cpu_s": [], "transformers_wall_s": [],
-                                       "transformers_cpu_s": [], "matmul_gflops": [], "load_1min": []}
+        probe()
+        for step in steps.values():
+            step()
+    samples: dict[str, list[float]] = {"matmul_gflops": [], "load_1min": []}
+    for name in steps:
+        samples[f"{name}_wall_s"], samples[f"{name}_cpu_s"] = [], []
     for _ in range(iters):
         samples["matmul_gflops"].append(probe())
-        wall, cpu = timed(ours_step)
-        samples["ours_wall_s"].append(wall), samples["ours_cpu_s"].append(cpu)
-        wall, cpu = timed(theirs_step)
-        samples["transformers_wall_s"].append(wall), samples["transformers_cpu_s"].append(cpu)
+        for name, step in steps.items():
+            wall, cpu = timed(step)
+            samples[f"{name}_wall_s"].append(wall), samples[f"{name}_cpu_s"].append(cpu)
         samples["load_1min"].append(os.getloadavg()[0])
     median = {name: statistics.median(values) for name, values in samples.items()}
-    rope_s = rope_step_seconds(config, batch_size, seq_len)
-    profile = profile_table(ours_step)
-
     needed = training_flops(config, batch_size, seq_len, num_masked)
-    achieved_gflops = needed / median["ours_wall_s"] / 1e9
+    peak = median["matmul_gflops"]
+
+    models = {}
+    for name in steps:
+        seconds = median[f"{name}_wall_s"]
+        entry = {"step_wall_s": seconds, "step_cpu_s": median[f"{name}_cpu_s"], "tokens_per_s": tokens / seconds,
+                 "needed_gflops": needed / seconds / 1e9, "fraction_of_matmul_peak": needed / seconds / 1e9 / peak}
+        if name != "transformers":
+            entry["speedup_vs_transformers"] = median["transformers_wall_s"] / seconds
+            entry["speedup_vs_transformers_cpu_time"] = median["transformers_cpu_s"] / median[f"{name}_cpu_s"]
+            rope_s = rope_step_seconds(rotaries[name], config, batch_size, seq_len)
+            entry["rope_seconds_per_step"] = rope_s
+            entry["rope_share_of_step"] = rope_s / seconds
+        models[name] = entry
+    profiles = {name: profile_table(steps[name]) for name in steps if name != "transformers"}
+    goals = {"P1_speedup_vs_transformers": models["ours"]["speedup_vs_transformers"],
+             "P2_fraction_of_matmul_peak": models["ours"]["fraction_of_matmul_peak"],
+             "P3_rope_share_of_step": models["ours"]["rope_share_of_step"]}
+    if "baseline" in models:
+        goals["before_" + baseline_rev] = {
+            "P1_speedup_vs_transformers": models["baseline"]["speedup_vs_transformers"],
+            "P2_fraction_of_matmul_peak": models["baseline"]["fraction_of_matmul_peak"],
+            "P3_rope_share_of_step": models["baseline"]["rope_share_of_step"]}
     return {
+        "goals": goals,
         "shape": {**SHAPE, "batch_size": batch_size, "seq_len": seq_len, "tokens_per_step": tokens,
                   "mask_rate": MASK_RATE, "num_masked": num_masked},
         "needed_flops_per_step": {"training_total": needed, "forward_by_part": {
             name: value for name, value in vars(forward_flops(config, batch_size, seq_len, num_masked)).items()}},
-        "tokens_per_s": {"ours": tokens / median["ours_wall_s"],
-                         "transformers": tokens / median["transformers_wall_s"]},
-        "P1_speedup_vs_transformers": median["transformers_wall_s"] / median["ours_wall_s"],
-        "P1_speedup_cpu_time": median["transformers_cpu_s"] / median["ours_cpu_s"],
-        "matmul_peak_gflops": median["matmul_gflops"],
-        "ours_needed_gflops": achieved_gflops,
-        "P2_fraction_of_matmul_peak": achieved_gflops / median["matmul_gflops"],
-        "P3_rope_share_of_step": rope_s / median["ours_wall_s"],
-        "rope_seconds_per_step": rope_s,
+        "matmul_peak_gflops": peak,
+        "models": models,
         "medians": median,
         "samples": samples,
-        "profile_ours_top_ops": profile,
+        "profile_top_ops": profiles,
     }
 
 
@@ -188,6 +236,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--baseline-rev", help="git revision whose roformer/ is measured alongside, e.g. 79e38a0")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -195,13 +244,13 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     try:
-        result = run(args.batch_size, args.seq_len, args.iters, workdir)
+        result = run(args.batch_size, args.seq_len, args.iters, workdir, args.baseline_rev)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     result["environment"] = {
         "torch": torch.__version__, "transformers": transformers.__version__, "threads": args.threads,
         "cpu_count": os.cpu_count(), "machine": platform.machine(), "processor": platform.processor(),
-        "roformer_revision": git_revision(), "iters": args.iters,
+        "roformer_revision": git_revision(), "baseline_revision": args.baseline_rev, "iters": args.iters,
         "load_average_start": load_before, "load_average_end": os.getloadavg(),
         "note": "shared machine: ratios are measured side by side (round-robin), wall-time medians",
         "measured_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -215,11 +264,10 @@ def main() -> int:
     tmp = args.out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")
     os.replace(tmp, args.out)
-    summary = {key: result[key] for key in ("tokens_per_s", "P1_speedup_vs_transformers", "matmul_peak_gflops",
-                                            "ours_needed_gflops", "P2_fraction_of_matmul_peak",
-                                            "P3_rope_share_of_step")}
-    print(json.dumps({"label": args.label, **summary, "load": result["environment"]["load_average_end"],
-                      "top_ops": result["profile_ours_top_ops"][:8]}, indent=2))
+    print(json.dumps({"label": args.label, "goals": result["goals"], "matmul_peak_gflops": result["matmul_peak_gflops"],
+                      "tokens_per_s": {name: m["tokens_per_s"] for name, m in result["models"].items()},
+                      "load": result["environment"]["load_average_end"],
+                      "top_ops": {name: table[:8] for name, table in result["profile_top_ops"].items()}}, indent=2))
     return 0
 
 

@@ -18,6 +18,7 @@ from .activations import ACTIVATION_FUNCTIONS
 from .attention import SelfAttention
 from .config import ConfigError, RoFormerConfig
 from .dropout import Dropout, use_cpu_kernels
+from .mlm_loss import summed_cross_entropy
 from .rope import RotaryEmbedding
 
 IGNORE_INDEX = -100  # label value of unmasked positions (the data pipeline's and transformers' convention)
@@ -208,8 +209,7 @@ class RoFormerForMaskedLM(PreTrainedBase):
         is_masked = labels != IGNORE_INDEX  # (B, T)
         targets = labels[is_masked]  # (M,)
         logits = self.mlm_head(hidden[is_masked], word_embeddings)  # (M, V)
-        loss_sum = F.cross_entropy(logits.float(), targets, reduction="sum")
-        num_correct = (logits.argmax(dim=-1) == targets).sum()
+        loss_sum, num_correct = summed_cross_entropy(logits, targets)
         num_masked = torch.tensor(targets.numel(), dtype=torch.long, device=labels.device)
         return MaskedLMOutput(logits=logits, loss_sum=loss_sum, num_masked=num_masked, num_correct=num_correct)
 
