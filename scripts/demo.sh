@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job (README command 1), on this CPU: prepare the bundled real corpus and tokenizer,
 # run the tiny 3-stage schedule with 2 local ranks under ZeRO-2, export the final checkpoint as a
-# transformers RoFormer directory, then run the downstream evaluations on the export.
+# transformers RoFormer directory, run the downstream evaluations on the export, and write the
+# run's report.md and plots.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Appended, as the launcher does for its ranks: the shell's own tools (ninja, ssh) stay first.
@@ -13,7 +14,7 @@ DATA_DIR=runs/demo-data   # configs/demo_cpu.yaml reads it from here
 
 step() { printf '\n=== %s\n' "$*"; }
 
-step "1/5 data: linux-doc English corpus (22 MB) -> SentencePiece (8k) -> shards"
+step "1/6 data: linux-doc English corpus (22 MB) -> SentencePiece (8k) -> shards"
 if [ ! -f "$DATA_DIR/manifest.json" ]; then
   roformer data prepare --default-corpus en --data-cache "$DATA_CACHE" --out "$DATA_DIR" \
     --vocab-size 8000 --workers 2
@@ -21,18 +22,21 @@ else
   echo "reusing $DATA_DIR (delete it to prepare again)"
 fi
 
-step "2/5 pretrain: tiny 3-stage schedule, 2 CPU ranks, ZeRO-2 (re-running resumes)"
+step "2/6 pretrain: tiny 3-stage schedule, 2 CPU ranks, ZeRO-2 (re-running resumes)"
 roformer plan --config configs/demo_cpu.yaml --world-size 2
 roformer pretrain --num_gpus 2 --config configs/demo_cpu.yaml --run-dir "$RUN_DIR"
 
-step "3/5 export: consolidated fp32 transformers directory"
+step "3/6 export: consolidated fp32 transformers directory"
 roformer export "$RUN_DIR" --out "$RUN_DIR/export"
 
-step "4/5 eval-mlm: masked-LM figures at trained and longer-than-trained lengths"
+step "4/6 eval-mlm: masked-LM figures at trained and longer-than-trained lengths"
 roformer eval-mlm "$RUN_DIR/export" --data "$DATA_DIR" --seq-lens 128,512 --out "$RUN_DIR/eval_mlm.json"
 
-step "5/5 finetune: movie-review sentiment (binary), from the export"
+step "5/6 finetune: movie-review sentiment (binary), from the export"
 roformer finetune "$RUN_DIR/export" --task movie-reviews --max-length 64 \
   --max-train-examples 2000 --epochs 2 --out "$RUN_DIR/finetune_movie_reviews.json"
 
-printf '\ndemo: done. TensorBoard: tensorboard --logdir %s/tb ; export: %s/export\n' "$RUN_DIR" "$RUN_DIR"
+step "6/6 report: one page and plots of the run ($RUN_DIR/report.md, $RUN_DIR/plots/)"
+roformer report "$RUN_DIR"
+
+printf '\ndemo: done. Report: %s/report.md ; TensorBoard: tensorboard --logdir %s/tb ; export: %s/export\n' "$RUN_DIR" "$RUN_DIR" "$RUN_DIR"

@@ -100,12 +100,16 @@ def test_report_reads_eval_reports_and_skips_a_cut_metrics_line(trainer_run, tra
                      "--tokens", "2048", "--out", str(run / "eval_mlm.json")]) == 0
     small = ["--task", "inews", "--max-train-examples", "48", "--epochs", "1", "--max-eval-examples", "24",
              "--threads", "1"]
-    assert cli_main(["finetune", str(trainer_export), *small, "--max-length", "64", "--compare-random-init",
-                     "--out", str(run / "finetune_inews.json")]) == 0
-    assert cli_main(["finetune", str(trainer_export), *small, "--max-length", "32",
-                     "--out", str(run / "finetune_inews32.json")]) == 0
-    assert cli_main(["finetune", str(trainer_export), *small, "--max-length", "32", "--init", "random",
-                     "--out", str(run / "finetune_inews32_random.json")]) == 0
+    for length in (64, 32):
+        for init in ("pretrained", "random"):
+            assert cli_main(["finetune", str(trainer_export), *small, "--max-length", str(length), "--init", init,
+                             "--out", str(tmp_path / f"inews{length}_{init}.json")]) == 0
+    # At 64 tokens the twin inside the report (as `finetune --compare-random-init` writes it), at 32 apart.
+    inside = {**json.loads((tmp_path / "inews64_pretrained.json").read_text()),
+              "random_init": json.loads((tmp_path / "inews64_random.json").read_text())}
+    (run / "finetune_inews.json").write_text(json.dumps(inside))
+    shutil.copy(tmp_path / "inews32_pretrained.json", run / "finetune_inews32.json")
+    shutil.copy(tmp_path / "inews32_random.json", run / "finetune_inews32_random.json")
     (run / "finetune_broken.json").write_text('{"task": "inews", "test": {"accu')
     with open(run / "metrics.jsonl", "a", encoding="utf-8") as metrics:
         metrics.write('{"kind": "train", "step": 16, "stage": 2, "loss": 4.1, "mlm_acc')  # killed mid-write

@@ -43,6 +43,7 @@ def render_all(curves: Curves, summary: RunSummary, out_dir: Path) -> list[Path]
     for name, figure in figures:
         if figure is None:
             continue
+        _legend(figure)
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", dpi=DPI)
         atomic_write_bytes(Path(out_dir) / name, buffer.getvalue())
@@ -65,13 +66,11 @@ def _loss_accuracy(curves: Curves, summary: RunSummary, axis: str):
     fig, (loss_ax, acc_ax) = _figure(2, f"MLM loss and accuracy against {_AXIS_NAMES[axis]}", curves, summary)
     x_train = train.step if axis == "step" else train.tokens
     x_valid = valid.step if axis == "step" else valid.tokens
-    for ax, y_train, y_valid, name in ((loss_ax, train.loss, valid.loss, "MLM loss"),
-                                       (acc_ax, train.accuracy, valid.accuracy, "MLM accuracy")):
-        _raw_and_smoothed(ax, x_train, y_train, train.stage, TRAIN, f"train {name.split()[-1]}")
+    for ax, y_train, y_valid in ((loss_ax, train.loss, valid.loss), (acc_ax, train.accuracy, valid.accuracy)):
+        _raw_and_smoothed(ax, x_train, y_train, train.stage, TRAIN, "train")
         if len(valid):
             ax.plot(x_valid, y_valid, "o-", color=VALID, markersize=5, linewidth=1.5,
-                    label=f"validation {name.split()[-1]} (held-out batches)")
-        ax.legend(loc="upper right" if ax is loss_ax else "lower right", fontsize=9)
+                    label="validation (same held-out batches each time)")
     loss_ax.set_ylabel("MLM loss (cross-entropy, nats)")
     acc_ax.set_ylabel("MLM accuracy (share of masked tokens)")
     _mark_stages(curves, (loss_ax, acc_ax), axis)
@@ -88,13 +87,13 @@ def _learning_rate(curves: Curves, summary: RunSummary):
                         curves, summary)
     axes[0].plot(train.step, train.lr, color=TRAIN, linewidth=1.8, label="learning rate (set every step)")
     axes[0].set_ylabel("learning rate")
-    axes[0].ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
-    axes[0].legend(loc="upper right", fontsize=9)
+    axes[0].yaxis.set_major_formatter(_formatter(lambda v: f"{v:.1e}" if v else "0"))
     if has_norm:
         _raw_and_smoothed(axes[1], train.step, train.grad_norm, train.stage, EXTRA, "gradient norm")
-        axes[1].set_yscale("log")
-        axes[1].set_ylabel("gradient L2 norm (before clipping, log scale)")
-        axes[1].legend(loc="upper right", fontsize=9)
+        norms = train.grad_norm[np.isfinite(train.grad_norm) & (train.grad_norm > 0)]
+        wide = len(norms) and norms.max() > 20 * norms.min()  # early spikes: a log scale keeps the rest visible
+        axes[1].set_yscale("log" if wide else "linear")
+        axes[1].set_ylabel("gradient L2 norm (before clipping" + (", log scale)" if wide else ")"))
     _mark_stages(curves, axes, "step")
     _x_axis(axes[-1], "step")
     return fig
@@ -109,12 +108,12 @@ def _throughput(curves: Curves, summary: RunSummary):
     _raw_and_smoothed(axes[0], train.step, train.tokens_per_s, train.stage, TRAIN, "tokens/s")
     _stage_medians(axes[0], curves, train.tokens_per_s, "{:,.0f} tok/s")
     axes[0].set_ylabel("tokens/s (non-padding, all ranks)")
+    axes[0].yaxis.set_major_formatter(_eng())
     _raw_and_smoothed(axes[1], train.step, train.step_time_s, train.stage, EXTRA, "step time")
     _stage_medians(axes[1], curves, train.step_time_s, "{:.3g} s")
     axes[1].set_ylabel("seconds per optimizer step")
-    for ax in axes[:2]:
-        ax.set_ylim(bottom=0)
-        ax.legend(loc="upper right", fontsize=9)
+    for ax, values in ((axes[0], train.tokens_per_s), (axes[1], train.step_time_s)):
+        _headroom(ax, values)
     if extra:
         _utilisation(axes[2], curves, extra)
     _mark_stages(curves, axes, "step")
@@ -124,17 +123,16 @@ def _throughput(curves: Curves, summary: RunSummary):
 
 def _utilisation(ax, curves: Curves, present: list[str]) -> None:
     train = curves.train
-    handles = []
     if "mfu" in present:
-        handles += _raw_and_smoothed(ax, train.step, 100 * train.mfu, train.stage, "tab:purple", "MFU")
+        _raw_and_smoothed(ax, train.step, 100 * train.mfu, train.stage, "tab:purple", "MFU (left)")
         ax.set_ylabel("model FLOP utilisation (%)")
-        ax.set_ylim(bottom=0)
+        _headroom(ax, 100 * train.mfu, 1.5)
     if "tflops" in present:
         other = ax.twinx() if "mfu" in present else ax
-        handles += _raw_and_smoothed(other, train.step, train.tflops, train.stage, "tab:brown", "TFLOP/s")
+        _raw_and_smoothed(other, train.step, train.tflops, train.stage, "tab:brown",
+                          "TFLOP/s (right)" if other is not ax else "TFLOP/s")
         other.set_ylabel("achieved TFLOP/s (all ranks)")
-        other.set_ylim(bottom=0)
-    ax.legend(handles=handles, loc="upper right", fontsize=9)
+        _headroom(other, train.tflops, 1.5)
 
 
 def _loss_scale(curves: Curves, summary: RunSummary):
@@ -147,7 +145,6 @@ def _loss_scale(curves: Curves, summary: RunSummary):
     if len(skipped):
         ax.plot(train.step[skipped], train.loss_scale[skipped], "x", color="tab:red", markersize=8,
                 label=f"step skipped on overflow ({len(skipped)})")
-    ax.legend(loc="upper right", fontsize=9)
     _mark_stages(curves, (ax,), "step")
     _x_axis(ax, "step")
     return fig
@@ -173,7 +170,6 @@ def _eval_mlm(summary: RunSummary):
             ax.text(length, 0.97, f" longest trained length ({length})", transform=ax.get_xaxis_transform(),
                     va="top", ha="left", fontsize=9, color="0.3")
         ax.set_xscale("log", base=2)
-        ax.legend(loc="best", fontsize=9)
     loss_ax.set_ylabel("MLM loss (cross-entropy, nats)")
     acc_ax.set_ylabel("MLM accuracy (share of masked tokens)")
     acc_ax.set_xlabel("sequence length (tokens, log2 scale)")
@@ -198,7 +194,6 @@ def _finetune(summary: RunSummary):
             ax.bar_label(bars, labels=["" if v != v else f"{v:.3f}" for v in values], fontsize=8, padding=2)
         ax.set_ylabel(name)
         ax.set_ylim(0, 1.1)
-        ax.legend(loc="upper right", fontsize=9, ncols=3)
     axes[1].set_xticks(np.arange(len(rows)), [row["label"] for row in rows])
     axes[1].set_xlabel("task (max length, training examples)")
     return fig
@@ -225,10 +220,41 @@ def _figure(rows: int, what: str, curves: Curves | None, summary: RunSummary, sh
     return fig, list(axes)
 
 
-def _x_axis(ax, axis: str) -> None:
-    from matplotlib.ticker import EngFormatter, MaxNLocator
+def _legend(fig) -> None:
+    """One legend for the whole figure, below the axes: never over a curve or a stage label."""
+    entries = {}
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    if entries:
+        fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=min(5, len(entries)),
+                   fontsize=10, frameon=False, title=getattr(fig, "smoothing_note", None), title_fontsize=9)
 
-    ax.xaxis.set_major_formatter(EngFormatter(sep=" "))
+
+def _eng():
+    from matplotlib.ticker import EngFormatter
+
+    return EngFormatter(sep=" ")
+
+
+def _formatter(text):
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda value, _position: text(value))
+
+
+def _headroom(ax, values: np.ndarray, factor: float = 1.3) -> None:
+    """y from 0 to `factor` x the 99.5th percentile: room for the legend and labels above the data,
+    and one slow first step (start-up, compilation) does not flatten the rest."""
+    finite = values[np.isfinite(values)]
+    if len(finite) and np.percentile(finite, 99.5) > 0:
+        ax.set_ylim(0, factor * float(np.percentile(finite, 99.5)))
+
+
+def _x_axis(ax, axis: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_formatter(_eng())
     if axis == "step":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("optimizer steps completed" if axis == "step" else "tokens trained (non-padding, all ranks)")
@@ -249,8 +275,9 @@ def _raw_and_smoothed(ax, x: np.ndarray, y: np.ndarray, stage: np.ndarray, color
                         color=color, alpha=0.2, linewidth=0)
     window = smoothing_window(len(x))
     smoothed = np.concatenate([moving_average(y[stage == s], window) for s in _runs(stage)])
-    line, = ax.plot(x, smoothed, color=color, linewidth=2,
-                    label=f"{label} (raw, and mean of {window} steps)" if window > 1 else label)
+    line, = ax.plot(x, smoothed, color=color, linewidth=2, label=label)
+    if window > 1:
+        ax.figure.smoothing_note = f"faint: every step; bold: mean of {window} steps (within each stage)"
     return [line]
 
 
@@ -301,6 +328,7 @@ def _mark_stages(curves: Curves, axes, axis: str) -> None:
 def _stage_medians(ax, curves: Curves, values: np.ndarray, fmt: str) -> None:
     """Each stage's median as a dotted segment over the stage, labelled with the number."""
     train = curves.train
+    width = max(float(train.step[-1] - train.step[0]), 1.0)
     for stage in _runs(train.stage):
         rows = train.stage == stage
         column = values[rows]
@@ -308,6 +336,7 @@ def _stage_medians(ax, curves: Curves, values: np.ndarray, fmt: str) -> None:
             continue
         median = float(np.nanmedian(column))
         x0, x1 = train.step[rows][0], train.step[rows][-1]
-        ax.hlines(median, x0, x1, colors="black", linestyles=":", linewidth=1.5)
-        ax.text((x0 + x1) / 2, median, f"median {fmt.format(median)}", ha="center", va="bottom", fontsize=8,
-                bbox={"facecolor": "white", "alpha": 0.7, "edgecolor": "none", "pad": 1})
+        ax.hlines(median, x0, x1, colors="black", linestyles=":", linewidth=1.5, label="stage median")
+        if (x1 - x0) / width >= 0.08:  # a narrow stage keeps its line; its number is in the report
+            ax.text((x0 + x1) / 2, median, f"median {fmt.format(median)}", ha="center", va="bottom", fontsize=8,
+                    bbox={"facecolor": "white", "alpha": 0.7, "edgecolor": "none", "pad": 1})
