@@ -19,14 +19,14 @@ def bad_input_env(tmp_path_factory, tiny_data, stored_run):
 
 
 def run_rank_in_process(monkeypatch, config, run_dir, world_size=2, overrides=()):
-    from launcher.train import rank_entry as pretrain_rank
+    from launcher.train import rank_entry
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", str(world_size))
     args = ["--config", str(config), "--run-dir", str(run_dir)]
     for item in overrides:
         args += ["--set", item]
-    return pretrain_rank.main(args)
+    return rank_entry.main(args)
 
 
 @pytest.mark.parametrize("case, overrides, world, message", [
