@@ -38,13 +38,19 @@ class PhaseTimer:
 
 
 def prepare_run_dir(path: Path) -> RunDir:
-    """Create RUN_DIR (its parent must exist) and check it is a writable directory."""
+    """Create RUN_DIR (its parent must exist) and check it is a writable directory. An existing one
+    is only checked (access(2), which also sees a read-only mount): a refused resume must leave it
+    exactly as it was, down to its mtime."""
     root = path.expanduser().resolve()
     if root.exists() and not root.is_dir():
         raise UserError(f"--run-dir {root}: exists and is not a directory")
     if not root.parent.is_dir():
         raise UserError(f"--run-dir {root}: parent directory {root.parent} does not exist")
     run_dir = RunDir(root)
+    if root.is_dir():
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise UserError(f"--run-dir {root}: not writable")
+        return run_dir
     try:
         run_dir.checkpoints.mkdir(parents=True, exist_ok=True)
         probe = root / f".write-test-{os.getpid()}"
