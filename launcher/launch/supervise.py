@@ -181,14 +181,17 @@ def _ere_literal(text: str) -> str:
     return "".join(c if c.isalnum() or c in " _@=:,/-" else f"[{c}]" for c in text)
 
 
-def stop_job(plan: LaunchPlan, runner: subprocess.Popen) -> None:
-    """Stop every process of this job on every node, then the local runner and its children."""
+def stop_job(plan: LaunchPlan, runner: subprocess.Popen, unreachable: set[str]) -> None:
+    """Stop every process of this job on every node, then the local runner and its children.
+    Hosts ssh cannot reach are added to `unreachable` and not asked again (a partitioned node's
+    guards stop its ranks themselves; every further attempt would only add an ssh timeout)."""
     pattern = shlex.quote(job_pattern(plan))
     if plan.launcher == "pdsh":
         hosts = list(plan.resources)
         for sig in ("TERM", "KILL"):
             for host in hosts:  # sequential is fine: a few hosts, 10 s ssh timeout each at worst
-                ssh(host, f"pkill -{sig} -f {pattern}", timeout=15)
+                if host not in unreachable and ssh(host, f"pkill -{sig} -f {pattern}", timeout=15).returncode == 255:
+                    unreachable.add(host)
             if sig == "TERM" and _wait(runner, STOP_WAIT_SECONDS):
                 break
         _killpg(runner, signal.SIGKILL)  # pdsh and the runner; SIGKILL bypasses the runner's pkill handler
@@ -200,11 +203,12 @@ def stop_job(plan: LaunchPlan, runner: subprocess.Popen) -> None:
     runner.wait()
 
 
-def sweep_remote(plan: LaunchPlan) -> None:
-    """After a failed pdsh job: make sure nothing of it is left on any node."""
+def sweep_remote(plan: LaunchPlan, unreachable: set[str]) -> None:
+    """After a failed pdsh job: make sure nothing of it is left on any node ssh still reaches."""
     pattern = shlex.quote(job_pattern(plan))
     for host in plan.resources:
-        ssh(host, f"pkill -KILL -f {pattern}", timeout=15)
+        if host not in unreachable:
+            ssh(host, f"pkill -KILL -f {pattern}", timeout=15)
 
 
 def _wait(proc: subprocess.Popen, seconds: float) -> bool:
@@ -253,6 +257,7 @@ def supervise(plan: LaunchPlan, runner_env: dict[str, str], out=None) -> int:
     reader.start()
     stopped_after_failure = False
     graceful_deadline: float | None = None
+    unreachable: set[str] = set()  # hosts ssh did not reach while stopping the job
     try:
         while runner.poll() is None:
             time.sleep(0.2)
@@ -264,10 +269,10 @@ def supervise(plan: LaunchPlan, runner_env: dict[str, str], out=None) -> int:
                 graceful_deadline = time.monotonic() + GRACEFUL_STOP_SECONDS
             elif graceful_deadline is not None and (len(interrupted) > 1 or time.monotonic() > graceful_deadline):
                 print("roformer pretrain: stopping every process of the job now", file=sys.stderr, flush=True)
-                stop_job(plan, runner)
+                stop_job(plan, runner, unreachable)
             elif first is not None and time.monotonic() - first.seen_at > (
                     HUNG_GRACE_SECONDS if first.hung else FAILURE_GRACE_SECONDS):
-                stop_job(plan, runner)
+                stop_job(plan, runner, unreachable)
                 stopped_after_failure = True
     finally:
         for sig, handler in previous.items():
@@ -276,7 +281,7 @@ def supervise(plan: LaunchPlan, runner_env: dict[str, str], out=None) -> int:
     returncode = runner.wait()
     failures = monitor.snapshot()
     if plan.launcher == "pdsh" and (failures or returncode != 0):
-        sweep_remote(plan)
+        sweep_remote(plan, unreachable)
     if interrupted:
         return 128 + interrupted[0]
     if returncode == 0 and not failures:

@@ -218,6 +218,7 @@ class Watchdog:
         self.master = (master_addr, master_port)
         self.report, self.clock = report, clock
         self.verdict: Verdict | None = None
+        self.beat: Heartbeat | None = None  # the rank's latest heartbeat read
         self.seq = 0
         self.deciding_since: float | None = None
         self.peer_seen: dict[int, tuple[int, bool]] = {}  # rank -> (last seq, changed while deciding)
@@ -252,11 +253,8 @@ class Watchdog:
 
     def _loop(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
-            try:
-                if self.check():
-                    return
-            except OSError:  # the run directory is unreachable right now; try again next time
-                continue
+            if self.check():
+                return
 
     def check(self) -> bool:
         """One look: publish our status; decide once our rank has been overdue for SETTLE_SECONDS
@@ -264,7 +262,7 @@ class Watchdog:
         status = self._own_status()
         if status is None:  # the rank has written no heartbeat yet (or the watchdog is off)
             return False
-        write_record(self.run_dir.guard_status(self.rank), status)
+        self._publish(status)
         if not status.overdue:
             self.deciding_since = None
             return False
@@ -279,7 +277,7 @@ class Watchdog:
         self.verdict = decided or diagnose(views, f"{self.master[0]}:{self.master[1]}")
         self.verdict.reported_by = self.rank
         status.verdict = asdict(self.verdict)
-        write_record(self.run_dir.guard_status(self.rank), status)
+        self._publish(status)
         self.report(self.verdict.to_line())
         try:
             os.kill(self.rank_pid, signal.SIGKILL)
@@ -287,9 +285,18 @@ class Watchdog:
             pass
         return True
 
+    def _publish(self, status: GuardStatus) -> None:
+        try:
+            write_record(self.run_dir.guard_status(self.rank), status)
+        except OSError:  # the run directory is unreachable from here: decide on what we know
+            pass
+
     def _own_status(self) -> GuardStatus | None:
         beat = read_record(self.run_dir.heartbeat(self.rank), Heartbeat)
-        if beat is None or beat.pid != self.rank_pid:  # a previous run's file
+        if beat is not None and beat.pid == self.rank_pid:  # not a previous run's file
+            self.beat = beat
+        beat = self.beat  # unreadable now (the run directory is unreachable): the last one still counts
+        if beat is None:
             return None
         state = process_state(self.rank_pid)
         silent = max(0.0, self.clock() - beat.monotonic)
