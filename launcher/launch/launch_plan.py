@@ -12,8 +12,11 @@ ours), from the project root (pdsh's remote command `cd`s into the runner's work
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
+import shutil
+import subprocess
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -32,6 +35,12 @@ RANK_ENTRY_MODULE = "launcher.train.rank_entry"
 RANK_GUARD_MODULE = "launcher.launch.rank_guard"
 LAUNCHERS = ("pdsh", "openmpi", "mpich", "slurm")
 MPI_LAUNCHERS = ("openmpi", "mpich")
+# DeepSpeed's MPICH runner turns --module into `python -u -m <path of launcher_helper.py>` and its
+# Slurm runner drops it (`python -u launcher.launch.rank_guard`): both can start a script by path only.
+SCRIPT_PATH_LAUNCHERS = ("mpich", "slurm")
+# Per MPI launcher: what its `mpirun --version` prints (MPICH's process manager is Hydra), and the
+# name Debian gives that MPI's own mpirun when both are installed.
+MPIRUN_FLAVOURS = {"openmpi": ("Open MPI", "mpirun.openmpi"), "mpich": ("HYDRA", "mpirun.mpich")}
 LOCAL_MASTER_ADDR = "127.0.0.1"
 # pdsh hands its command to a remote shell and substitutes %n/%h/%u, and DeepSpeed quotes only
 # arguments with spaces (in double quotes), so for pdsh every argument of the rank command must be
@@ -113,12 +122,22 @@ class LaunchPlan:
             argv += ["--launcher_args", self.launcher_args]
         if self.master_addr:
             argv += ["--master_addr", self.master_addr]
-        argv += ["--master_port", str(self.master_port), "--module", "--no_local_rank"]
+        argv += ["--master_port", str(self.master_port)]
+        if self.launcher not in SCRIPT_PATH_LAUNCHERS:
+            argv.append("--module")
+        argv.append("--no_local_rank")
         if self.bind_cores_to_rank:
             argv.append("--bind_cores_to_rank")
         if self.bind_core_list:
             argv += ["--bind_core_list", self.bind_core_list]
-        return argv + self.rank_command
+        return argv + self.runner_command
+
+    @property
+    def runner_command(self) -> list[str]:
+        """The rank command as DeepSpeed's runner gets it: the guard by file path where it cannot take a module."""
+        if self.launcher in SCRIPT_PATH_LAUNCHERS:
+            return [importlib.util.find_spec(RANK_GUARD_MODULE).origin, *self.rank_command[1:]]
+        return self.rank_command
 
 
 def _filter_flags(resources: "OrderedDict[str, list[int]]", hostfile: Hostfile | None) -> list[str]:
@@ -212,7 +231,33 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None) 
     )
     if launcher == "pdsh":
         check_remote_shell_safe(plan, environ)
+    if launcher in MPI_LAUNCHERS:
+        check_mpirun_flavour(launcher, environ.get("PATH"))
     return plan
+
+
+def check_mpirun_flavour(launcher: str, path: str | None) -> None:
+    """DeepSpeed's OpenMPI and MPICH runners both run plain `mpirun`: it must be that MPI's.
+
+    Debian installs both MPIs side by side and `mpirun` is whichever the alternatives system picked
+    (Open MPI by default); the other one fails only after start-up, on an option it does not know.
+    """
+    banner, own_name = MPIRUN_FLAVOURS[launcher]
+    found = shutil.which("mpirun", path=path)
+    if found is None:
+        raise UserError(f"--launcher {launcher}: no `mpirun` on PATH (Debian: {own_name} is in package "
+                        f"{'openmpi-bin' if launcher == 'openmpi' else 'mpich'})")
+    try:
+        version = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30,
+                                 stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise UserError(f"--launcher {launcher}: `{found} --version` failed: {err}") from None
+    if banner not in version:
+        what = (version.strip().splitlines() or ["no version output"])[0]
+        raise UserError(
+            f"--launcher {launcher}: the `mpirun` on PATH is {found} ({what!r}), not {launcher}'s, and DeepSpeed's "
+            f"{launcher} runner calls plain `mpirun`; put first on PATH a directory with an `mpirun` script "
+            f"running `exec {own_name} \"$@\"`, or `update-alternatives --set mpirun /usr/bin/{own_name}`")
 
 
 def _local_device_count() -> int:

@@ -13,7 +13,7 @@ import shlex
 
 from launcher.config.stages import format_plan
 from launcher.launch import env_forwarding
-from launcher.launch.launch_plan import LOCAL_MASTER_ADDR, LaunchPlan
+from launcher.launch.launch_plan import LOCAL_MASTER_ADDR, SCRIPT_PATH_LAUNCHERS, LaunchPlan
 
 
 def node_commands(plan: LaunchPlan) -> list[tuple[str, str]]:
@@ -68,9 +68,12 @@ def node_commands(plan: LaunchPlan) -> list[tuple[str, str]]:
 
 def _rank_lines(plan: LaunchPlan) -> list[tuple[str, str]]:
     """What each per-node launcher starts for every rank."""
-    command = shlex.join([plan.python, "-u", "-m", *plan.rank_command])
-    # pdsh/local: DeepSpeed's launcher sets RANK; MPI/Slurm: MPI discovery in the guard finds it.
-    source = "" if plan.launcher in ("local", "pdsh") else " (from MPI discovery)"
+    start = plan.runner_command if plan.launcher in SCRIPT_PATH_LAUNCHERS else ["-m", *plan.rank_command]
+    command = shlex.join([plan.python, "-u", *start])
+    # Where each rank's numbers come from (docs/multinode.md): DeepSpeed's launcher sets them for pdsh/local.
+    source = {"local": "", "pdsh": "", "openmpi": " (from MPI discovery)",
+              "mpich": " (from PMI_RANK/MPI_LOCALRANKID, by DeepSpeed's launcher_helper)",
+              "slurm": " (from SLURM_PROCID/SLURM_LOCALID)"}[plan.launcher]
     return [(f"{host} rank {rank}", f"RANK={rank} LOCAL_RANK={local_rank}{source} {command}")
             for rank, host, local_rank in plan.rank_hosts()]
 

@@ -14,7 +14,8 @@ then exits with the rank's status so DeepSpeed's launcher stops the node's other
 A rank stopped by SIGTERM/SIGINT is not reported (that is the stop, not the cause). If whoever
 started the guard dies, the kernel sends it SIGTERM (Linux PR_SET_PDEATHSIG) and the guard stops
 the rank, so no rank outlives its launcher. Under mpirun the guard also runs DeepSpeed's MPI
-discovery for the rank (see mpi_environment).
+discovery for the rank (see mpi_environment), under srun it reads Slurm's numbers (slurm_environment).
+DeepSpeed's MPICH and Slurm runners start it by file path (`python -u .../rank_guard.py MODULE ...`).
 
 The guard also runs the hang watchdog (launcher.launch.watchdog) for a rank with a `--run-dir`: when
 the rank stops making progress it prints a `[roformer-watchdog] {...}` line naming the ranks that hold
@@ -30,7 +31,7 @@ import subprocess
 import sys
 import time
 
-from launcher.defaults import DEFAULT_MASTER_PORT, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE
+from launcher.defaults import BAD_INPUT_EXIT_CODE, DEFAULT_MASTER_PORT, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE
 from launcher.launch.watchdog import Watchdog
 
 MARKER = "[roformer-rank-exit]"
@@ -38,6 +39,8 @@ PR_SET_PDEATHSIG = 1
 ORPHAN_STOP_SECONDS = 60.0
 DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 MPI_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+# Set by srun for each task of a job step (a batch script or an salloc shell has no SLURM_STEP_NUM_TASKS).
+SLURM_STEP_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_STEP_NODELIST")
 
 
 def _rank_identity(env: dict[str, str]) -> dict[str, str]:
@@ -95,6 +98,44 @@ def mpi_environment() -> dict[str, str]:
     return found
 
 
+def slurm_environment() -> dict[str, str]:
+    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT for a rank started by srun.
+
+    DeepSpeed's Slurm runner (`--launcher slurm`) runs `srun -n N python ...` and leaves rank
+    discovery to mpi4py, which needs an MPI library wired to Slurm's PMI. Slurm already gives every
+    task its numbers: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID. Rank 0 runs on the first node
+    of the step (srun's block and cyclic distributions both start there), which `scontrol show
+    hostnames` expands from SLURM_STEP_NODELIST; a MASTER_ADDR in our environment wins. Empty when not
+    a task of an srun step, when under MPI (mpirun inside an allocation inherits its SLURM_* variables;
+    mpi_environment handles it) or when the variables are already set.
+    """
+    if all(name in os.environ for name in DISTRIBUTED_VARIABLES):
+        return {}
+    if any(name in os.environ for name in MPI_RANK_VARIABLES):
+        return {}
+    if not all(name in os.environ for name in SLURM_STEP_VARIABLES):
+        return {}
+    master_addr = os.environ.get("MASTER_ADDR") or _first_slurm_host(os.environ["SLURM_STEP_NODELIST"])
+    return {"RANK": os.environ["SLURM_PROCID"], "WORLD_SIZE": os.environ["SLURM_STEP_NUM_TASKS"],
+            "LOCAL_RANK": os.environ["SLURM_LOCALID"], "MASTER_ADDR": master_addr,
+            "MASTER_PORT": os.environ.get("MASTER_PORT", str(DEFAULT_MASTER_PORT))}
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    """The first host of a Slurm host list such as `gpu[07-09],login1` (scontrol expands it)."""
+    try:
+        result = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                                stdin=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise RuntimeError(f"cannot expand SLURM_STEP_NODELIST={nodelist!r} with `scontrol show hostnames`: "
+                           f"{err}; pass --master_addr") from None
+    hosts = result.stdout.split()
+    if result.returncode != 0 or not hosts:
+        raise RuntimeError(f"cannot expand SLURM_STEP_NODELIST={nodelist!r} with `scontrol show hostnames`: "
+                           f"{result.stderr.strip() or 'no output'}; pass --master_addr")
+    return hosts[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("-"):
@@ -105,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     if os.getppid() != parent:  # the parent died before prctl took effect
         return 1
 
-    env = {**os.environ, **mpi_environment()}
+    try:
+        env = {**os.environ, **mpi_environment(), **slurm_environment()}
+    except RuntimeError as err:
+        print(f"rank_guard: error: {err}", file=sys.stderr, flush=True)
+        return BAD_INPUT_EXIT_CODE
     child = subprocess.Popen([sys.executable, "-u", "-m", *argv], env=env, preexec_fn=_die_with_parent)
     identity = _rank_identity(env)
     watchdog = Watchdog.for_rank(argv[1:], env, identity, child.pid,
@@ -145,4 +190,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # Started by file path (DeepSpeed's MPICH and Slurm runners): Python put this file's directory
+    # first on sys.path, where our module names would shadow top-level ones in later imports.
+    if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
+        del sys.path[0]
     sys.exit(main())
