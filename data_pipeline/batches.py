@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from data_pipeline.config import CLS_ID, PAD_ID
+from data_pipeline.config import CLS_ID, MIN_SEQ_LEN, PAD_ID
 from data_pipeline.errors import DataError
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, mask_tokens
 from data_pipeline.shards import Corpus
@@ -97,8 +97,8 @@ class PretrainBatches:
 
         input_ids (B, T) long, attention_mask (B, T) long, labels (B, T) long (-100 = ignore).
         """
-        if seq_len < 2:
-            raise DataError(f"seq_len: {seq_len} must be >= 2 ([CLS] plus at least one token)")
+        if seq_len < MIN_SEQ_LEN:
+            raise DataError(f"seq_len: {seq_len} must be >= {MIN_SEQ_LEN} ([CLS] plus at least one token)")
         if micro_batch_size < 1:
             raise DataError(f"micro_batch_size: {micro_batch_size} must be >= 1")
         if self._stream_over():

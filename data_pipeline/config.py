@@ -14,6 +14,7 @@ PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]",
                   "sep_token": "[SEP]", "mask_token": "[MASK]"}
 NUM_SPECIAL_IDS = 5  # ids below this are never masked and never drawn as random replacements
+MIN_SEQ_LEN = 2  # a packed sequence is [CLS] plus at least one token
 
 FORMATS = ("auto", "txt", "jsonl", "parquet")
 TXT_MODES = ("line", "paragraph")

@@ -101,6 +101,7 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
             mark = time.perf_counter()
             scans, total_bytes = _scan_all(cfg, files, formats, pool, partial / "samples", log)
             assignments, dedup_stats = _assign_documents(scans, cfg)
+            _check_splits(scans, assignments, cfg)
             phases["scan_seconds"], mark = time.perf_counter() - mark, time.perf_counter()
             model_path = _make_tokenizer(cfg, partial, pool_threads=cfg.workers, log=log)
             phases["tokenizer_seconds"], mark = time.perf_counter() - mark, time.perf_counter()
@@ -145,7 +146,7 @@ def train_tokenizer_only(input_cfg: InputConfig, tok_cfg: TokenizerConfig, out_d
     with tempfile.TemporaryDirectory(prefix="roformer-tok-") as tmp, _pool(workers) as pool:
         _scan_all(cfg, files, formats, pool, Path(tmp), log)
         staged = Path(tmp) / "tokenizer"
-        train_sentencepiece(sorted(Path(tmp).glob("*.txt")), staged, tok_cfg, threads=workers)
+        train_sentencepiece(sorted(Path(tmp).glob("*.txt")), staged, tok_cfg, threads=workers, log=log)
         out_dir.mkdir(parents=True, exist_ok=True)
         for f in staged.iterdir():
             os.replace(f, out_dir / f.name)
@@ -291,6 +292,21 @@ def _assign_documents(scans: list[FileScan], cfg: PrepareConfig) -> tuple[list[n
     return assignments, {"duplicates_removed": duplicates, "over_max_documents": over_cap}
 
 
+def _check_splits(scans: list[FileScan], assignments: list[np.ndarray], cfg: PrepareConfig) -> None:
+    """Pretraining needs documents on both sides: fail now, not when a run opens the empty split.
+    A valid_fraction of 0 asks for no validation split and gets none."""
+    kept = {split: sum(int((a == split).sum()) for a in assignments) for split in (TRAIN, VALID)}
+    wanted = {TRAIN: "train", VALID: "validation"} if cfg.cleaning.valid_fraction > 0 else {TRAIN: "train"}
+    for split, name in wanted.items():
+        if kept[split] == 0:
+            inputs = ", ".join(str(s.path) for s in scans[:3])
+            inputs += f" and {len(scans) - 3} more" if len(scans) > 3 else ""
+            raise DataError(f"{inputs}: valid_fraction {cfg.cleaning.valid_fraction} (--valid-fraction) puts none "
+                            f"of the {kept[TRAIN] + kept[VALID]} documents kept into the {name} split (each goes "
+                            f"to validation with that probability, by a hash of its text); give more documents "
+                            f"or {'a larger' if split == VALID else 'a smaller'} --valid-fraction")
+
+
 def _make_tokenizer(cfg: PrepareConfig, partial: Path, pool_threads: int, log) -> Path:
     tok_dir = partial / "tokenizer"
     if cfg.existing_tokenizer is not None:
@@ -304,7 +320,7 @@ def _make_tokenizer(cfg: PrepareConfig, partial: Path, pool_threads: int, log) -
     samples = sorted((partial / "samples").glob("*.txt"))
     log(f"training SentencePiece ({cfg.tokenizer.model_type}, vocab {cfg.tokenizer.vocab_size}) on "
         f"{sum(p.stat().st_size for p in samples) / 1e6:.1f} MB of sampled train text")
-    return train_sentencepiece(samples, tok_dir, cfg.tokenizer, threads=pool_threads)
+    return train_sentencepiece(samples, tok_dir, cfg.tokenizer, threads=pool_threads, log=log)
 
 
 def _group_files(scans: list[FileScan], assignments: list[np.ndarray], cfg: PrepareConfig) -> list[list[int]]:

@@ -28,8 +28,11 @@ HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"
 
 
 def train_sentencepiece(sample_files: list[Path], out_dir: Path, cfg: TokenizerConfig,
-                        threads: int = 1) -> Path:
-    """Train on the sampled text files; write out_dir/spm.model and the transformers files."""
+                        threads: int = 1, log=None) -> Path:
+    """Train on the sampled text files; write out_dir/spm.model and the transformers files.
+
+    SentencePiece stops below cfg.vocab_size when the sample holds no more pieces
+    (hard_vocab_limit=False); `log` then gets a one-line warning with the size made."""
     import sentencepiece as spm
 
     files = [str(p) for p in sample_files if p.stat().st_size > 0]
@@ -51,6 +54,10 @@ def train_sentencepiece(sample_files: list[Path], out_dir: Path, cfg: TokenizerC
         raise DataError(f"tokenizer: SentencePiece training failed: {err}") from err
     (out_dir / "spm.vocab").unlink(missing_ok=True)
     check_special_ids(out_dir / SPM_FILE)
+    made = load_sentencepiece(out_dir / SPM_FILE).get_piece_size()
+    if made != cfg.vocab_size and log is not None:
+        log(f"warning: tokenizer: vocab_size {cfg.vocab_size} requested, SentencePiece made {made} pieces (all "
+            f"the sampled text supports); the tokenizer and manifest have {made}: set model.vocab_size: {made}")
     write_hf_tokenizer_files(out_dir)
     return out_dir / SPM_FILE
 

@@ -5,6 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from launcher.errors import UserError
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
@@ -38,28 +40,45 @@ def _input_args(p: argparse.ArgumentParser) -> None:
                    help="set-up data cache for --default-corpus "
                         "(default: $ROFORMER_DATA_DIR or ~/.cache/roformer-ds/data)")
     p.add_argument("--format", default="auto", choices=["auto", "txt", "jsonl", "parquet"])
-    p.add_argument("--txt-mode", default="line", choices=["line", "paragraph"],
-                   help=".txt documents: one per line or blank-line-separated blocks")
-    p.add_argument("--text-field", default="text", help="JSONL/parquet field holding the text")
+    # Defaults None (= InputConfig's), so an option given for input it does not apply to is refused.
+    p.add_argument("--txt-mode", default=None, choices=["line", "paragraph"],
+                   help=".txt documents: one per line (default) or blank-line-separated blocks")
+    p.add_argument("--text-field", default=None, help="JSONL/parquet field holding the text (default: text)")
     p.add_argument("--lenient", action="store_true", help="skip and count bad lines/files instead of failing")
 
 
+# Options of training a tokenizer: flag -> (TokenizerConfig field, flag value -> field value). They
+# default to None (= TokenizerConfig's default), so one given with --tokenizer (nothing is trained) is refused.
+TRAINING_OPTIONS = {"--vocab-size": ("vocab_size", int), "--model-type": ("model_type", str),
+                    "--tokenizer-sample-mb": ("sample_bytes", lambda mb: int(mb * 1e6)),
+                    "--character-coverage": ("character_coverage", float)}
+
+
 def _tokenizer_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--vocab-size", type=int, default=8000)
-    p.add_argument("--model-type", default="bpe", choices=["bpe", "unigram"])
-    p.add_argument("--tokenizer-sample-mb", type=float, default=50.0, help="text sampled to train the tokenizer")
-    p.add_argument("--character-coverage", type=float, default=0.9995)
+    from data_pipeline.config import TokenizerConfig as T
+
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help=f"pieces including the 5 special tokens (default {T.vocab_size})")
+    p.add_argument("--model-type", default=None, choices=["bpe", "unigram"], help=f"default {T.model_type}")
+    p.add_argument("--tokenizer-sample-mb", type=float, default=None,
+                   help=f"text sampled to train the tokenizer (default {T.sample_bytes / 1e6:g})")
+    p.add_argument("--character-coverage", type=float, default=None, help=f"default {T.character_coverage}")
 
 
 def run(args: argparse.Namespace) -> int:
     from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig, TokenizerConfig
     from data_pipeline.prepare import prepare, train_tokenizer_only
 
-    input_cfg = InputConfig(inputs=_inputs(args), text_format=args.format, txt_mode=args.txt_mode,
-                            text_field=args.text_field, lenient=args.lenient)
-    tok_cfg = TokenizerConfig(vocab_size=args.vocab_size, model_type=args.model_type,
-                              sample_bytes=int(args.tokenizer_sample_mb * 1e6),
-                              character_coverage=args.character_coverage)
+    reading = {"txt_mode": args.txt_mode, "text_field": args.text_field}
+    input_cfg = InputConfig(inputs=_inputs(args), text_format=args.format, lenient=args.lenient,
+                            **{key: value for key, value in reading.items() if value is not None})
+    _check_reading_options(args, input_cfg)
+    given = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in TRAINING_OPTIONS}
+    given = {flag: value for flag, value in given.items() if value is not None}
+    if given and getattr(args, "tokenizer", None) is not None:
+        _refuse_training_options(args.tokenizer, list(given))
+    tok_cfg = TokenizerConfig(**{TRAINING_OPTIONS[flag][0]: TRAINING_OPTIONS[flag][1](value)
+                                 for flag, value in given.items()})
     if args.data_command == "tokenizer":
         path = train_tokenizer_only(input_cfg, tok_cfg, args.out, max_documents=args.max_documents)
         print(f"tokenizer written to {path.parent}")
@@ -83,3 +102,31 @@ def _inputs(args: argparse.Namespace) -> list[str]:
         languages = tuple(x.strip() for x in args.default_corpus.split(",") if x.strip())
         inputs += [str(p) for p in default_corpus_files(args.data_cache or default_data_cache(), languages)]
     return inputs  # empty -> InputConfig names the missing field
+
+
+def _refuse_training_options(tokenizer: Path, flags: list[str]) -> None:
+    """--tokenizer reuses a trained tokenizer as it is: options of training one would be ignored."""
+    from data_pipeline.tokenizer import load_tokenizer
+
+    pieces = f" ({load_tokenizer(tokenizer).get_piece_size()} pieces)"
+    raise UserError(f"{', '.join(flags)}: options of training a tokenizer, but --tokenizer {tokenizer}{pieces} "
+                    f"is reused as it is; drop {'them' if len(flags) > 1 else 'it'} or --tokenizer")
+
+
+def _check_reading_options(args: argparse.Namespace, input_cfg) -> None:
+    """--text-field applies to JSONL/parquet input, --txt-mode to text files: given for input that has
+    none of them, it would be silently ignored (e.g. `--format txt --text-field body` on JSONL reads
+    every line, JSON and all, as a document)."""
+    from data_pipeline.inputs import file_format, resolve_inputs
+
+    if args.text_field is None and args.txt_mode is None:
+        return
+    formats = {file_format(path, input_cfg.text_format): path for path in resolve_inputs(input_cfg.inputs)}
+    how = f"--format {args.format}" if args.format != "auto" else "by extension"
+    for flag, value, applies_to in (("--text-field", args.text_field, ("jsonl", "parquet")),
+                                    ("--txt-mode", args.txt_mode, ("txt",))):
+        if value is not None and not set(formats) & set(applies_to):
+            example = next(iter(formats.values()))
+            raise UserError(f"{flag} {value}: applies to {'/'.join(applies_to)} input only, but every input is read "
+                            f"as {'/'.join(formats)} ({how}, e.g. {example}); drop {flag}"
+                            f"{f' or {how}' if args.format != 'auto' else ''}")

@@ -78,12 +78,12 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_run_config(tmp_path / "broken.yaml")
 
 
-def test_unknown_stage_end_eval_is_named_by_roformer_plan(tmp_path, capsys):
+def test_unknown_stage_end_eval_is_named_by_roformer_plan(tmp_path, capsys, tiny_data):
     """Loading the YAML does not import the eval code; `roformer plan` (like `roformer pretrain` and every
     rank) asks the eval job's --check, which names the entry and the file."""
     from launcher.cli import main as cli_main
 
-    raw = run_config_dict(logging={"stage_end_evals": ["mlm", "glue"]})
+    raw = run_config_dict(data_dir=tiny_data, logging={"stage_end_evals": ["mlm", "glue"]})
     path = write_yaml(tmp_path / "bad.yaml", raw)
     load_run_config(path)  # the YAML itself is well-formed
     assert cli_main(["plan", "--config", str(path), "--world-size", "2"]) == 2

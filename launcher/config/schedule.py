@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from data_pipeline.config import MIN_SEQ_LEN
 from launcher.config.files import read_mapping
 from launcher.errors import UserError
 
@@ -68,6 +69,9 @@ def _parse_stage(entry: object, index: int, path: Path) -> Stage:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise UserError(f"{where}: {key} must be a positive integer, got {value!r}")
+    if entry["max_seq_len"] < MIN_SEQ_LEN:
+        raise UserError(f"{where}: max_seq_len {entry['max_seq_len']} is too short: a sequence is [CLS] plus at "
+                        f"least one token (>= {MIN_SEQ_LEN})")
     lr_scale = entry.get("lr_scale", 1.0)
     if not isinstance(lr_scale, (int, float)) or isinstance(lr_scale, bool) or not lr_scale > 0:
         raise UserError(f"{where}: lr_scale must be a positive number, got {lr_scale!r}")

@@ -25,6 +25,7 @@ from data_pipeline import check_state_format
 from data_pipeline.errors import DataError
 from launcher.checkpoint_files import DamagedCheckpoint, checkpoint_dirs, classify, move_aside, verify_files
 from launcher.config.deepspeed_json import resolve_ds_config
+from launcher.config.preflight_checks import ds_config_source
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
@@ -83,7 +84,7 @@ def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_s
     universal = point.sidecar.world_size != world_size
     start_stage = stages[cfg.schedule.stage_for_step(point.sidecar.step)[0]]
     ds_config = resolve_ds_config(cfg, start_stage, world_size, load_universal=universal)
-    check_run_shape(point, ds_config, cfg.deepspeed.config)
+    check_run_shape(point, ds_config, ds_config_source(cfg))
     return ResumeDecision(point, ds_config, universal, damaged=damaged)
 
 
@@ -125,19 +126,20 @@ def check_data_position(point: ResumePoint, batches) -> None:
 
 
 def check_run_shape(point: ResumePoint, ds_config: dict, ds_path: str) -> None:
-    """Precision and ZeRO stage must be ones DeepSpeed can load the checkpoint's files into."""
-    saved = point.sidecar
+    """Precision and ZeRO stage must be ones DeepSpeed can load the checkpoint's files into (refused
+    here, before DeepSpeed runs: it would fail with a bare AssertionError or a missing file)."""
+    saved, recorded = point.sidecar, sidecar_path(point.directory)
     precision = ("fp16" if (ds_config.get("fp16") or {}).get("enabled") else
                  "bf16" if (ds_config.get("bf16") or ds_config.get("bfloat16") or {}).get("enabled") else "fp32")
     if precision != saved.precision:
         raise UserError(f"{ds_path}: precision {precision}, but checkpoint {point.tag} was saved in {saved.precision} "
-                        f"(its optimizer state cannot be loaded in another precision); resume with a "
-                        f"{saved.precision} DeepSpeed config or use a new run directory")
+                        f"(precision in {recorded}); its optimizer state cannot be loaded in another precision: "
+                        f"resume with a {saved.precision} DeepSpeed config or use a new run directory")
     stage = int((ds_config.get("zero_optimization") or {}).get("stage", 0))
     if stage != saved.zero_stage and not {stage, saved.zero_stage} <= _INTERCHANGEABLE_ZERO_STAGES:
         raise UserError(f"{ds_path}: zero_optimization.stage {stage}, but checkpoint {point.tag} was saved with "
-                        f"ZeRO stage {saved.zero_stage} (only stages 1 and 2 load each other's checkpoints); "
-                        f"resume with stage {saved.zero_stage} or use a new run directory")
+                        f"ZeRO stage {saved.zero_stage} (zero_stage in {recorded}); only stages 1 and 2 load each "
+                        f"other's checkpoints: resume with stage {saved.zero_stage} or use a new run directory")
 
 
 def share(decision: ResumeDecision | None) -> ResumeDecision:

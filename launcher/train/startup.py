@@ -10,7 +10,7 @@ from pathlib import Path
 import deepspeed
 from deepspeed.accelerator import get_accelerator
 
-from data_pipeline import PretrainBatches, open_corpus
+from launcher.config.preflight_checks import check_run
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
@@ -62,21 +62,16 @@ def prepare_run_dir(path: Path) -> RunDir:
 
 
 def open_batches(cfg: RunConfig, stages: list[ResolvedStage], rank: int, world_size: int):
-    """This rank's training and validation batches; a corpus too small for a stage fails now, not mid-run.
+    """This rank's training and validation batches, after every check `roformer plan` and `--dry-run`
+    run too (launcher/config/preflight_checks.py): the DeepSpeed config through DeepSpeed's own
+    parser and against this accelerator, the data and its tokenizer against model.vocab_size, and
+    each stage against the corpus size.
 
     Shard content is verified once, by rank 0 (and it re-hashes only shards changed since they were
     written: data_pipeline/shards.py); the others check structure and sizes. A corrupt shard stops
     rank 0 before the process group starts, so the job ends there."""
-    verify = cfg.data.verify and rank == 0
-    corpora = [open_corpus(Path(cfg.data.data_dir), split=split, verify=verify) for split in ("train", "valid")]
-    if corpora[0].vocab_size > cfg.model.vocab_size:
-        raise UserError(f"{cfg.source}: model.vocab_size {cfg.model.vocab_size} is smaller than the "
-                        f"tokenizer's vocabulary {corpora[0].vocab_size} in {cfg.data.data_dir}")
-    train, valid = (PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed,
-                                    masking=cfg.data.masking) for corpus in corpora)
-    for stage in stages:
-        train.check_min_size(stage.max_seq_len, stage.global_batch_size)
-    return train, valid
+    checked = check_run(cfg, stages, world_size, rank=rank, verify_data=cfg.data.verify and rank == 0)
+    return checked.train, checked.valid
 
 
 def init_distributed() -> None:

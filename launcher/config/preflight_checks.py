@@ -1,0 +1,144 @@
+"""Every check of a run's input that needs no process group, in one function used by `roformer plan`,
+`roformer pretrain` (also with --dry-run, before anything starts) and every rank at start-up (before
+the engine exists): what plan passes, a rank accepts.
+
+  1. the DeepSpeed config of every stage, parsed by DeepSpeed's own `DeepSpeedConfig` (its pydantic
+     models reject e.g. `zero_optimization.stage: 7`), and its precision against the accelerator
+     (`get_accelerator().is_fp16_supported()` / `is_bf16_supported()`);
+  2. the prepared data: manifest, both splits and the tokenizer (`data_pipeline.open_corpus`);
+     `model.vocab_size` must equal the tokenizer's vocabulary;
+  3. one epoch of the train split holds at least one global batch of every stage.
+
+The schedule's own rules (e.g. `max_seq_len >= 2`) are checked when the run config is loaded
+(launcher/config/schedule.py). Each failure is one line naming the file and the field.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from data_pipeline import PretrainBatches, open_corpus
+from launcher.config.deepspeed_json import resolve_ds_config
+from launcher.config.run_config import RunConfig
+from launcher.config.stages import ResolvedStage
+from launcher.errors import UserError
+
+PRECISIONS = ("fp16", "bf16")
+
+
+@dataclass
+class CheckedRun:
+    """What the checks opened: a rank trains on these batches."""
+
+    train: PretrainBatches
+    """This rank's training batches (rank 0's for plan and --dry-run)."""
+    valid: PretrainBatches
+    """This rank's validation batches."""
+    notes: list[str] = field(default_factory=list)
+    """What could not be decided on this machine (one line each), for the caller to print."""
+
+
+def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, rank: int = 0,
+              verify_data: bool = False, accelerator_is_the_ranks: bool = True) -> CheckedRun:
+    """All checks above; UserError / DataError (one line) on the first failure.
+
+    verify_data: also hash shards changed since they were prepared (one rank of a run does it).
+    accelerator_is_the_ranks: this process sees the accelerator the ranks will have (a rank; a local
+    run; DS_ACCELERATOR set, which the ranks inherit). Otherwise an unsupported precision is a note:
+    a login node without GPUs may plan a GPU run.
+    """
+    notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks)
+    train_corpus, valid_corpus = open_data(cfg, verify_data)
+    train, valid = (PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed,
+                                    masking=cfg.data.masking) for corpus in (train_corpus, valid_corpus))
+    for stage in stages:
+        train.check_min_size(stage.max_seq_len, stage.global_batch_size)
+    return CheckedRun(train, valid, notes)
+
+
+def ds_config_source(cfg: RunConfig) -> str:
+    """The DeepSpeed JSON as named in errors, with the run config's overrides when there are any."""
+    if cfg.deepspeed.overrides:
+        return f"{cfg.deepspeed.config} (with deepspeed.overrides of {cfg.source})"
+    return cfg.deepspeed.config
+
+
+def check_deepspeed_configs(cfg: RunConfig, stages: list[ResolvedStage], world_size: int,
+                            accelerator_is_the_ranks: bool = True) -> list[str]:
+    """Every stage's resolved DeepSpeed config through DeepSpeedConfig, then precision vs accelerator."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    source = ds_config_source(cfg)
+    parsed = None
+    for stage in stages:
+        config = resolve_ds_config(cfg, stage, world_size)
+        # The per-rank view: before a process group exists DeepSpeedConfig takes world size 1 (our
+        # stage arithmetic, micro x accum x world = global, is checked in launcher/config/stages.py).
+        config["train_batch_size"] = stage.micro_batch_size * stage.grad_accum_steps
+        try:
+            parsed = DeepSpeedConfig(config)
+        except Exception as err:  # pydantic ValidationError, AssertionError, DeepSpeedConfigError, ...
+            raise UserError(f"{source}: rejected by DeepSpeed's DeepSpeedConfig: {_describe(err, config)}") from None
+    enabled = [p for p, on in (("fp16", parsed.float16_config.enabled), ("bf16", parsed.bfloat16_config.enabled)) if on]
+    return [note for p in enabled if (note := _check_precision(p, source, accelerator_is_the_ranks))]
+
+
+def _check_precision(precision: str, source: str, binding: bool) -> str | None:
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    supported = accelerator.is_fp16_supported() if precision == "fp16" else accelerator.is_bf16_supported()
+    if supported:
+        return None
+    name = accelerator.device_name()
+    chosen = f"DS_ACCELERATOR={os.environ['DS_ACCELERATOR']}" if "DS_ACCELERATOR" in os.environ else "detected"
+    what = (f"{source}: {precision}.enabled: DeepSpeed's {name} accelerator ({chosen}) does not support {precision} "
+            f"(get_accelerator().is_{precision}_supported() is {supported!r})")
+    if binding:
+        other = "bf16 or fp32" if precision == "fp16" else "fp32"
+        raise UserError(f"{what}; use a {other} DeepSpeed config, e.g. ds_configs/cpu_fp32_zero2.json on CPU")
+    return f"{what} on this machine; each rank checks it again on its own node"
+
+
+def open_data(cfg: RunConfig, verify: bool):
+    """The train and valid splits of data.data_dir (manifest, shards, tokenizer; DataError names the
+    file) and model.vocab_size against the tokenizer's vocabulary."""
+    data_dir = Path(cfg.data.data_dir)
+    if not data_dir.is_dir():
+        raise UserError(f"{cfg.source}: data.data_dir: {data_dir} is not a directory "
+                        f"(make it with `roformer data prepare --out {data_dir}`)")
+    train, valid = (open_corpus(data_dir, split=split, verify=verify) for split in ("train", "valid"))
+    check_vocab_size(cfg, train)
+    return train, valid
+
+
+def check_vocab_size(cfg: RunConfig, corpus) -> None:
+    """The embedding must have exactly one row per tokenizer piece: fewer rows cannot embed every id;
+    more rows are never fed, yet the MLM softmax spreads probability over them and the export's
+    model and tokenizer would disagree."""
+    model_size, tokenizer_size = cfg.model.vocab_size, corpus.vocab_size
+    if model_size == tokenizer_size:
+        return
+    spm = corpus.data_dir / corpus.manifest["tokenizer"]["path"]
+    relation = "smaller" if model_size < tokenizer_size else "larger"
+    raise UserError(f"{cfg.source}: model.vocab_size {model_size} is {relation} than the tokenizer's vocabulary "
+                    f"({tokenizer_size} pieces in {spm}); it must equal it: set model.vocab_size: {tokenizer_size}")
+
+
+def _describe(err: Exception, config: dict) -> str:
+    """One line for a DeepSpeedConfig failure, naming the field (section.key) where pydantic says which."""
+    errors = getattr(err, "errors", None)
+    if callable(errors):  # pydantic.ValidationError: the model's fields, not the JSON's sections
+        parts = []
+        for item in errors():
+            loc = ".".join(str(x) for x in item.get("loc", ()))
+            first = item["loc"][0] if item.get("loc") else None
+            holders = [k for k, v in config.items() if isinstance(v, dict) and first in v]
+            exact = [k for k in holders if config[k][first] == item.get("input")]
+            section = (exact or holders or [None])[0]
+            where = f"{section}.{loc}" if section else loc or getattr(err, "title", "config")
+            parts.append(f"{where}: {item.get('msg')} (got {item.get('input')!r})")
+        return "; ".join(parts)
+    return " ".join(f"{type(err).__name__}: {err}".split())
+
