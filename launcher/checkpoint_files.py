@@ -26,7 +26,7 @@ from pathlib import Path
 from launcher.errors import UserError
 from launcher.io import file_sha256, fsync_dir, fsync_file
 from launcher.run_dir import DAMAGED_DIR, SIDECAR_NAME, RunDir, sidecar_path
-from launcher.sidecar import CheckpointSidecar, read_sidecar
+from launcher.sidecar import CheckpointSidecar, NewerSidecarFormat, read_sidecar
 
 _OPTIM_RANK = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 _ZERO3_MODEL_RANK = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_\d+_model_states\.pt$")
@@ -67,6 +67,8 @@ def classify(directory: Path) -> CheckpointState:
         return CheckpointState(directory, "partial", reason=f"{SIDECAR_NAME} missing (the save did not finish)")
     try:
         sidecar = read_sidecar(directory)
+    except NewerSidecarFormat:
+        raise  # not damaged: refused as it is
     except (UserError, OSError) as err:
         return CheckpointState(directory, "damaged", reason=str(err))
     if sidecar.tag != directory.name:

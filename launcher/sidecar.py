@@ -27,6 +27,10 @@ from launcher.run_dir import SIDECAR_NAME, sidecar_path
 SIDECAR_FORMAT = 2
 
 
+class NewerSidecarFormat(UserError):
+    """A sidecar written by a newer release: not damaged, just not ours to read (refused, never set aside)."""
+
+
 @dataclass
 class CheckpointSidecar:
     tag: str
@@ -121,7 +125,8 @@ def read_sidecar(checkpoint_dir: Path) -> CheckpointSidecar:
         raise UserError(f"{path}: partial checkpoint: the sidecar says the save is not complete")
     sidecar = CheckpointSidecar.from_dict(raw, where=str(path))
     if sidecar.format > SIDECAR_FORMAT:
-        raise UserError(f"{path}: sidecar format {sidecar.format} is newer than this release reads ({SIDECAR_FORMAT})")
+        raise NewerSidecarFormat(f"{path}: sidecar format {sidecar.format} is newer than this release reads "
+                                 f"({SIDECAR_FORMAT}); use the release that wrote it")
     return sidecar
 
 

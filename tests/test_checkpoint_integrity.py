@@ -102,6 +102,17 @@ def test_classify_tells_partial_from_damaged(run_dir):
     assert classify(run_dir.checkpoint("global_step3")).kind == "partial"  # a save that did not finish
 
 
+def test_a_newer_sidecar_format_is_refused_not_set_aside(run_dir):
+    from launcher.sidecar import NewerSidecarFormat
+    from launcher.train.resume import newest_intact
+
+    path = sidecar_path(run_dir.checkpoint("global_step5"))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "format": SIDECAR_FORMAT + 1}))
+    with pytest.raises(NewerSidecarFormat, match=rf"{path}: sidecar format {SIDECAR_FORMAT + 1} is newer"):
+        newest_intact(run_dir)
+    assert not run_dir.damaged.exists()
+
+
 def test_resume_takes_the_newest_intact_checkpoint_and_lists_the_damaged(run_dir):
     from launcher.train.resume import newest_intact
 
