@@ -160,8 +160,12 @@ def _eval_mlm(summary: RunSummary):
         rows = sorted(report.content["results"], key=lambda r: r["seq_len"])
         lengths = [r["seq_len"] for r in rows]
         for ax, key in ((loss_ax, "loss"), (acc_ax, "accuracy")):
-            ax.plot(lengths, [r.get(key, np.nan) for r in rows], "o-", color=f"C{i % 10}", linewidth=1.8,
-                    markersize=6, label=report.label)
+            values = [r.get(key, np.nan) for r in rows]
+            ax.plot(lengths, values, "o-", color=f"C{i % 10}", linewidth=1.8, markersize=6, label=report.label)
+            if len(reports) * len(rows) <= 12:  # few points: the numbers themselves
+                for x, y in zip(lengths, values):
+                    ax.annotate(f"{y:.4f}", (x, y), textcoords="offset points", xytext=(6, 6), fontsize=9,
+                                color=f"C{i % 10}")
         if isinstance(report.content.get("trained_max_seq_len"), int):
             trained.add(report.content["trained_max_seq_len"])
     for ax in (loss_ax, acc_ax):
@@ -170,6 +174,7 @@ def _eval_mlm(summary: RunSummary):
             ax.text(length, 0.97, f" longest trained length ({length})", transform=ax.get_xaxis_transform(),
                     va="top", ha="left", fontsize=9, color="0.3")
         ax.set_xscale("log", base=2)
+        ax.margins(x=0.08, y=0.15)  # room for the numbers beside the end points
     loss_ax.set_ylabel("MLM loss (cross-entropy, nats)")
     acc_ax.set_ylabel("MLM accuracy (share of masked tokens)")
     acc_ax.set_xlabel("sequence length (tokens, log2 scale)")
@@ -195,6 +200,9 @@ def _finetune(summary: RunSummary):
         ax.set_ylabel(name)
         ax.set_ylim(0, 1.1)
     axes[1].set_xticks(np.arange(len(rows)), [row["label"] for row in rows])
+    for ax in axes:
+        ax.grid(axis="x", visible=False)
+        ax.set_xlim(-0.75 - max(0, 2 - len(rows)) * 0.5, len(rows) - 0.25 + max(0, 2 - len(rows)) * 0.5)
     axes[1].set_xlabel("task (max length, training examples)")
     return fig
 
