@@ -262,6 +262,30 @@ def _summary(runs: list[dict], keys: tuple[str, ...]) -> dict:
     return entry
 
 
+def bench_model(iters: int = 6) -> dict:
+    import torch
+
+    from roformer import RoFormerConfig, RoFormerForMaskedLM
+
+    torch.manual_seed(0)
+    model = RoFormerForMaskedLM(RoFormerConfig(**DEMO_MODEL)).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(5, 8000, (16, 128))
+    labels = torch.where(torch.rand(16, 128) < 0.15, ids, torch.full_like(ids, -100))
+    times = []
+    for i in range(iters + 2):
+        t = time.perf_counter()
+        out = model(ids, attention_mask=torch.ones_like(ids), labels=labels)
+        (out.loss_sum / out.num_masked).backward()
+        opt.step()
+        opt.zero_grad()
+        if i >= 2:
+            times.append(time.perf_counter() - t)
+    step = sorted(times)[len(times) // 2]
+    return {"shape": "seq 128 x batch 16, hidden 256, 4 layers, vocab 8000", "step_seconds_median": round(step, 3),
+            "tokens_per_s": round(16 * 128 / step), "torch_threads": torch.get_num_threads()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-cache", type=Path,
@@ -271,6 +295,8 @@ def main() -> int:
     parser.add_argument("--baseline-src", type=Path, help="directory holding another data_pipeline to compare")
     parser.add_argument("--baseline-name", default="baseline", help="what the baseline is, for the JSON")
     parser.add_argument("--data-dir", type=Path, help="prepared en+zh directory to reuse (skips prepare)")
+    parser.add_argument("--keep-prepare-from", type=Path, help="with --data-dir: results file whose prepare "
+                        "figures to carry over, marked as such (for a change that does not touch preparation)")
     parser.add_argument("--previous", type=Path, help="results of an earlier run (e.g. before a change) to "
                         "show beside this one; its batch figures are copied under previous_run")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "data.json")
@@ -313,6 +339,12 @@ def main() -> int:
                                    baseline, 1)[0]
     for p in results["prepare"]:
         p.pop("data_dir")
+    if args.data_dir and args.keep_prepare_from:
+        kept = json.loads(args.keep_prepare_from.read_text())
+        results["prepare"] = kept["prepare"]
+        results["worker_startup_seconds"] = kept.get("worker_startup_seconds")
+        results["prepare_measured_in"] = {"file": str(args.keep_prepare_from), "machine": kept.get("machine"),
+                                          "note": "carried over, not re-measured in this run"}
     results["model"] = bench_model()
     slowest = min(b["tokens_per_s"] for b in results["batches"] if b["seq_len"] == 128)
     results["batch_rate_over_model_rate"] = round(slowest / results["model"]["tokens_per_s"], 1)

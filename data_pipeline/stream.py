@@ -34,7 +34,8 @@ _BLOCK = 64  # documents per stored start: memory / 64 for a cumulative sum of <
 MIN_LANE_UNITS = 4096
 """Default lane count keeps each lane at least this long (a lane is read a few sequences at a time)."""
 MAX_LANES = 4096
-"""Default lane count cap: more lanes than any global batch has sequences buys nothing."""
+"""Default lane count cap: K >= the global batch's sequences is what mixing needs; beyond that more
+lanes only spread a long document over more steps."""
 
 
 def default_lanes(epoch_length: int) -> int:
