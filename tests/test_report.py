@@ -45,7 +45,8 @@ def check_png(path: Path, colours: tuple = ()) -> None:
 def report_of(run_dir: Path, out: Path) -> str:
     proc = roformer("report", str(run_dir), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert sorted(Path(line).name for line in proc.stdout.split()) == sorted(p.name for p in (out / "plots").glob("*.png"))
+    written = sorted(Path(line).name for line in proc.stdout.split())
+    assert written == sorted(p.name for p in (out / "plots").glob("*.png"))
     return (out / "report.md").read_text(encoding="utf-8")
 
 
@@ -148,7 +149,8 @@ def test_report_while_running_and_after_a_kill(trainer_run, copy_of, tmp_path):
     """Records of a run cut after its first stage: fresh -> running; untouched for long -> not running."""
     run = copy_of(trainer_run)
     lines = (run / "metrics.jsonl").read_text().splitlines()
-    first_stage_end = next(i for i, line in enumerate(lines) if '"event": "stage_start", ' in line and '"stage": 1' in line)
+    first_stage_end = next(i for i, line in enumerate(lines)
+                           if '"event": "stage_start", ' in line and '"stage": 1' in line)
     (run / "metrics.jsonl").write_text("\n".join(lines[:first_stage_end]) + "\n")
     steps = TINY_STAGES[0]["steps"]
     text = report_of(run, tmp_path / "live")
@@ -216,3 +218,27 @@ def test_plot_hook_returns_at_once_and_renders_in_the_background(trainer_run, co
     assert renders == [str(TINY_STAGES[0]["steps"]), str(TINY_TOTAL_STEPS)]
     for name in RUN_PLOTS:
         check_png(run.plots / name, colours=(TRAIN_BLUE,))
+
+
+def test_report_shows_the_config_version_in_effect(stored_run, copy_of, tmp_path):
+    """A resume with another config writes config.2.yaml / stages.2.json (launcher/run_records.py):
+    the report describes the newest, and lists the versions."""
+    import yaml
+
+    from launcher.run_records import record_start
+
+    run = RunDir(copy_of(stored_run))
+    config = yaml.safe_load(run.config.read_text())
+    config["optimizer"]["lr"] = 0.0005
+    stages = json.loads(run.stages.read_text())
+    stages["world_size"] = 1
+    for stage in stages["stages"]:
+        stage["grad_accum_steps"] *= 2
+    ds_config = json.loads(run.ds_config.read_text())
+    assert record_start(run, {"config": config, "ds_config": ds_config, "stages": stages}, step=5,
+                        resumed_from="global_step5") is not None
+    text = report_of(run.root, tmp_path / "out")
+    assert f"| run config | `{run.root / 'config.2.yaml'}` |" in text
+    assert "| world size | 1 rank |" in text and "lr 0.0005" in text
+    assert "| config versions | v1 from step 0: " in text and "v2 from step 5: `config.2.yaml`" in text
+    assert "4 x 2 x 1" in text  # stage 1: micro 4, the new grad-accum, the new world size

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from launcher.errors import UserError
 from launcher.run_dir import RunDir
+from launcher.run_records import RecordVersion, files_in_effect, read_versions
 
 STEP_OFFSET = 1
 """Steps completed = a train record's `step` + STEP_OFFSET: metrics.jsonl writes the 0-based index of
@@ -170,14 +173,30 @@ def load_curves(run_dir: Path) -> Curves:
     valid = ValidCurve(step=valid_steps, stage=_column(valid_records, "stage"), loss=_column(valid_records, "loss"),
                        accuracy=_column(valid_records, "mlm_accuracy"),
                        tokens=train.tokens_at(valid_steps).astype(float))
-    return Curves(train=train, valid=valid, stages=read_stages(layout, groups["train"], groups["event"]),
+    stages_file = records_in_effect(layout)["stages"]
+    return Curves(train=train, valid=valid, stages=read_stages(stages_file, groups["train"], groups["event"]),
                   events=groups["event"], skipped_lines=skipped)
 
 
-def read_stages(layout: RunDir, train: list[dict] = (), events: list[dict] = ()) -> list[StageSpan]:
-    """The stages from stages.json; without it (or unreadable), what the records say about them."""
+def record_versions(layout: RunDir) -> list[RecordVersion]:
+    """config_versions.json's entries ([] when missing or unreadable: the base files are in effect)."""
     try:
-        raw = json.loads(layout.stages.read_text(encoding="utf-8"))
+        return read_versions(layout)
+    except (UserError, OSError):
+        return []
+
+
+def records_in_effect(layout: RunDir) -> dict[str, Path]:
+    """kind (config, ds_config, stages) -> the newest version of that record file (launcher/run_records.py)."""
+    if not record_versions(layout):
+        return {"config": layout.config, "ds_config": layout.ds_config, "stages": layout.stages}
+    return files_in_effect(layout, sys.maxsize)
+
+
+def read_stages(stages_file: Path, train: list[dict] = (), events: list[dict] = ()) -> list[StageSpan]:
+    """The stages from a stages.json; without it (or unreadable), what the records say about them."""
+    try:
+        raw = json.loads(stages_file.read_text(encoding="utf-8"))
         return [StageSpan(index=int(s["index"]), name=str(s["name"]), max_seq_len=int(s["max_seq_len"]),
                           global_batch_size=int(s["global_batch_size"]), first_step=int(s["first_step"]),
                           steps=int(s["steps"]), micro_batch_size=s.get("micro_batch_size"),
@@ -217,7 +236,8 @@ def _train_curve(records: list[dict]) -> TrainCurve:
     tokens_per_s, step_time = _column(records, "tokens_per_s"), _column(records, "step_time_s")
     step_tokens = np.nan_to_num(tokens_per_s * step_time, nan=0.0, posinf=0.0)
     optional = {key: (_column(records, key) if any(key in r for r in records) else None) for key in ("mfu", "tflops")}
-    return TrainCurve(step=_column(records, "step") + STEP_OFFSET, stage=_column(records, "stage"), loss=_column(records, "loss"),
+    return TrainCurve(step=_column(records, "step") + STEP_OFFSET, stage=_column(records, "stage"),
+                      loss=_column(records, "loss"),
                       accuracy=_column(records, "mlm_accuracy"), lr=_column(records, "lr"),
                       loss_scale=_column(records, "loss_scale"), grad_norm=_column(records, "grad_norm"),
                       tokens_per_s=tokens_per_s, step_time_s=step_time, tokens=np.cumsum(np.round(step_tokens)),

@@ -15,6 +15,7 @@ from launcher.report.curves import Curves
 from launcher.report.run_summary import RunSummary, finetune_rows
 
 MAX_CHECKPOINT_ROWS = 8
+EVAL_PLOTS = ("eval_mlm.png", "finetune.png")
 CAPTIONS = {
     "curves_steps.png": "MLM loss and accuracy against optimizer steps",
     "curves_tokens.png": "MLM loss and accuracy against tokens trained",
@@ -33,7 +34,7 @@ def write_report_text(curves: Curves, summary: RunSummary, plots: list[Path], re
              _where(curves, summary),
              "## What ran", _what_ran(summary),
              "## Stages and throughput", _stage_table(curves, summary),
-             "## Curves", _figures(plots, report_path, [n for n in CAPTIONS if n not in ("eval_mlm.png", "finetune.png")]),
+             "## Curves", _figures(plots, report_path, [n for n in CAPTIONS if n not in EVAL_PLOTS]),
              "## Checkpoints", _checkpoint_table(summary),
              "## Evaluations", _evaluations(summary, plots, report_path)]
     return "\n\n".join(p for p in parts if p) + "\n"
@@ -57,7 +58,8 @@ def _where(curves: Curves, summary: RunSummary) -> str:
     lines.append(f"**Last checkpoint:** `{latest.tag}` (step {latest.step:,}, stage `{latest.stage_name}`, "
                  f"saved {latest.saved_at})." if latest else "**Last checkpoint:** none yet.")
     if curves.skipped_lines:
-        lines.append(f"_{curves.skipped_lines} line(s) of metrics.jsonl were not JSON (cut by a kill?) and were skipped._")
+        lines.append(f"_{curves.skipped_lines} line(s) of metrics.jsonl were not JSON (cut by a kill?) "
+                     "and were skipped._")
     return "  \n".join(lines)
 
 
@@ -66,17 +68,21 @@ def _what_ran(summary: RunSummary) -> str:
     model = config.get("model") or {}
     optimizer = config.get("optimizer") or {}
     deepspeed = config.get("deepspeed") or {}
-    rows = [("run config", f"`{summary.root / 'config.yaml'}`" if config else "config.yaml missing"),
+    rows = [("run config", f"`{summary.config_path}`" if config else f"{summary.config_path.name} missing"),
             ("model", ", ".join(f"{k} {model[k]}" for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                                              "intermediate_size", "vocab_size", "position_encoding")
                                  if k in model) or "?"),
-            ("world size", f"{summary.world_size} ranks" if summary.world_size else "?"),
+            ("world size", _plural(summary.world_size, "rank") if summary.world_size else "?"),
             ("precision", summary.precision or "?"),
             ("ZeRO stage", str(summary.zero_stage) if summary.zero_stage is not None else "?"),
             ("DeepSpeed config", f"`{deepspeed['config']}`" if deepspeed.get("config") else "?"),
             ("optimizer", ", ".join(f"{k} {optimizer[k]}" for k in ("lr", "warmup_steps", "decay", "min_lr_ratio")
                                     if k in optimizer) or "?"),
             ("data", f"`{(config.get('data') or {}).get('data_dir', '?')}`")]
+    if len(summary.versions) > 1:  # a resume changed the config: say from which step each version holds
+        rows.append(("config versions", "; ".join(
+            f"v{v.version} from step {v.from_step}: " + ", ".join(f"`{name}`" for name in v.files.values())
+            for v in summary.versions)))
     return _table(["", ""], rows)
 
 
@@ -119,7 +125,8 @@ def _evaluations(summary: RunSummary, plots: list[Path], report_path: Path) -> s
     mlm = [r for r in summary.evals if r.kind == "mlm"]
     if mlm:
         rows = [(f"`{r.label}`", str(row["seq_len"]), _num(row.get("loss")), _num(row.get("accuracy")),
-                 _num(row.get("perplexity"), "{:.2f}"), {True: "yes", False: "no"}.get(row.get("longer_than_trained"), "?"))
+                 _num(row.get("perplexity"), "{:.2f}"),
+                 {True: "yes", False: "no"}.get(row.get("longer_than_trained"), "?"))
                 for r in mlm for row in sorted(r.content["results"], key=lambda x: x["seq_len"])]
         parts += ["### eval-mlm", _table(["report", "length", "loss", "accuracy", "perplexity", "longer than trained"],
                                          rows), _figures(plots, report_path, ["eval_mlm.png"])]
@@ -164,6 +171,10 @@ def _num(value, fmt: str = "{:.4f}") -> str:
 
 def _pair(scores: dict | None) -> str:
     return f"{scores['accuracy']:.4f} / {scores['macro_f1']:.4f}" if scores else "-"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _count(value: float) -> str:

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from launcher.report.curves import Curves
+from launcher.report.curves import Curves, record_versions, records_in_effect
+from launcher.run_records import RecordVersion
 from launcher.run_dir import RunDir, step_of_tag
 from launcher.sidecar import CheckpointSidecar, complete_sidecar
 
@@ -49,7 +50,8 @@ class EvalReport:
 class RunSummary:
     root: Path
     config: dict
-    """config.yaml as written by the run ({} when missing or unreadable)."""
+    """The run config in effect (config.yaml or its newest version; {} when missing or unreadable)."""
+    config_path: Path
     ds_config: dict
     world_size: int | None
     precision: str | None
@@ -58,6 +60,8 @@ class RunSummary:
     checkpoints: list[CheckpointSidecar]
     """Complete checkpoints, oldest first (partial ones are not listed)."""
     status: RunStatus
+    versions: list[RecordVersion] = field(default_factory=list)
+    """config_versions.json: a resume with another config adds one ([] or one entry: never changed)."""
     evals: list[EvalReport] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
     """Files that looked like reports but could not be read (named in the report)."""
@@ -70,26 +74,29 @@ class RunSummary:
 def load_summary(run_dir: Path, curves: Curves, now: float | None = None) -> RunSummary:
     layout = RunDir(Path(run_dir))
     checkpoints = read_checkpoints(layout)
-    ds_config = _read_json(layout.ds_config)
-    stages_file = _read_json(layout.stages)
+    records = records_in_effect(layout)
+    ds_config = _read_json(records["ds_config"])
+    stages_file = _read_json(records["stages"])
     latest = checkpoints[-1] if checkpoints else None
     world_size = stages_file.get("world_size") if isinstance(stages_file.get("world_size"), int) else None
     zero = (ds_config.get("zero_optimization") or {}).get("stage")
     evals, unreadable = find_eval_reports(layout)
     return RunSummary(
-        root=layout.root, config=_read_yaml(layout.config), ds_config=ds_config,
+        root=layout.root, config=_read_yaml(records["config"]), config_path=records["config"], ds_config=ds_config,
         world_size=world_size or (latest.world_size if latest else None),
         precision=_precision(ds_config) or (latest.precision if latest else None),
         zero_stage=zero if isinstance(zero, int) else (latest.zero_stage if latest else None),
         total_steps=curves.stages[-1].end_step if curves.stages and curves.stages[-1].steps else
         (latest.total_steps if latest else None),
-        checkpoints=checkpoints, status=run_status(layout, curves, now), evals=evals, unreadable=unreadable)
+        checkpoints=checkpoints, status=run_status(layout, curves, now), versions=record_versions(layout),
+        evals=evals, unreadable=unreadable)
 
 
 def read_checkpoints(layout: RunDir) -> list[CheckpointSidecar]:
     if not layout.checkpoints.is_dir():
         return []
-    found = [complete_sidecar(d) for d in layout.checkpoints.iterdir() if d.is_dir() and step_of_tag(d.name) is not None]
+    found = [complete_sidecar(d) for d in layout.checkpoints.iterdir()
+             if d.is_dir() and step_of_tag(d.name) is not None]
     return sorted((s for s in found if s is not None), key=lambda s: s.step)
 
 
@@ -121,7 +128,8 @@ def find_eval_reports(layout: RunDir) -> tuple[list[EvalReport], list[str]]:
     (stage-end evals), recognised by their content; other JSON files are ignored."""
     candidates = [p for p in sorted(layout.root.glob("*.json")) if p.name not in RUN_FILES]
     if layout.evals.is_dir():
-        candidates += sorted(layout.evals.glob("*.json"), key=lambda p: (step_of_tag(p.name.split(".")[0]) or 0, p.name))
+        in_step_order = lambda p: (step_of_tag(p.name.split(".")[0]) or 0, p.name)  # noqa: E731  <tag>.<eval>.json
+        candidates += sorted(layout.evals.glob("*.json"), key=in_step_order)
     reports, unreadable = [], []
     for path in candidates:
         try:
