@@ -3,17 +3,22 @@
 The shipped v100_fp16_zero2.json runs with two test overrides: torch's AdamW (FusedAdam would
 compile for minutes on CPU) and a loss scale that starts far too high with a short growth window,
 so overflows (skipped steps) happen at the start and again later, on both sides of a SIGTERM stop.
+The last test pins down what DeepSpeed's fp16 optimizer does on a step where the scale grows
+(docs/training.md, "fp16: the step where the loss scale grows").
 """
 from __future__ import annotations
 
+import json
 import math
+import subprocess
 
 import pytest
 
 from launcher.run_dir import RunDir
 from launcher.train.checkpointer import find_resume_point
 from launcher.train.metrics import read_metrics
-from tests.helpers import TEST_RANK_ENTRY, TINY_TOTAL_STEPS, start_run, tiny_run_config
+from tests.helpers import (REPO, TEST_RANK_ENTRY, TINY_TOTAL_STEPS, launch_command, rank_env, start_run,
+                           tiny_run_config)
 
 pytestmark = pytest.mark.multiprocess
 FP16 = {"ROFORMER_TEST_FP16_CPU": "1"}
@@ -77,3 +82,25 @@ def test_tensorboard_has_loss_scale_and_skips(fp16_run):
     assert sorted(scales) == list(range(TINY_TOTAL_STEPS))  # purge_step dropped the stopped run's extra steps
     assert [scales[r["step"]] for r in train] == [r["loss_scale"] for r in train]
     assert [skipped[r["step"]] for r in train] == [r["skipped_steps"] for r in train]
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2])
+def test_a_loss_scale_growth_step_applies_half_the_gradient(zero_stage):
+    """DeepSpeed's ZeRO-1/2 fp16 step (runtime/zero/stage_1_and_2.py, step()) updates the dynamic loss
+    scale before it unscales the gradients, so on a step where the scale doubles the gradient is
+    divided by twice the scale it was multiplied with: that step applies half of it (once per
+    loss_scale_window overflow-free steps). Measured with SGD on a constant gradient
+    (tests/_loss_scale_probe.py). A DeepSpeed upgrade that changes this fails here: update
+    docs/training.md and this test."""
+    import deepspeed
+
+    command = launch_command(1, "tests._loss_scale_probe", [str(zero_stage), "7"])
+    proc = subprocess.run(command, cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"step"')]
+    assert [r["step"] for r in steps] == list(range(7))
+    grew = [r["step"] for r in steps if r["scale_after"] == 2 * r["scale_before"]]
+    assert grew == [2, 4, 6]  # scale 16, growth every 2 overflow-free steps, no overflow
+    applied = {r["step"]: r["applied"] for r in steps}
+    expected = {step: [0.5] if step in grew else [1.0] for step in applied}
+    assert applied == expected, f"DeepSpeed {deepspeed.__version__}: fraction of the gradient applied per step"

@@ -16,12 +16,31 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from launcher.cli import main as cli_main
 from tests.helpers import REPO, fake_tools, run_config_dict, write_schedule, write_yaml
 
 DEMO = REPO / "configs" / "demo_cpu.yaml"
 REFERENCE_HOSTFILE = REPO / "hostfile"
+
+
+@pytest.fixture(scope="module")
+def demo_on_tiny_data(tiny_data, tmp_path_factory) -> Path:
+    """configs/demo_cpu.yaml on the session's tiny corpus (vocab 900), paths made absolute: `roformer
+    pretrain` checks the data before anything starts, and runs/demo-data exists only after `make demo`."""
+    config = yaml.safe_load(DEMO.read_text())
+    config["data"]["data_dir"] = str(tiny_data)
+    config["model"]["vocab_size"] = 900
+    for section, key in (("schedule", "file"), ("deepspeed", "config")):
+        config[section][key] = str((DEMO.parent / config[section][key]).resolve())
+    return write_yaml(tmp_path_factory.mktemp("demo") / DEMO.name, config)
+
+
+@pytest.fixture(autouse=True)
+def _demo_config(demo_on_tiny_data, monkeypatch):
+    """DEMO is that copy in every test here."""
+    monkeypatch.setattr(sys.modules[__name__], "DEMO", demo_on_tiny_data)
 
 
 @pytest.fixture
@@ -114,12 +133,12 @@ def test_dry_run_host_filters(cli, tmp_path, flags, world_size, info):
     assert world_info_of(command_lines(out)[host]) == info
 
 
-def test_world_size_that_breaks_a_stage_is_refused_naming_it(cli, tmp_path):
+def test_world_size_that_breaks_a_stage_is_refused_naming_it(cli, tmp_path, tiny_data):
     schedule = write_schedule(tmp_path / "sched.yaml", [
         {"name": "fits", "max_seq_len": 32, "global_batch_size": 16, "steps": 2},
         {"name": "twelve", "max_seq_len": 32, "global_batch_size": 12, "steps": 2},
     ])
-    config = write_yaml(tmp_path / "run.yaml", run_config_dict(schedule_file=schedule))
+    config = write_yaml(tmp_path / "run.yaml", run_config_dict(data_dir=tiny_data, schedule_file=schedule))
     code, out, _ = cli("pretrain", "--num_gpus", "4", "--config", str(config), "--run-dir", str(tmp_path / "r"),
                        "--dry-run")
     assert code == 0  # 12 and 16 are both divisible by 4

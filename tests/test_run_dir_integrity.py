@@ -55,29 +55,46 @@ def other_corpus_same_tokenizer(data_dir: Path, dest: Path) -> Path:
     return dest
 
 
-def refusal_cases(tiny_data: Path, stored_data: Path, tmp_path: Path) -> dict[str, tuple[dict, str]]:
+def same_size_other_tokenizer(tmp_path_factory) -> Path:
+    """The tiny corpus prepared with a fifth of it held out: its SentencePiece (also 900 pieces) is
+    trained on other text, so it is another tokenizer of the same size."""
+    from data_pipeline.config import CleaningConfig
+    from tests.test_data_common import prepared_dir
+
+    return prepared_dir(tmp_path_factory, "valid_fifth", cleaning=CleaningConfig(valid_fraction=0.2))
+
+
+def refusal_cases(tiny_data: Path, stored_data: Path, other_tokenizer: Path,
+                  tmp_path: Path) -> dict[str, tuple[dict, str]]:
     """name -> (config changes, text the one-line error must hold)."""
     bf16 = str(REPO / "ds_configs" / "cpu_bf16_zero2.json")
+    sidecar = tmp_path / "run" / "checkpoints" / "global_step12" / "sidecar.json"  # the `resumable` copy's
     spm = lambda data: hashlib.sha256((data / "tokenizer" / "spm.model").read_bytes()).hexdigest()  # noqa: E731
     return {
-        "tokenizer": ({"data": {"data_dir": str(stored_data)}},
-                      f"tokenizer sha256 {spm(stored_data)} is not the one checkpoint global_step12 was trained "
+        "tokenizer": ({"data": {"data_dir": str(other_tokenizer)}},
+                      f"tokenizer sha256 {spm(other_tokenizer)} is not the one checkpoint global_step12 was trained "
                       f"with ({spm(tiny_data)}"),
+        "tokenizer size": ({"data": {"data_dir": str(stored_data)}},  # vocab 500: refused before the resume checks
+                           f"model.vocab_size 900 is larger than the tokenizer's vocabulary (500 pieces in "
+                           f"{stored_data / 'tokenizer' / 'spm.model'})"),
         "corpus": ({"data": {"data_dir": str(other_corpus_same_tokenizer(tiny_data, tmp_path / "fewer_shards"))}},
                    "data_state does not fit data.data_dir"),
         "zero stage": ({"deepspeed": {"overrides": {"zero_optimization": {"stage": 3}}}},
-                       "zero_optimization.stage 3, but checkpoint global_step12 was saved with ZeRO stage 2"),
+                       f"zero_optimization.stage 3, but checkpoint global_step12 was saved with ZeRO stage 2 "
+                       f"(zero_stage in {sidecar})"),
         "precision": ({"deepspeed": {"config": bf16}},
-                      f"{bf16}: precision bf16, but checkpoint global_step12 was saved in fp32"),
+                      f"{bf16}: precision bf16, but checkpoint global_step12 was saved in fp32 (precision in "
+                      f"{sidecar})"),
     }
 
 
-@pytest.mark.parametrize("case", ["tokenizer", "corpus", "zero stage", "precision"])
+@pytest.mark.parametrize("case", ["tokenizer", "tokenizer size", "corpus", "zero stage", "precision"])
 def test_refused_resume_changes_nothing_in_the_run_directory(case, resumable, trainer_run, tiny_data, stored_run,
-                                                             tmp_path, monkeypatch, capsys):
+                                                             tmp_path, tmp_path_factory, monkeypatch, capsys):
     from launcher.train import rank_entry
 
-    changes, message = refusal_cases(tiny_data, stored_run.parent / "data", tmp_path)[case]
+    other_tokenizer = same_size_other_tokenizer(tmp_path_factory) if case == "tokenizer" else tiny_data
+    changes, message = refusal_cases(tiny_data, stored_run.parent / "data", other_tokenizer, tmp_path)[case]
     config = trained_config(trainer_run)
     config["optimizer"]["lr"] = 1e-3  # a config that also differs where a change would be allowed
     for section, values in changes.items():
@@ -91,6 +108,22 @@ def test_refused_resume_changes_nothing_in_the_run_directory(case, resumable, tr
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("pretrain (rank 0): error: ") and message in err, err
     assert tree_state(resumable) == before  # config.yaml, ds_config, stages, checkpoints: untouched
+
+
+def test_resume_with_zero_stage_1_continues_a_zero_2_run(resumable, trainer_run, tmp_path):
+    """ZeRO-1 and ZeRO-2 keep the same partitioned optimizer files: the change is accepted (and
+    recorded as a new config version) and the run goes on along the reference loss curve."""
+    config = trained_config(trainer_run)
+    config["deepspeed"]["overrides"] = {"zero_optimization": {"stage": 1}}
+    proc = start_run(2, write_yaml(tmp_path / "zero1.yaml", config), resumable, module=TEST_RANK_ENTRY)
+    assert proc.wait(timeout=TIMEOUT) == 0, (tmp_path / "run.log").read_text()[-4000:]
+    assert [(e["tag"], e["universal"]) for e in events(resumable, "resume")] == [("global_step12", False)]
+    expected, got = train_losses(trainer_run), train_losses(resumable)
+    for step in range(12, 16):  # ZeRO-1 all-reduces where ZeRO-2 reduce-scatters: summation order only
+        assert got[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), (step, got[step], expected[step])
+    final = read_sidecar(resumable / "checkpoints" / "global_step16")
+    assert (final.zero_stage, final.step) == (1, 16)
+    assert json.loads((resumable / "ds_config.resolved.2.json").read_text())["zero_optimization"]["stage"] == 1
 
 
 def test_export_refuses_a_tokenizer_the_checkpoint_was_not_trained_with(trainer_run, trainer_export, stored_run,
