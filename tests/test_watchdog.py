@@ -1,6 +1,6 @@
-"""The hang watchdog: step/phase bounds, the verdict, the guard's decision, and two real hangs on two nodes.
+"""The hang watchdog: bounds, verdicts, the guards' decision, and two real hangs on two nodes.
 
-Fast tests (no DeepSpeed): PhaseBounds arithmetic, the `watchdog:` config section, heartbeat files,
+Fast tests (no training job): PhaseBounds arithmetic, the `watchdog:` config section, heartbeat files,
 `diagnose` for each kind of evidence, two guards deciding on real (sleeping / stopped) processes, and
 `roformer pretrain`'s report of a verdict. Then on the two-node namespace cluster (tests/netns):
 node2's cable pulled mid-run, and rank 0 SIGSTOPped: each job ends by itself with exit code 124 and
