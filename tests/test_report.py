@@ -17,15 +17,15 @@ import pytest
 from launcher.cli import main as cli_main
 from launcher.report.hook import LOG_NAME, PlotHook
 from launcher.run_dir import RunDir
-from tests.helpers import TINY_STAGES, TINY_TOTAL_STEPS, roformer
+from tests.helpers import TEST_RANK_ENTRY, TINY_STAGES, TINY_TOTAL_STEPS, events, roformer, start_run, tiny_run_config
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-TRAIN_BLUE, VALID_ORANGE = (31, 119, 180), (255, 127, 14)  # matplotlib's tab:blue / tab:orange
+TRAIN_BLUE, VALID_ORANGE, SKIP_RED = (31, 119, 180), (255, 127, 14), (214, 39, 40)  # tab:blue, orange, red
 RUN_PLOTS = ("curves_steps.png", "curves_tokens.png", "learning_rate.png", "throughput.png")
 
 
-def check_png(path: Path, colours: tuple = ()) -> None:
-    """A real, decodable 1200 x 800 PNG with content (and the given RGB colours somewhere in it)."""
+def check_png(path: Path, colours: tuple = (), min_pixels: int = 200) -> None:
+    """A real, decodable 1200 x 800 PNG with content (and min_pixels of each given RGB colour)."""
     import numpy as np
     from matplotlib.image import imread
 
@@ -39,7 +39,7 @@ def check_png(path: Path, colours: tuple = ()) -> None:
     rgb = (pixels[..., :3] * 255).round().astype(int).reshape(-1, 3)
     assert len(np.unique(rgb @ [65536, 256, 1])) > 50, f"{path}: nearly blank"
     for colour in colours:
-        assert (np.abs(rgb - colour).sum(axis=1) <= 6).sum() > 200, f"{path}: no line in colour {colour}"
+        assert (np.abs(rgb - colour).sum(axis=1) <= 6).sum() >= min_pixels, f"{path}: nothing in colour {colour}"
 
 
 def report_of(run_dir: Path, out: Path) -> str:
@@ -60,10 +60,12 @@ def test_training_rendered_its_plots_at_stage_ends_and_the_end(trainer_run):
     check_png(plots / "curves_steps.png", colours=(TRAIN_BLUE, VALID_ORANGE))
     assert not (plots / "loss_scale.png").exists()  # fp32: a constant scale of 1 is not drawn
     log = (plots / LOG_NAME).read_text()
-    renders = [int(n) for n in re.findall(r"^--- step (\d+),", log, flags=re.M)]
+    renders = [int(n) for n in re.findall(r"^--- step (\d+): render started", log, flags=re.M)]
     assert renders and renders[-1] == TINY_TOTAL_STEPS, log
     assert set(renders) <= {sum(s["steps"] for s in TINY_STAGES[:k + 1]) for k in range(len(TINY_STAGES))}, log
     assert "Traceback" not in log, log
+    done = re.findall(r"^report: (\d+) plots of step (\d+) \((\w+)\)", log, flags=re.M)
+    assert done[-1] == (str(len(RUN_PLOTS)), str(TINY_TOTAL_STEPS), "finished"), log  # the run waited for it
     newest_metrics = RunDir(trainer_run).metrics.stat().st_mtime
     assert min((plots / n).stat().st_mtime for n in RUN_PLOTS) >= newest_metrics - 1  # the final state
 
@@ -214,8 +216,12 @@ def test_plot_hook_returns_at_once_and_renders_in_the_background(trainer_run, co
     hook.stage_end(TINY_TOTAL_STEPS)  # the last stage's end is left to run_end
     hook.run_end(TINY_TOTAL_STEPS, wait=True)
     assert messages == []
-    renders = re.findall(r"^--- step (\d+),", (run.plots / LOG_NAME).read_text(), flags=re.M)
-    assert renders == [str(TINY_STAGES[0]["steps"]), str(TINY_TOTAL_STEPS)]
+    log = (run.plots / LOG_NAME).read_text()
+    assert re.findall(r"^--- step (\d+): render started", log, flags=re.M) == [str(TINY_STAGES[0]["steps"]),
+                                                                              str(TINY_TOTAL_STEPS)]
+    # Both renders read the finished run's records; they took turns (the lock), none failed.
+    assert len(re.findall(rf"^report: {len(RUN_PLOTS)} plots of step {TINY_TOTAL_STEPS} \(finished\)",
+                          log, flags=re.M)) == 2, log
     for name in RUN_PLOTS:
         check_png(run.plots / name, colours=(TRAIN_BLUE,))
 
@@ -242,3 +248,30 @@ def test_report_shows_the_config_version_in_effect(stored_run, copy_of, tmp_path
     assert "| world size | 1 rank |" in text and "lr 0.0005" in text
     assert "| config versions | v1 from step 0: " in text and "v2 from step 5: `config.2.yaml`" in text
     assert "4 x 2 x 1" in text  # stage 1: micro 4, the new grad-accum, the new world size
+
+
+@pytest.mark.multiprocess
+def test_a_stopped_fp16_run_renders_its_loss_scale_on_the_way_out(tiny_data, tmp_path):
+    """A real fp16 run (CPU fp16 shim, a loss scale that overflows at once) stopped by SIGTERM: the
+    stop starts a detached render that outlives the run, the loss-scale figure shows the skipped
+    steps, and the report says the run stopped and where."""
+    overrides = {"optimizer": {"params": {"torch_adam": True}},
+                 "fp16": {"initial_scale_power": 24, "loss_scale_window": 2, "hysteresis": 1}}
+    config = tiny_run_config(tmp_path, tiny_data, ds_config="v100_fp16_zero2.json",
+                             deepspeed={"overrides": overrides})
+    run_dir = tmp_path / "run"
+    proc = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGTERM_LAUNCHER_AT="8",
+                     ROFORMER_TEST_FP16_CPU="1")
+    assert proc.wait(timeout=300) != 0
+    (stopped,) = events(run_dir, "stopped")
+    log = RunDir(run_dir).plots / LOG_NAME
+    deadline = time.time() + 180  # the render started at the stop outlives the run: wait for its line
+    while f"plots of step {stopped['step']} (stopped)" not in log.read_text():
+        assert time.time() < deadline, log.read_text()
+        time.sleep(2)
+    check_png(RunDir(run_dir).plots / "loss_scale.png", colours=(TRAIN_BLUE,))
+    check_png(RunDir(run_dir).plots / "loss_scale.png", colours=(SKIP_RED,), min_pixels=100)  # a few crosses
+    text = report_of(run_dir, tmp_path / "out")
+    assert f"stopped by a signal at step {stopped['step']} after a checkpoint" in text
+    assert f"step {stopped['step']} of {TINY_TOTAL_STEPS}" in text and "| precision | fp16 |" in text
+    assert "](plots/loss_scale.png)" in text

@@ -9,9 +9,23 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import UserError
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """What one `roformer report` wrote, and the state of the run it describes."""
+
+    report: Path | None
+    """report.md (None with --plots-only)."""
+    plots: list[Path]
+    """The PNGs written, in the report's order."""
+    steps_done: int
+    state: str
+    """launcher.report.run_summary.RunStatus.state when the records were read."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -24,18 +38,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    report, plots = make_report(args.run_dir, args.out, plots_only=args.plots_only)
-    for path in plots:
+    written = make_report(args.run_dir, args.out, plots_only=args.plots_only)
+    for path in written.plots:
         print(path)
-    if report is not None:
-        print(f"report: {report}", file=sys.stderr)
+    where = written.report or (written.plots[0].parent if written.plots else "no plot: no record yet")
+    print(f"report: {len(written.plots)} plots of step {written.steps_done} ({written.state}) -> {where}",
+          file=sys.stderr)
     return 0
 
 
-def make_report(run_dir: Path, out: Path | None = None, plots_only: bool = False) -> tuple[Path | None, list[Path]]:
-    """Render the plots (and report.md unless plots_only); returns (report path or None, PNGs written)."""
+def make_report(run_dir: Path, out: Path | None = None, plots_only: bool = False) -> ReportFiles:
+    """Render the plots (and report.md unless plots_only) from the records as they are now. Holds
+    the output's render lock throughout, so concurrent renders (training's, a user's) take turns."""
     from launcher.io import atomic_write_text
     from launcher.report.curves import load_curves
+    from launcher.report.hook import render_lock
     from launcher.report.plots import render_all
     from launcher.report.run_report import write_report_text
     from launcher.report.run_summary import load_summary
@@ -43,13 +60,15 @@ def make_report(run_dir: Path, out: Path | None = None, plots_only: bool = False
 
     layout = check_run_dir(run_dir)
     target = RunDir(Path(out).expanduser().resolve()) if out is not None else layout
-    curves = load_curves(layout.root)
-    summary = load_summary(layout.root, curves)
-    plots = render_all(curves, summary, target.plots)
-    if plots_only:
-        return None, plots
-    atomic_write_text(target.report, write_report_text(curves, summary, plots, target.report))
-    return target.report, plots
+    with render_lock(target.plots):
+        curves = load_curves(layout.root)
+        summary = load_summary(layout.root, curves)
+        plots = render_all(curves, summary, target.plots)
+        report = None
+        if not plots_only:
+            atomic_write_text(target.report, write_report_text(curves, summary, plots, target.report))
+            report = target.report
+    return ReportFiles(report, plots, curves.train.steps_done, summary.status.state)
 
 
 def check_run_dir(run_dir: Path):

@@ -71,9 +71,10 @@ class TrainCurve:
     skipped_steps: np.ndarray
     """fp16 steps skipped on overflow so far."""
     mfu: np.ndarray | None
-    """Model FLOP utilisation (fraction), when the records carry it."""
+    """Model FLOP utilisation as a fraction of the hardware's peak (record key `mfu`), when the records
+    carry it."""
     tflops: np.ndarray | None
-    """Achieved TFLOP/s, when the records carry it."""
+    """Achieved TFLOP/s over all ranks (record key `tflops`), when the records carry it."""
 
     def __len__(self) -> int:
         return len(self.step)

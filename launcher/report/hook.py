@@ -1,57 +1,78 @@
 """RUN_DIR/plots/ kept current by the training run itself, without ever slowing or failing it.
 
 Rank 0 calls PlotHook.stage_end() after each stage-end checkpoint and PlotHook.run_end() when the
-run finishes or stops. Each starts `python -m launcher report RUN_DIR --plots-only` as a detached
-process (own session, lowered priority, one thread; output to RUN_DIR/plots/render.log) and
-returns at once: training never waits for matplotlib. Only at the normal end of a run does rank 0
-wait, at most RUN_END_WAIT_S, so the plots are complete when `roformer pretrain` returns; a render
-still going then finishes on its own. Any failure is logged as one message and training goes on.
+run finishes or stops. Each starts `python -m launcher report RUN_DIR --plots-only` (lowered
+priority, one thread, output appended to RUN_DIR/plots/render.log) and returns at once: training
+never waits for matplotlib. Renders take turns through a lock file (render_lock), so the newest
+data is always written last.
+
+A render that must outlive the rank (every stage end, and a stop) is detached: started through a
+short-lived intermediate process, so it belongs to no rank's process tree. DeepSpeed's per-node
+launcher kills the whole process tree of every rank as soon as one rank exits non-zero, which is
+what an orderly stop looks like to it (exit 143). Only at the normal end of a run does rank 0 start
+a child it waits for, at most RUN_END_WAIT_S, so the plots are complete when `roformer pretrain`
+returns. Any failure is logged as one message and training goes on.
 
 Imports nothing from launcher.train and nothing heavy (launcher.train imports it).
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import time
-from typing import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
 
 from launcher.run_dir import RunDir
 
 RUN_END_WAIT_S = 120.0
 LOG_NAME = "render.log"
+LOCK_NAME = ".render.lock"
+# Starts the render in its own session and exits: the render is re-parented to init at once.
+DETACH = "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True, stdin=subprocess.DEVNULL)"
+
+
+@contextmanager
+def render_lock(plots_dir: Path, wait: bool = True) -> Iterator[bool]:
+    """Hold plots_dir's render lock for the block; with wait=False, yields False at once when
+    another render holds it."""
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    with open(plots_dir / LOCK_NAME, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class PlotHook:
-    """At most one stage-end render at a time (a stage shorter than a render skips its own; the next
-    one, or the run end, covers its data). The last stage's end is left to run_end, which sees the
-    run's end record."""
+    """A stage end while a render is still going skips its own (the next one, or the run end, covers
+    its data). The last stage's end is left to run_end, which sees the run's end record."""
 
     def __init__(self, run_dir: RunDir, total_steps: int, message: Callable[[str], None]):
         self.run_dir, self.total_steps, self.message = run_dir, total_steps, message
-        self.proc: subprocess.Popen | None = None
 
     def stage_end(self, step: int) -> None:
-        if step >= self.total_steps or self._running():
+        if step >= self.total_steps or self._busy():
             return
-        self._start(step)
+        self._start(step, detached=True)
 
     def run_end(self, step: int, wait: bool) -> None:
-        """Render the final state; with `wait`, after the render still running (so the newest data
-        is written last), and wait for it too, RUN_END_WAIT_S in all."""
-        deadline = time.monotonic() + RUN_END_WAIT_S
-        if wait and self._running():
-            try:
-                self.proc.wait(timeout=RUN_END_WAIT_S)
-            except subprocess.TimeoutExpired:
-                pass
-        self._start(step)
-        if not wait or self.proc is None:
+        """Render the final state; with `wait`, wait for it (after any render still going, which
+        holds the lock), RUN_END_WAIT_S at most."""
+        proc = self._start(step, detached=not wait)
+        if proc is None or not wait:
             return
         try:
-            code = self.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            code = proc.wait(timeout=RUN_END_WAIT_S)
         except subprocess.TimeoutExpired:
             self.message(f"plots: still rendering after {RUN_END_WAIT_S:.0f} s; they will appear in "
                          f"{self.run_dir.plots} (log: {self._log_path()})")
@@ -59,25 +80,34 @@ class PlotHook:
         if code != 0:
             self.message(f"plots: rendering failed (exit code {code}); see {self._log_path()}")
 
-    def _start(self, step: int) -> None:
+    def _start(self, step: int, detached: bool) -> subprocess.Popen | None:
+        """The render process (the intermediate one, already ended, when detached); None if it could not start."""
         try:
             self.run_dir.plots.mkdir(parents=True, exist_ok=True)
             nice = shutil.which("nice")
             cmd = [*([nice, "-n", "10"] if nice else []), sys.executable, "-m", "launcher", "report",
                    str(self.run_dir.root), "--plots-only"]
+            if detached:
+                cmd = [sys.executable, "-S", "-c", DETACH, *cmd]  # -S: no site packages, starts in ms
             env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
             with open(self._log_path(), "ab") as log:
-                log.write(f"--- step {step}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+                log.write(f"--- step {step}: render started {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
                 log.flush()
-                # Own session: a Ctrl-C to the training job's process group does not cut a render short.
-                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True, close_fds=True, env=env)
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, close_fds=True, env=env)
+            if detached:
+                proc.wait(timeout=60)  # the intermediate: gone as soon as the render has started
+            return proc
         except Exception as err:  # plots are a convenience: never let them stop training
-            self.proc = None
             self.message(f"plots: could not start rendering ({type(err).__name__}: {err}); training goes on")
+            return None
 
-    def _running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def _busy(self) -> bool:
+        try:
+            with render_lock(self.run_dir.plots, wait=False) as free:
+                return not free
+        except OSError:
+            return False  # _start reports what is wrong with the directory
 
-    def _log_path(self):
+    def _log_path(self) -> Path:
         return self.run_dir.plots / LOG_NAME

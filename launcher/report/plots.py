@@ -124,9 +124,11 @@ def _throughput(curves: Curves, summary: RunSummary):
 def _utilisation(ax, curves: Curves, present: list[str]) -> None:
     train = curves.train
     if "mfu" in present:
-        _raw_and_smoothed(ax, train.step, 100 * train.mfu, train.stage, "tab:purple", "MFU (left)")
+        # A fraction by contract (launcher/report/curves.py); a record in percent is drawn as it is.
+        percent = train.mfu * (100 if np.nanmax(train.mfu) <= 1.0 else 1)
+        _raw_and_smoothed(ax, train.step, percent, train.stage, "tab:purple", "MFU (left)")
         ax.set_ylabel("model FLOP utilisation (%)")
-        _headroom(ax, 100 * train.mfu, 1.5)
+        _headroom(ax, percent, 1.5)
     if "tflops" in present:
         other = ax.twinx() if "mfu" in present else ax
         _raw_and_smoothed(other, train.step, train.tflops, train.stage, "tab:brown",
@@ -143,8 +145,8 @@ def _loss_scale(curves: Curves, summary: RunSummary):
     ax.set_ylabel("loss scale (log2 scale)")
     skipped = np.flatnonzero(np.diff(np.nan_to_num(train.skipped_steps), prepend=0) > 0)
     if len(skipped):
-        ax.plot(train.step[skipped], train.loss_scale[skipped], "x", color="tab:red", markersize=8,
-                label=f"step skipped on overflow ({len(skipped)})")
+        ax.plot(train.step[skipped], train.loss_scale[skipped], "x", color="tab:red", markersize=11,
+                markeredgewidth=2.5, zorder=3, label=f"step skipped on overflow ({len(skipped)})")
     _mark_stages(curves, (ax,), "step")
     _x_axis(ax, "step")
     return fig
