@@ -312,6 +312,7 @@ def main() -> int:
                            "load_average_at_start": os.getloadavg(),
                            "note": "machine shared with other jobs; load average > cpus inflates every time"},
                "baseline": args.baseline_name if baseline else None, "prepare": [], "batches": []}
+    results["model"] = bench_model()  # first: a broken model import fails the run before the long parts
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
         work = Path(tmp)
         data_dir = args.data_dir
@@ -345,7 +346,6 @@ def main() -> int:
         results["worker_startup_seconds"] = kept.get("worker_startup_seconds")
         results["prepare_measured_in"] = {"file": str(args.keep_prepare_from), "machine": kept.get("machine"),
                                           "note": "carried over, not re-measured in this run"}
-    results["model"] = bench_model()
     slowest = min(b["tokens_per_s"] for b in results["batches"] if b["seq_len"] == 128)
     results["batch_rate_over_model_rate"] = round(slowest / results["model"]["tokens_per_s"], 1)
     # The same model step measured on a quiet machine (issue brief: ~0.35 s per step).
