@@ -24,9 +24,6 @@ from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
 
-PRECISIONS = ("fp16", "bf16")
-
-
 @dataclass
 class CheckedRun:
     """What the checks opened: a rank trains on these batches."""
