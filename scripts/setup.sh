@@ -15,8 +15,9 @@ mkdir -p "$PIP_CACHE_DIR" "$TORCH_EXTENSIONS_DIR"
 # --- Debian packages: ninja-build (the ONE ninja compiling DeepSpeed ops: with a second ninja in
 # the venv the op cache rebuilds whenever processes alternate between them), the MPI runtime for
 # mpi4py, numactl for core binding, pdsh + ssh for multi-node launch, iproute2 for the two-node
-# test, linux-doc as the bundled English corpus.
-APT_PACKAGES=(ninja-build openmpi-bin libopenmpi-dev mpich slurm-wlm numactl pdsh openssh-server openssh-client iproute2 linux-doc-6.1)
+# test, linux-doc as the bundled English corpus, wordnet-base (general English glosses, the
+# reproduction's recipe corpus), mpich and slurm-wlm for the tests of those launchers.
+APT_PACKAGES=(ninja-build openmpi-bin libopenmpi-dev mpich slurm-wlm numactl pdsh openssh-server openssh-client iproute2 linux-doc-6.1 wordnet-base)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
