@@ -1,4 +1,4 @@
-# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# Every target does all set-up on a fresh machine: `make demo`, `make test`, `make reproduce`.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,7 +9,7 @@ export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup demo test test-fast reproduce clean
 
 setup:
 	bash scripts/setup.sh
@@ -23,6 +23,11 @@ test: setup
 # Everything that starts no multi-rank DeepSpeed job (markers: setup.cfg, tests/conftest.py).
 test-fast: setup
 	$(PY) -m pytest -m "not multiprocess" $(PYTEST_ARGS)
+
+# The paper's claims at small scale (docs/reproduction/README.md). Re-running resumes; one part alone:
+# make reproduce REPRODUCE_ARGS="--parts encodings"; the harness check: REPRODUCE_ARGS=--quick.
+reproduce: setup
+	$(PY) -m launcher.cli reproduce --out runs/reproduce $(REPRODUCE_ARGS)
 
 clean:
 	rm -rf runs build *.egg-info
