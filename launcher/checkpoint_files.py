@@ -12,8 +12,11 @@ States of `checkpoints/<tag>/` (`classify`):
             `checkpoints/damaged/<tag>-<time>` (launcher/train/resume.py), never deleted.
 
 Checksums: sha256, like the data manifest and export_info.json; at save time every rank hashes
-(and fsyncs) a share of about equal bytes. Its cost against cheaper checksums is measured in
-bench/startup.py (bench/results/startup.json).
+(and fsyncs) a share of about equal bytes, at resume rank 0 hashes the chosen checkpoint once.
+Measured here under load (bench/results/startup.json): sha256 417 MB/s, crc32 1312 MB/s, blake2b
+284 MB/s on one core. A BERT-base-sized ZeRO checkpoint (~1.8 GB) costs ~4 s to verify at
+resume and a fraction of that per rank at save; crc32 would save ~3 s per start but not catch a
+deliberately replaced file, so sha256 it is.
 """
 from __future__ import annotations
 
