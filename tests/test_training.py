@@ -58,6 +58,22 @@ def test_loss_is_per_masked_token_over_all_ranks_and_micro_batches(run):
     assert all(r["tokens_per_s"] > 0 and r["samples_per_s"] > 0 and r["grad_norm"] > 0 for r in train)
 
 
+def test_every_train_record_carries_model_tflops_and_mfu_against_the_measured_peak(run):
+    from roformer.flops import training_flops
+
+    cfg = load_run_config(run / "config.yaml")
+    (peak,) = events(run, "peak_flops")  # measured once, on rank 0, at start-up
+    assert peak["source"] == "measured" and peak["precision"] == "fp32" and peak["peak_tflops"] > 0
+    for record in read_metrics(run, "train"):
+        # Every micro-batch is padded to the stage's length, so the step's FLOPs are linear in its
+        # sequences and masked tokens; each of the 2 ranks is credited with half.
+        flops = training_flops(cfg.model, record["global_batch_size"], record["max_seq_len"],
+                               record["masked_tokens"]) / 2
+        assert record["tflops"] * 1e12 * record["step_time_s"] == pytest.approx(flops, rel=1e-6)
+        assert record["mfu"] == pytest.approx(record["tflops"] / peak["peak_tflops"], rel=1e-9)
+    assert "TFLOP/s MFU" in (run.parent / "run.log").read_text(errors="replace")
+
+
 def test_learning_rate_applied_each_step_follows_the_schedule(run):
     from launcher.config.schedule import learning_rate
 
@@ -113,7 +129,8 @@ def test_tensorboard_event_files_hold_the_scalars(run):
     tags = set(acc.Tags()["scalars"])
     expected = {"train/loss", "train/mlm_accuracy", "train/lr", "train/loss_scale", "train/grad_norm",
                 "train/skipped_steps", "schedule/stage", "schedule/max_seq_len", "schedule/global_batch_size",
-                "speed/tokens_per_s", "speed/samples_per_s", "valid/loss", "valid/mlm_accuracy"}
+                "speed/tokens_per_s", "speed/samples_per_s", "speed/tflops_per_rank", "speed/mfu", "valid/loss",
+                "valid/mlm_accuracy"}
     assert expected <= tags
     losses = {e.step: e.value for e in acc.Scalars("train/loss")}
     assert losses == pytest.approx(dict((r["step"], r["loss"]) for r in read_metrics(run, "train")), rel=1e-6)

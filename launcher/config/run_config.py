@@ -93,6 +93,9 @@ class LoggingSection:
     """Micro-batches per rank in one validation pass (at the current stage's length and micro-batch)."""
     progress_bar: bool = True
     """Show the rank-0 progress bar (stage, stage ETA, run ETA)."""
+    peak_tflops: float = 0.0
+    """Peak TFLOP/s of one rank's device that MFU is measured against (0 = from the table of known
+    accelerators in launcher/train/mfu.py, or measured by a timed matmul at start-up on CPU)."""
     stage_end_evals: list = field(default_factory=list)
     """Evals run in the background on each stage-end checkpoint (`mlm` or a task name with optional
     `:field=value` fine-tune options; launcher/downstream/stage_evals.py). Empty = none."""
@@ -276,6 +279,8 @@ def _validate(cfg: RunConfig) -> None:
             fail(f"logging.{key}", "must be >= 1")
     if cfg.logging.valid_every < 0:
         fail("logging.valid_every", "must be >= 0")
+    if not cfg.logging.peak_tflops >= 0:
+        fail("logging.peak_tflops", f"must be >= 0 (0 = table or measured), got {cfg.logging.peak_tflops}")
     if not all(isinstance(x, str) for x in cfg.logging.stage_end_evals):
         fail("logging.stage_end_evals", "must be a list of names")
     cfg.watchdog.check(fail)

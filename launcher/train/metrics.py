@@ -14,6 +14,7 @@ from pathlib import Path
 
 from launcher.config.stages import ResolvedStage
 from launcher.io import atomic_write_text
+from launcher.train.mfu import Peak, speed_fields
 from launcher.run_dir import RunDir
 
 # TensorBoard tag of each train-record field.
@@ -22,6 +23,7 @@ TRAIN_SCALARS = {
     "grad_norm": "train/grad_norm", "skipped_steps": "train/skipped_steps", "stage": "schedule/stage",
     "max_seq_len": "schedule/max_seq_len", "global_batch_size": "schedule/global_batch_size",
     "tokens_per_s": "speed/tokens_per_s", "samples_per_s": "speed/samples_per_s", "step_time_s": "speed/step_time_s",
+    "tflops": "speed/tflops_per_rank", "mfu": "speed/mfu",
 }
 
 
@@ -33,6 +35,7 @@ class Metrics:
         self.active = rank == 0
         self.stages, self.total_steps, self.log_every = stages, total_steps, log_every
         self.tokens_per_s: float | None = None  # smoothed, for the ETAs
+        self.peak: Peak | None = None  # set by set_peak(); tflops / mfu need it
         if not self.active:
             return
         self.path = run_dir.metrics
@@ -48,8 +51,17 @@ class Metrics:
             self.bar = tqdm(total=self.total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                             mininterval=1.0 if sys.stderr.isatty() else 15.0, file=sys.stderr)
 
+    def set_peak(self, peak: Peak) -> None:
+        """The peak MFU is measured against, from now on (recorded as a `peak_flops` event)."""
+        self.peak = peak
+        self.event("peak_flops", **peak.to_dict())
+
     def train_step(self, record: dict) -> None:
-        """record: step (0-based, the step just taken) and the TRAIN_SCALARS fields."""
+        """record: step (0-based, the step just taken), the TRAIN_SCALARS fields and model_flops_per_rank
+        (from which `tflops` and `mfu` are added)."""
+        flops = record.pop("model_flops_per_rank", None)
+        if flops is not None and self.peak is not None:
+            record.update(speed_fields(flops, record["step_time_s"], self.peak))
         tokens = record.get("tokens_per_s")
         if tokens:
             self.tokens_per_s = tokens if self.tokens_per_s is None else 0.9 * self.tokens_per_s + 0.1 * tokens
@@ -66,7 +78,7 @@ class Metrics:
             self.bar.set_description(f"{stage.name} ({stage.index + 1}/{len(self.stages)}) len {stage.max_seq_len} "
                                      f"batch {stage.global_batch_size}", refresh=False)
             self.bar.set_postfix_str(f"loss {record['loss']:.3f} acc {record['mlm_accuracy']:.3f} "
-                                     f"stage ETA {_fmt(self.eta(stage, step + 1, stage.end_step))} "
+                                     f"{_fmt_speed(record)}stage ETA {_fmt(self.eta(stage, step + 1, stage.end_step))} "
                                      f"run ETA {_fmt(self.eta(stage, step + 1, self.total_steps))}", refresh=False)
             self.bar.update(1)
 
@@ -147,6 +159,14 @@ def _truncate_from(path: Path, start_step: int) -> None:
         if record.get("kind") == "event" or record.get("step", -1) < start_step:
             kept.append(line)
     atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+
+
+def _fmt_speed(record: dict) -> str:
+    """'1.23 TFLOP/s MFU 41% ' (per rank) when the record has them, else ''."""
+    if record.get("tflops") is None:
+        return ""
+    mfu = f"MFU {100 * record['mfu']:.0f}% " if record.get("mfu") is not None else ""
+    return f"{record['tflops']:.3g} TFLOP/s {mfu}"
 
 
 def _fmt(seconds: float | None) -> str:

@@ -110,6 +110,7 @@ def train(args: argparse.Namespace) -> int:
     metrics = Metrics(run_dir, rank, stages, cfg.schedule.total_steps, state.step, cfg.logging.log_every,
                       cfg.logging.progress_bar)
     startup.report_start(metrics, timer, point, engine, world_size, universal)
+    startup.report_peak(metrics, cfg, engine)
     for note in notes:  # damaged checkpoints set aside, a new config version (printed already)
         metrics.event("resume_note", step=state.step, message=note)
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 else None

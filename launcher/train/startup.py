@@ -18,8 +18,9 @@ from launcher.report.hook import PlotHook
 from launcher.run_dir import RunDir
 from launcher.stage_end_jobs import start_stage_end_job
 from launcher.train.checkpointer import ResumePoint
-from launcher.train.engine import loss_scale
+from launcher.train.engine import loss_scale, precision
 from launcher.train.metrics import Metrics
+from launcher.train.mfu import resolve_peak
 from launcher.train.trainer import StageEndCallback
 
 
@@ -90,6 +91,21 @@ def report_start(metrics: Metrics, timer: PhaseTimer, point: ResumePoint | None,
                         f"{' via a universal checkpoint' if universal else ''}")
     metrics.event("startup", step=step, seconds=time.time() - timer.process_start,
                   phases={k: round(v, 3) for k, v in timer.phases.items()})
+
+
+def report_peak(metrics: Metrics, cfg: RunConfig, engine) -> None:
+    """Rank 0: the peak MFU is measured against (a timed matmul on CPU), recorded as an event."""
+    if not metrics.active:
+        return
+    start = time.perf_counter()
+    peak = resolve_peak(cfg.logging.peak_tflops, precision(engine))
+    metrics.set_peak(peak)
+    if peak.source == "measured":
+        metrics.message(f"peak for MFU: {peak.tflops:.3f} TFLOP/s fp32 (matmul measured in "
+                        f"{time.perf_counter() - start:.1f} s)")
+    elif peak.tflops is None:
+        metrics.message(f"peak for MFU: unknown for {peak.device!r} ({peak.precision}); set logging.peak_tflops "
+                        "to report MFU")
 
 
 def stage_end_callback(cfg: RunConfig, run_dir: RunDir, plots: PlotHook | None = None) -> StageEndCallback | None:

@@ -22,6 +22,7 @@ from launcher.train.checkpointer import Checkpointer
 from launcher.train.engine import loss_scale
 from launcher.train.heartbeat import ProgressRecorder
 from launcher.train.metrics import Metrics
+from launcher.train.mfu import step_model_flops
 
 StageEndCallback = Callable[[str, ResolvedStage], None]
 """Called on rank 0 with (checkpoint tag, stage) after each stage-end checkpoint is complete."""
@@ -109,12 +110,14 @@ class Trainer:
             group["lr"] = lr
         micro = [self._to_device(self.batches.next_batch(stage.max_seq_len, stage.micro_batch_size))
                  for _ in range(stage.grad_accum_steps)]
-        # One all-reduce before backward: masked tokens (the loss denominator), real tokens, stop flag.
-        counts = torch.tensor([sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro),
-                               sum(int(b["attention_mask"].sum()) for b in micro), float(self.stop_signalled)],
-                              dtype=torch.float64, device=self.engine.device)
+        masked = [int((b["labels"] != IGNORE_INDEX).sum()) for b in micro]
+        flops = step_model_flops(self.cfg.model, [(*b["input_ids"].shape, m) for b, m in zip(micro, masked)])
+        # One all-reduce before backward: masked tokens (the loss denominator), real tokens, stop flag,
+        # model FLOPs (for the per-rank mean TFLOP/s and MFU).
+        counts = torch.tensor([sum(masked), sum(int(b["attention_mask"].sum()) for b in micro),
+                               float(self.stop_signalled), flops], dtype=torch.float64, device=self.engine.device)
         dist.all_reduce(counts)
-        global_masked, global_tokens, stops = counts.tolist()
+        global_masked, global_tokens, stops, global_flops = counts.tolist()
         self.stop_agreed = stops > 0
         scale = self.world_size / max(global_masked, 1.0)
         sums = torch.zeros(2, dtype=torch.float64, device=self.engine.device)  # loss_sum, correct
@@ -136,7 +139,7 @@ class Trainer:
                 "skipped_steps": int(self.engine.skipped_steps), "max_seq_len": stage.max_seq_len,
                 "global_batch_size": stage.global_batch_size, "masked_tokens": int(global_masked),
                 "tokens_per_s": global_tokens / seconds, "samples_per_s": samples / seconds,
-                "step_time_s": seconds}
+                "step_time_s": seconds, "model_flops_per_rank": global_flops / self.world_size}
 
     @torch.no_grad()
     def validate(self, stage: ResolvedStage) -> None:

@@ -1,0 +1,121 @@
+"""Model FLOP/s and MFU: the peak a rank is measured against, and one step's model FLOPs.
+
+MFU = model FLOPs of a step (roformer/flops.py: matmuls only, MLM head at the masked positions only,
+attention over the padded length, forward + backward = 3x forward, checkpointing recompute not
+counted) / step time / peak FLOP/s of one rank's device.
+
+The peak, in order of preference:
+1. `logging.peak_tflops` in the run config (> 0): a number the user knows for their hardware;
+2. the table below, looked up by the device's product name (asked through DeepSpeed's accelerator,
+   so no device kind is spelled out) and the run's precision;
+3. on a CPU accelerator: a timed fp32 matmul at start-up (about a second), recorded in
+   metrics.jsonl as a `peak_flops` event. CPU runs compute in fp32 whatever the DeepSpeed precision.
+An accelerator that is in none of these gets no MFU (tflops is still reported).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from roformer import RoFormerConfig
+from roformer.flops import training_flops
+
+# Dense peak TFLOP/s per device from the vendors' data sheets (tensor cores for fp16 / bf16; plain
+# fp32 without TF32). Matched by substring of the lower-cased product name; first match wins, so
+# the more specific names come first. V100 has no bf16 (DeepSpeed refuses it there).
+PEAK_TFLOPS_TABLE: tuple[tuple[str, dict[str, float]], ...] = (
+    ("h100 pcie", {"fp16": 756.0, "bf16": 756.0, "fp32": 51.0}),
+    ("h100", {"fp16": 989.0, "bf16": 989.0, "fp32": 67.0}),  # SXM
+    ("a100", {"fp16": 312.0, "bf16": 312.0, "fp32": 19.5}),
+    ("v100", {"fp16": 125.0, "fp32": 15.7}),  # SXM2
+)
+
+# The CPU measurement: square fp32 matmuls timed for about this long (best repeat counts).
+CPU_MATMUL_SIZE = 2048
+CPU_MEASURE_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The FLOP/s one rank is measured against."""
+
+    tflops: float | None
+    """Peak TFLOP/s of one rank's device (None: unknown, no MFU is reported)."""
+    source: str
+    """Where it came from: 'run config', 'table', 'measured' or 'unknown'."""
+    device: str
+    """The device's product name (or the accelerator's name when it has none)."""
+    precision: str
+    """fp16, bf16 or fp32: the column of the table used."""
+
+    def to_dict(self) -> dict:
+        return {"peak_tflops": self.tflops, "source": self.source, "device": self.device,
+                "precision": self.precision}
+
+
+def table_peak_tflops(device_name: str, precision: str) -> float | None:
+    """The table's peak for a product name and precision (None when not listed)."""
+    lowered = device_name.lower()
+    for key, peaks in PEAK_TFLOPS_TABLE:
+        if key in lowered:
+            return peaks.get(precision)
+    return None
+
+
+def measure_matmul_tflops(size: int = CPU_MATMUL_SIZE, seconds: float = CPU_MEASURE_SECONDS) -> float:
+    """Best fp32 TFLOP/s of (size x size) @ (size x size) on this process's CPU threads."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # warm-up (allocations, thread pool)
+    best, deadline = float("inf"), time.perf_counter() + seconds
+    while True:
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+        if time.perf_counter() > deadline:
+            break
+    return 2.0 * size ** 3 / best / 1e12
+
+
+def device_product_name() -> tuple[str, bool]:
+    """(product name of this rank's device, whether the accelerator is the CPU), via DeepSpeed's accelerator."""
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    kind = accelerator.device_name()  # 'cpu', 'cuda', 'xpu', ... (no index: the kind)
+    if kind == "cpu":
+        import platform
+
+        return platform.processor() or platform.machine() or "cpu", True
+    module = torch.get_device_module(kind)
+    get_name = getattr(module, "get_device_name", None)
+    return (get_name(accelerator.current_device()) if get_name else kind), False
+
+
+def resolve_peak(override_tflops: float, precision: str) -> Peak:
+    """The peak for this rank (see the module docstring for the order)."""
+    device, is_cpu = device_product_name()
+    if override_tflops > 0:
+        return Peak(override_tflops, "run config", device, precision)
+    if is_cpu:
+        return Peak(measure_matmul_tflops(), "measured", device, "fp32")
+    listed = table_peak_tflops(device, precision)
+    return Peak(listed, "table" if listed else "unknown", device, precision)
+
+
+def step_model_flops(config: RoFormerConfig, micro_batches: list[tuple[int, int, int]]) -> float:
+    """Model FLOPs of one optimizer step on one rank: micro_batches holds (batch size, padded length,
+    masked tokens) of each micro-batch that rank ran."""
+    return sum(training_flops(config, batch, length, masked) for batch, length, masked in micro_batches)
+
+
+def speed_fields(flops_per_rank: float, seconds: float, peak: Peak) -> dict:
+    """The train-record fields: `tflops` (model TFLOP/s per rank) and `mfu` (fraction of the peak)."""
+    tflops = flops_per_rank / seconds / 1e12 if seconds > 0 else 0.0
+    return {"tflops": tflops, "mfu": tflops / peak.tflops if peak.tflops else None}
+
+
+__all__ = ["PEAK_TFLOPS_TABLE", "Peak", "table_peak_tflops", "measure_matmul_tflops", "device_product_name",
+           "resolve_peak", "step_model_flops", "speed_fields"]
