@@ -60,14 +60,18 @@ def make_report(run_dir: Path, out: Path | None = None, plots_only: bool = False
 
     layout = check_run_dir(run_dir)
     target = RunDir(Path(out).expanduser().resolve()) if out is not None else layout
-    with render_lock(target.plots):
-        curves = load_curves(layout.root)
-        summary = load_summary(layout.root, curves)
-        plots = render_all(curves, summary, target.plots)
-        report = None
-        if not plots_only:
-            atomic_write_text(target.report, write_report_text(curves, summary, plots, target.report))
-            report = target.report
+    try:
+        with render_lock(target.plots):
+            curves = load_curves(layout.root)
+            summary = load_summary(layout.root, curves)
+            plots = render_all(curves, summary, target.plots)
+            report = None
+            if not plots_only:
+                atomic_write_text(target.report, write_report_text(curves, summary, plots, target.report))
+                report = target.report
+    except PermissionError as err:
+        raise UserError(f"{err.filename}: not writable ({err.strerror})"
+                        + ("; write the report elsewhere with --out DIR" if out is None else "")) from None
     return ReportFiles(report, plots, curves.train.steps_done, summary.status.state)
 
 

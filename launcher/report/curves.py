@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,12 +144,33 @@ class Curves:
         return column is not None and bool(np.isfinite(column).any())
 
 
-def read_records(path: Path) -> tuple[dict[str, list[dict]], int]:
-    """metrics.jsonl's records grouped by `kind`, and the number of lines skipped as not JSON objects."""
-    groups: dict[str, list[dict]] = {"train": [], "valid": [], "event": []}
-    skipped = 0
+TRAIN_FIELDS = ("step", "stage", "loss", "mlm_accuracy", "lr", "loss_scale", "grad_norm", "tokens_per_s",
+                "step_time_s", "skipped_steps", "mfu", "tflops")
+"""The fields of a train record the plots use (launcher/train/metrics.py writes them)."""
+OPTIONAL_FIELDS = ("mfu", "tflops")
+
+
+@dataclass
+class Records:
+    """metrics.jsonl as read: train records as columns (8 bytes a field: a run of 10^6 steps fits in
+    100 MB), validation and event records as they are."""
+
+    train: dict[str, array]
+    """TRAIN_FIELDS -> values in file order (NaN where a record lacks the field)."""
+    present: set[str]
+    """The OPTIONAL_FIELDS some train record carries."""
+    stage_firsts: dict[int, dict]
+    """The first train record of each stage (describes the stages when stages.json is missing)."""
+    valid: list[dict]
+    events: list[dict]
+    skipped: int
+    """Lines that were not a JSON object (cut by a kill, or damaged)."""
+
+
+def read_records(path: Path) -> Records:
+    records = Records({f: array("d") for f in TRAIN_FIELDS}, set(), {}, [], [], 0)
     if not path.is_file():
-        return groups, skipped
+        return records
     with open(path, encoding="utf-8", errors="replace") as handle:
         for line in handle:
             if not line.strip():
@@ -156,27 +178,35 @@ def read_records(path: Path) -> tuple[dict[str, list[dict]], int]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:  # the last line of a killed run, or damage
-                skipped += 1
-                continue
+                record = None
             if not isinstance(record, dict):
-                skipped += 1
-                continue
-            groups.setdefault(str(record.get("kind")), []).append(record)
-    return groups, skipped
+                records.skipped += 1
+            elif record.get("kind") == "train" and isinstance(record.get("step"), int):
+                for name, column in records.train.items():
+                    column.append(_number(record.get(name)))
+                records.present.update(f for f in OPTIONAL_FIELDS if f in record)
+                if isinstance(record.get("stage"), int):
+                    records.stage_firsts.setdefault(record["stage"], record)
+            elif record.get("kind") == "valid" and isinstance(record.get("step"), int):
+                records.valid.append(record)
+            elif record.get("kind") == "event":
+                records.events.append(record)
+    return records
 
 
 def load_curves(run_dir: Path) -> Curves:
     layout = RunDir(Path(run_dir))
-    groups, skipped = read_records(layout.metrics)
-    train = _train_curve(_by_step(groups["train"]))
-    valid_records = _by_step(groups["valid"])
+    records = read_records(layout.metrics)
+    train = _train_curve(records)
+    valid_records = list({r["step"]: r for r in records.valid}.values())  # a repeated step: the later line
+    valid_records.sort(key=lambda r: r["step"])
     valid_steps = _column(valid_records, "step") + STEP_OFFSET
     valid = ValidCurve(step=valid_steps, stage=_column(valid_records, "stage"), loss=_column(valid_records, "loss"),
                        accuracy=_column(valid_records, "mlm_accuracy"),
                        tokens=train.tokens_at(valid_steps).astype(float))
     stages_file = records_in_effect(layout)["stages"]
-    return Curves(train=train, valid=valid, stages=read_stages(stages_file, groups["train"], groups["event"]),
-                  events=groups["event"], skipped_lines=skipped)
+    return Curves(train=train, valid=valid, stages=read_stages(stages_file, records.stage_firsts, records.events),
+                  events=records.events, skipped_lines=records.skipped)
 
 
 def record_versions(layout: RunDir) -> list[RecordVersion]:
@@ -194,8 +224,10 @@ def records_in_effect(layout: RunDir) -> dict[str, Path]:
     return files_in_effect(layout, sys.maxsize)
 
 
-def read_stages(stages_file: Path, train: list[dict] = (), events: list[dict] = ()) -> list[StageSpan]:
-    """The stages from a stages.json; without it (or unreadable), what the records say about them."""
+def read_stages(stages_file: Path, stage_firsts: dict[int, dict] | None = None,
+                events: list[dict] = ()) -> list[StageSpan]:
+    """The stages from a stages.json; without it (or unreadable), what the records say about them
+    (`stage_firsts`: the first train record of each stage)."""
     try:
         raw = json.loads(stages_file.read_text(encoding="utf-8"))
         return [StageSpan(index=int(s["index"]), name=str(s["name"]), max_seq_len=int(s["max_seq_len"]),
@@ -205,22 +237,11 @@ def read_stages(stages_file: Path, train: list[dict] = (), events: list[dict] = 
     except (OSError, ValueError, KeyError, TypeError):
         pass
     names = {e.get("stage"): e.get("name") for e in events if e.get("event") == "stage_start"}
-    spans: dict[int, StageSpan] = {}
-    for record in train:
-        index = record.get("stage")
-        if not isinstance(index, int) or index in spans:
-            continue
-        spans[index] = StageSpan(index=index, name=str(names.get(index) or f"stage {index + 1}"),
-                                 max_seq_len=int(record.get("max_seq_len") or 0),
-                                 global_batch_size=int(record.get("global_batch_size") or 0),
-                                 first_step=int(record.get("step", 0)), steps=0)
-    return [spans[k] for k in sorted(spans)]
-
-
-def _by_step(records: list[dict]) -> list[dict]:
-    """Records with an integer step, sorted by it; of two with the same step the later line wins."""
-    latest = {r["step"]: r for r in records if isinstance(r.get("step"), int)}
-    return [latest[step] for step in sorted(latest)]
+    return [StageSpan(index=index, name=str(names.get(index) or f"stage {index + 1}"),
+                      max_seq_len=int(record.get("max_seq_len") or 0),
+                      global_batch_size=int(record.get("global_batch_size") or 0),
+                      first_step=int(record["step"]), steps=0)
+            for index, record in sorted((stage_firsts or {}).items())]
 
 
 def _column(records: list[dict], key: str) -> np.ndarray:
@@ -233,13 +254,18 @@ def _number(value) -> float:
     return float(value)
 
 
-def _train_curve(records: list[dict]) -> TrainCurve:
-    tokens_per_s, step_time = _column(records, "tokens_per_s"), _column(records, "step_time_s")
-    step_tokens = np.nan_to_num(tokens_per_s * step_time, nan=0.0, posinf=0.0)
-    optional = {key: (_column(records, key) if any(key in r for r in records) else None) for key in ("mfu", "tflops")}
-    return TrainCurve(step=_column(records, "step") + STEP_OFFSET, stage=_column(records, "stage"),
-                      loss=_column(records, "loss"),
-                      accuracy=_column(records, "mlm_accuracy"), lr=_column(records, "lr"),
-                      loss_scale=_column(records, "loss_scale"), grad_norm=_column(records, "grad_norm"),
-                      tokens_per_s=tokens_per_s, step_time_s=step_time, tokens=np.cumsum(np.round(step_tokens)),
-                      skipped_steps=_column(records, "skipped_steps"), **optional)
+def _train_curve(records: Records) -> TrainCurve:
+    columns = {name: np.frombuffer(column, dtype=float) if len(column) else np.zeros(0)
+               for name, column in records.train.items()}
+    # Step order; of two records of one step (a rewritten file) the later line wins.
+    reversed_steps = columns["step"][::-1]
+    _, last = np.unique(reversed_steps, return_index=True)
+    keep = len(reversed_steps) - 1 - last  # ascending steps
+    columns = {name: column[keep] for name, column in columns.items()}
+    step_tokens = np.nan_to_num(columns["tokens_per_s"] * columns["step_time_s"], nan=0.0, posinf=0.0)
+    optional = {name: columns[name] if name in records.present else None for name in OPTIONAL_FIELDS}
+    return TrainCurve(step=columns["step"] + STEP_OFFSET, stage=columns["stage"], loss=columns["loss"],
+                      accuracy=columns["mlm_accuracy"], lr=columns["lr"], loss_scale=columns["loss_scale"],
+                      grad_norm=columns["grad_norm"], tokens_per_s=columns["tokens_per_s"],
+                      step_time_s=columns["step_time_s"], tokens=np.cumsum(np.round(step_tokens)),
+                      skipped_steps=columns["skipped_steps"], **optional)

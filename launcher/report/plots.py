@@ -69,7 +69,7 @@ def _loss_accuracy(curves: Curves, summary: RunSummary, axis: str):
     for ax, y_train, y_valid in ((loss_ax, train.loss, valid.loss), (acc_ax, train.accuracy, valid.accuracy)):
         _raw_and_smoothed(ax, x_train, y_train, train.stage, TRAIN, "train")
         if len(valid):
-            ax.plot(x_valid, y_valid, "o-", color=VALID, markersize=5, linewidth=1.5,
+            ax.plot(x_valid, y_valid, "o-", color=VALID, markersize=5 if len(valid) <= 60 else 2.5, linewidth=1.5,
                     label="validation (same held-out batches each time)")
     loss_ax.set_ylabel("MLM loss (cross-entropy, nats)")
     acc_ax.set_ylabel("MLM accuracy (share of masked tokens)")
