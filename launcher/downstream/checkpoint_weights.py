@@ -13,7 +13,7 @@ files. Universal `fp32.pt` files are plain tensors and are read with `weights_on
 from __future__ import annotations
 
 import contextlib
-import sys
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,12 +68,12 @@ def resolve_checkpoint(run_dir: Path, tag: str | None) -> CheckpointRef:
 def consolidate_fp32(ref: CheckpointRef) -> dict[str, torch.Tensor]:
     """All parameters of the checkpoint in fp32 on CPU, keyed like the trained module's state dict."""
     tag_dir = ref.path
+    chatter = io.StringIO()  # zero_to_fp32's prints and shard-loading bar: shown only if it fails
     try:
         if any(tag_dir.glob("*_optim_states.pt")):
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-            # DeepSpeed prints progress to stdout; keep stdout for the command's own output.
-            with contextlib.redirect_stdout(sys.stderr):
+            with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
                 state = get_fp32_state_dict_from_zero_checkpoint(str(ref.run_dir.checkpoints), tag=ref.tag)
         elif (tag_dir / "zero").is_dir():
             state = _read_universal(tag_dir / "zero")
@@ -83,7 +83,9 @@ def consolidate_fp32(ref: CheckpointRef) -> dict[str, torch.Tensor]:
         raise
     except (OSError, RuntimeError, ValueError, KeyError, EOFError) as err:
         # Truncated or mismatched shards surface here from DeepSpeed / torch.load.
-        raise UserError(f"{tag_dir}: cannot consolidate checkpoint: {type(err).__name__}: {err}") from None
+        said = chatter.getvalue().strip().splitlines()[-3:]
+        raise UserError(f"{tag_dir}: cannot consolidate checkpoint: {type(err).__name__}: {err}"
+                        + (f" (DeepSpeed's zero_to_fp32 said: {' | '.join(said)})" if said else "")) from None
     return {name: tensor.detach().to(torch.float32).contiguous() if tensor.is_floating_point() else tensor
             for name, tensor in state.items()}
 

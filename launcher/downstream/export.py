@@ -4,6 +4,12 @@ The directory holds `config.json` + `model.safetensors` (fp32, consolidated from
 any stage and world size), the tokenizer files, `README.md` (model card) and `export_info.json`
 (source run/tag and file checksums, which later jobs use to detect a corrupt file).
 
+Length: our model computes RoPE for any position, but transformers' RoFormer reads positions from a
+sinusoid table of `max_position_embeddings` rows stored in the export and raises IndexError past
+it. `--max-positions` sets that size (default: the larger of 1536 and 4x the longest length the
+checkpoint was trained at); the table costs max_positions x head_size x 4 bytes in model.safetensors.
+The model card and the command's last line state the limit.
+
 Atomicity: everything is written into a hidden temporary directory next to DIR, checked (the
 weights are reloaded with transformers and must reproduce our model's logits), flushed to disk, and
 only then swapped into place (and the parent directory flushed). An existing export at DIR stays
@@ -25,20 +31,29 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 import yaml
 
-from launcher.downstream.checkpoint_weights import CheckpointRef, consolidate_fp32, resolve_checkpoint
 from launcher.downstream.export_reader import EXPORT_INFO
-from launcher.downstream.model_card import render_model_card, run_stages
+from launcher.downstream.model_card import render_model_card, run_stages, trained_length
 from launcher.errors import UserError
 from launcher.io import file_sha256, fsync_dir
 from launcher.run_dir import SIDECAR_NAME, RunDir, sidecar_path
 from launcher.run_records import files_in_effect
+
+if TYPE_CHECKING:  # torch is imported where it is used: `roformer export --help` must not wait for it
+    import torch
+
+    from launcher.downstream.checkpoint_weights import CheckpointRef
+
 # Largest |logit difference| tolerated between our model and transformers on the same weights
 # (fp32; both compute the same function, differences are summation order only).
 PARITY_ATOL = 1e-4
+# transformers' RoPE table is at least this long (its RoFormer default; the paper's longest stage).
+MIN_MAX_POSITIONS = 1536
+# ... and at least this many times the longest length the checkpoint was trained at.
+MAX_POSITIONS_PER_TRAINED_LENGTH = 4
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -48,20 +63,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer-from", type=Path, default=None,
                         help="prepared data dir (or tokenizer dir) to take the tokenizer from "
                              "(default: data.data_dir of RUN_DIR/config.yaml)")
+    parser.add_argument("--max-positions", type=int, default=None, metavar="N",
+                        help="longest input transformers' RoFormer will accept: the size of the RoPE table it "
+                             "reads positions from (our eval-mlm / finetune have no limit). Default: the larger "
+                             f"of {MIN_MAX_POSITIONS} and {MAX_POSITIONS_PER_TRAINED_LENGTH}x the longest length "
+                             "the checkpoint was trained at")
     parser.add_argument("--no-verify", action="store_true",
                         help="skip reloading the export with transformers and comparing logits")
 
 
 def run(args: argparse.Namespace) -> int:
     out = export_checkpoint(args.run_dir, args.out, tag=args.tag, tokenizer_from=args.tokenizer_from,
-                            verify=not args.no_verify)
-    print(f"exported {args.run_dir} -> {out}")
+                            verify=not args.no_verify, max_positions=args.max_positions)
+    info = json.loads((out / EXPORT_INFO).read_text(encoding="utf-8"))
+    print(f"exported {info['tag']} (step {info['step']}, stage {info['stage_index'] + 1} '{info['stage']}') -> "
+          f"{out}; transformers' RoFormer accepts inputs of up to {info['max_positions']:,} tokens (--max-positions)")
     return 0
 
 
 def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenizer_from: Path | None = None,
-                      verify: bool = True) -> Path:
-    """Write the export of RUN_DIR's checkpoint `tag` (default latest) to `out`; returns `out`."""
+                      verify: bool = True, max_positions: int | None = None) -> Path:
+    """Write the export of RUN_DIR's checkpoint `tag` (default latest) to `out`; returns `out`.
+    `max_positions`: transformers' RoPE table size (None: see default_max_positions)."""
+    from launcher.downstream.checkpoint_weights import consolidate_fp32, resolve_checkpoint
     from roformer import RoFormerConfig, RoFormerForMaskedLM
     from roformer.hf_interop import check_exportable, write_pretrained_files
 
@@ -70,6 +94,8 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     ref = resolve_checkpoint(run_dir, tag)
     model_config = RoFormerConfig.from_dict(ref.sidecar.model_config, source=f"{ref.path}/{SIDECAR_NAME}: model_config")
     check_exportable(model_config)  # e.g. linear attention has no transformers counterpart
+    stages = run_stages(ref.run_dir, ref.sidecar.step)
+    max_positions = _max_positions(max_positions, trained_length(ref.sidecar, stages))
     tokenizer_source = _tokenizer_source(ref, tokenizer_from)
 
     state = consolidate_fp32(ref)
@@ -82,11 +108,11 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         tmp.chmod(0o755)
-        write_pretrained_files(model, tmp)
+        write_pretrained_files(model, tmp, max_position_embeddings=max_positions)
         _copy_tokenizer(tokenizer_source, tmp)
-        stages = run_stages(ref.run_dir, ref.sidecar.step)
-        (tmp / "README.md").write_text(render_model_card(ref.sidecar, stages, ref.tag, run_dir), encoding="utf-8")
-        _write_export_info(tmp, ref, stages)
+        (tmp / "README.md").write_text(render_model_card(ref.sidecar, stages, ref.tag, run_dir, max_positions),
+                                       encoding="utf-8")
+        _write_export_info(tmp, ref, stages, max_positions)
         if verify:
             check_transformers_parity(tmp, model)
         _fsync_tree(tmp)
@@ -96,6 +122,21 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
         raise
     fsync_dir(out.parent)  # the swap itself survives a power loss
     return out
+
+
+def default_max_positions(trained: int | None) -> int:
+    return max(MIN_MAX_POSITIONS, MAX_POSITIONS_PER_TRAINED_LENGTH * (trained or 0))
+
+
+def _max_positions(requested: int | None, trained: int | None) -> int:
+    if requested is None:
+        return default_max_positions(trained)
+    if trained is not None and requested < trained:
+        raise UserError(f"--max-positions {requested}: shorter than the {trained} tokens this checkpoint was "
+                        f"trained at; transformers could not even run it at its training length")
+    if requested < 2:
+        raise UserError(f"--max-positions {requested}: must be >= 2 ([CLS] plus one token)")
+    return requested
 
 
 # --------------------------------------------------------------------------- checks
@@ -136,7 +177,13 @@ def check_transformers_parity(export_dir: Path, model: torch.nn.Module) -> float
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    import torch
+
     hf = transformers.RoFormerForMaskedLM.from_pretrained(str(export_dir)).eval()
+    table = hf.roformer.encoder.embed_positions.weight.shape[0]
+    if table != hf.config.max_position_embeddings:
+        raise UserError(f"{export_dir}: transformers built a RoPE table of {table} positions, config.json says "
+                        f"{hf.config.max_position_embeddings}; export aborted, nothing replaced")
     generator = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     input_ids = torch.randint(5, vocab, (2, 24), generator=generator)  # (B, T), no special ids
@@ -234,7 +281,7 @@ def _read_run_config(path: Path) -> dict | None:
     return loaded if isinstance(loaded, dict) else None
 
 
-def _write_export_info(export_dir: Path, ref: CheckpointRef, stages: list[dict] | None) -> None:
+def _write_export_info(export_dir: Path, ref: CheckpointRef, stages: list[dict] | None, max_positions: int) -> None:
     files = {p.name: file_sha256(p) for p in sorted(export_dir.iterdir()) if p.is_file()}
     reached = [s["max_seq_len"] for s in stages or [] if s["reached"]]
     info = {
@@ -243,7 +290,10 @@ def _write_export_info(export_dir: Path, ref: CheckpointRef, stages: list[dict] 
         "run_dir": str(ref.run_dir.root.resolve()),
         "tag": ref.tag,
         "step": ref.sidecar.step,
+        "stage": ref.sidecar.stage_name,
+        "stage_index": ref.sidecar.stage_index,  # 0-based
         "max_seq_len_trained": max(reached) if reached else None,
+        "max_positions": max_positions,  # transformers' limit (config.json max_position_embeddings)
         "sha256": files,
     }
     (export_dir / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")

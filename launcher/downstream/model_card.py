@@ -16,9 +16,12 @@ from launcher.sidecar import CheckpointSidecar
 STAGE_COLUMNS = ("name", "max_seq_len", "global_batch_size", "steps", "first_step")
 
 
-def render_model_card(sidecar: CheckpointSidecar, stages: list[dict] | None, tag: str, run_dir: Path) -> str:
-    """Markdown with a transformers-style YAML header."""
+def render_model_card(sidecar: CheckpointSidecar, stages: list[dict] | None, tag: str, run_dir: Path,
+                      max_positions: int) -> str:
+    """Markdown with a transformers-style YAML header. `max_positions`: config.json's
+    max_position_embeddings, the longest input transformers' RoFormer accepts."""
     model = sidecar.model_config
+    trained = trained_length(sidecar, stages)
     lines = [
         "---",
         "library_name: transformers",
@@ -31,7 +34,18 @@ def render_model_card(sidecar: CheckpointSidecar, stages: list[dict] | None, tag
         "Encoder with Rotary Position Embedding (RoFormer, arXiv 2104.09864), pretrained with masked",
         "language modelling by RoFormer-DS under DeepSpeed ZeRO. Weights are fp32, consolidated from the",
         "ZeRO shards. Load with `transformers.RoFormerForMaskedLM.from_pretrained(dir)` and",
-        "`transformers.AutoTokenizer.from_pretrained(dir)`; RoPE has no maximum length.",
+        "`transformers.AutoTokenizer.from_pretrained(dir)`.",
+        "",
+        "## Input length",
+        "",
+        f"transformers' `RoFormerForMaskedLM` accepts inputs of up to **{max_positions:,} tokens** ([CLS] and",
+        "[SEP] included): it reads each position's rotary angles from a precomputed table of",
+        f"`max_position_embeddings` = {max_positions:,} rows (config.json, stored in model.safetensors) and",
+        "raises `IndexError: index out of range in self` for a longer input. The rotary encoding itself has",
+        "no maximum length: RoFormer-DS's own loader (`roformer eval-mlm`, `roformer finetune`,",
+        "`roformer.load_pretrained`) computes the angles for any position and does not need the table. A longer",
+        "limit for transformers: export again with `roformer export --max-positions N` (the table costs",
+        "N x head size x 4 bytes)." + (f" The checkpoint was trained at up to {trained:,} tokens." if trained else ""),
         "",
         "## Training state",
         "",
@@ -62,6 +76,15 @@ def render_model_card(sidecar: CheckpointSidecar, stages: list[dict] | None, tag
 
     lines += ["", "## Model config", "", "```json", json.dumps(model, indent=2, sort_keys=True), "```", ""]
     return "\n".join(lines)
+
+
+def trained_length(sidecar: CheckpointSidecar, stages: list[dict] | None) -> int | None:
+    """The longest sequence length the checkpoint was trained at: the longest stage it reached
+    (`run_stages`), else its last validation's length; None when neither is recorded."""
+    reached = [s["max_seq_len"] for s in stages or [] if s["reached"]]
+    if reached:
+        return max(reached)
+    return (sidecar.last_validation or {}).get("max_seq_len")
 
 
 def _architecture(model: dict) -> str:
