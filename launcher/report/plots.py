@@ -16,6 +16,7 @@ smeared across the boundary).
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,21 +32,28 @@ TRAIN, VALID, EXTRA = "tab:blue", "tab:orange", "tab:green"
 
 
 def render_all(curves: Curves, summary: RunSummary, out_dir: Path) -> list[Path]:
-    """Render every figure the data allows into out_dir; returns the files written, in display order."""
-    figures = [("curves_steps.png", _loss_accuracy(curves, summary, "step")),
-               ("curves_tokens.png", _loss_accuracy(curves, summary, "tokens")),
-               ("learning_rate.png", _learning_rate(curves, summary)),
-               ("throughput.png", _throughput(curves, summary)),
-               ("loss_scale.png", _loss_scale(curves, summary) if wants_loss_scale(curves, summary) else None),
-               ("eval_mlm.png", _eval_mlm(summary)),
-               ("finetune.png", _finetune(summary))]
+    """Render every figure the data allows into out_dir; returns the files written, in display order.
+    A figure that cannot be drawn (an eval report of an unexpected shape, say) is named on stderr and
+    skipped: the others are still written."""
+    figures = {"curves_steps.png": lambda: _loss_accuracy(curves, summary, "step"),
+               "curves_tokens.png": lambda: _loss_accuracy(curves, summary, "tokens"),
+               "learning_rate.png": lambda: _learning_rate(curves, summary),
+               "throughput.png": lambda: _throughput(curves, summary),
+               "loss_scale.png": lambda: _loss_scale(curves, summary) if wants_loss_scale(curves, summary) else None,
+               "eval_mlm.png": lambda: _eval_mlm(summary),
+               "finetune.png": lambda: _finetune(summary)}
     written = []
-    for name, figure in figures:
-        if figure is None:
+    for name, draw in figures.items():
+        try:
+            figure = draw()
+            if figure is None:
+                continue
+            _legend(figure)
+            buffer = io.BytesIO()
+            figure.savefig(buffer, format="png", dpi=DPI)
+        except Exception as err:  # noqa: BLE001  one bad input must not cost the other figures
+            print(f"report: {name} not drawn ({type(err).__name__}: {err})", file=sys.stderr)
             continue
-        _legend(figure)
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=DPI)
         atomic_write_bytes(Path(out_dir) / name, buffer.getvalue())
         written.append(Path(out_dir) / name)
     return written
@@ -162,7 +170,7 @@ def _eval_mlm(summary: RunSummary):
         rows = sorted(report.content["results"], key=lambda r: r["seq_len"])
         lengths = [r["seq_len"] for r in rows]
         for ax, key in ((loss_ax, "loss"), (acc_ax, "accuracy")):
-            values = [r.get(key, np.nan) for r in rows]
+            values = [float(r[key]) if isinstance(r.get(key), (int, float)) else np.nan for r in rows]
             ax.plot(lengths, values, "o-", color=f"C{i % 10}", linewidth=1.8, markersize=6, label=report.label)
             if len(reports) * len(rows) <= 12:  # few points: the numbers themselves
                 for x, y in zip(lengths, values):

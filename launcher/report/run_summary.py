@@ -151,7 +151,8 @@ def eval_kind(content: object) -> str | None:
     if not isinstance(content, dict):
         return None
     results = content.get("results")
-    if isinstance(results, list) and results and all(isinstance(r, dict) and "seq_len" in r for r in results):
+    if isinstance(results, list) and results and all(isinstance(r, dict) and isinstance(r.get("seq_len"), int)
+                                                     for r in results):
         return "mlm"
     if isinstance(content.get("test"), dict) and isinstance(content.get("majority_baseline"), dict):
         return "finetune"
