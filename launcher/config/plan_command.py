@@ -12,15 +12,28 @@ import os
 import sys
 
 from launcher.config.deepspeed_json import resolve_ds_config
+from launcher.config.estimate import format_estimates, parse_memory, setup_from_configs
 from launcher.config.preflight_checks import check_run
 from launcher.config.run_config import load_run_config
 from launcher.config.stages import format_plan, resolve_stages
+from launcher.errors import UserError
+from launcher.launch.hostfile import read_hostfile
 from launcher.stage_end_jobs import check_eval_specs
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="run config YAML (configs/)")
-    parser.add_argument("--world-size", type=int, required=True, help="number of ranks (GPUs or CPU processes)")
+    ranks = parser.add_mutually_exclusive_group(required=True)
+    ranks.add_argument("--world-size", type=int, help="number of ranks (GPUs or CPU processes)")
+    ranks.add_argument("--hostfile", help="a hostfile: the world size is its slots' sum")
+    parser.add_argument("--device-memory", help="memory per rank for the FITS verdicts, e.g. 16GB (default: this "
+                        "machine's accelerator's)")
+    parser.add_argument("--device-name", help="price time with this device of the peak table, e.g. V100 (default: "
+                        "logging.peak_tflops, else this machine's accelerator)")
+    parser.add_argument("--peak-tflops", type=float, help="peak TFLOP/s per rank for the time estimate")
+    parser.add_argument("--mfu", type=float, default=0.4, help="assumed MFU for the time estimate (default 0.4)")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="judge FITS with activation checkpointing on (both columns are printed)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a run-config field (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the stages and DeepSpeed config as JSON")
@@ -29,6 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.config, args.overrides)
     check_eval_specs(cfg.logging.stage_end_evals, where=f"{cfg.source}: logging.stage_end_evals")
+    if args.hostfile:
+        args.world_size = sum(read_hostfile(args.hostfile).slots_by_host.values())
     stages = resolve_stages(cfg, args.world_size)
     # The ranks' own start-up checks; DS_ACCELERATOR set here is what the ranks get (forwarded).
     checked = check_run(cfg, stages, args.world_size, accelerator_is_the_ranks="DS_ACCELERATOR" in os.environ)
@@ -39,7 +54,39 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"stages": [s.to_dict() for s in stages], "deepspeed": ds_config}, indent=2))
         return 0
     print(format_plan(stages, args.world_size))
+    table, _ = estimate_table(args, cfg, ds_config, stages)
+    print(table)
     print(f"deepspeed config: {cfg.deepspeed.config} (ZeRO stage "
           f"{ds_config.get('zero_optimization', {}).get('stage', 0)}, "
           f"{'fp16' if ds_config.get('fp16', {}).get('enabled') else 'bf16' if ds_config.get('bf16', {}).get('enabled') else 'fp32'})")
     return 0
+
+
+def estimate_table(args: argparse.Namespace, cfg, ds_config: dict, stages) -> tuple[str, bool]:
+    """Memory and time per stage (launcher/config/estimate.py) with the flags' device and peak."""
+    from launcher.train.mfu import resolve_peak, table_peak_tflops
+
+    if not 0 < args.mfu <= 1:
+        raise UserError(f"--mfu: must be in (0, 1], got {args.mfu}")
+    setup = setup_from_configs(cfg.model, ds_config, args.world_size, args.activation_checkpointing)
+    try:
+        device_bytes = parse_memory(args.device_memory) if args.device_memory else None
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    if device_bytes is None:
+        from deepspeed.accelerator import get_accelerator
+
+        device_bytes = int(get_accelerator().total_memory())
+    if args.peak_tflops:
+        peak, source = args.peak_tflops, "--peak-tflops"
+    elif args.device_name:
+        peak, source = table_peak_tflops(args.device_name, setup.precision), f"table: {args.device_name} {setup.precision}"
+        if peak is None:
+            raise UserError(f"--device-name: no {setup.precision} peak for {args.device_name!r} in the table "
+                            "(launcher/train/mfu.py); give --peak-tflops")
+    else:
+        resolved = resolve_peak(cfg.logging.peak_tflops, setup.precision)
+        if resolved.tflops is None:
+            raise UserError(f"no peak known for {resolved.device!r}; give --peak-tflops or --device-name")
+        peak, source = resolved.tflops, f"{resolved.source}: {resolved.device} {resolved.precision}"
+    return format_estimates(stages, setup, device_bytes, peak, source, args.mfu)

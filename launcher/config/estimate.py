@@ -1,0 +1,231 @@
+"""Memory and time of each stage per rank, from the configs alone (what `roformer plan` prints).
+
+Memory per rank = model states + activations + communication buckets + a fixed runtime allowance.
+- Model states (weights, gradients, AdamW moments, fp32 master copy) come from DeepSpeed's own
+  estimators (deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs and
+  stage3.estimate_zero3_model_states_mem_needs). They assume 16-bit training (2 bytes of weights
+  + 18/N bytes of the rest per parameter, N ranks). ZeRO-1 (no estimator in DeepSpeed) keeps the
+  16-bit gradients whole: ZeRO-2's figure + 2 (1 - 1/N) bytes per parameter. ZeRO-0: 2 + 2 + 16.
+  fp32 training keeps 4-byte weights and 4-byte gradients: + 2 bytes + 2/N (2 for ZeRO-0/1) per
+  parameter over the 16-bit figure.
+- Activations saved for backward per layer at micro-batch b, length s, hidden h, intermediate I,
+  heads a (elements of the compute dtype, plus 1-byte dropout masks), after Korthikanti et al. 2022
+  ("Reducing activation recomputation"), written for our I instead of 4h:
+      8 s b h + 2 s b I + 2 a s^2 b   elements   (the s^2 terms: softmax output and its dropout)
+      2 s b h + a s^2 b               bytes of dropout masks (only when dropout > 0)
+  i.e. 34 s b h + 5 a s^2 b bytes in fp16 at I = 4h. The s^2 terms assume the attention
+  probabilities are materialised (the math path: SDPA with dropout on CPU); a fused flash kernel on
+  GPU does not keep them, so the estimate is an upper bound there. Plus the embeddings' output and
+  the MLM head at the expected masked positions (logits in fp32). With activation checkpointing
+  only each layer's input is kept, plus one layer's full activations while it is recomputed.
+- Buckets: ZeRO-1/2 allocate reduce_bucket_size elements (twice with overlap_comm) of 16-bit (4-byte
+  in fp32) gradients.
+Time per step = FLOPs executed (roformer.flops.hardware_training_flops: model FLOPs plus the forward
+recomputed by checkpointing) / (peak x an assumed MFU).
+
+Pure functions of the configs; DeepSpeed's estimators are imported when first called.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from roformer import RoFormerConfig
+from roformer.flops import hardware_training_flops, parameter_count
+
+GIB = 2 ** 30
+# Resident memory that is not the model's: the CUDA context and allocator slack on a GPU; the Python
+# interpreter, torch and DeepSpeed libraries on a CPU rank. A rough constant, measured on the CPU
+# ranks of this project (docs/training.md) and in line with a CUDA context's 0.3-0.8 GB.
+RUNTIME_ALLOWANCE_BYTES = int(0.75 * GIB)
+EXPECTED_MASK_RATE = 0.15
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """What the memory depends on besides the stage's shape: read from the run and DeepSpeed configs."""
+
+    model: RoFormerConfig
+    world_size: int
+    zero_stage: int
+    precision: str
+    """fp16, bf16 or fp32 (the DeepSpeed config's)."""
+    offload_optimizer: bool
+    reduce_bucket_elements: int
+    overlap_comm: bool
+    activation_checkpointing: bool
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per rank of one stage."""
+
+    model_states: int
+    activations: int
+    activations_checkpointed: int
+    buckets: int
+    runtime: int
+    checkpointing: bool
+    """Whether the total uses the checkpointed activations."""
+
+    @property
+    def total(self) -> int:
+        active = self.activations_checkpointed if self.checkpointing else self.activations
+        return self.model_states + active + self.buckets + self.runtime
+
+
+def parse_memory(text: str, where: str = "--device-memory") -> int:
+    """'16GB', '32 GiB', '800MB' -> bytes (GB and GiB both mean 2^30: a '16 GB' V100 has 16 GiB)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*", text.upper())
+    if not match:
+        raise ValueError(f"{where}: expected a size like 16GB or 800MB, got {text!r}")
+    return int(float(match.group(1)) * 1024 ** "_KMGT".index(match.group(2) or "_"))
+
+
+def format_bytes(count: float) -> str:
+    return f"{count / GIB:.2f} GiB"
+
+
+def largest_layer_params(model: RoFormerConfig) -> int:
+    """The biggest single module's parameters (ZeRO-3 gathers one at a time): the word embeddings or one
+    feed-forward matrix."""
+    return max(model.vocab_size * model.embedding_size, model.hidden_size * model.intermediate_size)
+
+
+def model_state_bytes(setup: TrainingSetup) -> int:
+    """Per-rank model states from DeepSpeed's estimators (see the module docstring for ZeRO-0/1, fp32)."""
+    params = parameter_count(setup.model)
+    n = setup.world_size  # the device figures depend on the total rank count only
+    if setup.zero_stage == 3:
+        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+        _, device, _ = estimate_zero3_model_states_mem_needs(
+            params, largest_layer_params(setup.model), num_gpus_per_node=n, num_nodes=1, cpu_offload=setup.offload_optimizer, cpu_offload_params=False)
+    else:
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+        _, device = estimate_zero2_model_states_mem_needs(params, num_gpus_per_node=n, num_nodes=1,
+                                                          cpu_offload=setup.offload_optimizer)
+        if setup.zero_stage == 1:
+            device += int(2 * params * (1 - 1 / n))
+        elif setup.zero_stage == 0:
+            device = 20 * params
+    if setup.precision == "fp32":
+        whole_grads = setup.zero_stage <= 1
+        device += 2 * params + (2 * params if whole_grads else int(2 * params / n))
+    return int(device)
+
+
+def activation_bytes(model: RoFormerConfig, micro_batch: int, seq_len: int, precision: str,
+                     checkpointing: bool) -> int:
+    """Activations saved for backward by one micro-batch (see the module docstring)."""
+    element = 4 if precision == "fp32" else 2
+    b, s, h, inner, heads = micro_batch, seq_len, model.hidden_size, model.intermediate_size, model.num_attention_heads
+    hidden_drop = model.hidden_dropout_prob > 0
+    attention_drop = model.attention_probs_dropout_prob > 0
+    scores = heads * s * s * b
+    layer = element * (8 * s * b * h + 2 * s * b * inner + (2 if attention_drop else 1) * scores)
+    layer += (2 * s * b * h if hidden_drop else 0) + (scores if attention_drop else 0)
+    masked = EXPECTED_MASK_RATE * b * s
+    outside = element * s * b * (model.embedding_size + h) + masked * (element * 2 * model.embedding_size
+                                                                      + 4 * 2 * model.vocab_size)
+    if checkpointing:
+        return int(model.num_hidden_layers * element * s * b * h + layer + outside)
+    return int(model.num_hidden_layers * layer + outside)
+
+
+def bucket_bytes(setup: TrainingSetup) -> int:
+    if setup.zero_stage not in (1, 2):
+        return 0
+    element = 4 if setup.precision == "fp32" else 2
+    elements = min(setup.reduce_bucket_elements, parameter_count(setup.model))
+    return element * elements * (2 if setup.overlap_comm else 1)
+
+
+def estimate_memory(setup: TrainingSetup, micro_batch: int, seq_len: int) -> MemoryEstimate:
+    return MemoryEstimate(
+        model_states=model_state_bytes(setup),
+        activations=activation_bytes(setup.model, micro_batch, seq_len, setup.precision, checkpointing=False),
+        activations_checkpointed=activation_bytes(setup.model, micro_batch, seq_len, setup.precision,
+                                                  checkpointing=True),
+        buckets=bucket_bytes(setup), runtime=RUNTIME_ALLOWANCE_BYTES, checkpointing=setup.activation_checkpointing)
+
+
+def largest_fitting_micro_batch(setup: TrainingSetup, seq_len: int, device_bytes: int, checkpointing: bool,
+                                limit: int = 4096) -> int:
+    """The largest micro-batch whose estimate fits device_bytes (0: not even one sequence)."""
+    def fits(b: int) -> bool:
+        estimate = estimate_memory(setup, b, seq_len)
+        active = estimate.activations_checkpointed if checkpointing else estimate.activations
+        return estimate.model_states + active + estimate.buckets + estimate.runtime <= device_bytes
+
+    if not fits(1):
+        return 0
+    low, high = 1, limit
+    while low < high:  # activations grow with b: bisect
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
+
+
+def step_seconds(model: RoFormerConfig, micro_batch: int, grad_accum_steps: int, seq_len: int,
+                 checkpointing: bool, peak_tflops: float, mfu: float) -> float:
+    """Seconds of one optimizer step per rank at an assumed MFU of the peak."""
+    flops = grad_accum_steps * hardware_training_flops(model, micro_batch, seq_len,
+                                                       EXPECTED_MASK_RATE * micro_batch * seq_len, checkpointing)
+    return flops / (peak_tflops * 1e12 * mfu)
+
+
+def format_duration(seconds: float) -> str:
+    hours, rest = divmod(int(seconds), 3600)
+    days, hours = divmod(hours, 24)
+    return (f"{days}d " if days else "") + f"{hours:d}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def setup_from_configs(model: RoFormerConfig, ds_config: dict, world_size: int,
+                       activation_checkpointing: bool) -> TrainingSetup:
+    """The TrainingSetup of a run config's model and its resolved DeepSpeed config."""
+    zero = ds_config.get("zero_optimization", {})
+    offload = zero.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
+    precision = "fp16" if ds_config.get("fp16", {}).get("enabled") else \
+        "bf16" if ds_config.get("bf16", {}).get("enabled") else "fp32"
+    return TrainingSetup(model=model, world_size=world_size, zero_stage=int(zero.get("stage", 0)),
+                         precision=precision, offload_optimizer=offload,
+                         reduce_bucket_elements=int(zero.get("reduce_bucket_size", 5e8)),
+                         overlap_comm=bool(zero.get("overlap_comm", False)),
+                         activation_checkpointing=activation_checkpointing)
+
+
+def format_estimates(stages, setup: TrainingSetup, device_bytes: int, peak_tflops: float, peak_source: str,
+                     mfu: float) -> tuple[str, bool]:
+    """The memory / time table of `roformer plan` and whether every stage fits."""
+    lines = [f"memory per rank (ZeRO-{setup.zero_stage}, {setup.precision}, {setup.world_size} ranks, device "
+             f"{format_bytes(device_bytes)}; activation checkpointing "
+             f"{'on' if setup.activation_checkpointing else 'off'} for FITS):",
+             f"  {'stage':<16}{'micro x len':>13}{'model states':>14}{'activations':>13}{'(ckpt)':>11}"
+             f"{'total':>12}  {'verdict':<13}{'max micro':>10}{'(ckpt)':>8}{'time':>14}"]
+    all_fit, total_seconds = True, 0.0
+    for stage in stages:
+        estimate = estimate_memory(setup, stage.micro_batch_size, stage.max_seq_len)
+        fits = estimate.total <= device_bytes
+        all_fit &= fits
+        seconds = stage.steps * step_seconds(setup.model, stage.micro_batch_size, stage.grad_accum_steps,
+                                             stage.max_seq_len, setup.activation_checkpointing, peak_tflops, mfu)
+        total_seconds += seconds
+        best = largest_fitting_micro_batch(setup, stage.max_seq_len, device_bytes, checkpointing=False)
+        best_ckpt = largest_fitting_micro_batch(setup, stage.max_seq_len, device_bytes, checkpointing=True)
+        lines.append(f"  {stage.name:<16}{f'{stage.micro_batch_size} x {stage.max_seq_len}':>13}"
+                     f"{format_bytes(estimate.model_states):>14}{format_bytes(estimate.activations):>13}"
+                     f"{format_bytes(estimate.activations_checkpointed):>11}{format_bytes(estimate.total):>12}  "
+                     f"{'FITS' if fits else 'DOES NOT FIT':<13}{best:>10}{best_ckpt:>8}"
+                     f"{format_duration(seconds):>14}")
+    lines.append(f"  (totals include {format_bytes(estimate.buckets)} of gradient buckets and "
+                 f"{format_bytes(estimate.runtime)} runtime allowance)")
+    lines.append(f"time: {format_duration(total_seconds)} for the whole schedule at {100 * mfu:.0f}% MFU of "
+                 f"{peak_tflops:.4g} TFLOP/s per rank ({peak_source})")
+    return "\n".join(lines), all_fit
+
+
+__all__ = ["setup_from_configs", "format_estimates", "TrainingSetup", "MemoryEstimate", "parse_memory", "format_bytes", "model_state_bytes",
+           "activation_bytes", "bucket_bytes", "estimate_memory", "largest_fitting_micro_batch", "step_seconds",
+           "format_duration", "RUNTIME_ALLOWANCE_BYTES"]
