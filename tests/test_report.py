@@ -21,6 +21,7 @@ from tests.helpers import TEST_RANK_ENTRY, TINY_STAGES, TINY_TOTAL_STEPS, events
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TRAIN_BLUE, VALID_ORANGE, SKIP_RED = (31, 119, 180), (255, 127, 14), (214, 39, 40)  # tab:blue, orange, red
+TFLOPS_BROWN = (140, 86, 75)  # tab:brown
 RUN_PLOTS = ("curves_steps.png", "curves_tokens.png", "learning_rate.png", "throughput.png")
 
 
@@ -87,6 +88,12 @@ def test_report_of_a_finished_run(trainer_run, tmp_path):
     assert all(f"| `global_step{step}` | {step} |" in text for step in kept)
     assert "No evaluation report" in text
     assert not (trainer_run / "report.md").exists()  # --out: the run directory is only read
+    # The trainer records model TFLOP/s and MFU (launcher/train/mfu.py): a third throughput panel.
+    first = json.loads(next(line for line in (trainer_run / "metrics.jsonl").read_text().splitlines()
+                            if '"kind": "train"' in line))
+    assert first["mfu"] is not None and first["tflops"] is not None
+    assert "| median TFLOP/s per rank | median MFU |" in text
+    check_png(out / "plots" / "throughput.png", colours=(TFLOPS_BROWN,))
 
 
 @pytest.mark.multiprocess

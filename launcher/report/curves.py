@@ -75,7 +75,7 @@ class TrainCurve:
     """Model FLOP utilisation as a fraction of the hardware's peak (record key `mfu`), when the records
     carry it."""
     tflops: np.ndarray | None
-    """Achieved TFLOP/s over all ranks (record key `tflops`), when the records carry it."""
+    """Achieved model TFLOP/s per rank (record key `tflops`, launcher/train/mfu.py), when the records carry it."""
 
     def __len__(self) -> int:
         return len(self.step)

@@ -130,19 +130,25 @@ def _throughput(curves: Curves, summary: RunSummary):
 
 
 def _utilisation(ax, curves: Curves, present: list[str]) -> None:
+    """Model TFLOP/s per rank, with MFU as the right-hand scale of the same line (MFU = TFLOP/s / the
+    peak, so two lines would lie on each other); MFU alone when only it is recorded."""
     train = curves.train
-    if "mfu" in present:
-        # A fraction by contract (launcher/report/curves.py); a record in percent is drawn as it is.
+    percent = None
+    if "mfu" in present:  # a fraction by contract (launcher/train/mfu.py); a record in percent is kept
         percent = train.mfu * (100 if np.nanmax(train.mfu) <= 1.0 else 1)
-        _raw_and_smoothed(ax, train.step, percent, train.stage, "tab:purple", "MFU (left)")
-        ax.set_ylabel("model FLOP utilisation (%)")
-        _headroom(ax, percent, 1.5)
-    if "tflops" in present:
-        other = ax.twinx() if "mfu" in present else ax
-        _raw_and_smoothed(other, train.step, train.tflops, train.stage, "tab:brown",
-                          "TFLOP/s (right)" if other is not ax else "TFLOP/s")
-        other.set_ylabel("achieved TFLOP/s (all ranks)")
-        _headroom(other, train.tflops, 1.5)
+    if "tflops" not in present:
+        _raw_and_smoothed(ax, train.step, percent, train.stage, "tab:purple", "MFU")
+        ax.set_ylabel("model FLOP utilisation (% of peak)")
+        _headroom(ax, percent)
+        return
+    _raw_and_smoothed(ax, train.step, train.tflops, train.stage, "tab:brown", "model TFLOP/s per rank")
+    ax.set_ylabel("model TFLOP/s per rank")
+    _headroom(ax, train.tflops)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = float(np.nanmedian(percent / train.tflops)) if percent is not None else np.nan
+    if np.isfinite(ratio) and ratio > 0:  # percent per TFLOP/s = 100 / the peak
+        right = ax.secondary_yaxis("right", functions=(lambda t: t * ratio, lambda m: m / ratio))
+        right.set_ylabel("MFU (% of the peak)")
 
 
 def _loss_scale(curves: Curves, summary: RunSummary):

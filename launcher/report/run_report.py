@@ -101,9 +101,14 @@ def _stage_table(curves: Curves, summary: RunSummary) -> str:
         speed = _median(train.tokens_per_s[mine], "{:,.0f}")
         step_time = _median(train.step_time_s[mine], "{:.3f} s")
         tokens = _count(np.nansum(train.tokens_per_s[mine] * train.step_time_s[mine])) if done else "-"
-        rows.append((str(stage.index + 1), f"`{stage.name}`", shape, split, steps, speed, step_time, tokens))
+        utilisation = [_median(train.tflops[mine], "{:.3g}")] if curves.optional("tflops") else []
+        utilisation += [_median(100 * train.mfu[mine], "{:.1f}%")] if curves.optional("mfu") else []
+        rows.append((str(stage.index + 1), f"`{stage.name}`", shape, split, steps, speed, step_time, *utilisation,
+                     tokens))
+    extra = ["median TFLOP/s per rank"] if curves.optional("tflops") else []
+    extra += ["median MFU"] if curves.optional("mfu") else []
     return _table(["#", "stage", "length x batch", "micro x accum x ranks", "steps done", "median tokens/s",
-                   "median step time", "tokens"], rows)
+                   "median step time", *extra, "tokens"], rows)
 
 
 def _checkpoint_table(summary: RunSummary) -> str:
