@@ -24,7 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated subset of: {', '.join(PARTS)} (default: all)")
     parser.add_argument("--data", type=Path, default=None,
-                        help="use this prepared data directory instead of preparing OUT/data (the ablations' corpus)")
+                        help="use this prepared data directory for the ablations (default: prepare OUT/data)")
     parser.add_argument("--report-only", action="store_true",
                         help="write the report from whatever runs exist; start nothing")
 

@@ -30,7 +30,7 @@ def loss_curves(groups: dict, title: str, path: Path) -> Path:
     boundaries: list[tuple[int, str]] = []
     for group, data in groups.items():
         curves = [run["valid_curve"] for run in data["runs"].values() if run["valid_curve"]]
-        if not curves:
+        if not curves or not data["final_valid_loss"].get("n"):
             continue
         steps = sorted(set.intersection(*[{point[0] for point in curve} for curve in curves]))
         losses = np.array([[dict((p[0], p[1]) for p in curve)[s] for s in steps] for curve in curves])
@@ -46,7 +46,8 @@ def loss_curves(groups: dict, title: str, path: Path) -> Path:
     _mark_stages(ax, boundaries)
     ax.set(title=title, xlabel="optimizer step", ylabel="MLM validation loss (nats per masked token)")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper right")
+    if ax.get_legend_handles_labels()[0]:  # nothing finished yet: an empty frame, no legend
+        ax.legend(loc="upper right")
     return _save(fig, path)
 
 

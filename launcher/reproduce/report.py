@@ -23,6 +23,9 @@ def _comparison_section(title: str, claim: str, groups: dict, better: str, other
         speed = f"{sum(speeds) / len(speeds):,.0f}" if speeds else "n/a"
         lines.append(f"| {group} | {_fmt(data['final_valid_loss'])} | {_fmt(data['final_valid_accuracy'])} | {speed} |")
     lines.append("")
+    unfinished = [name for data in groups.values() for name in data.get("unfinished", [])]
+    if unfinished:
+        lines += [f"Not finished yet (left out above): {', '.join(unfinished)}.", ""]
     best = groups.get(better, {}).get("final_valid_loss", {})
     for other in others:
         theirs = groups.get(other, {}).get("final_valid_loss", {})

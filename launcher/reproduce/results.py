@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from launcher.reproduce.plan import FinetuneRun, Preset, PretrainRun
-from launcher.reproduce.runner import Layout, trained_steps
+from launcher.reproduce.runner import Layout, is_finished, trained_steps
 from launcher.run_dir import RunDir
 from launcher.train.metrics import read_metrics
 
@@ -34,6 +34,7 @@ def pretrain_summary(run: PretrainRun, layout: Layout) -> dict:
     stages = json.loads(stages_path.read_text(encoding="utf-8"))["stages"] if stages_path.is_file() else []
     step_times = [r["step_time_s"] for r in train if "step_time_s" in r]
     return {
+        "finished": is_finished(run_dir),
         "steps": trained_steps(run_dir),
         "valid_curve": [[r["step"], r["loss"], r["mlm_accuracy"]] for r in valid],
         "final_valid_loss": valid[-1]["loss"] if valid else None,
@@ -45,10 +46,18 @@ def pretrain_summary(run: PretrainRun, layout: Layout) -> dict:
 
 
 def comparison(runs: list[PretrainRun], layout: Layout) -> dict:
-    """Per group (encoding / attention variant): every seed's summary and the final loss spread."""
-    groups: dict[str, dict] = defaultdict(lambda: {"runs": {}})
+    """Per group (encoding / attention variant): every finished seed's summary and the final loss spread.
+
+    A run still training (or never started) is listed under "unfinished" and left out of the figures:
+    its last validation is not a final one.
+    """
+    groups: dict[str, dict] = defaultdict(lambda: {"runs": {}, "unfinished": []})
     for run in runs:
-        groups[run.group]["runs"][run.name] = pretrain_summary(run, layout)
+        summary = pretrain_summary(run, layout)
+        if summary["finished"]:
+            groups[run.group]["runs"][run.name] = summary
+        else:
+            groups[run.group]["unfinished"].append(run.name)
     for group in groups.values():
         finals = [r["final_valid_loss"] for r in group["runs"].values() if r["final_valid_loss"] is not None]
         group["final_valid_loss"] = spread(finals)
