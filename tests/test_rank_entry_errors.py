@@ -92,4 +92,4 @@ def test_run_directory_with_a_foreign_deepspeed_checkpoint_is_refused(bad_input_
     config = tiny_run_config(root, data_dir, name="foreign.yaml", model=NO_DROPOUT)
     assert run_rank_in_process(monkeypatch, config, foreign) == 2
     assert "not written by `roformer pretrain` (global_step5" in capsys.readouterr().err
-    assert sorted(os.listdir(foreign)) == ["checkpoints"]
+    assert sorted(set(os.listdir(foreign)) - {"heartbeats"}) == ["checkpoints"]  # heartbeats/: watchdog liveness
