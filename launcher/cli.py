@@ -1,16 +1,25 @@
 """The `roformer` command line.
 
 Each subcommand lives in its own module, which exposes `configure(parser)` (adds its arguments)
-and `run(args) -> int`. Modules are imported only when their subcommand runs, so `roformer --help`
-stays fast and a broken optional dependency only breaks the command that needs it.
+and `run(args) -> int`. Only the chosen subcommand's module is imported, and importing it must not
+import torch or DeepSpeed (they are imported inside `run`), so every `--help` answers at once
+(tests/test_cli_help.py) and a broken optional dependency only breaks the command that needs it.
+
+Every command ends the same way (exit codes: docs/training.md, "Exit codes"): bad input is one line
+and exit code 2; Ctrl-C / SIGTERM name the signal and exit 128 + its number, never with a traceback;
+a reader that went away (`roformer finetune ... | head`) ends the command quietly with 141, as a
+SIGPIPE does for other Unix tools. `roformer pretrain` handles its own signals while its job runs
+(launcher/launch/supervise.py).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 
-from launcher.defaults import BAD_INPUT_EXIT_CODE
+from launcher.defaults import BAD_INPUT_EXIT_CODE, BROKEN_PIPE_EXIT_CODE
 from launcher.errors import user_errors
 
 # name -> (module, one-line help). The names are part of the public interface: docs and scripts
@@ -27,28 +36,91 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="roformer", description=__doc__.splitlines()[0])
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows each option's default: "(default: X)" is appended unless the help text already says
+    what the default is, or there is none to show (flags, required options, positionals). An
+    option whose default is None or empty must say in its help what happens without it
+    (tests/test_cli_help.py checks every option of every subcommand)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        nothing_to_show = default is None or default is False or default in ([], "") or default is argparse.SUPPRESS
+        if "default" in text.lower() or nothing_to_show or action.required or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    """The `roformer` parser. Only `chosen` gets its options (default: the subcommand named in
+    sys.argv); the others just need their name listed, so their modules are not imported."""
+    parser = argparse.ArgumentParser(prog="roformer", description=__doc__.splitlines()[0],
+                                     formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    chosen = next((a for a in sys.argv[1:] if a in SUBCOMMANDS), None)
+    chosen = chosen or next((a for a in sys.argv[1:] if a in SUBCOMMANDS), None)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        # Only the chosen subcommand's module is imported; the others just need their name listed.
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         if name == chosen:
             importlib.import_module(module_name).configure(p)
     return parser
 
 
+class Stopped(Exception):
+    """SIGTERM (or another stop signal) reached a command that has no handler of its own."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum, _frame) -> None:
+    raise Stopped(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    args = build_parser().parse_args(argv)
-    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    command = "?"
+    # SIGTERM unwinds like Ctrl-C, so every `finally` (temporary files, worker pools) runs.
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
     try:
-        return int(module.run(args) or 0)
-    except user_errors() as err:  # bad input: one clear line naming what is wrong, no traceback
-        print(f"roformer {args.command}: error: {err}", file=sys.stderr)
+        args = build_parser().parse_args(argv)
+        command = args.command
+        module = importlib.import_module(SUBCOMMANDS[command][0])
+        code = int(module.run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not as a traceback at interpreter exit
+        return code
+    except KeyboardInterrupt:
+        return _stopped(command, signal.SIGINT, "Ctrl-C")
+    except Stopped as stop:
+        return _stopped(command, stop.signum, "")
+    except BrokenPipeError:
+        _silence_stdout()
+        return BROKEN_PIPE_EXIT_CODE
+    except Exception as err:  # noqa: BLE001 - user_errors() imports the model config (torch): only on an error
+        if not isinstance(err, user_errors()):
+            raise
+        print(f"roformer {command}: error: {err}", file=sys.stderr)  # bad input: one line, no traceback
         return BAD_INPUT_EXIT_CODE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stopped(command: str, signum: int, how: str) -> int:
+    name = signal.Signals(signum).name
+    print(f"roformer {command}: stopped by {name}{f' ({how})' if how else ''}", file=sys.stderr, flush=True)
+    return 128 + signum
+
+
+def _silence_stdout() -> None:
+    """The reader of stdout is gone: point stdout at /dev/null so the interpreter's final flush
+    does not print a second BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -10,30 +10,35 @@ from launcher.errors import UserError
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
-    prep = sub.add_parser("prepare", help="raw text -> tokenizer + train/valid shards + manifest")
+    shown = {"formatter_class": parser.formatter_class}  # the defaults shown, as for every subcommand
+    prep = sub.add_parser("prepare", help="raw text -> tokenizer + train/valid shards + manifest",
+                          description="raw text -> tokenizer + train/valid shards + manifest", **shown)
     _input_args(prep)
     prep.add_argument("--out", type=Path, required=True, help="prepared data directory")
     prep.add_argument("--workers", type=int, default=1, help="parallel worker processes")
     prep.add_argument("--valid-fraction", type=float, default=0.01, help="share of documents for validation")
-    prep.add_argument("--max-documents", type=int, default=None, help="read at most N documents (demo subsets)")
+    prep.add_argument("--max-documents", type=int, default=None,
+                      help="read at most N documents, e.g. for demo subsets (default: all)")
     prep.add_argument("--nfkc", action="store_true", help="apply Unicode NFKC normalization")
     prep.add_argument("--keep-control-chars", action="store_true", help="do not strip control characters")
     prep.add_argument("--no-dedup", action="store_true", help="keep exact duplicate documents")
     prep.add_argument("--shard-tokens", type=int, default=1 << 25, help="tokens per shard before rolling over")
     prep.add_argument("--tokenizer", type=Path, default=None,
-                      help="reuse this spm.model / tokenizer dir / data dir instead of training one")
+                      help="reuse this spm.model / tokenizer dir / data dir (default: train a tokenizer)")
     prep.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
     _tokenizer_args(prep)
 
-    tok = sub.add_parser("tokenizer", help="train only the SentencePiece tokenizer (+ transformers files)")
+    tok = sub.add_parser("tokenizer", help="train only the SentencePiece tokenizer (+ transformers files)",
+                         description="train only the SentencePiece tokenizer (+ transformers files)", **shown)
     _input_args(tok)
     tok.add_argument("--out", type=Path, required=True, help="tokenizer directory to write")
-    tok.add_argument("--max-documents", type=int, default=None, help="read at most N documents")
+    tok.add_argument("--max-documents", type=int, default=None, help="read at most N documents (default: all)")
     _tokenizer_args(tok)
 
 
 def _input_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", nargs="+", default=[], help="files, directories or globs")
+    p.add_argument("--input", nargs="+", default=[],
+                   help="files, directories or globs (default: none; give --input, --default-corpus or both)")
     p.add_argument("--default-corpus", nargs="?", const="en,zh", default=None, metavar="NAMES",
                    help="add bundled corpora installed by scripts/setup.sh, comma-separated: en (linux-doc), zh "
                         "(People's Daily), wordnet (WordNet glosses), task-train (the downstream tasks' TRAINING "
@@ -41,7 +46,8 @@ def _input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-cache", type=Path, default=None,
                    help="set-up data cache for --default-corpus "
                         "(default: $ROFORMER_DATA_DIR or ~/.cache/roformer-ds/data)")
-    p.add_argument("--format", default="auto", choices=["auto", "txt", "jsonl", "parquet"])
+    p.add_argument("--format", default="auto", choices=["auto", "txt", "jsonl", "parquet"],
+                   help="how to read the input files (auto: by extension)")
     # Defaults None (= InputConfig's), so an option given for input it does not apply to is refused.
     p.add_argument("--txt-mode", default=None, choices=["line", "paragraph"],
                    help=".txt documents: one per line (default) or blank-line-separated blocks")
@@ -60,11 +66,14 @@ def _tokenizer_args(p: argparse.ArgumentParser) -> None:
     from data_pipeline.config import TokenizerConfig as T
 
     p.add_argument("--vocab-size", type=int, default=None,
-                   help=f"pieces including the 5 special tokens (default {T.vocab_size})")
-    p.add_argument("--model-type", default=None, choices=["bpe", "unigram"], help=f"default {T.model_type}")
+                   help=f"pieces including the 5 special tokens (default: {T.vocab_size})")
+    p.add_argument("--model-type", default=None, choices=["bpe", "unigram"],
+                   help=f"SentencePiece model type (default: {T.model_type})")
     p.add_argument("--tokenizer-sample-mb", type=float, default=None,
-                   help=f"text sampled to train the tokenizer (default {T.sample_bytes / 1e6:g})")
-    p.add_argument("--character-coverage", type=float, default=None, help=f"default {T.character_coverage}")
+                   help=f"MB of text sampled to train the tokenizer (default: {T.sample_bytes / 1e6:g})")
+    p.add_argument("--character-coverage", type=float, default=None,
+                   help=f"share of characters the tokenizer must cover, rarer ones map to [UNK] "
+                        f"(default: {T.character_coverage})")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,3 +13,6 @@ HUNG_EXIT_CODE = 124
 re-run the same command to resume."""
 DEFAULT_MASTER_PORT = 29500
 """Rendezvous TCP port on rank 0's host: DeepSpeed's TORCH_DISTRIBUTED_DEFAULT_PORT."""
+BROKEN_PIPE_EXIT_CODE = 141
+"""The reader of a command's output went away (`roformer finetune ... | head`): the command stops
+quietly with 128 + SIGPIPE, as other Unix tools killed by SIGPIPE do."""

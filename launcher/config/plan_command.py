@@ -11,11 +11,6 @@ import json
 import os
 import sys
 
-from launcher.config.deepspeed_json import resolve_ds_config
-from launcher.config.estimate import format_estimates, parse_memory, setup_from_configs
-from launcher.config.preflight_checks import check_run
-from launcher.config.run_config import load_run_config
-from launcher.config.stages import format_plan, resolve_stages
 from launcher.errors import UserError
 from launcher.launch.hostfile import read_hostfile
 from launcher.stage_end_jobs import check_eval_specs
@@ -30,16 +25,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "machine's accelerator's)")
     parser.add_argument("--device-name", help="price time with this device of the peak table, e.g. V100 (default: "
                         "logging.peak_tflops, else this machine's accelerator)")
-    parser.add_argument("--peak-tflops", type=float, help="peak TFLOP/s per rank for the time estimate")
+    parser.add_argument("--peak-tflops", type=float, help="peak TFLOP/s per rank for the time estimate (default: "
+                        "from --device-name, logging.peak_tflops or this machine's accelerator)")
     parser.add_argument("--mfu", type=float, default=0.4, help="assumed MFU for the time estimate (default 0.4)")
     parser.add_argument("--activation-checkpointing", action="store_true",
                         help="judge FITS with activation checkpointing on (both columns are printed)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override a run-config field (repeatable)")
+                        help="override a run-config field (repeatable; default: none)")
     parser.add_argument("--json", action="store_true", help="print the stages and DeepSpeed config as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: the run config imports torch (through roformer), `roformer plan --help` must not wait.
+    from launcher.config.deepspeed_json import resolve_ds_config
+    from launcher.config.preflight_checks import check_run
+    from launcher.config.run_config import load_run_config
+    from launcher.config.stages import format_plan, resolve_stages
+
     cfg = load_run_config(args.config, args.overrides)
     check_eval_specs(cfg.logging.stage_end_evals, where=f"{cfg.source}: logging.stage_end_evals")
     if args.hostfile:
@@ -64,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
 def estimate_table(args: argparse.Namespace, cfg, ds_config: dict, stages) -> tuple[str, bool]:
     """Memory and time per stage (launcher/config/estimate.py) with the flags' device and peak."""
+    from launcher.config.estimate import format_estimates, parse_memory, setup_from_configs
     from launcher.train.mfu import resolve_peak, table_peak_tflops
 
     if not 0 < args.mfu <= 1:

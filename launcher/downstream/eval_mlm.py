@@ -15,8 +15,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
 from launcher.errors import UserError
 from launcher.io import atomic_write_json
 
@@ -50,14 +48,20 @@ class MLMEvalConfig:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export_dir", type=Path, help="export directory (roformer export --out)")
     parser.add_argument("--data", type=Path, required=True, help="prepared data dir (or its valid/ directory)")
-    parser.add_argument("--seq-lens", default="128,512,1024", help="comma-separated lengths")
-    parser.add_argument("--split", default="valid")
-    parser.add_argument("--tokens", type=int, default=32768, help="token budget per length")
-    parser.add_argument("--tokens-per-batch", type=int, default=8192)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--mask-prob", type=float, default=0.15)
-    parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON here too")
+    parser.add_argument("--seq-lens", default="128,512,1024",
+                        help="comma-separated sequence lengths in tokens, [CLS] included; any length works "
+                             "(RoPE has no limit), lengths past the trained one are marked")
+    parser.add_argument("--split", default="valid", help="split of the data dir to evaluate on")
+    parser.add_argument("--tokens", type=int, default=32768,
+                        help="token budget per length: the same first N tokens of the split at every length")
+    parser.add_argument("--tokens-per-batch", type=int, default=8192,
+                        help="tokens per forward pass (micro-batch = this // length sequences); bounds memory")
+    parser.add_argument("--seed", type=int, default=0, help="masking seed (which tokens are masked, and how)")
+    parser.add_argument("--mask-prob", type=float, default=0.15,
+                        help="share of tokens predicted (80%% [MASK], 10%% random, 10%% kept)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the JSON report to this file (default: printed only)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
 def evaluate_mlm(cfg: MLMEvalConfig) -> dict:
     from data_pipeline import MaskingConfig, PretrainBatches, open_corpus, tokenizer_hash
+    import torch  # here, not at import: `roformer eval-mlm --help` must not wait for torch
+
     from launcher.downstream.export_reader import load_masked_lm, trained_max_seq_len
 
     if cfg.threads:
@@ -127,6 +133,8 @@ def _first_sequences(batches, seq_len: int, micro: int, sequences: int):
 
 def _masked_lm_figures(model, batches) -> dict:
     """Sums over all masked positions, so the means weigh every prediction equally."""
+    import torch
+
     loss_sum, masked, correct, sequences, real_tokens = 0.0, 0, 0, 0, 0
     with torch.no_grad():
         for batch in batches:

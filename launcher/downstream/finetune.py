@@ -20,8 +20,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
 from launcher.errors import UserError
 from launcher.io import atomic_write_json
 
@@ -104,7 +102,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         kind = float if isinstance(default, float) else int
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
                             help=f"{help_text} (default: {default})")
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON report here too")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the JSON report to this file (default: printed only)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,6 +125,7 @@ def finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr, fl
     from launcher.downstream.classification_metrics import majority_label, scores
     from launcher.downstream.export_reader import check_export_dir, load_auto_tokenizer, load_classifier
     from launcher.downstream.tasks import default_tasks_dir, get_task, load_split
+    import torch  # here, not at import: `roformer finetune --help` must not wait for torch
 
     started = time.perf_counter()
     if cfg.threads:
@@ -222,6 +222,8 @@ def _encode(tokenizer, examples, max_length: int) -> dict:
 
 
 def _collate(input_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     width = max(len(x) for x in input_ids)
     ids = torch.full((len(input_ids), width), pad_id, dtype=torch.long)  # (B, T)
     mask = torch.zeros((len(input_ids), width), dtype=torch.long)  # (B, T)
@@ -232,6 +234,8 @@ def _collate(input_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
 
 
 def _optimizer(model: torch.nn.Module, cfg: FinetuneConfig, total_steps: int):
+    import torch
+
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         (no_decay if param.ndim < 2 else decay).append(param)  # biases and LayerNorm weights
@@ -248,6 +252,8 @@ def _optimizer(model: torch.nn.Module, cfg: FinetuneConfig, total_steps: int):
 
 
 def _train_epoch(model, data: dict, pad_id: int, batch_size: int, optimizer, scheduler, generator) -> float:
+    import torch
+
     model.train()
     order = torch.randperm(len(data["labels"]), generator=generator).tolist()
     total, count = 0.0, 0
@@ -268,6 +274,8 @@ def _train_epoch(model, data: dict, pad_id: int, batch_size: int, optimizer, sch
 
 def _predict(model, data: dict, pad_id: int, batch_size: int) -> tuple[list[int], list[int]]:
     """Predictions in the split's order; batches are formed by length so padding stays small."""
+    import torch
+
     model.eval()
     by_length = sorted(range(len(data["labels"])), key=lambda i: len(data["input_ids"][i]))
     predictions = [0] * len(by_length)

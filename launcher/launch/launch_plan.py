@@ -21,15 +21,17 @@ import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from launcher.config.run_config import load_run_config
-from launcher.config.stages import ResolvedStage, resolve_stages
 from launcher.defaults import DEFAULT_MASTER_PORT
 from launcher.errors import UserError
 from launcher.launch import env_forwarding
 from launcher.launch.hostfile import Hostfile, is_local_only, read_hostfile, resolve_resources, world_size_of
 from launcher.run_dir import RunDir
 from launcher.stage_end_jobs import check_eval_specs
+
+if TYPE_CHECKING:  # the run config imports torch (through roformer): not needed for `roformer pretrain --help`
+    from launcher.config.stages import ResolvedStage
 
 RANK_ENTRY_MODULE = "launcher.train.rank_entry"
 RANK_GUARD_MODULE = "launcher.launch.rank_guard"
@@ -155,30 +157,35 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="run config YAML (e.g. configs/demo_cpu.yaml)")
     parser.add_argument("--run-dir", required=True, help="run directory; on a filesystem shared by all nodes")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override a run config field (repeatable); passed to every rank")
+                        help="override a run config field (repeatable; default: none); passed to every rank")
     parser.add_argument("--dry-run", action="store_true",
                         help="check everything that can be checked without starting anything, print each "
                         "node's command and every stage's batch arithmetic, exit")
     ds = parser.add_argument_group("DeepSpeed runner flags (same meaning as `deepspeed`)")
     ds.add_argument("-H", "--hostfile", default=None,
-                    help="'HOST slots=N' per line; without it the ranks run on this machine")
-    ds.add_argument("-i", "--include", default="", help='hosts/slots to use, e.g. "node1@node2:0,2"')
-    ds.add_argument("-e", "--exclude", default="", help='hosts/slots not to use, e.g. "node2:3"')
-    ds.add_argument("--num_nodes", "--num-nodes", type=int, default=-1, help="use the first N hosts of the hostfile")
+                    help="'HOST slots=N' per line (default: none, the ranks run on this machine)")
+    ds.add_argument("-i", "--include", default="",
+                    help='hosts/slots to use, e.g. "node1@node2:0,2" (default: every slot)')
+    ds.add_argument("-e", "--exclude", default="", help='hosts/slots not to use, e.g. "node2:3" (default: none)')
+    ds.add_argument("--num_nodes", "--num-nodes", type=int, default=-1,
+                    help="use the first N hosts of the hostfile (default: -1, all of them)")
     ds.add_argument("--num_gpus", "--num-gpus", "--num_accelerators", type=int, default=-1,
-                    help="ranks per node (GPUs; CPU ranks on a CPU machine)")
+                    help="ranks per node: GPUs, or CPU processes on a CPU machine (default: -1, every device "
+                         "DeepSpeed's accelerator counts)")
     ds.add_argument("--master_addr", "--master-addr", default="",
                     help="rank 0's address (default: 127.0.0.1 locally, else `hostname -I` of the first host)")
     ds.add_argument("--master_port", "--master-port", type=int, default=DEFAULT_MASTER_PORT,
                     help="rendezvous TCP port on rank 0's host")
     ds.add_argument("--launcher", default="pdsh", choices=LAUNCHERS, help="multi-node backend")
     ds.add_argument("--launcher_args", "--launcher-args", default="",
-                    help='extra arguments for pdsh/mpirun/srun as one string, e.g. "--allow-run-as-root"')
+                    help='extra arguments for pdsh/mpirun/srun as one string, e.g. "--allow-run-as-root" '
+                         '(default: none)')
     ds.add_argument("--force_multi", "--force-multi", action="store_true",
                     help="use --launcher even when the hostfile has a single host")
     ds.add_argument("--bind_cores_to_rank", "--bind-cores-to-rank", action="store_true",
                     help="bind each rank to its own cores with numactl")
-    ds.add_argument("--bind_core_list", "--bind-core-list", default=None, help='cores to bind, e.g. "0-15"')
+    ds.add_argument("--bind_core_list", "--bind-core-list", default=None,
+                    help='cores to bind with --bind_cores_to_rank, e.g. "0-15" (default: all of the node\'s)')
     # Developer aid: the per-rank module (default launcher.train.rank_entry), not part of the user interface.
     parser.add_argument("--entry-module", default=RANK_ENTRY_MODULE, help=argparse.SUPPRESS)
 
@@ -268,6 +275,9 @@ def _local_device_count() -> int:
 
 def check_stages(config_path: Path, overrides: list[str], world_size: int, resources, hostfile) -> list[ResolvedStage]:
     """Load the run config and resolve every stage's batch arithmetic at this world size."""
+    from launcher.config.run_config import load_run_config
+    from launcher.config.stages import resolve_stages
+
     run_config = load_run_config(config_path, overrides)
     check_eval_specs(run_config.logging.stage_end_evals, where=f"{run_config.source}: logging.stage_end_evals")
     try:

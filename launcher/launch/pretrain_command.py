@@ -20,13 +20,10 @@ import os
 import shlex
 import sys
 
-from launcher.config.preflight_checks import check_run
-from launcher.config.run_config import load_run_config
 from launcher.io import atomic_write_text
 from launcher.launch import env_forwarding
 from launcher.launch.hostfile import is_local_only
 from launcher.launch.launch_plan import add_launch_arguments, build_plan
-from launcher.launch.node_commands import describe_plan
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
     for note in check_inputs(plan):
         print(f"roformer pretrain: note: {note}", file=sys.stderr, flush=True)
     if args.dry_run:
+        from launcher.launch.node_commands import describe_plan
+
         print(describe_plan(plan))
         return 0
 
@@ -61,6 +60,9 @@ def check_inputs(plan) -> list[str]:
     """The checks every rank runs at start-up (launcher/config/preflight_checks.py: data, tokenizer
     size, DeepSpeed config, precision), here before anything starts. The accelerator is the ranks'
     when they run on this machine or DS_ACCELERATOR is set (they inherit it)."""
+    from launcher.config.preflight_checks import check_run  # imports torch: not at `--help` time
+    from launcher.config.run_config import load_run_config
+
     cfg = load_run_config(plan.config_path, plan.overrides)
     here = is_local_only(plan.resources) or "DS_ACCELERATOR" in plan.env
     return check_run(cfg, plan.stages, plan.world_size, accelerator_is_the_ranks=here).notes
