@@ -18,8 +18,12 @@ from .activations import ACTIVATION_FUNCTIONS
 from .attention import SelfAttention
 from .config import ConfigError, RoFormerConfig
 from .dropout import Dropout, use_cpu_kernels
-from .mlm_loss import summed_cross_entropy
+from .mlm_loss import decoder_cross_entropy
 from .rope import RotaryEmbedding
+
+# Largest (rows, intermediate) activation the CPU feed-forward allocates at once: half of glibc's
+# 32 MiB ceiling for serving freed memory from the heap instead of new (page-faulting) mmaps.
+_FFN_CHUNK_BYTES = 16 << 20
 
 IGNORE_INDEX = -100  # label value of unmasked positions (the data pipeline's and transformers' convention)
 
@@ -56,7 +60,10 @@ class Embeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         length = input_ids.shape[1]
         if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
+            # Every token has type 0: add that one row, broadcast, instead of gathering it B*T times
+            # (and scattering B*T gradient rows back into it). Called through the module so that
+            # ZeRO-3 gathers the weight as for any lookup.
+            token_type_ids = torch.zeros(1, 1, dtype=torch.long, device=input_ids.device)
         embedded = self.word(input_ids) + self.token_type(token_type_ids)  # (B, T, E)
         if self.position_encoding != "rope":
             if length > self.max_positions:
@@ -88,8 +95,19 @@ class Block(nn.Module):
                 rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         attended = self.attention(hidden, attention_mask, rotary)  # (B, T, H)
         hidden = self.attention_norm(self.dropout(attended, residual=hidden))
-        expanded = self.activation(self.ffn_in(hidden))  # (B, T, intermediate)
-        return self.ffn_norm(self.dropout(self.ffn_out(expanded), residual=hidden))  # (B, T, H)
+        return self.ffn_norm(self.dropout(self._feed_forward(hidden), residual=hidden))  # (B, T, H)
+
+    def _feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """ffn_out(act(ffn_in(hidden))), on CPU in token chunks whose (rows, intermediate) tensors stay
+        under _FFN_CHUNK_BYTES: glibc serves larger blocks with fresh mmaps, and faulting in the four
+        (B*T, intermediate) tensors of each layer's forward and backward cost ~15% of the layer."""
+        flat = hidden.reshape(-1, hidden.shape[-1])  # (B*T, H)
+        row_bytes = self.ffn_in.out_features * hidden.element_size()
+        rows = max(1, _FFN_CHUNK_BYTES // row_bytes)
+        if not use_cpu_kernels(hidden) or flat.shape[0] <= rows:
+            return self.ffn_out(self.activation(self.ffn_in(hidden)))
+        parts = [self.ffn_out(self.activation(self.ffn_in(part))) for part in flat.split(rows)]
+        return torch.cat(parts).view(hidden.shape)
 
 
 # ----------------------------------------------------------------------------------------------- encoder
@@ -181,10 +199,13 @@ class MaskedLMHead(nn.Module):
         self.norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
-    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
-        """hidden (..., H), word_embeddings (V, E) -> logits (..., V)."""
+    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor, targets: torch.Tensor | None = None):
+        """hidden (..., H), word_embeddings (V, E) -> logits (..., V); with targets (M,) for hidden (M, H):
+        (logits (M, V), fp32 summed cross-entropy, long count of argmax == target)."""
         transformed = self.norm(self.activation(self.dense(hidden)))  # (..., E)
-        return F.linear(transformed, word_embeddings, self.bias)
+        if targets is None:
+            return F.linear(transformed, word_embeddings, self.bias)
+        return decoder_cross_entropy(transformed, word_embeddings, self.bias, targets)
 
 
 class RoFormerForMaskedLM(PreTrainedBase):
@@ -208,8 +229,7 @@ class RoFormerForMaskedLM(PreTrainedBase):
         # is most of the head's time and memory.
         is_masked = labels != IGNORE_INDEX  # (B, T)
         targets = labels[is_masked]  # (M,)
-        logits = self.mlm_head(hidden[is_masked], word_embeddings)  # (M, V)
-        loss_sum, num_correct = summed_cross_entropy(logits, targets)
+        logits, loss_sum, num_correct = self.mlm_head(hidden[is_masked], word_embeddings, targets)  # (M, V)
         num_masked = torch.tensor(targets.numel(), dtype=torch.long, device=labels.device)
         return MaskedLMOutput(logits=logits, loss_sum=loss_sum, num_masked=num_masked, num_correct=num_correct)
 

@@ -1,42 +1,69 @@
-"""roformer.mlm_loss: the chunked summed cross-entropy equals F.cross_entropy + argmax, with gradients."""
+"""roformer.mlm_loss: the CPU decoder + loss function equals F.linear + F.cross_entropy + argmax,
+with the gradients of the reference ops, in one chunk and in many."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from roformer import mlm_loss
-from roformer.mlm_loss import summed_cross_entropy
+from roformer.mlm_loss import decoder_cross_entropy
 
 
 @pytest.fixture(params=["one_chunk", "many_chunks"])
 def chunking(request, monkeypatch):
     if request.param == "many_chunks":
-        monkeypatch.setattr(mlm_loss, "_CHUNK_ELEMENTS", 3 * 50)  # 3 rows of 50 per chunk, last one partial
+        # forward: 3 rows of 50 logits per chunk; backward: 7-column vocabulary chunks, last one partial
+        monkeypatch.setattr(mlm_loss, "_CHUNK_ELEMENTS", 3 * 50)
+        monkeypatch.setattr(mlm_loss, "_MIN_COLUMNS", 7)
     return request.param
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_equals_cross_entropy_argmax_and_their_gradients(chunking, dtype):
+def inputs(dtype, rows=11):
     torch.manual_seed(0)
-    logits = (torch.randn(11, 50) * 3).to(dtype).requires_grad_()
-    targets = torch.randint(0, 50, (11,))
-    targets[:4] = logits.detach()[:4].argmax(dim=-1)  # some hits
-    loss_sum, correct = summed_cross_entropy(logits, targets)
-    expected = F.cross_entropy(logits.float(), targets, reduction="sum")
-    assert loss_sum.dtype == torch.float32 and correct.dtype == torch.long
-    torch.testing.assert_close(loss_sum, expected, atol=1e-4, rtol=1e-5)
-    assert correct.item() == (logits.argmax(dim=-1) == targets).sum().item() >= 4
-    scale = torch.tensor(0.37)  # the trainer back-propagates a scaled loss
-    (ours,) = torch.autograd.grad(loss_sum * scale, logits)
-    (reference,) = torch.autograd.grad(expected * scale, logits)
-    assert ours.dtype == dtype
-    tolerance = 1e-6 if dtype == torch.float32 else 1e-2
-    torch.testing.assert_close(ours, reference, atol=tolerance, rtol=tolerance)
+    features = torch.randn(rows, 6, dtype=dtype, requires_grad=True)
+    weight = torch.randn(50, 6, dtype=dtype, requires_grad=True)
+    bias = torch.randn(50, dtype=dtype, requires_grad=True)
+    targets = torch.randint(0, 50, (rows,))
+    with torch.no_grad():
+        targets[:4] = F.linear(features[:4], weight, bias).argmax(dim=-1)  # some hits
+    return features, weight, bias, targets
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_equals_linear_cross_entropy_argmax_and_their_gradients(chunking, dtype):
+    features, weight, bias, targets = inputs(dtype)
+    logits, loss_sum, correct = decoder_cross_entropy(features, weight, bias, targets)
+    expected_logits = F.linear(features, weight, bias)
+    expected = F.cross_entropy(expected_logits.float(), targets, reduction="sum")
+    assert loss_sum.dtype == torch.float32 and correct.dtype == torch.long and logits.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(logits, expected_logits, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(loss_sum, expected, atol=1e-4 if dtype == torch.float32 else 0.5, rtol=1e-4)
+    assert correct.item() == (expected_logits.argmax(dim=-1) == targets).sum().item() >= 4
+    # the trainer back-propagates a scaled loss; a caller may also use the logits
+    scale = torch.tensor(0.37)
+    extra = torch.randn(logits.shape)
+    ours = torch.autograd.grad(loss_sum * scale + (logits.float() * extra).sum(), (features, weight, bias))
+    reference = torch.autograd.grad(expected * scale + (expected_logits.float() * extra).sum(),
+                                    (features, weight, bias))
+    for mine, theirs in zip(ours, reference):
+        assert mine.dtype == dtype
+        torch.testing.assert_close(mine, theirs, atol=10 * tolerance, rtol=tolerance)
 
 
 def test_no_rows_gives_zero_that_backpropagates():
-    logits = torch.randn(0, 7, requires_grad=True)
-    loss_sum, correct = summed_cross_entropy(logits, torch.zeros(0, dtype=torch.long))
-    assert loss_sum.item() == 0.0 and correct.item() == 0
+    features, weight, bias, targets = inputs(torch.float32, rows=0)
+    logits, loss_sum, correct = decoder_cross_entropy(features, weight, bias, targets)
+    assert logits.shape == (0, 50) and loss_sum.item() == 0.0 and correct.item() == 0
     loss_sum.backward()
-    assert logits.grad.shape == (0, 7)
+    assert weight.grad.abs().sum() == 0 and bias.grad.abs().sum() == 0
+
+
+def test_logits_alone_backpropagate_as_a_linear_layer(chunking):
+    features, weight, bias, targets = inputs(torch.float32)
+    logits, _, _ = decoder_cross_entropy(features, weight, bias, targets)
+    extra = torch.randn(logits.shape)
+    ours = torch.autograd.grad((logits * extra).sum(), (features, weight, bias))
+    reference = torch.autograd.grad((F.linear(features, weight, bias) * extra).sum(), (features, weight, bias))
+    for mine, theirs in zip(ours, reference):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
