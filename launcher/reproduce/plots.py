@@ -47,7 +47,7 @@ def loss_curves(groups: dict, title: str, path: Path) -> Path:
     ax.set(title=title, xlabel="optimizer step", ylabel="MLM validation loss (nats per masked token)")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:  # nothing finished yet: an empty frame, no legend
-        ax.legend(loc="upper right")
+        ax.legend(loc="lower left")  # losses fall to the right; stage labels sit at the top
     return _save(fig, path)
 
 
