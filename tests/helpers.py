@@ -106,9 +106,11 @@ def free_port() -> int:
 
 def roformer_env(**extra: str) -> dict[str, str]:
     """The environment of a `roformer` command (as the Makefile sets it)."""
+    from launcher.ops_cache import ENV_VAR, extensions_dir
+
     env = dict(os.environ, DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    # Same op cache as the Makefile / CI, so DeepSpeed's CPU shm-comm op compiles once.
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/roformer-ds/torch_extensions"))
+    # This environment's op cache (as every rank uses), so DeepSpeed's CPU shm-comm op compiles once.
+    env[ENV_VAR] = str(extensions_dir(env))
     env.update(extra)
     return env
 
@@ -136,7 +138,7 @@ def start_run(num_ranks: int, config: Path, run_dir: Path, module: str = RANK_EN
                                 start_new_session=True)
 
 
-def run_to_end(num_ranks: int, config: Path, run_dir: Path, timeout: float = 300, **kwargs) -> None:
+def run_to_end(num_ranks: int, config: Path, run_dir: Path, timeout: float = 600, **kwargs) -> None:
     """A run that must finish (exit code 0); the log's tail is the failure message otherwise."""
     proc = start_run(num_ranks, config, run_dir, **kwargs)
     try:
