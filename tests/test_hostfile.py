@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import UserError
-from launcher.launch.hostfile import (
+from launcher.config.hostfile import (
     check_hostname,
     is_local_only,
     parse_hostfile_text,

@@ -1,10 +1,10 @@
-"""launcher.train.mfu: the peak table, the per-step model FLOPs and the tflops / mfu fields of a train
+"""launcher.mfu: the peak table, the per-step model FLOPs and the tflops / mfu fields of a train
 record, against hand computations. The fields in a real run's metrics.jsonl: tests/test_training.py."""
 from __future__ import annotations
 
 import pytest
 
-from launcher.train.mfu import Peak, resolve_peak, speed_fields, step_model_flops, table_peak_tflops
+from launcher.mfu import Peak, resolve_peak, speed_fields, step_model_flops, table_peak_tflops
 from roformer import RoFormerConfig
 
 SMALL = dict(vocab_size=100, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16)

@@ -12,7 +12,7 @@ import os
 import sys
 
 from launcher.errors import UserError
-from launcher.launch.hostfile import read_hostfile
+from launcher.config.hostfile import read_hostfile
 from launcher.stage_end_jobs import check_eval_specs
 
 
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 def estimate_table(args: argparse.Namespace, cfg, ds_config: dict, stages) -> tuple[str, bool]:
     """Memory and time per stage (launcher/config/estimate.py) with the flags' device and peak."""
     from launcher.config.estimate import format_estimates, parse_memory, setup_from_configs
-    from launcher.train.mfu import resolve_peak, table_peak_tflops
+    from launcher.mfu import resolve_peak, table_peak_tflops
 
     if not 0 < args.mfu <= 1:
         raise UserError(f"--mfu: must be in (0, 1], got {args.mfu}")
@@ -86,7 +86,7 @@ def estimate_table(args: argparse.Namespace, cfg, ds_config: dict, stages) -> tu
         peak, source = table_peak_tflops(args.device_name, setup.precision), f"table: {args.device_name} {setup.precision}"
         if peak is None:
             raise UserError(f"--device-name: no {setup.precision} peak for {args.device_name!r} in the table "
-                            "(launcher/train/mfu.py); give --peak-tflops")
+                            "(launcher/mfu.py); give --peak-tflops")
     else:
         resolved = resolve_peak(cfg.logging.peak_tflops, setup.precision)
         if resolved.tflops is None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from launcher.defaults import DEFAULT_MASTER_PORT
 from launcher.errors import UserError
 from launcher.launch import env_forwarding
-from launcher.launch.hostfile import Hostfile, is_local_only, read_hostfile, resolve_resources, world_size_of
+from launcher.config.hostfile import Hostfile, is_local_only, read_hostfile, resolve_resources, world_size_of
 from launcher.run_dir import RunDir
 from launcher.stage_end_jobs import check_eval_specs
 

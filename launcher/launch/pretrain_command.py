@@ -6,7 +6,7 @@
 A thin wrapper around DeepSpeed's runner (`python -m deepspeed.launcher.runner`), which does the
 launching (locally, or through pdsh / OpenMPI / MPICH / Slurm). Before anything starts we check
 what DeepSpeed would only find out on the nodes: the hostfile and host filters
-(launcher.launch.hostfile), the batch arithmetic of every stage at the resulting world size and the
+(launcher.config.hostfile), the batch arithmetic of every stage at the resulting world size and the
 variables forwarded to the ranks (launcher.launch.launch_plan), the ranks' own start-up checks of the
 data and the DeepSpeed config (launcher.config.preflight_checks), then ssh reachability and the shared
 run directory (launcher.launch.preflight). While it runs, launcher.launch.supervise names the node and rank of a
@@ -19,10 +19,14 @@ import dataclasses
 import os
 import shlex
 import sys
+import time
+from pathlib import Path
 
+from launcher import ops_cache
+from launcher.defaults import PROGRESS_ENV
 from launcher.io import atomic_write_text
 from launcher.launch import env_forwarding
-from launcher.launch.hostfile import is_local_only
+from launcher.config.hostfile import is_local_only
 from launcher.launch.launch_plan import add_launch_arguments, build_plan
 
 
@@ -41,19 +45,54 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from launcher.launch import preflight
+    from launcher.launch.console import Console
     from launcher.launch.supervise import supervise
+    from launcher.run_dir import RunDir
 
     master_addr = preflight.run_preflight(plan)
-    plan = dataclasses.replace(plan, master_addr=master_addr)
+    # Rank 0 draws a status line only for a terminal (launcher/train/progress.py); a pipe or a file
+    # gets plain progress lines, each once.
+    status = sys.stdout.isatty()
+    plan = dataclasses.replace(plan, master_addr=master_addr,
+                               env={**plan.env, PROGRESS_ENV: "status" if status else "lines"})
     env_file = env_forwarding.write_env_file(plan.run_dir, plan.env)
     if plan.multi_node:
         atomic_write_text(plan.hostfile_copy, plan.hostfile.render())
 
     runner_env = {**os.environ, **plan.env, "DS_ENV_FILE": str(env_file)}
-    print(f"roformer pretrain: world size {plan.world_size} on {', '.join(plan.resources)} "
-          f"({plan.launcher}); run dir {plan.run_dir}", flush=True)
-    print("roformer pretrain: " + shlex.join(plan.runner_argv()), flush=True)
-    return supervise(plan, runner_env)
+    log = RunDir(plan.run_dir).launcher_log
+    console = Console(sys.stdout, log, local=plan.launcher == "local", status=status, hosts=plan.resources)
+    try:
+        console.note(f"roformer pretrain: world size {plan.world_size} on {', '.join(plan.resources)} "
+                     f"({plan.launcher}); run dir {plan.run_dir}; all output also in {log}", stream=console.out)
+        console.log_only("roformer pretrain: " + shlex.join(plan.runner_argv()))
+        announce_op_build(plan, console)
+        return supervise(plan, runner_env, console)
+    finally:
+        console.close()
+
+
+def announce_op_build(plan, console) -> None:
+    """On CPU the ranks compile DeepSpeed's communication op on their first start in a Python
+    environment, printing nothing for about a minute: say so before it happens (launcher/ops_cache.py)."""
+    accelerator = plan.env.get("DS_ACCELERATOR")
+    if accelerator is None and is_local_only(plan.resources):
+        from deepspeed.accelerator import get_accelerator  # already imported to count the local devices
+
+        accelerator = get_accelerator().device_name()
+    directory = Path(plan.env.get(ops_cache.ENV_VAR) or ops_cache.extensions_dir())
+    if accelerator != "cpu" or ops_cache.op_built(directory):
+        return
+    console.note(f"roformer pretrain: first start in this Python environment: before training, DeepSpeed compiles "
+                 f"its CPU communication op ({ops_cache.CPU_COMM_OP}) into {directory}"
+                 f"{' on each node' if plan.multi_node else ''}, {ops_cache.CPU_COMM_OP_BUILD}, with nothing "
+                 f"printed; later starts reuse it", stream=console.out)
+    lock = ops_cache.build_lock(directory)
+    if lock is not None:
+        since = time.strftime("%H:%M", time.localtime(lock.stat().st_mtime))
+        console.note(f"roformer pretrain: note: {lock} exists since {since}: the ranks wait until the process "
+                     f"compiling the op removes it. If none is compiling any more (a killed build leaves it behind "
+                     f"and every start waits forever), delete it", stream=console.out)
 
 
 def check_inputs(plan) -> list[str]:

@@ -17,12 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from launcher.errors import UserError
+from launcher.metrics_format import step_offset
 from launcher.run_dir import RunDir
 from launcher.run_records import RecordVersion, files_in_effect, read_versions
 
-STEP_OFFSET = 1
-"""Steps completed = a train record's `step` + STEP_OFFSET: metrics.jsonl writes the 0-based index of
-the step just taken (launcher/train/metrics.py). The one place to change if that convention does."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +73,7 @@ class TrainCurve:
     """Model FLOP utilisation as a fraction of the hardware's peak (record key `mfu`), when the records
     carry it."""
     tflops: np.ndarray | None
-    """Achieved model TFLOP/s per rank (record key `tflops`, launcher/train/mfu.py), when the records carry it."""
+    """Achieved model TFLOP/s per rank (record key `tflops`, launcher/mfu.py), when the records carry it."""
 
     def __len__(self) -> int:
         return len(self.step)
@@ -166,6 +164,11 @@ class Records:
     skipped: int
     """Lines that were not a JSON object (cut by a kill, or damaged)."""
 
+    def step_offset(self) -> int:
+        """Added to a train/valid record's `step` to count steps completed: 0, or 1 for a file written
+        before that convention (launcher/metrics_format.py)."""
+        return step_offset(self.events)
+
 
 def read_records(path: Path) -> Records:
     records = Records({f: array("d") for f in TRAIN_FIELDS}, set(), {}, [], [], 0)
@@ -200,7 +203,7 @@ def load_curves(run_dir: Path) -> Curves:
     train = _train_curve(records)
     valid_records = list({r["step"]: r for r in records.valid}.values())  # a repeated step: the later line
     valid_records.sort(key=lambda r: r["step"])
-    valid_steps = _column(valid_records, "step") + STEP_OFFSET
+    valid_steps = _column(valid_records, "step") + records.step_offset()
     valid = ValidCurve(step=valid_steps, stage=_column(valid_records, "stage"), loss=_column(valid_records, "loss"),
                        accuracy=_column(valid_records, "mlm_accuracy"),
                        tokens=train.tokens_at(valid_steps).astype(float))
@@ -237,10 +240,11 @@ def read_stages(stages_file: Path, stage_firsts: dict[int, dict] | None = None,
     except (OSError, ValueError, KeyError, TypeError):
         pass
     names = {e.get("stage"): e.get("name") for e in events if e.get("event") == "stage_start"}
+    before = step_offset(list(events)) - 1  # a stage starts one step before its first record's step
     return [StageSpan(index=index, name=str(names.get(index) or f"stage {index + 1}"),
                       max_seq_len=int(record.get("max_seq_len") or 0),
                       global_batch_size=int(record.get("global_batch_size") or 0),
-                      first_step=int(record["step"]), steps=0)
+                      first_step=int(record["step"]) + before, steps=0)
             for index, record in sorted((stage_firsts or {}).items())]
 
 
@@ -264,7 +268,7 @@ def _train_curve(records: Records) -> TrainCurve:
     columns = {name: column[keep] for name, column in columns.items()}
     step_tokens = np.nan_to_num(columns["tokens_per_s"] * columns["step_time_s"], nan=0.0, posinf=0.0)
     optional = {name: columns[name] if name in records.present else None for name in OPTIONAL_FIELDS}
-    return TrainCurve(step=columns["step"] + STEP_OFFSET, stage=columns["stage"], loss=columns["loss"],
+    return TrainCurve(step=columns["step"] + records.step_offset(), stage=columns["stage"], loss=columns["loss"],
                       accuracy=columns["mlm_accuracy"], lr=columns["lr"], loss_scale=columns["loss_scale"],
                       grad_norm=columns["grad_norm"], tokens_per_s=columns["tokens_per_s"],
                       step_time_s=columns["step_time_s"], tokens=np.cumsum(np.round(step_tokens)),

@@ -1,9 +1,12 @@
-"""Rank-0 reporting: TensorBoard scalars, RUN_DIR/metrics.jsonl and a progress bar with ETAs.
+"""Rank-0 reporting: TensorBoard scalars, RUN_DIR/metrics.jsonl and progress lines with ETAs.
 
-metrics.jsonl holds one JSON object per line, `kind` = "train" (every step), "valid" or "event".
-On resume, train/valid lines at or after the resumed step are dropped (they belong to the lost
-future of the interrupted run), so the file always reads as one consistent run; TensorBoard gets
-the same treatment through SummaryWriter's purge_step.
+metrics.jsonl holds one JSON object per line, `kind` = "train" (every step), "valid" or "event";
+the first line is the `metrics_format` event. Every `step` counts optimizer steps completed
+(launcher/metrics_format.py): the first train record has step 1, a validation or checkpoint after
+N steps has step N, as does TensorBoard's x axis. On resume from step N, train/valid lines past N
+are dropped (they belong to the lost future of the interrupted run), so the file always reads as
+one consistent run; TensorBoard gets the same treatment through SummaryWriter's purge_step.
+Console output: launcher/train/progress.py.
 """
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ from pathlib import Path
 
 from launcher.config.stages import ResolvedStage
 from launcher.io import atomic_write_text
-from launcher.train.mfu import Peak, speed_fields
+from launcher.metrics_format import FORMAT_EVENT, format_event, normalise
 from launcher.run_dir import RunDir
+from launcher.mfu import Peak, speed_fields
+from launcher.train.progress import ProgressPrinter
 
 # TensorBoard tag of each train-record field.
 TRAIN_SCALARS = {
@@ -31,7 +36,9 @@ class Metrics:
     """Does nothing on ranks other than 0, so the loop can call it unconditionally."""
 
     def __init__(self, run_dir: RunDir, rank: int, stages: list[ResolvedStage], total_steps: int, start_step: int,
-                 log_every: int, progress_bar: bool):
+                 log_every: int, progress_bar: bool, progress_every: int = 1):
+        """start_step: steps completed when the run (re)starts; progress_every: steps between plain
+        progress lines (launcher/train/progress.py); progress_bar False: no progress lines at all."""
         self.active = rank == 0
         self.stages, self.total_steps, self.log_every = stages, total_steps, log_every
         self.tokens_per_s: float | None = None  # smoothed, for the ETAs
@@ -43,13 +50,8 @@ class Metrics:
         self.jsonl = open(self.path, "a", encoding="utf-8")
         from torch.utils.tensorboard import SummaryWriter
 
-        self.tb = SummaryWriter(str(run_dir.tensorboard), purge_step=start_step if start_step > 0 else None)
-        self.bar = None
-        if progress_bar:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=self.total_steps, initial=start_step, unit="step", dynamic_ncols=True,
-                            mininterval=1.0 if sys.stderr.isatty() else 15.0, file=sys.stderr)
+        self.tb = SummaryWriter(str(run_dir.tensorboard), purge_step=start_step + 1 if start_step > 0 else None)
+        self.progress = ProgressPrinter(total_steps, progress_every) if progress_bar else None
 
     def set_peak(self, peak: Peak) -> None:
         """The peak MFU is measured against, from now on (recorded as a `peak_flops` event)."""
@@ -57,8 +59,8 @@ class Metrics:
         self.event("peak_flops", **peak.to_dict())
 
     def train_step(self, record: dict) -> None:
-        """record: step (0-based, the step just taken), the TRAIN_SCALARS fields and model_flops_per_rank
-        (from which `tflops` and `mfu` are added)."""
+        """record: step (steps completed, this one included), the TRAIN_SCALARS fields and
+        model_flops_per_rank (from which `tflops` and `mfu` are added)."""
         flops = record.pop("model_flops_per_rank", None)
         if flops is not None and self.peak is not None:
             record.update(speed_fields(flops, record["step_time_s"], self.peak))
@@ -69,21 +71,27 @@ class Metrics:
             return
         self._write({"kind": "train", **record})
         step = record["step"]
-        if step % self.log_every == 0 or step + 1 == self.total_steps:
+        if step == 1 or step % self.log_every == 0 or step == self.total_steps:
             for key, tag in TRAIN_SCALARS.items():
                 if record.get(key) is not None:
                     self.tb.add_scalar(tag, record[key], step)
-        if self.bar is not None:
-            stage = self.stages[record["stage"]]
-            self.bar.set_description(f"{stage.name} ({stage.index + 1}/{len(self.stages)}) len {stage.max_seq_len} "
-                                     f"batch {stage.global_batch_size}", refresh=False)
-            self.bar.set_postfix_str(f"loss {record['loss']:.3f} acc {record['mlm_accuracy']:.3f} "
-                                     f"{_fmt_speed(record)}stage ETA {_fmt(self.eta(stage, step + 1, stage.end_step))} "
-                                     f"run ETA {_fmt(self.eta(stage, step + 1, self.total_steps))}", refresh=False)
-            self.bar.update(1)
+        if self.progress is not None:
+            self.progress.step(step, lambda: self.progress_text(record))
+
+    def progress_text(self, record: dict) -> str:
+        """'step 120/570 (21%) | short 1/3: len 64 x batch 32 | loss 7.012 acc 0.081 | 5,120 tok/s ...
+        | stage ETA 00:48, run ETA 03:10' for the train record of a step."""
+        step, stage = record["step"], self.stages[record["stage"]]
+        return (f"step {step:,}/{self.total_steps:,} ({100 * step // self.total_steps}%) | {stage.name} "
+                f"{stage.index + 1}/{len(self.stages)}: len {stage.max_seq_len} x batch {stage.global_batch_size} | "
+                f"loss {record['loss']:.3f} acc {record['mlm_accuracy']:.3f} | "
+                f"{self.tokens_per_s or 0:,.0f} tok/s {_fmt_speed(record)}| "
+                f"stage ETA {_fmt(self.eta(stage, step, stage.end_step))}, "
+                f"run ETA {_fmt(self.eta(stage, step, self.total_steps))}")
 
     def eta(self, stage: ResolvedStage, from_step: int, to_step: int) -> float | None:
-        """Seconds to run [from_step, to_step) at the smoothed token rate (stages differ in tokens/step)."""
+        """Seconds from `from_step` to `to_step` steps completed at the smoothed token rate (stages differ
+        in tokens/step)."""
         if not self.tokens_per_s:
             return None
         tokens = 0
@@ -100,7 +108,7 @@ class Metrics:
                      "seconds": round(seconds, 4)})
         self.tb.add_scalar("valid/loss", loss, step)
         self.tb.add_scalar("valid/mlm_accuracy", accuracy, step)
-        self.message(f"validation at step {step + 1}: loss {loss:.4f}, MLM accuracy {accuracy:.4f}")
+        self.message(f"validation at step {step}: loss {loss:.4f}, MLM accuracy {accuracy:.4f}")
 
     def event(self, event: str, **fields) -> None:
         if not self.active:
@@ -110,18 +118,13 @@ class Metrics:
             self.tb.add_scalar(f"timing/{event}_s", fields["seconds"], fields.get("step", 0))
 
     def message(self, text: str) -> None:
-        if not self.active:
-            return
-        if self.bar is not None:
-            self.bar.write(text, file=sys.stderr)
-        else:
+        """One line on the console (rank 0 only)."""
+        if self.active:
             print(text, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if not self.active:
             return
-        if self.bar is not None:
-            self.bar.close()
         self.tb.flush()
         self.tb.close()
         self.jsonl.close()
@@ -132,8 +135,12 @@ class Metrics:
 
 
 def read_metrics(run_dir: Path, kind: str = "train") -> list[dict]:
-    """The records of one kind in RUN_DIR/metrics.jsonl, in order ([] before the first step)."""
-    path = RunDir(Path(run_dir)).metrics
+    """The records of one kind in RUN_DIR/metrics.jsonl, in order, steps counted as steps completed
+    whatever the file's format ([] before the first step)."""
+    return [r for r in _read_all(RunDir(Path(run_dir)).metrics) if r.get("kind") == kind]
+
+
+def _read_all(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     records = []
@@ -142,23 +149,17 @@ def read_metrics(run_dir: Path, kind: str = "train") -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError:  # a line cut by a kill
             continue
-        if record.get("kind") == kind:
+        if isinstance(record, dict):
             records.append(record)
-    return records
+    return normalise(records)
 
 
 def _truncate_from(path: Path, start_step: int) -> None:
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if record.get("kind") == "event" or record.get("step", -1) < start_step:
-            kept.append(line)
-    atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+    """Rewrite metrics.jsonl for a (re)start after `start_step` steps: the format marker first, then the
+    records of steps up to start_step (an older file's converted to steps completed) and every event."""
+    kept = [r for r in _read_all(path) if r.get("event") != FORMAT_EVENT
+            and (r.get("kind") == "event" or r.get("step", -1) <= start_step)]
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in [format_event(), *kept]))
 
 
 def _fmt_speed(record: dict) -> str:

@@ -20,7 +20,7 @@ from launcher.stage_end_jobs import start_stage_end_job
 from launcher.train.checkpointer import ResumePoint
 from launcher.train.engine import loss_scale, precision
 from launcher.train.metrics import Metrics
-from launcher.train.mfu import resolve_peak
+from launcher.mfu import resolve_peak
 from launcher.train.trainer import StageEndCallback
 
 

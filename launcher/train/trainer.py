@@ -22,7 +22,7 @@ from launcher.train.checkpointer import Checkpointer
 from launcher.train.engine import loss_scale
 from launcher.train.heartbeat import ProgressRecorder
 from launcher.train.metrics import Metrics
-from launcher.train.mfu import step_model_flops
+from launcher.mfu import step_model_flops
 
 StageEndCallback = Callable[[str, ResolvedStage], None]
 """Called on rank 0 with (checkpoint tag, stage) after each stage-end checkpoint is complete."""
@@ -95,10 +95,10 @@ class Trainer:
                            max_seq_len=stage.max_seq_len, global_batch_size=stage.global_batch_size,
                            micro_batch_size=stage.micro_batch_size, grad_accum_steps=stage.grad_accum_steps,
                            seconds=time.perf_counter() - start)
-        self.metrics.message(f"stage {stage.index + 1}/{len(self.stages)} '{stage.name}' from step "
-                             f"{self.state.step + 1}: max_seq_len {stage.max_seq_len}, global batch "
-                             f"{stage.global_batch_size} = {stage.micro_batch_size} x {stage.grad_accum_steps} "
-                             f"x {self.world_size}")
+        self.metrics.message(f"stage {stage.index + 1}/{len(self.stages)} '{stage.name}' after step {self.state.step} "
+                             f"(steps {self.state.step + 1}-{stage.end_step}): max_seq_len {stage.max_seq_len}, "
+                             f"global batch {stage.global_batch_size} = {stage.micro_batch_size} x "
+                             f"{stage.grad_accum_steps} x {self.world_size}")
         return stage
 
     def train_step(self, stage: ResolvedStage) -> dict:
@@ -133,7 +133,8 @@ class Trainer:
         self.state.consumed_samples += samples
         self.state.consumed_tokens += int(global_tokens)
         grad_norm = self.engine.get_global_grad_norm()
-        return {"step": self.state.step, "stage": stage.index, "loss": sums[0].item() / max(global_masked, 1.0),
+        # "step" counts steps completed, this one included (launcher/metrics_format.py).
+        return {"step": self.state.step + 1, "stage": stage.index, "loss": sums[0].item() / max(global_masked, 1.0),
                 "mlm_accuracy": sums[1].item() / max(global_masked, 1.0), "lr": lr,
                 "loss_scale": loss_scale(self.engine), "grad_norm": None if grad_norm is None else float(grad_norm),
                 "skipped_steps": int(self.engine.skipped_steps), "max_seq_len": stage.max_seq_len,
@@ -156,7 +157,7 @@ class Trainer:
         loss, accuracy = (sums[0] / sums[2].clamp_min(1)).item(), (sums[1] / sums[2].clamp_min(1)).item()
         self.state.last_validation = {"step": self.state.step, "stage": stage.name, "max_seq_len": stage.max_seq_len,
                                       "loss": loss, "mlm_accuracy": accuracy}
-        self.metrics.validation(self.state.step - 1, stage.index, loss, accuracy, time.perf_counter() - start)
+        self.metrics.validation(self.state.step, stage.index, loss, accuracy, time.perf_counter() - start)
 
     def save_checkpoint(self, stage: ResolvedStage) -> str:
         start = time.perf_counter()
