@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 import shutil
 import signal
 import socket
@@ -53,7 +54,9 @@ def _free_subnet() -> str:
 
 class TwoNodeCluster:
     def __init__(self, work_dir: Path, nodes: int = 2):
-        self.tag = f"{random.getrandbits(20):05x}"
+        # Not `random`: code under test seeds the global RNG (launcher/train/rng.py), which made two
+        # pytest sessions pick the same names and collide on a left-over bridge.
+        self.tag = secrets.token_hex(3)[:5]
         self.dir = Path(work_dir) / f"cluster-{self.tag}"
         self.node_names = [f"node{i + 1}" for i in range(nodes)]
         self.netns = {name: f"rf{self.tag}n{i + 1}" for i, name in enumerate(self.node_names)}
