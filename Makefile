@@ -3,7 +3,8 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export DS_ACCELERATOR ?= cpu
-export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/roformer-ds/torch_extensions
+# TORCH_EXTENSIONS_DIR (DeepSpeed's compiled ops) is left to launcher/ops_cache.py: one directory per
+# Python environment under ~/.cache/roformer-ds/torch_extensions, so two venvs never rebuild each other's op.
 export PIP_CACHE_DIR ?= $(HOME)/.cache/roformer-ds/pip
 export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1

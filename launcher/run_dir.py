@@ -18,6 +18,7 @@
                                   its rank guard sees (process state, network); the hang watchdog's input
       plots/, report.md           PNGs rendered at every stage end and by `roformer report` (+ its page)
       .deepspeed_env, launch/     what `roformer pretrain` gave the ranks (env file, hostfile copy)
+      logs/launcher.log           everything the job printed, appended by each `roformer pretrain`
 """
 from __future__ import annotations
 
@@ -125,6 +126,10 @@ class RunDir:
     @property
     def hostfile_copy(self) -> Path:
         return self.root / "launch" / "hostfile"
+
+    @property
+    def launcher_log(self) -> Path:
+        return self.root / "logs" / "launcher.log"
 
 
 def versioned(path: Path, version: int) -> Path:

@@ -9,8 +9,8 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 CACHE_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/roformer-ds
 export PIP_CACHE_DIR=${PIP_CACHE_DIR:-$CACHE_ROOT/pip}
-export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$CACHE_ROOT/torch_extensions}
-mkdir -p "$PIP_CACHE_DIR" "$TORCH_EXTENSIONS_DIR"
+# DeepSpeed's ops compile on first use into a directory of this venv's own (launcher/ops_cache.py).
+mkdir -p "$PIP_CACHE_DIR"
 
 # --- Debian packages: ninja-build (the ONE ninja compiling DeepSpeed ops: with a second ninja in
 # the venv the op cache rebuilds whenever processes alternate between them), the MPI runtime for

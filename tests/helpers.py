@@ -106,9 +106,11 @@ def free_port() -> int:
 
 def roformer_env(**extra: str) -> dict[str, str]:
     """The environment of a `roformer` command (as the Makefile sets it)."""
+    from launcher.ops_cache import ENV_VAR, extensions_dir
+
     env = dict(os.environ, DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    # Same op cache as the Makefile / CI, so DeepSpeed's CPU shm-comm op compiles once.
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/roformer-ds/torch_extensions"))
+    # This environment's op cache (as every rank uses), so DeepSpeed's CPU shm-comm op compiles once.
+    env[ENV_VAR] = str(extensions_dir(env))
     env.update(extra)
     return env
 

@@ -44,7 +44,7 @@ def fp16_run(tmp_path_factory, tiny_data):
 def test_overflow_steps_are_skipped_and_logged(fp16_run):
     run_dir, _, _ = fp16_run
     train = read_metrics(run_dir, "train")
-    assert [r["step"] for r in train] == list(range(TINY_TOTAL_STEPS))
+    assert [r["step"] for r in train] == list(range(1, TINY_TOTAL_STEPS + 1))
     skipped = [r["skipped_steps"] for r in train]
     scales = [r["loss_scale"] for r in train]
     assert skipped[0] == 1 and scales[0] == 2.0 ** 23  # 2^24 overflows at once and is halved
@@ -61,11 +61,11 @@ def test_overflow_steps_are_skipped_and_logged(fp16_run):
 def test_loss_scale_and_skip_count_survive_resume(fp16_run):
     run_dir, stop_point, before = fp16_run
     sidecar = stop_point.sidecar
-    last = before[sidecar.step - 1]  # the step just before the checkpoint
+    last = before[sidecar.step]  # the checkpoint's last step
     assert (sidecar.loss_scale, sidecar.skipped_steps) == (last["loss_scale"], last["skipped_steps"])
     resume = [r for r in read_metrics(run_dir, "event") if r["event"] == "resume"][-1]
     assert (resume["loss_scale"], resume["skipped_steps"]) == (sidecar.loss_scale, sidecar.skipped_steps)
-    first = {r["step"]: r for r in read_metrics(run_dir, "train")}[sidecar.step]
+    first = {r["step"]: r for r in read_metrics(run_dir, "train")}[sidecar.step + 1]  # the first step after it
     assert first["loss_scale"] in (sidecar.loss_scale, sidecar.loss_scale / 2, sidecar.loss_scale * 2)
     assert first["skipped_steps"] - sidecar.skipped_steps in (0, 1)
 
@@ -79,7 +79,7 @@ def test_tensorboard_has_loss_scale_and_skips(fp16_run):
     scales = {e.step: e.value for e in acc.Scalars("train/loss_scale")}
     skipped = {e.step: e.value for e in acc.Scalars("train/skipped_steps")}
     train = read_metrics(run_dir, "train")
-    assert sorted(scales) == list(range(TINY_TOTAL_STEPS))  # purge_step dropped the stopped run's extra steps
+    assert sorted(scales) == list(range(1, TINY_TOTAL_STEPS + 1))  # purge_step dropped the stopped run's extra steps
     assert [scales[r["step"]] for r in train] == [r["loss_scale"] for r in train]
     assert [skipped[r["step"]] for r in train] == [r["skipped_steps"] for r in train]
 

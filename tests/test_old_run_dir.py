@@ -95,7 +95,8 @@ def test_stored_run_resumes_from_its_checkpoint_and_exports(stored_run, copy_of,
     (resume,) = [r for r in read_metrics(run_dir, "event") if r["event"] == "resume"]
     assert (resume["tag"], resume["from_world_size"], resume["world_size"], resume["universal"]) == (TAG, 2, 2, False)
     steps = [r["step"] for r in read_metrics(run_dir, "train")]
-    assert steps == list(range(8))  # 0-4 kept from the stored run's metrics.jsonl, 5-7 trained now
+    # 1-5 kept from the stored run's metrics.jsonl (written 0-based, rewritten as steps completed), 6-8 trained now
+    assert steps == list(range(1, 9))
     final = read_sidecar(RunDir(run_dir).checkpoint("global_step8"))
     assert (final.step, final.consumed_samples, final.stage_name) == (8, 32 + 3 * 8, "more")
     out = export_checkpoint(run_dir, tmp_path / "export")

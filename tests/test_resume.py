@@ -66,8 +66,8 @@ def test_each_stop_left_the_expected_checkpoints(chain):
 def test_resumed_losses_equal_the_uninterrupted_run(chain):
     reference, run_dir = chain[0], chain[1]
     expected, got = train_losses(reference), train_losses(run_dir)
-    assert sorted(got) == list(range(TINY_TOTAL_STEPS))
-    for step in range(TINY_TOTAL_STEPS):
+    assert sorted(got) == list(range(1, TINY_TOTAL_STEPS + 1))
+    for step in range(1, TINY_TOTAL_STEPS + 1):
         assert abs(got[step] - expected[step]) <= 1e-6, (step, got[step], expected[step])
     tags = [r["tag"] for r in resumes(run_dir)]
     assert tags[1:] == ["global_step10"] and tags[0] in ("global_step8", "global_step9")
@@ -83,8 +83,8 @@ def test_resume_with_one_rank_continues_schedule_and_loss_curve(chain, tmp_path_
         ("global_step10", 2, 1, True)
     assert (one_rank / "universal" / "global_step10" / "zero").is_dir()
     expected, got = train_losses(reference), train_losses(one_rank)
-    assert sorted(got) == list(range(TINY_TOTAL_STEPS))
-    for step in range(10, TINY_TOTAL_STEPS):  # other micro-batch split -> other summation order only
+    assert sorted(got) == list(range(1, TINY_TOTAL_STEPS + 1))
+    for step in range(11, TINY_TOTAL_STEPS + 1):  # other micro-batch split -> other summation order only
         assert got[step] == pytest.approx(expected[step], rel=1e-4, abs=1e-4), step
     stages = [r for r in read_metrics(one_rank, "event") if r["event"] == "stage_start"]
     assert stages[-1]["step"] == 10 and stages[-1]["stage"] == 2

@@ -150,7 +150,7 @@ def test_two_nodes_train_past_a_stage_boundary_stop_and_resume(cluster, tmp_path
     resume = events(run_dir, "resume")
     assert [(e["step"], e["world_size"]) for e in resume] == [(stopped_at, 2)]
     steps = metrics_steps(run_dir)
-    assert steps == list(range(total))  # every step once (0-based): the resume continued, not restarted
+    assert steps == list(range(1, total + 1))  # every step once: the resume continued, not restarted
     assert find_resume_point(RunDir(run_dir)).sidecar.step == total
     _assert_nothing_left(cluster, run_dir)
     print(f"\ntwo-node run: first invocation {first_seconds:.1f} s (stopped at step {stopped_at}), "

@@ -92,10 +92,13 @@ class LoggingSection:
     valid_batches: int = 2
     """Micro-batches per rank in one validation pass (at the current stage's length and micro-batch)."""
     progress_bar: bool = True
-    """Show the rank-0 progress bar (stage, stage ETA, run ETA)."""
+    """Show rank 0's progress (step, stage, loss, speed, stage and run ETA) on the console: a status line
+    when `roformer pretrain` writes to a terminal, else a plain line every `progress_every` steps."""
+    progress_every: int = 0
+    """Steps between plain progress lines when the output is not a terminal (0 = about 20 per run)."""
     peak_tflops: float = 0.0
     """Peak TFLOP/s of one rank's device that MFU is measured against (0 = from the table of known
-    accelerators in launcher/train/mfu.py, or measured by a timed matmul at start-up on CPU)."""
+    accelerators in launcher/mfu.py, or measured by a timed matmul at start-up on CPU)."""
     stage_end_evals: list = field(default_factory=list)
     """Evals run in the background on each stage-end checkpoint (`mlm` or a task name with optional
     `:field=value` fine-tune options; launcher/downstream/stage_evals.py). Empty = none."""
@@ -279,6 +282,8 @@ def _validate(cfg: RunConfig) -> None:
             fail(f"logging.{key}", "must be >= 1")
     if cfg.logging.valid_every < 0:
         fail("logging.valid_every", "must be >= 0")
+    if cfg.logging.progress_every < 0:
+        fail("logging.progress_every", f"must be >= 0 (0 = about 20 lines per run), got {cfg.logging.progress_every}")
     if not cfg.logging.peak_tflops >= 0:
         fail("logging.peak_tflops", f"must be >= 0 (0 = table or measured), got {cfg.logging.peak_tflops}")
     if not all(isinstance(x, str) for x in cfg.logging.stage_end_evals):

@@ -15,6 +15,8 @@ The forwarded list (documented in docs/multinode.md; keep the two in sync):
   measured here),
   `PYTHONPATH` (the project root first), `OMP_NUM_THREADS` (when unset: cores / ranks per node,
   so ranks do not oversubscribe the CPU), `MASTER_PORT` (MPI launchers, see launch_plan.py);
+  `TORCH_EXTENSIONS_DIR` (DeepSpeed's JIT op cache, one per Python environment: launcher/ops_cache.py;
+  a value set in the launching shell is kept unless it is the shared cache root);
 - copied when set: the names in FORWARDED_NAMES and every variable starting with a prefix in
   FORWARDED_PREFIXES (`NCCL_*`, `GLOO_*`, `TORCH_*`, `HF_*`, `ROFORMER_*`, ...), except names that
   look like credentials (CREDENTIAL_NAME_RE: `HF_TOKEN`, `..._SECRET`, ...).
@@ -30,6 +32,7 @@ import re
 import sys
 from pathlib import Path
 
+from launcher import ops_cache
 from launcher.errors import UserError
 from launcher.io import atomic_write_text
 from launcher.run_dir import RunDir
@@ -78,6 +81,7 @@ def forwarded_environment(base: dict[str, str], *, ranks_per_node: int, python: 
     venv_bin = str(Path(python).parent)
     env["PATH"] = _append(base.get("PATH", os.defpath), venv_bin)
     env["PYTHONPATH"] = _prepend(str(project_root()), base.get("PYTHONPATH", ""))
+    env[ops_cache.ENV_VAR] = str(ops_cache.extensions_dir(base, python))
     if "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, ranks_per_node)))
     return env

@@ -15,6 +15,9 @@ DeepSpeed's own "exits with return code" lines and pdsh's "ssh exited with exit 
 the node when no guard line is seen. Once a failure is seen, the rest of the job gets
 FAILURE_GRACE_SECONDS to end by itself before we stop it on every node.
 
+Console: every line goes to RUN_DIR/logs/launcher.log; what the user sees is filtered and the
+progress status line drawn by launcher.launch.console.
+
 Hangs: a guard whose rank stopped making progress prints a `[roformer-watchdog] {...}` verdict
 (launcher.launch.watchdog) naming the ranks that hold the job up. A verdict is the cause, whatever
 rank deaths follow it; the guards stop their own ranks, so the rest gets only HUNG_GRACE_SECONDS
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 
 from launcher.defaults import HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE
 from launcher.launch import env_forwarding
+from launcher.launch.console import Console
 from launcher.launch.launch_plan import LaunchPlan
 from launcher.launch.rank_guard import MARKER
 from launcher.launch.ssh import ssh
@@ -226,9 +230,16 @@ def _killpg(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def supervise(plan: LaunchPlan, runner_env: dict[str, str], out=None) -> int:
+def signal_name(signum: int) -> str:
+    """'Ctrl-C (SIGINT)', 'SIGTERM', ... as the user should read it."""
+    name = signal.Signals(signum).name
+    return f"Ctrl-C ({name})" if signum == signal.SIGINT else name
+
+
+def supervise(plan: LaunchPlan, runner_env: dict[str, str], console: Console | None = None) -> int:
     """Run the job to its end; return 0 or a non-zero exit code after printing what failed."""
-    out = out or sys.stdout
+    console = console or Console(sys.stdout, RunDir(plan.run_dir).launcher_log, local=plan.launcher == "local",
+                                 status=False, hosts=plan.resources)
     interrupted: list[int] = []  # handlers first: a Ctrl-C from here on must not orphan the runner
     previous = {s: signal.signal(s, lambda signum, _f: interrupted.append(signum))
                 for s in (signal.SIGINT, signal.SIGTERM)}
@@ -243,15 +254,9 @@ def supervise(plan: LaunchPlan, runner_env: dict[str, str], out=None) -> int:
     monitor = OutputMonitor(plan)
 
     def pump() -> None:
-        echo = True
         for line in runner.stdout:
             monitor.feed(line)
-            if echo:
-                try:
-                    out.write(line)
-                    out.flush()
-                except (OSError, ValueError):  # our stdout went away: keep draining, keep monitoring
-                    echo = False
+            console.job_line(line)  # never raises: a closed stdout only stops the echo
 
     reader = threading.Thread(target=pump, name="runner-output", daemon=True)
     reader.start()
@@ -263,12 +268,13 @@ def supervise(plan: LaunchPlan, runner_env: dict[str, str], out=None) -> int:
             time.sleep(0.2)
             first = monitor.first()
             if interrupted and graceful_deadline is None:
-                print(f"roformer pretrain: {signal.Signals(interrupted[0]).name}: the ranks checkpoint and stop "
-                      f"(up to {GRACEFUL_STOP_SECONDS:g} s; interrupt again to stop at once)", file=sys.stderr, flush=True)
+                console.note(f"roformer pretrain: {signal_name(interrupted[0])} received: the ranks finish their "
+                             f"step, write a checkpoint and stop (up to {GRACEFUL_STOP_SECONDS:g} s; interrupt again "
+                             f"to stop at once)")
                 request_graceful_stop(plan, runner)
                 graceful_deadline = time.monotonic() + GRACEFUL_STOP_SECONDS
             elif graceful_deadline is not None and (len(interrupted) > 1 or time.monotonic() > graceful_deadline):
-                print("roformer pretrain: stopping every process of the job now", file=sys.stderr, flush=True)
+                console.note("roformer pretrain: stopping every process of the job now")
                 stop_job(plan, runner, unreachable)
             elif first is not None and time.monotonic() - first.seen_at > (
                     HUNG_GRACE_SECONDS if first.hung else FAILURE_GRACE_SECONDS):
@@ -282,16 +288,16 @@ def supervise(plan: LaunchPlan, runner_env: dict[str, str], out=None) -> int:
     failures = monitor.snapshot()
     if plan.launcher == "pdsh" and (failures or returncode != 0):
         sweep_remote(plan, unreachable)
-    if interrupted:
+    if interrupted:  # asked for: not an error, whatever the ranks' exit codes say
+        console.note(f"roformer pretrain: stopped by {signal_name(interrupted[0])}; {resume_hint(plan)}")
         return 128 + interrupted[0]
     if returncode == 0 and not failures:
         return 0
     if returncode == ORDERLY_STOP_EXIT_CODE and not failures:
-        print("roformer pretrain: the ranks were stopped by a signal and wrote a checkpoint; run the same "
-              "command again to resume", file=sys.stderr, flush=True)
+        console.note("roformer pretrain: the ranks were stopped by a signal and wrote a checkpoint; run the same "
+                     "command again to resume")
         return returncode
-    print("roformer pretrain: error: " + failure_report(monitor, returncode, stopped_after_failure),
-          file=sys.stderr, flush=True)
+    console.note("roformer pretrain: error: " + failure_report(monitor, returncode, stopped_after_failure))
     if any(f.hung for f in failures):
         return HUNG_EXIT_CODE
     return returncode if returncode > 0 else 1

@@ -29,6 +29,17 @@ def _default_omp_threads() -> None:
 
 _default_omp_threads()
 
+
+def _own_ops_cache() -> None:
+    # Before DeepSpeed is imported: this Python environment's op cache, however the rank was started
+    # (a shared one makes two environments rebuild each other's op on every start: launcher/ops_cache.py).
+    from launcher.ops_cache import ENV_VAR, extensions_dir
+
+    os.environ[ENV_VAR] = str(extensions_dir())
+
+
+_own_ops_cache()
+
 import argparse  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -46,6 +57,7 @@ from launcher.train.checkpointer import Checkpointer  # noqa: E402
 from launcher.train.engine import build_engine  # noqa: E402
 from launcher.train.heartbeat import ProgressRecorder  # noqa: E402
 from launcher.train.metrics import Metrics  # noqa: E402
+from launcher.train.progress import progress_every  # noqa: E402
 from launcher.train.trainer import Trainer, TrainState  # noqa: E402
 
 
@@ -108,7 +120,7 @@ def train(args: argparse.Namespace) -> int:
         checkpointer.load(point, universal, cfg.seed)
         timer.phase("checkpoint_load")
     metrics = Metrics(run_dir, rank, stages, cfg.schedule.total_steps, state.step, cfg.logging.log_every,
-                      cfg.logging.progress_bar)
+                      cfg.logging.progress_bar, progress_every(cfg.logging.progress_every, cfg.schedule.total_steps))
     startup.report_start(metrics, timer, point, engine, world_size, universal)
     startup.report_peak(metrics, cfg, engine)
     for note in notes:  # damaged checkpoints set aside, a new config version (printed already)
@@ -141,7 +153,8 @@ def install_stop_handlers(trainer, metrics) -> None:
     def request_stop(signum, _frame):
         if not trainer.stop_signalled:
             trainer.stop_signalled = True
-            metrics.message(f"{signal.Signals(signum).name}: stopping after this step with a checkpoint")
+            metrics.message(f"stop requested ({signal.Signals(signum).name}): finishing step {trainer.state.step + 1}, "
+                            f"then a checkpoint")
         else:  # a second signal: stop now
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)

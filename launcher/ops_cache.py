@@ -1,0 +1,76 @@
+"""Where DeepSpeed's JIT-compiled ops are cached: one directory per Python environment.
+
+torch builds an op (on CPU: DeepSpeed's shared-memory communication op, `deepspeed_shm_comm`) into
+TORCH_EXTENSIONS_DIR/<name>/ and rebuilds it whenever the build's inputs differ: this torch's
+include paths and flags, the ninja binary. Two virtualenvs or checkouts sharing one directory
+therefore rebuild each other's op on every start (measured here: ~14 alternating rebuilds in 30
+minutes, 25-60 s each). So every environment gets its own directory under CACHE_ROOT:
+
+    ~/.cache/roformer-ds/torch_extensions/py311-torch2.13.0-<8 hex>
+
+keyed by the environment's prefix (the venv directory: `.venv/bin/python` and `.venv/bin/python3`
+share it, two venvs never do; symlinks are not resolved, since every venv's python links to the same
+system interpreter) and torch's version. TORCH_EXTENSIONS_DIR set to anything but CACHE_ROOT itself
+(the project's former shared default) is used as it is. `python -m launcher.ops_cache` prints the
+directory for the Makefile, scripts/ and CI; `roformer pretrain` forwards it to every rank
+(launcher/launch/env_forwarding.py) and says when the op is not built yet (about a minute, once).
+
+Imports neither torch nor DeepSpeed (torch's version comes from its installed metadata).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from importlib import metadata
+from pathlib import Path
+
+ENV_VAR = "TORCH_EXTENSIONS_DIR"
+CPU_COMM_OP = "deepspeed_shm_comm"  # deepspeed/ops/op_builder/cpu/comm.py: ShareMemCommBuilder.NAME
+# Measured on the reference 2-core machine: 25-60 s with a few other jobs, 2-6 min at load 20.
+CPU_COMM_OP_BUILD = "about a minute on an idle machine, several under heavy load"
+
+
+def cache_root(environ=None) -> Path:
+    environ = os.environ if environ is None else environ
+    cache = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "roformer-ds" / "torch_extensions"
+
+
+def environment_key(python: str | None = None) -> str:
+    """'py311-torch2.13.0-1a2b3c4d' for the environment `python` (default: this interpreter) belongs to."""
+    python = python or sys.executable
+    prefix = Path(os.path.abspath(python)).parent.parent  # <venv>/bin/python -> <venv>
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "none"
+    digest = hashlib.sha256(f"{prefix}\0{torch_version}".encode()).hexdigest()[:8]
+    return f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch_version}-{digest}"
+
+
+def extensions_dir(environ=None, python: str | None = None) -> Path:
+    """TORCH_EXTENSIONS_DIR for `python`'s environment (see the module doc)."""
+    environ = os.environ if environ is None else environ
+    root = cache_root(environ)
+    given = environ.get(ENV_VAR)
+    if given and Path(given).expanduser() != root:
+        return Path(given).expanduser()
+    return root / environment_key(python)
+
+
+def op_built(directory: Path, name: str = CPU_COMM_OP) -> bool:
+    """Whether torch has a built `name` op in `directory` (its loader reuses it without compiling)."""
+    return (directory / name / f"{name}.so").is_file()
+
+
+def build_lock(directory: Path, name: str = CPU_COMM_OP) -> Path | None:
+    """torch's lock file of a build of `name` that has not finished: another process is compiling,
+    or one was killed while compiling. torch waits for the file to go away, forever: a killed
+    build's lock must be deleted by hand."""
+    lock = directory / name / "lock"
+    return lock if lock.exists() and not op_built(directory, name) else None
+
+
+if __name__ == "__main__":
+    print(extensions_dir())

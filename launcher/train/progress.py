@@ -1,0 +1,54 @@
+"""Rank 0's progress on the console: a plain line every N steps, or a status line redrawn in place.
+
+A rank never writes to a terminal: its output goes through DeepSpeed's launcher into a pipe, which
+`roformer pretrain` reads (launcher/launch/console.py). So the rank is told how to report by
+PROGRESS_ENV, which `roformer pretrain` sets:
+- "lines" (the default, and whenever the output is a file or a pipe): one plain line every
+  `every` steps and at the last step. Nothing is ever redrawn, so a log holds each line once.
+- "status" (`roformer pretrain` writes to a terminal): at most one STATUS_MARKER line per
+  STATUS_INTERVAL_S; `roformer pretrain` shows it as one status line at the bottom of the terminal,
+  redrawn in place, with every other line printed above it. The log file gets none of them.
+Messages (stage starts, validations, stops) are plain lines in both modes.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable
+
+from launcher.defaults import PROGRESS_ENV, STATUS_MARKER
+
+LINES, STATUS = "lines", "status"
+STATUS_INTERVAL_S = 1.0
+AUTO_LINES = 20  # progress_every 0: about this many lines over the whole schedule
+
+
+def progress_every(configured: int, total_steps: int) -> int:
+    """Steps between plain progress lines (logging.progress_every; 0 = about AUTO_LINES per run)."""
+    return configured if configured > 0 else max(1, round(total_steps / AUTO_LINES))
+
+
+class ProgressPrinter:
+    def __init__(self, total_steps: int, every: int, mode: str | None = None, out=None):
+        self.total_steps, self.every = total_steps, every
+        self.mode = mode or os.environ.get(PROGRESS_ENV, LINES)
+        self.out = out or sys.stderr
+        self._last_status = float("-inf")
+
+    def step(self, step: int, text: Callable[[], str]) -> None:
+        """After step `step` (steps completed); `text` is only called when a line is due."""
+        last = step == self.total_steps
+        if self.mode == STATUS:
+            now = time.monotonic()
+            if last or now - self._last_status >= STATUS_INTERVAL_S:
+                self._last_status = now
+                self._print(STATUS_MARKER + text())
+        elif last or step % self.every == 0:
+            self._print(text())
+
+    def message(self, text: str) -> None:
+        self._print(text)
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
