@@ -9,7 +9,8 @@ Two streaming passes, each parallel over input files in `workers` processes:
   2. tokenize: re-read the files (same deterministic order), encode the kept documents and stream
      them into shards.
 Nothing is held per document except the digests, so tens of GB need time, not memory. Everything is
-written under `<out>/.partial-<pid>/` and moved into place at the end, manifest last.
+written under `<out>/.partial-<pid>/` and moved into place at the end, manifest last. Each long
+phase (reading, tokenizer training, encoding) reports its progress with an ETA (data_pipeline/progress.py).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig, Tok
 from data_pipeline.errors import DataError
 from data_pipeline.inputs import (FileCheck, check_file, clean_text, estimated_text_bytes, file_format,
                                   iter_raw_documents, resolve_inputs)
+from data_pipeline.progress import advance, counted_phase, install_counter
 from data_pipeline.shards import (FORMAT_NAME, FORMAT_VERSION, MANIFEST, SPLITS, ShardWriter,
                                   file_sha256, token_dtype, write_manifest)
 from data_pipeline.tokenizer import (SPM_FILE, check_special_ids, load_sentencepiece,
@@ -95,11 +97,12 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
     partial = out_dir / f".partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "samples").mkdir(parents=True)
+    counter = _progress_counter()
     try:
-        with _pool(cfg.workers) as pool:
+        with _pool(cfg.workers, counter) as pool:
             phases = {}
             mark = time.perf_counter()
-            scans, total_bytes = _scan_all(cfg, files, formats, pool, partial / "samples", log)
+            scans, total_bytes = _scan_all(cfg, files, formats, pool, partial / "samples", log, counter)
             assignments, dedup_stats = _assign_documents(scans, cfg)
             _check_splits(scans, assignments, cfg)
             phases["scan_seconds"], mark = time.perf_counter() - mark, time.perf_counter()
@@ -112,7 +115,9 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
             groups = _group_files(scans, assignments, cfg)
             token_tasks = [(g, [(scans[i].path, scans[i].fmt, scans[i].check, assignments[i]) for i in members],
                             cfg, model_path, partial, dtype.str) for g, members in enumerate(groups)]
-            written = list(pool.imap(_tokenize_group, token_tasks))
+            kept_bytes = sum(scans[i].text_bytes for members in groups for i in members)
+            with counted_phase("encoding", kept_bytes, counter, log):
+                written = list(pool.imap(_tokenize_group, token_tasks))
             phases["tokenize_seconds"] = time.perf_counter() - mark
         splits = _rename_shards(partial, written)
         phases["scan_cpu_seconds"] = sum(s.cpu_seconds for s in scans)
@@ -143,8 +148,9 @@ def train_tokenizer_only(input_cfg: InputConfig, tok_cfg: TokenizerConfig, out_d
                         cleaning=CleaningConfig(valid_fraction=0.0, max_documents=max_documents))
     files = resolve_inputs(input_cfg.inputs)
     formats = [file_format(p, input_cfg.text_format) for p in files]
-    with tempfile.TemporaryDirectory(prefix="roformer-tok-") as tmp, _pool(workers) as pool:
-        _scan_all(cfg, files, formats, pool, Path(tmp), log)
+    counter = _progress_counter()
+    with tempfile.TemporaryDirectory(prefix="roformer-tok-") as tmp, _pool(workers, counter) as pool:
+        _scan_all(cfg, files, formats, pool, Path(tmp), log, counter)
         staged = Path(tmp) / "tokenizer"
         train_sentencepiece(sorted(Path(tmp).glob("*.txt")), staged, tok_cfg, threads=workers, log=log)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -154,9 +160,15 @@ def train_tokenizer_only(input_cfg: InputConfig, tok_cfg: TokenizerConfig, out_d
 
 
 def _scan_all(cfg: PrepareConfig, files: list[Path], formats: list[str], pool, samples_dir: Path,
-              log) -> tuple[list[FileScan], int]:
+              log, counter) -> tuple[list[FileScan], int]:
     """Pass 1 over the files in order. With a document cap, files go out one wave of `workers` at a
     time and scanning stops once the cap is reached, so a small demo subset reads little."""
+    with counted_phase("reading", sum(estimated_text_bytes(p) for p in files), counter, log):
+        return _scan_files(cfg, files, formats, pool, samples_dir, log)
+
+
+def _scan_files(cfg: PrepareConfig, files: list[Path], formats: list[str], pool, samples_dir: Path,
+                log) -> tuple[list[FileScan], int]:
     total_bytes = sum(estimated_text_bytes(p) for p in files)
     cap = cfg.cleaning.max_documents
     # With a cap the text actually read is unknown up front: sample everything read, then cut it
@@ -181,9 +193,15 @@ def _scan_all(cfg: PrepareConfig, files: list[Path], formats: list[str], pool, s
     return scans, sum(estimated_text_bytes(s.path) for s in scans)
 
 
-def _worker_init() -> None:
+def _worker_init(counter) -> None:
     # Workers only read text and run SentencePiece; without this `datasets` imports torch (~3 s).
     os.environ["USE_TORCH"] = "0"
+    install_counter(counter)  # the progress lines' shared byte count
+
+
+def _progress_counter():
+    """The byte count every worker adds to (data_pipeline/progress.py)."""
+    return multiprocessing.get_context("spawn").Value("q", 0)
 
 
 class _InlinePool:
@@ -194,13 +212,17 @@ class _InlinePool:
 
 
 @contextlib.contextmanager
-def _pool(workers: int):
+def _pool(workers: int, counter):
     if workers == 1:
-        yield _InlinePool()
+        install_counter(counter)
+        try:
+            yield _InlinePool()
+        finally:
+            install_counter(None)
         return
     # spawn, not fork: pyarrow/datasets threads in the parent must not be inherited half-locked.
     # Each worker pays the `datasets` start-up (~3-5 s) once, for both passes.
-    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init)
+    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init, initargs=(counter,))
     try:
         yield pool
         pool.close()
@@ -249,6 +271,7 @@ def _scan_file(task) -> FileScan:
                 scan.empty_documents += 1
                 continue
             encoded = text.encode("utf-8")
+            advance(len(encoded))
             digest = hashlib.blake2b(encoded, digest_size=16).digest()
             digests += digest
             scan.documents += 1
@@ -259,6 +282,7 @@ def _scan_file(task) -> FileScan:
                 written += len(encoded) + 1
                 if track:
                     scan.sample_marks.append((scan.documents - 1, written))
+    advance(0, flush=True)
     scan.digests = bytes(digests)
     scan.cpu_seconds = time.process_time() - cpu_start
     return scan
@@ -358,12 +382,14 @@ def _tokenize_group(task) -> dict:
             if assign[i] != DROP:
                 batch.append(text)
                 batch_split.append(assign[i])
+                advance(len(text.encode("utf-8")))
             i += 1
             if len(batch) >= 256 or i > last:
                 _encode_into(sp, batch, batch_split, writers)
                 batch, batch_split = [], []
             if i > last:
                 break
+    advance(0, flush=True)
     result = {"cpu_seconds": 0.0}
     for split_id, name in ((TRAIN, "train"), (VALID, "valid")):
         shards = writers[split_id].close()

@@ -9,6 +9,7 @@ tokens, the one documented difference).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -32,24 +33,31 @@ def train_sentencepiece(sample_files: list[Path], out_dir: Path, cfg: TokenizerC
     """Train on the sampled text files; write out_dir/spm.model and the transformers files.
 
     SentencePiece stops below cfg.vocab_size when the sample holds no more pieces
-    (hard_vocab_limit=False); `log` then gets a one-line warning with the size made."""
+    (hard_vocab_limit=False); `log` then gets a one-line warning with the size made. With a `log`,
+    training reports its progress there (data_pipeline/progress.py reads SentencePiece's own log)."""
     import sentencepiece as spm
+
+    from data_pipeline.progress import sentencepiece_log
 
     files = [str(p) for p in sample_files if p.stat().st_size > 0]
     if not files:
         raise DataError("tokenizer: the train split has no text to train SentencePiece on")
     out_dir.mkdir(parents=True, exist_ok=True)
     prefix = out_dir / "spm"
+    # With a log, SentencePiece logs everything (minloglevel 0) and sentencepiece_log turns it into
+    # progress lines; without one, errors only.
+    watch = sentencepiece_log(cfg.vocab_size, log) if log is not None else contextlib.nullcontext()
     try:
-        spm.SentencePieceTrainer.train(
-            input=files, model_prefix=str(prefix), vocab_size=cfg.vocab_size,
-            model_type=cfg.model_type, character_coverage=cfg.character_coverage,
-            input_sentence_size=cfg.input_sentence_size, shuffle_input_sentence=True,
-            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=-1, eos_id=-1,
-            pad_piece="[PAD]", unk_piece="[UNK]",
-            control_symbols=["[CLS]", "[SEP]", "[MASK]"],  # ids 2, 3, 4 (after pad and unk)
-            num_threads=threads, minloglevel=2, train_extremely_large_corpus=False,
-            hard_vocab_limit=False)
+        with watch:
+            spm.SentencePieceTrainer.train(
+                input=files, model_prefix=str(prefix), vocab_size=cfg.vocab_size,
+                model_type=cfg.model_type, character_coverage=cfg.character_coverage,
+                input_sentence_size=cfg.input_sentence_size, shuffle_input_sentence=True,
+                pad_id=PAD_ID, unk_id=UNK_ID, bos_id=-1, eos_id=-1,
+                pad_piece="[PAD]", unk_piece="[UNK]",
+                control_symbols=["[CLS]", "[SEP]", "[MASK]"],  # ids 2, 3, 4 (after pad and unk)
+                num_threads=threads, minloglevel=0 if log is not None else 2, train_extremely_large_corpus=False,
+                hard_vocab_limit=False)
     except RuntimeError as err:  # e.g. vocab_size larger than the sample allows
         raise DataError(f"tokenizer: SentencePiece training failed: {err}") from err
     (out_dir / "spm.vocab").unlink(missing_ok=True)
