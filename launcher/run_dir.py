@@ -14,6 +14,7 @@
       checkpoints/damaged/<tag>-<time>/  a checkpoint that failed verification, set aside (never pruned)
       universal/<tag>/            ds_to_universal output when resuming at another world size
       evals/, exports/<tag>/      stage-end eval reports and their exports
+      plots/, report.md           PNGs rendered at every stage end and by `roformer report` (+ its page)
       heartbeats/rank<r>.json     rank r's progress (phase, step, its bound); rank<r>.guard.json: what
                                   its rank guard sees (process state, network); the hang watchdog's input
       plots/, report.md           PNGs rendered at every stage end and by `roformer report` (+ its page)
