@@ -90,8 +90,8 @@ def test_learning_rate_applied_each_step_follows_the_schedule(run):
 
 def test_rank0_progress_lines_show_stage_and_etas(run):
     log = (run.parent / "run.log").read_text(errors="replace")
-    assert "step 16/16 (100%) | wide 3/3: len 16 x batch 16 | loss " in log
-    assert "stage ETA" in log and "run ETA" in log
+    assert re.search(r"^step 16/16 \(100%\) \| loss [\d.]+ acc [\d.]+ \| ETA run 00:00, stage 00:00 \| wide 3/3: "
+                     r"len 16 x batch 16 \| [\d,]+ tok/s ", log, flags=re.M)
 
 
 def test_run_directory_files(run):

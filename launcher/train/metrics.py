@@ -79,15 +79,16 @@ class Metrics:
             self.progress.step(step, lambda: self.progress_text(record))
 
     def progress_text(self, record: dict) -> str:
-        """'step 120/570 (21%) | short 1/3: len 64 x batch 32 | loss 7.012 acc 0.081 | 5,120 tok/s ...
-        | stage ETA 00:48, run ETA 03:10' for the train record of a step."""
+        """'step 120/570 (21%) | loss 7.012 acc 0.081 | ETA run 03:10, stage 00:48 | short 1/3: len 64 x
+        batch 32 | 5,120 tok/s ...' for the train record of a step (what matters most first: a narrow
+        terminal cuts the status line at its end)."""
         step, stage = record["step"], self.stages[record["stage"]]
-        return (f"step {step:,}/{self.total_steps:,} ({100 * step // self.total_steps}%) | {stage.name} "
-                f"{stage.index + 1}/{len(self.stages)}: len {stage.max_seq_len} x batch {stage.global_batch_size} | "
+        return (f"step {step:,}/{self.total_steps:,} ({100 * step // self.total_steps}%) | "
                 f"loss {record['loss']:.3f} acc {record['mlm_accuracy']:.3f} | "
-                f"{self.tokens_per_s or 0:,.0f} tok/s {_fmt_speed(record)}| "
-                f"stage ETA {_fmt(self.eta(stage, step, stage.end_step))}, "
-                f"run ETA {_fmt(self.eta(stage, step, self.total_steps))}")
+                f"ETA run {_fmt(self.eta(stage, step, self.total_steps))}, "
+                f"stage {_fmt(self.eta(stage, step, stage.end_step))} | "
+                f"{stage.name} {stage.index + 1}/{len(self.stages)}: len {stage.max_seq_len} x batch "
+                f"{stage.global_batch_size} | {self.tokens_per_s or 0:,.0f} tok/s {_fmt_speed(record)}".rstrip())
 
     def eta(self, stage: ResolvedStage, from_step: int, to_step: int) -> float | None:
         """Seconds from `from_step` to `to_step` steps completed at the smoothed token rate (stages differ
