@@ -70,24 +70,29 @@ def _lengths_section(table: dict, trained: int | None) -> list[str]:
     return lines + [""]
 
 
+# part -> (section title, plot title, the paper's claim, variant claimed better, the others, picture)
+COMPARISONS = {
+    "encodings": ("Fig. 2 analog: position encodings",
+                  "MLM validation loss: RoPE vs absolute positions (paper Fig. 2 analog)",
+                  "Claim: RoFormer (RoPE) converges faster than the same encoder with absolute position embeddings "
+                  "(sinusoidal as in BERT's Transformer, or learned as in BERT).",
+                  "rope", ["sinusoidal", "learned"], "fig2_encodings.png"),
+    "linear": ("Linear attention with RoPE (eq. 19)",
+               "Linear attention (eq. 19): RoPE vs sinusoidal absolute positions",
+               "Claim: RoPE also improves linear attention (it multiplies the kernelised queries and keys, so the "
+               "norm-preserving rotation keeps the attention weights non-negative).",
+               "linear+rope", ["linear+sinusoidal"], "linear_attention.png"),
+}
+
+
 def write_report(results: dict, out: Path, header: list[str]) -> Path:
     """report.md + PNGs + results.json in `out`; returns the report's path."""
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# RoFormer paper claims, reproduced at small scale", "", *header, ""]
-    if "encodings" in results:
-        plots.loss_curves(results["encodings"], "MLM validation loss: RoPE vs absolute positions (paper Fig. 2 analog)",
-                          out / "fig2_encodings.png")
-        lines += _comparison_section(
-            "Fig. 2 analog: position encodings", "Claim: RoFormer (RoPE) converges faster than the same encoder "
-            "with absolute position embeddings (sinusoidal as in BERT's Transformer, or learned as in BERT).",
-            results["encodings"], "rope", ["sinusoidal", "learned"], "fig2_encodings.png")
-    if "linear" in results:
-        plots.loss_curves(results["linear"], "Linear attention (eq. 19): RoPE vs sinusoidal absolute positions",
-                          out / "linear_attention.png")
-        lines += _comparison_section(
-            "Linear attention with RoPE (eq. 19)", "Claim: RoPE also improves linear attention (it multiplies the "
-            "kernelised queries and keys, so the norm-preserving rotation keeps the attention weights non-negative).",
-            results["linear"], "linear+rope", ["linear+sinusoidal"], "linear_attention.png")
+    for part, (title, plot_title, claim, better, others, picture) in COMPARISONS.items():
+        if part in results:
+            plots.loss_curves(results[part], plot_title, out / picture)
+            lines += _comparison_section(title, claim, results[part], better, others, picture)
     recipe = results.get("recipe")
     trained = max((s["max_seq_len"] for s in recipe["stages"]), default=None) if recipe else None
     if recipe:
