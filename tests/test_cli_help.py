@@ -2,8 +2,9 @@
 
 The parsers are built the way `roformer` builds them (launcher.cli.build_parser, one subcommand at a
 time), in a fresh interpreter each, so an import made while building them is seen. Speed: `--help`
-of each subcommand in a subprocess; the wall-clock time is the best of 3 runs (of 6 when all 3 were
-slow: other processes share the machine), the CPU time (user + system of the child) is load-independent.
+of each subcommand in a subprocess: the CPU time (user + system of the child, load-independent) must
+stay under 0.3 s, the wall-clock time (best of 3 runs, of 6 when all 3 were slow: other processes
+share the machine) under 1 s.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import pytest
 from launcher.cli import SUBCOMMANDS, HelpFormatter, build_parser
 from tests.helpers import REPO, roformer_env
 
-HELP_SECONDS = 0.3
+HELP_SECONDS = 0.3  # CPU time of one --help
+WALL_SECONDS = 1.0  # its wall time on a shared machine: still catches an eager torch import (~1.5 s alone)
 # Every command line whose --help is checked: each subcommand, and the actions of `data`.
 COMMANDS = [[name] for name in SUBCOMMANDS] + [["data", "prepare"], ["data", "tokenizer"]]
 # A fresh interpreter builds one subcommand's parser and reports which heavy modules that imported.
@@ -113,11 +115,11 @@ def _timed_help(words: list[str]) -> tuple[float, float]:
 @pytest.mark.parametrize("words", COMMANDS, ids=" ".join)
 def test_help_of_every_subcommand_answers_within_0_3_s(words):
     runs = [_timed_help(words) for _ in range(3)]
-    if min(r[0] for r in runs) >= HELP_SECONDS:  # a busy moment of a shared machine: three more tries
+    if min(r[0] for r in runs) >= WALL_SECONDS:  # a busy moment of a shared machine: three more tries
         runs += [_timed_help(words) for _ in range(3)]
     wall, cpu = min(r[0] for r in runs), min(r[1] for r in runs)
     print(f"roformer {' '.join(words)} --help: best wall {wall:.3f} s, CPU {cpu:.3f} s")
     assert cpu < HELP_SECONDS, f"roformer {' '.join(words)} --help used {cpu:.2f} s of CPU"
     # Wall time on a shared machine waits for the CPU; the CPU figure above is the 0.3 s target. The
     # wall bound still catches an eager torch import (~1.5 s on its own).
-    assert wall < 1.0, f"roformer {' '.join(words)} --help took {wall:.2f} s at best of 3"
+    assert wall < WALL_SECONDS, f"roformer {' '.join(words)} --help took {wall:.2f} s at best of 3"
