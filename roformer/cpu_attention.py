@@ -7,13 +7,14 @@ benchmark shape that was ~2.7x the time of the fused kernel without dropout.
 
 How: the (B*H) x T query rows are cut into blocks of about `_BLOCK_ELEMENTS` scores so that one
 block's scores, probabilities and mask stay in cache. Per block, forward computes
-scores = (q * scale) k^T (+ padding bias), P = softmax(scores), draws the keep mask (`dropout.keep_mask`)
-and out = (P * keep) v / (1 - p). Only the one-byte keep mask is stored; backward recomputes P from
-q and k (one extra matmul, no (B, H, T, T) float tensor kept across the step) and applies
-    dV = (P * keep)^T dO / (1 - p)
-    dP = (dO V^T) * keep / (1 - p)
-    dS = P * (dP - rowsum(P * dP))
-    dQ = dS K * scale,   dK = dS^T (q * scale).
+scores = scale * q k^T (+ padding bias), P = softmax(scores), draws the keep mask
+(`dropout.keep_mask`) and out = (P * keep) v / (1 - p). Only the one-byte keep mask is stored;
+backward recomputes P from q and k (one extra matmul, no (B, H, T, T) float tensor kept across the
+step) and applies, with K = P * keep,
+    dV = K^T dO / (1 - p)
+    dP = (dO V^T) * keep / (1 - p),  so P * dP = (dO V^T) * K / (1 - p)
+    dS = P * dP - P * rowsum(P * dP)
+    dQ = scale * dS K,   dK = scale * dS^T q.
 Semantics are exactly SDPA's (and transformers'): each probability, after the softmax over all
 keys, is kept independently with probability 1 - p and the kept ones are scaled by 1 / (1 - p).
 Half-precision inputs are computed in float32 and cast back.
@@ -25,8 +26,11 @@ import torch
 
 from .dropout import keep_mask, new_bit_stream
 
-# Scores per block: 2**20 fp32 values = 4 MiB, about one core's L2 (measured: 2**19..2**21 within noise).
-_BLOCK_ELEMENTS = 1 << 20
+# Scores per block: 2**21 fp32 values = 8 MiB, so that a block's three (G, T, Tk) temporaries in
+# backward stay in the 32 MiB L3. Measured at the benchmark shape: 2**20 was ~3% faster on one
+# quiet thread, but with two threads on the loaded shared machine its twice as many small parallel
+# regions cost ~50% (each ends in a barrier that waits for a descheduled thread); 2**22 no better.
+_BLOCK_ELEMENTS = 1 << 21
 
 
 def _blocks(batch_heads: int, query_len: int, key_len: int):
@@ -42,9 +46,13 @@ def _blocks(batch_heads: int, query_len: int, key_len: int):
                 yield slice(head, head + 1), slice(start, min(start + rows, query_len))
 
 
-def _probabilities(query: torch.Tensor, key_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """softmax(query key_t + bias) for one block; query is pre-scaled, key_t is (G, D, Tk)."""
-    scores = torch.bmm(query, key_t) if bias is None else torch.baddbmm(bias, query, key_t)
+def _probabilities(query: torch.Tensor, key_t: torch.Tensor, bias: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """softmax(scale * query key_t + bias) for one block; key_t is (G, D, Tk)."""
+    if bias is None:  # beta=0: the uninitialised input is ignored, the scale rides on the matmul
+        scores = torch.baddbmm(query.new_empty(()).expand(query.shape[0], query.shape[1], key_t.shape[2]),
+                               query, key_t, beta=0.0, alpha=scale)
+    else:
+        scores = torch.baddbmm(bias, query, key_t, alpha=scale)
     return scores.softmax(dim=-1)
 
 
@@ -55,20 +63,19 @@ class _DropoutAttention(torch.autograd.Function):
         key_len, value_size = key.shape[2], value.shape[3]
         dtype = query.dtype
         scale = head_size ** -0.5
-        # (B*H, T, D) float32 copies; q carries the softmax scale so the scores need no extra pass.
-        q = (query.float() * scale).reshape(batch * heads, query_len, head_size)
+        # (B*H, T, D) float32 views or copies (the projections arrive as (B, T, H, D) transposed).
+        q = query.float().reshape(batch * heads, query_len, head_size)
         k = key.float().reshape(batch * heads, key_len, head_size)
         v = value.float().reshape(batch * heads, key_len, value_size)
         # (B, 1, 1, Tk) additive padding bias -> (B*H, 1, Tk), broadcast over the block's query rows.
         b = None if bias is None else bias.float().expand(batch, heads, 1, key_len).reshape(batch * heads, 1, key_len)
-        keep = torch.empty(batch * heads, query_len, key_len, dtype=torch.uint8)
+        keep = torch.empty(batch * heads, query_len, key_len, dtype=torch.bool)
         out = torch.empty(batch * heads, query_len, value_size)
         bits = new_bit_stream()
         for hs, rs in _blocks(batch * heads, query_len, key_len):
-            probs = _probabilities(q[hs, rs], k[hs].transpose(1, 2), None if b is None else b[hs])
-            block_keep = keep_mask(tuple(probs.shape), p, bits).view(torch.uint8)
-            keep[hs, rs] = block_keep
-            torch.bmm(probs.mul_(block_keep), v[hs], out=out[hs, rs])
+            probs = _probabilities(q[hs, rs], k[hs].transpose(1, 2), None if b is None else b[hs], scale)
+            block_keep = keep_mask(tuple(probs.shape), p, bits, out=keep[hs, rs])
+            torch.bmm(probs.mul_(block_keep.view(torch.uint8)), v[hs], out=out[hs, rs])
         out.mul_(1.0 / (1.0 - p))
         ctx.save_for_backward(q, k, v, b, keep)
         ctx.p, ctx.scale, ctx.dtype, ctx.batch_heads = p, scale, dtype, (batch, heads)
@@ -86,23 +93,22 @@ class _DropoutAttention(torch.autograd.Function):
         grad_k = torch.empty_like(k) if whole_heads else torch.zeros_like(k)
         grad_v = torch.empty_like(v) if whole_heads else torch.zeros_like(v)
         for hs, rs in _blocks(batch_heads, query_len, key_len):
-            probs = _probabilities(q[hs, rs], k[hs].transpose(1, 2), None if b is None else b[hs])
-            block_keep = keep[hs, rs]
+            probs = _probabilities(q[hs, rs], k[hs].transpose(1, 2), None if b is None else b[hs], ctx.scale)
+            kept = torch.mul(probs, keep[hs, rs].view(torch.uint8))  # P * keep
             do = grad_out[hs, rs]
-            kept_t = torch.mul(probs, block_keep).transpose(1, 2)
-            # t = P * dP * (1 - p); dS * (1 - p) = t - P * rowsum(t)
-            t = torch.bmm(do, v[hs].transpose(1, 2)).mul_(block_keep).mul_(probs)
+            # t = P * dP * (1 - p) = (dO V^T) * P * keep;  dS * (1 - p) = t - P * rowsum(t)
+            t = torch.bmm(do, v[hs].transpose(1, 2)).mul_(kept)
             grad_s = t.addcmul_(probs, t.sum(dim=-1, keepdim=True), value=-1.0)
             torch.bmm(grad_s, k[hs], out=grad_q[hs, rs])
             if whole_heads:
-                torch.bmm(kept_t, do, out=grad_v[hs])
+                torch.bmm(kept.transpose(1, 2), do, out=grad_v[hs])
                 torch.bmm(grad_s.transpose(1, 2), q[hs, rs], out=grad_k[hs])
             else:
-                grad_v[hs].baddbmm_(kept_t, do)
+                grad_v[hs].baddbmm_(kept.transpose(1, 2), do)
                 grad_k[hs].baddbmm_(grad_s.transpose(1, 2), q[hs, rs])
         inverse_keep = 1.0 / (1.0 - ctx.p)
-        grad_q.mul_(inverse_keep * ctx.scale)  # q's scale was applied inside the scores
-        grad_k.mul_(inverse_keep)  # q in dS^T q already carries the scale
+        grad_q.mul_(inverse_keep * ctx.scale)  # scores = scale * q k^T
+        grad_k.mul_(inverse_keep * ctx.scale)
         grad_v.mul_(inverse_keep)
         batch, heads = ctx.batch_heads
         grad_q = grad_q.view(batch, heads, query_len, head_size).to(ctx.dtype)

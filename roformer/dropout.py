@@ -26,8 +26,10 @@ def new_bit_stream() -> np.random.SFC64:
     return np.random.SFC64(seed)
 
 
-def keep_mask(shape: tuple[int, ...], p: float, bits: np.random.SFC64) -> torch.Tensor:
-    """Bool tensor of `shape`, each element False (dropped) independently with probability p.
+def keep_mask(shape: tuple[int, ...], p: float, bits: np.random.SFC64, out: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """Bool tensor of `shape` (written into `out` when given), each element False (dropped)
+    independently with probability p.
 
     Each element compares one uniform signed 32-bit word with a threshold: it is dropped when the
     word is among the lowest round(p * 2**32) of the 2**32 values.
@@ -37,7 +39,8 @@ def keep_mask(shape: tuple[int, ...], p: float, bits: np.random.SFC64) -> torch.
         count *= size
     words = torch.from_numpy(bits.random_raw((count + 1) // 2)).view(torch.int32)[:count].view(shape)
     dropped_values = min(round(p * _WORD), _WORD - 1)
-    return words >= dropped_values - _WORD // 2
+    threshold = dropped_values - _WORD // 2
+    return torch.ge(words, threshold) if out is None else torch.ge(words, threshold, out=out)
 
 
 def use_cpu_kernels(x: torch.Tensor) -> bool:
