@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 from data_pipeline import progress
 from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig, TokenizerConfig
@@ -60,7 +59,12 @@ def test_ctrl_c_during_data_prepare_names_the_signal_and_leaves_nothing(tmp_path
     proc = _spawn(["data", "prepare", "--input", str(source), "--out", str(out), "--vocab-size", "2000"])
     first = proc.stderr.readline()  # "scanning 1 files ...": the command is past its start-up
     assert first.startswith("scanning 1 files"), first
-    time.sleep(0.5)
+    # Interrupt inside the reading loop (its first progress line), not in the imports before it: a
+    # fixed sleep raced with a fast machine and with a slow one alike.
+    line = proc.stderr.readline()
+    while line and not line.startswith("reading:"):
+        line = proc.stderr.readline()
+    assert line.startswith("reading:"), line
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGINT, err
