@@ -27,8 +27,9 @@ def test_keep_mask_drops_each_element_independently_with_probability_p(p):
     assert within_sigmas(dropped.float().mean().item(), p, n)
     # independence: neighbours along rows and columns and two elements 31 apart are jointly
     # dropped with probability p^2 (a word split across elements or a reused stream would show here)
+    flat = dropped.view(-1)  # and far apart in the stream
     for a, b in [(dropped[:, :-1], dropped[:, 1:]), (dropped[:-1], dropped[1:]),
-                 (dropped[:, :-31], dropped[:, 31:])]:
+                 (dropped[:, :-31], dropped[:, 31:]), (flat[:n // 2], flat[n // 2:])]:
         assert within_sigmas((a & b).float().mean().item(), p * p, a.numel())
     # no position is special: per-column drop counts are binomial (chi-square of 4096 columns)
     counts = dropped.sum(dim=0).double()
@@ -37,14 +38,15 @@ def test_keep_mask_drops_each_element_independently_with_probability_p(p):
     assert abs(chi_square - 4096) < 5 * math.sqrt(2 * 4096)
 
 
-def test_keep_mask_of_zero_keeps_everything_and_masks_follow_torch_seed():
+@pytest.mark.parametrize("size", [1000, 1 << 20])
+def test_keep_mask_of_zero_keeps_everything_and_masks_follow_torch_seed(size):
     torch.manual_seed(1)
-    assert keep_mask((1000,), 0.0, new_bit_stream()).all()
+    assert keep_mask((size,), 0.0, new_bit_stream()).all()
     torch.manual_seed(3)
-    first = keep_mask((1000,), 0.3, new_bit_stream())
+    first = keep_mask((size,), 0.3, new_bit_stream())
     torch.manual_seed(3)
-    again = keep_mask((1000,), 0.3, new_bit_stream())
-    other = keep_mask((1000,), 0.3, new_bit_stream())  # the stream's seed advanced torch's generator
+    again = keep_mask((size,), 0.3, new_bit_stream())
+    other = keep_mask((size,), 0.3, new_bit_stream())  # the stream's seed advanced torch's generator
     assert torch.equal(first, again) and not torch.equal(first, other)
 
 
