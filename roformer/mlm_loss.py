@@ -4,15 +4,16 @@ On CPU one autograd function does decoder + loss, equal to
     logits = F.linear(features, weight, bias)
     loss_sum = F.cross_entropy(logits.float(), targets, reduction="sum")
     num_correct = (logits.argmax(-1) == targets).sum()
-but without the (M, V)-sized work around the two matmuls that the separate ops do: addmm's bias
-pre-fill of the output, log_softmax's (M, V) log-probabilities and its backward's zero-filled and
-result (M, V) tensors (each a fresh mmap that is page-faulted in: ~0.4 ms per MB here), argmax's
-extra read. Forward adds the bias and reads each cache-sized row chunk for max/argmax and
-logsumexp, keeping only the (M,) log-normalisers. Backward walks the vocabulary in column chunks:
-    G_c = softmax(logits)[:, c] - onehot(targets)[:, c]      (times the incoming loss gradient)
-    dW_c = G_c^T features,  db_c = sum_rows G_c,  dfeatures += G_c W_c
-so the (M, V) gradient only ever exists one cache-sized chunk at a time.
-Elsewhere (GPUs) the separate torch ops are used: their fused kernels need no chunking.
+but walking the vocabulary in column slices of about `_CHUNK_ELEMENTS` logits. The separate ops
+write and re-read (M, V)-sized tensors: the logits, log_softmax's log-probabilities, its backward's
+zero-filled and result gradients, each a fresh mmap that is page-faulted in (the decoder matmul
+alone ran at 2/3 of its speed for that). Here forward computes one slice's logits, folds it into a
+running max/argmax and logsumexp while it is in cache, and keeps it for backward; backward, per slice,
+    G = softmax(logits)[:, slice] - onehot(targets)[:, slice]      (times the incoming loss gradient)
+    dW[slice] = G^T features,  db[slice] = sum_rows G,  dfeatures += G W[slice].
+The full (M, V) logits are only assembled if a caller reads them (`MaskedLMOutput.logits`); the
+trainer only reads the loss and the hit count. Elsewhere (GPUs) the separate torch ops are used:
+their kernels need no chunking.
 """
 
 from __future__ import annotations
@@ -22,74 +23,108 @@ import torch.nn.functional as F
 
 from .dropout import use_cpu_kernels
 
-# Logits per chunk: 2**21 values (8 MiB in fp32), so that the passes over one chunk hit the L3 cache
-# (same trade-off as cpu_attention._BLOCK_ELEMENTS).
+# Logits per vocabulary slice: 2**21 values (8 MiB in fp32), so that the passes over a slice hit the
+# L3 cache (same trade-off as cpu_attention._BLOCK_ELEMENTS).
 _CHUNK_ELEMENTS = 1 << 21
-# Narrowest vocabulary chunk in backward: keeps the per-chunk matmuls wide enough to run at speed.
+# Narrowest slice: keeps the per-slice matmuls wide enough to run at speed.
 _MIN_COLUMNS = 256
 
 
-def _chunks(length: int, step: int):
-    for start in range(0, length, step):
-        yield slice(start, min(start + step, length))
+def _slices(vocab: int, rows: int) -> list[slice]:
+    width = max(_MIN_COLUMNS, _CHUNK_ELEMENTS // max(rows, 1))
+    return [slice(start, min(start + width, vocab)) for start in range(0, vocab, width)]
+
+
+class _TargetsBySlice:
+    """The rows whose target falls in a vocabulary slice, without scanning all rows per slice."""
+
+    def __init__(self, targets: torch.Tensor):
+        self.targets = targets
+        self.order = torch.argsort(targets)
+        self.sorted = targets[self.order]
+
+    def rows(self, columns: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, their target's column inside the slice)."""
+        lo, hi = torch.searchsorted(self.sorted, torch.tensor([columns.start, columns.stop])).tolist()
+        rows = self.order[lo:hi]
+        return rows, self.targets[rows] - columns.start
 
 
 class _DecoderCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor):
         rows, vocab = features.shape[0], weight.shape[0]
-        logits = torch.mm(features, weight.t())  # (M, V); bias added per chunk below, in cache
-        log_normalizers = torch.empty(rows, dtype=torch.float32)
-        correct = torch.zeros((), dtype=torch.long)
-        for chunk in _chunks(rows, max(1, _CHUNK_ELEMENTS // max(vocab, 1))):
-            block = logits[chunk].add_(bias)
-            values = block.float()
-            correct += (values.argmax(dim=-1) == targets[chunk]).sum()
-            torch.logsumexp(values, dim=-1, out=log_normalizers[chunk])
-        target_logits = logits.gather(1, targets[:, None]).squeeze(1).float()  # (M,)
+        by_slice = _TargetsBySlice(targets)
+        running_max = torch.full((rows,), -torch.inf)
+        running_sum = torch.zeros(rows)  # sum of exp(logit - running_max)
+        best = torch.full((rows,), -torch.inf)
+        best_index = torch.zeros(rows, dtype=torch.long)
+        target_logits = torch.zeros(rows)
+        parts = []
+        for columns in _slices(vocab, rows):
+            part = torch.addmm(bias[columns], features, weight[columns].t())  # (M, slice)
+            values = part.float()
+            slice_max, slice_argmax = values.max(dim=-1)
+            better = slice_max > best  # strict: ties keep the earlier index, as argmax does
+            best = torch.where(better, slice_max, best)
+            best_index = torch.where(better, slice_argmax + columns.start, best_index)
+            new_max = torch.maximum(running_max, slice_max)
+            running_sum = running_sum.mul_(torch.exp(running_max - new_max)).add_(
+                torch.sub(values, new_max[:, None]).exp_().sum(dim=-1))
+            running_max = new_max
+            hit_rows, hit_columns = by_slice.rows(columns)
+            target_logits[hit_rows] = values[hit_rows, hit_columns]
+            parts.append(part)
+        log_normalizers = running_max + running_sum.log()  # logsumexp over the whole vocabulary
         loss_sum = (log_normalizers - target_logits).sum()
-        ctx.save_for_backward(features, weight, logits, log_normalizers, targets)
+        correct = (best_index == targets).sum()
+        ctx.save_for_backward(features, weight, targets, log_normalizers, *parts)
         ctx.mark_non_differentiable(correct)
-        ctx.set_materialize_grads(False)  # unused logits get None, not an (M, V) tensor of zeros
+        ctx.set_materialize_grads(False)  # unread logits get None, not zeros
         ctx.bias_dtype = bias.dtype
-        return logits, loss_sum, correct
+        return (loss_sum, correct, *parts)
 
     @staticmethod
-    def backward(ctx, grad_logits, grad_loss, _grad_correct):
-        features, weight, logits, log_normalizers, targets = ctx.saved_tensors
-        rows, vocab = logits.shape
-        grad_features = torch.zeros_like(features, dtype=torch.float32)  # accumulated over chunks
+    def backward(ctx, grad_loss, _grad_correct, *grad_parts):
+        features, weight, targets, log_normalizers, *parts = ctx.saved_tensors
+        rows, vocab = features.shape[0], weight.shape[0]
+        by_slice = _TargetsBySlice(targets)
+        grad_features = torch.zeros_like(features, dtype=torch.float32)  # accumulated over slices
         grad_weight = torch.empty_like(weight)
         grad_bias = torch.empty(vocab, dtype=torch.float32)
-        order = torch.argsort(targets)  # rows by target, to find each column chunk's targets
-        sorted_targets = targets[order]
-        columns = max(_MIN_COLUMNS, _CHUNK_ELEMENTS // max(rows, 1))
-        for chunk in _chunks(vocab, columns):
-            if grad_loss is None:  # only the logits were differentiated
-                grad = grad_logits[:, chunk].float()
+        for columns, part, grad_part in zip(_slices(vocab, rows), parts, grad_parts):
+            if grad_loss is None and grad_part is None:  # neither the loss nor these logits were used
+                grad_weight[columns] = 0
+                grad_bias[columns] = 0
+                continue
+            if grad_loss is None:
+                grad = grad_part.float()
             else:
-                grad = torch.sub(logits[:, chunk].float(), log_normalizers[:, None]).exp_().mul_(grad_loss)  # softmax
-                lo, hi = torch.searchsorted(sorted_targets, torch.tensor([chunk.start, chunk.stop])).tolist()
-                hit_rows = order[lo:hi]
-                grad[hit_rows, targets[hit_rows] - chunk.start] -= grad_loss  # - onehot
-                if grad_logits is not None:
-                    grad += grad_logits[:, chunk]
-            torch.sum(grad, dim=0, out=grad_bias[chunk])
-            torch.mm(grad.t().to(weight.dtype), features, out=grad_weight[chunk])
+                grad = torch.sub(part.float(), log_normalizers[:, None]).exp_().mul_(grad_loss)  # softmax
+                hit_rows, hit_columns = by_slice.rows(columns)
+                grad[hit_rows, hit_columns] -= grad_loss  # - onehot
+                if grad_part is not None:
+                    grad += grad_part
+            torch.sum(grad, dim=0, out=grad_bias[columns])
+            torch.mm(grad.t().to(weight.dtype), features, out=grad_weight[columns])
             # out= rather than addmm_: the same kernel, and torch's FlopCounterMode counts it
-            torch.addmm(grad_features, grad, weight[chunk].float(), out=grad_features)  # float(): free for fp32
+            torch.addmm(grad_features, grad, weight[columns].float(), out=grad_features)  # float(): free for fp32
         return grad_features.to(features.dtype), grad_weight, grad_bias.to(ctx.bias_dtype), None
 
 
 def decoder_cross_entropy(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
     """features (M, E), tied decoder weight (V, E), bias (V,), targets (M,) ->
-    (logits (M, V), fp32 sum of token cross-entropies, long count of argmax == target)."""
+    (vocabulary slices of the logits (M, V), fp32 sum of token cross-entropies, long count of argmax == target).
+
+    torch.cat(slices, dim=-1) are the logits; on GPUs there is one slice.
+    """
     if use_cpu_kernels(features):
-        return _DecoderCrossEntropy.apply(features, weight, bias, targets)
+        loss_sum, correct, *parts = _DecoderCrossEntropy.apply(features, weight, bias, targets)
+        return tuple(parts), loss_sum, correct
     logits = F.linear(features, weight, bias)
     loss_sum = F.cross_entropy(logits.float(), targets, reduction="sum")
-    return logits, loss_sum, (logits.argmax(dim=-1) == targets).sum()
+    return (logits,), loss_sum, (logits.argmax(dim=-1) == targets).sum()
 
 
 __all__ = ["decoder_cross_entropy"]

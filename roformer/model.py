@@ -176,10 +176,18 @@ class MaskedLMOutput:
     """With labels: logits (M, V) at masked positions only, summed CE and counts, so that the trainer
     can average over all masked tokens of all micro-batches and ranks. Without labels: logits (B, T, V)."""
 
-    logits: torch.Tensor
+    logit_parts: tuple[torch.Tensor, ...]
+    """The logits as vocabulary slices (CPU training computes them slice by slice); `logits` joins them."""
     loss_sum: torch.Tensor | None = None  # fp32 scalar, sum of token cross-entropies
     num_masked: torch.Tensor | None = None  # long scalar
     num_correct: torch.Tensor | None = None  # long scalar, argmax == label
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """(M, V) with labels, (B, T, V) without; assembled on first access (the trainer never reads them)."""
+        if len(self.logit_parts) != 1:
+            self.logit_parts = (torch.cat(self.logit_parts, dim=-1),)
+        return self.logit_parts[0]
 
     @property
     def loss(self) -> torch.Tensor | None:
@@ -201,7 +209,7 @@ class MaskedLMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor, targets: torch.Tensor | None = None):
         """hidden (..., H), word_embeddings (V, E) -> logits (..., V); with targets (M,) for hidden (M, H):
-        (logits (M, V), fp32 summed cross-entropy, long count of argmax == target)."""
+        (logits (M, V) as vocabulary slices, fp32 summed cross-entropy, long count of argmax == target)."""
         transformed = self.norm(self.activation(self.dense(hidden)))  # (..., E)
         if targets is None:
             return F.linear(transformed, word_embeddings, self.bias)
@@ -223,15 +231,16 @@ class RoFormerForMaskedLM(PreTrainedBase):
         # external accesses during the engine's forward and gathers the partitioned weight.
         word_embeddings = self.roformer.embeddings.word.weight
         if labels is None:
-            return MaskedLMOutput(logits=self.mlm_head(hidden, word_embeddings))  # (B, T, V)
+            return MaskedLMOutput(logit_parts=(self.mlm_head(hidden, word_embeddings),))  # (B, T, V)
 
         # Only masked positions need the V-wide projection: with ~15% masking and a 30k vocabulary this
         # is most of the head's time and memory.
         is_masked = labels != IGNORE_INDEX  # (B, T)
         targets = labels[is_masked]  # (M,)
-        logits, loss_sum, num_correct = self.mlm_head(hidden[is_masked], word_embeddings, targets)  # (M, V)
+        logit_parts, loss_sum, num_correct = self.mlm_head(hidden[is_masked], word_embeddings, targets)  # (M, V)
         num_masked = torch.tensor(targets.numel(), dtype=torch.long, device=labels.device)
-        return MaskedLMOutput(logits=logits, loss_sum=loss_sum, num_masked=num_masked, num_correct=num_correct)
+        return MaskedLMOutput(logit_parts=logit_parts, loss_sum=loss_sum, num_masked=num_masked,
+                              num_correct=num_correct)
 
 
 # ----------------------------------------------------------------------------------------------- classification
