@@ -46,6 +46,10 @@ def test_full_preset_compares_every_variant_over_at_least_three_seeds():
         (t, b, i) for t in ("movie-reviews", "inews") for b in (250, 1000, None) for i in ("pretrained", "random")}
     assert {f.max_length for f in finetunes if f.part == "lengths"} == {128, 256, 512, 1024}
     assert len(preset.finetune_seeds) >= 3
+    # The whole training split gets its own (shorter) epoch count; finetune's argparse keeps the last --epochs.
+    for f in downstream:
+        epochs = [f.args[i + 1] for i, flag in enumerate(f.args) if flag == "--epochs"]
+        assert epochs[-1] == ("3" if f.budget is None else epochs[0]), f.name
 
 
 def test_each_part_runs_alone_with_only_what_it_needs():
