@@ -44,6 +44,7 @@ import argparse  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from launcher.config.run_config import load_run_config  # noqa: E402
@@ -51,6 +52,7 @@ from launcher.config.stages import resolve_stages  # noqa: E402
 from launcher.defaults import BAD_INPUT_EXIT_CODE, ORDERLY_STOP_EXIT_CODE  # noqa: E402
 from launcher.errors import UserError, user_errors  # noqa: E402
 from launcher.report.hook import PlotHook  # noqa: E402
+from launcher.run_dir import RunDir  # noqa: E402
 from launcher.stage_end_jobs import check_eval_specs  # noqa: E402
 from launcher.train import resume, startup  # noqa: E402
 from launcher.train.checkpointer import Checkpointer  # noqa: E402
@@ -79,8 +81,38 @@ def main(argv: list[str] | None = None) -> int:
         return BAD_INPUT_EXIT_CODE
 
 
+@dataclass
+class StartedRank:
+    """A rank ready for its first (or resumed) step: what `train` runs, and a benchmark drives step by step."""
+
+    trainer: Trainer
+    metrics: Metrics
+    progress: ProgressRecorder
+    plots: PlotHook | None
+    """Rank 0's RUN_DIR/plots renderer (None on the other ranks)."""
+    run_dir: RunDir
+
+
 def train(args: argparse.Namespace) -> int:
-    """Check the input, build the components (data, engine, checkpointer, metrics), then trainer.run()."""
+    """Start the rank (`start`), then trainer.run() to the end of the schedule or a stop."""
+    started = start(args)
+    if started is None:
+        return 0
+    trainer, metrics, progress, plots = started.trainer, started.metrics, started.progress, started.plots
+    install_stop_handlers(trainer, metrics)
+    outcome = trainer.run()
+    progress.ended(outcome, trainer.state.step)
+    metrics.event(outcome, step=trainer.state.step)
+    if plots is not None:  # RUN_DIR/plots complete when a finished run returns; a stop does not wait
+        plots.run_end(trainer.state.step, wait=outcome == "finished")
+    metrics.message(f"{outcome} at step {trainer.state.step}; checkpoints in {started.run_dir.checkpoints}")
+    metrics.close()
+    return 0 if outcome == "finished" else ORDERLY_STOP_EXIT_CODE
+
+
+def start(args: argparse.Namespace) -> StartedRank | None:
+    """Check the input, build the components (data, engine, checkpointer, metrics) and resume; None when
+    the run is already at the end of its schedule."""
     # Raised by DeepSpeed's ZeRO all-gather on every step with recent torch; nothing for a user to do.
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
     timer = startup.PhaseTimer(PROCESS_START)
@@ -105,7 +137,7 @@ def train(args: argparse.Namespace) -> int:
         if rank == 0:
             print(f"{run_dir.root}: already trained to the end of the schedule (step {point.sidecar.step}); "
                   "nothing to do", file=sys.stderr)
-        return 0
+        return None
     notes = resume.accept(decision, run_dir, cfg, stages, world_size, rank)
     timer.phase("run_files_and_conversion")
     progress.start_up("engine")
@@ -128,15 +160,7 @@ def train(args: argparse.Namespace) -> int:
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 else None
     trainer = Trainer(cfg, stages, engine, batches, valid_batches, state, checkpointer, metrics,
                       on_stage_end=startup.stage_end_callback(cfg, run_dir, plots), progress=progress)
-    install_stop_handlers(trainer, metrics)
-    outcome = trainer.run()
-    progress.ended(outcome, state.step)
-    metrics.event(outcome, step=state.step)
-    if plots is not None:  # RUN_DIR/plots complete when a finished run returns; a stop does not wait
-        plots.run_end(state.step, wait=outcome == "finished")
-    metrics.message(f"{outcome} at step {state.step}; checkpoints in {run_dir.checkpoints}")
-    metrics.close()
-    return 0 if outcome == "finished" else ORDERLY_STOP_EXIT_CODE
+    return StartedRank(trainer, metrics, progress, plots, run_dir)
 
 
 def rank_and_world_size() -> tuple[int, int]:

@@ -68,9 +68,7 @@ class Trainer:
             if current is not stage:
                 with self.progress.phase("stage switch", self.state.step):
                     stage = self.switch_to(current)
-            with self.progress.step(self.state.step, stage.index):
-                self.metrics.train_step(self.train_step(stage))
-            self.state.step += 1
+            self.step(stage)
             stage_done = self.state.step == stage.end_step
             if stage_done or _every(self.cfg.logging.valid_every, self.state.step):
                 with self.progress.phase("validation", self.state.step):
@@ -84,6 +82,12 @@ class Trainer:
             if self.stop_agreed and self.state.step < self.cfg.schedule.total_steps:
                 return "stopped"
         return "finished"
+
+    def step(self, stage: ResolvedStage) -> None:
+        """One optimizer step of `stage` with its heartbeat and its train record."""
+        with self.progress.step(self.state.step, stage.index):
+            self.metrics.train_step(self.train_step(stage))
+        self.state.step += 1
 
     def switch_to(self, stage: ResolvedStage) -> ResolvedStage:
         """New length and batch for the running engine (no rebuild): micro-batch, then grad-accum."""
