@@ -2,9 +2,11 @@
 model-state estimators, the activation formula by hand, FITS / DOES NOT FIT and the largest micro-batch."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from launcher.config.estimate import (GIB, activation_bytes, estimate_memory, format_estimates,
+from launcher.config.estimate import (GIB, activation_bytes, estimate_memory, estimate_stages, format_estimates,
                                       largest_fitting_micro_batch, model_state_bytes, parse_memory, step_seconds,
                                       TrainingSetup)
 from launcher.config.stages import ResolvedStage
@@ -49,8 +51,9 @@ def test_activations_by_hand_and_checkpointing_keeps_less():
 
 def test_a_stage_that_cannot_fit_is_flagged_with_the_largest_micro_batch_that_fits():
     stages = [stage("short", 16, 128), stage("long", 64, 1536)]
-    text, all_fit = format_estimates(stages, setup(), 16 * GIB, 125.0, "table: V100 fp16", 0.4)
-    assert not all_fit
+    estimates = estimate_stages(stages, setup(), 16 * GIB, 125.0, 0.4)
+    assert [e.fits for e in estimates] == [True, False]
+    text = format_estimates(estimates, setup(), 16 * GIB, 125.0, "table: V100 fp16", 0.4)
     short, long = (line for line in text.splitlines() if line.strip().startswith(("short", "long")))
     assert "FITS" in short and "DOES NOT FIT" not in short
     assert "DOES NOT FIT" in long
@@ -72,3 +75,47 @@ def test_memory_sizes():
     assert parse_memory("800MB") == 800 * 2 ** 20
     with pytest.raises(ValueError, match="--device-memory"):
         parse_memory("lots")
+
+
+def test_plan_on_a_hostfile_flags_the_stage_that_cannot_fit(tiny_data, tmp_path, monkeypatch, capsys):
+    """`roformer plan --hostfile` (2 nodes x 4 slots): world size 8 everywhere, JSON and text alike; a
+    stage whose micro-batch is too big for --device-memory is DOES NOT FIT, the small one FITS."""
+    from launcher.cli import main as cli_main
+    from launcher.config.estimate import setup_from_configs
+    from launcher.config.deepspeed_json import resolve_ds_config
+    from launcher.config.run_config import load_run_config
+    from launcher.config.stages import resolve_stages
+    from tests.helpers import tiny_run_config
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# two nodes\nnode-a slots=4\nnode-b slots=4\n")
+    stages = [{"name": "small", "max_seq_len": 32, "global_batch_size": 8, "micro_batch_size": 1, "steps": 3},
+              {"name": "huge", "max_seq_len": 64, "global_batch_size": 256, "micro_batch_size": 32, "steps": 2}]
+    config = tiny_run_config(tmp_path, tiny_data, stages=stages)
+    # A device between the two stages' estimates (the estimator's figures are tested above).
+    cfg = load_run_config(config)
+    tiny = setup_from_configs(cfg.model, resolve_ds_config(cfg, resolve_stages(cfg, 8)[0], 8), 8, False)
+    small, huge = estimate_memory(tiny, 1, 32).total, estimate_memory(tiny, 32, 64).total
+    assert huge > small
+    device = f"{(small + huge) // 2 // 2 ** 20}MB"
+    args = ["plan", "--config", str(config), "--hostfile", str(hostfile), "--device-memory", device, "--peak-tflops", "1"]
+
+    assert cli_main([*args, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["world_size"] == 8 and plan["deepspeed"]["train_batch_size"] == 8
+    assert [(s["micro_batch_size"], s["grad_accum_steps"]) for s in plan["stages"]] == [(1, 1), (32, 1)]
+    estimate = plan["estimate"]
+    assert estimate["device_memory_bytes"] == parse_memory(device) and not estimate["all_fit"]
+    assert [(s["name"], s["verdict"]) for s in estimate["stages"]] == [("small", "FITS"), ("huge", "DOES NOT FIT")]
+    small_json, huge_json = estimate["stages"]
+    assert small_json["memory_bytes"]["total"] == small and huge_json["memory_bytes"]["total"] == huge
+    assert 1 <= huge_json["largest_micro_batch"] < 32
+    assert huge_json["seconds"] > 0 and estimate["total_seconds"] == pytest.approx(
+        small_json["seconds"] + huge_json["seconds"])
+
+    assert cli_main(args) == 0
+    text = capsys.readouterr().out
+    assert "8 ranks" in text
+    rows = {line.split()[0]: line for line in text.splitlines() if line.strip().startswith(("small ", "huge "))}
+    assert "FITS" in rows["small"] and "DOES NOT FIT" not in rows["small"] and "DOES NOT FIT" in rows["huge"]

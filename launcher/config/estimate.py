@@ -69,9 +69,18 @@ class MemoryEstimate:
     """Whether the total uses the checkpointed activations."""
 
     @property
+    def active_activations(self) -> int:
+        """The activations of the run's setting (checkpointed or not)."""
+        return self.activations_checkpointed if self.checkpointing else self.activations
+
+    @property
+    def model_dependent(self) -> int:
+        """Everything but the fixed runtime allowance: what grows with the model and the micro-batch."""
+        return self.model_states + self.active_activations + self.buckets
+
+    @property
     def total(self) -> int:
-        active = self.activations_checkpointed if self.checkpointing else self.activations
-        return self.model_states + active + self.buckets + self.runtime
+        return self.model_dependent + self.runtime
 
 
 def parse_memory(text: str, where: str = "--device-memory") -> int:
@@ -196,36 +205,75 @@ def setup_from_configs(model: RoFormerConfig, ds_config: dict, world_size: int,
                          activation_checkpointing=activation_checkpointing)
 
 
-def format_estimates(stages, setup: TrainingSetup, device_bytes: int, peak_tflops: float, peak_source: str,
-                     mfu: float) -> tuple[str, bool]:
-    """The memory / time table of `roformer plan` and whether every stage fits."""
-    lines = [f"memory per rank (ZeRO-{setup.zero_stage}, {setup.precision}, {setup.world_size} ranks, device "
-             f"{format_bytes(device_bytes)}; activation checkpointing "
-             f"{'on' if setup.activation_checkpointing else 'off'} for FITS):",
-             f"  {'stage':<16}{'micro x len':>13}{'model states':>14}{'activations':>13}{'(ckpt)':>11}"
-             f"{'total':>12}  {'verdict':<13}{'max micro':>10}{'(ckpt)':>8}{'time':>14}"]
-    all_fit, total_seconds = True, 0.0
+@dataclass(frozen=True)
+class StageEstimate:
+    """What `roformer plan` says about one stage per rank (printed as a table row, or as JSON)."""
+
+    name: str
+    micro_batch_size: int
+    max_seq_len: int
+    memory: MemoryEstimate
+    fits: bool
+    """memory.total <= the device memory."""
+    largest_micro_batch: int
+    """The largest micro-batch that fits without activation checkpointing (0: not one sequence)."""
+    largest_micro_batch_checkpointed: int
+    """The same with activation checkpointing."""
+    seconds: float
+    """The stage's steps at the assumed MFU."""
+
+    def to_dict(self) -> dict:
+        memory = self.memory
+        return {"name": self.name, "micro_batch_size": self.micro_batch_size, "max_seq_len": self.max_seq_len,
+                "memory_bytes": {"model_states": memory.model_states, "activations": memory.activations,
+                                 "activations_checkpointed": memory.activations_checkpointed,
+                                 "buckets": memory.buckets, "runtime": memory.runtime, "total": memory.total},
+                "activation_checkpointing": memory.checkpointing, "fits": self.fits,
+                "verdict": "FITS" if self.fits else "DOES NOT FIT", "largest_micro_batch": self.largest_micro_batch,
+                "largest_micro_batch_checkpointed": self.largest_micro_batch_checkpointed, "seconds": self.seconds}
+
+
+def estimate_stages(stages, setup: TrainingSetup, device_bytes: int, peak_tflops: float,
+                    mfu: float) -> list[StageEstimate]:
+    """Memory, verdict, largest micro-batches and time of each stage (ResolvedStage) per rank."""
+    estimates = []
     for stage in stages:
-        estimate = estimate_memory(setup, stage.micro_batch_size, stage.max_seq_len)
-        fits = estimate.total <= device_bytes
-        all_fit &= fits
+        memory = estimate_memory(setup, stage.micro_batch_size, stage.max_seq_len)
         seconds = stage.steps * step_seconds(setup.model, stage.micro_batch_size, stage.grad_accum_steps,
                                              stage.max_seq_len, setup.activation_checkpointing, peak_tflops, mfu)
-        total_seconds += seconds
-        best = largest_fitting_micro_batch(setup, stage.max_seq_len, device_bytes, checkpointing=False)
-        best_ckpt = largest_fitting_micro_batch(setup, stage.max_seq_len, device_bytes, checkpointing=True)
+        estimates.append(StageEstimate(
+            name=stage.name, micro_batch_size=stage.micro_batch_size, max_seq_len=stage.max_seq_len, memory=memory,
+            fits=memory.total <= device_bytes,
+            largest_micro_batch=largest_fitting_micro_batch(setup, stage.max_seq_len, device_bytes, False),
+            largest_micro_batch_checkpointed=largest_fitting_micro_batch(setup, stage.max_seq_len, device_bytes,
+                                                                         True),
+            seconds=seconds))
+    return estimates
+
+
+def format_estimates(estimates: list[StageEstimate], setup: TrainingSetup, device_bytes: int, peak_tflops: float,
+                     peak_source: str, mfu: float) -> str:
+    """The memory / time table of `roformer plan`."""
+    lines = [f"memory per rank (ZeRO-{setup.zero_stage}, {setup.precision}, {setup.world_size} ranks, device "
+             f"{format_bytes(device_bytes)}; activation checkpointing "
+             f"{'on' if setup.activation_checkpointing else 'off'} (schedule.activation_checkpointing) for FITS):",
+             f"  {'stage':<16}{'micro x len':>13}{'model states':>14}{'activations':>13}{'(ckpt)':>11}"
+             f"{'total':>12}  {'verdict':<13}{'max micro':>10}{'(ckpt)':>8}{'time':>14}"]
+    for stage in estimates:
+        memory = stage.memory
         lines.append(f"  {stage.name:<16}{f'{stage.micro_batch_size} x {stage.max_seq_len}':>13}"
-                     f"{format_bytes(estimate.model_states):>14}{format_bytes(estimate.activations):>13}"
-                     f"{format_bytes(estimate.activations_checkpointed):>11}{format_bytes(estimate.total):>12}  "
-                     f"{'FITS' if fits else 'DOES NOT FIT':<13}{best:>10}{best_ckpt:>8}"
-                     f"{format_duration(seconds):>14}")
-    lines.append(f"  (totals include {format_bytes(estimate.buckets)} of gradient buckets and "
-                 f"{format_bytes(estimate.runtime)} runtime allowance)")
-    lines.append(f"time: {format_duration(total_seconds)} for the whole schedule at {100 * mfu:.0f}% MFU of "
-                 f"{peak_tflops:.4g} TFLOP/s per rank ({peak_source})")
-    return "\n".join(lines), all_fit
+                     f"{format_bytes(memory.model_states):>14}{format_bytes(memory.activations):>13}"
+                     f"{format_bytes(memory.activations_checkpointed):>11}{format_bytes(memory.total):>12}  "
+                     f"{'FITS' if stage.fits else 'DOES NOT FIT':<13}{stage.largest_micro_batch:>10}"
+                     f"{stage.largest_micro_batch_checkpointed:>8}{format_duration(stage.seconds):>14}")
+    if estimates:
+        lines.append(f"  (totals include {format_bytes(estimates[-1].memory.buckets)} of gradient buckets and "
+                     f"{format_bytes(estimates[-1].memory.runtime)} runtime allowance)")
+    lines.append(f"time: {format_duration(sum(stage.seconds for stage in estimates))} for the whole schedule at "
+                 f"{100 * mfu:.0f}% MFU of {peak_tflops:.4g} TFLOP/s per rank ({peak_source})")
+    return "\n".join(lines)
 
 
-__all__ = ["setup_from_configs", "format_estimates", "TrainingSetup", "MemoryEstimate", "parse_memory", "format_bytes", "model_state_bytes",
+__all__ = ["setup_from_configs", "estimate_stages", "format_estimates", "StageEstimate", "TrainingSetup", "MemoryEstimate", "parse_memory", "format_bytes", "model_state_bytes",
            "activation_bytes", "bucket_bytes", "estimate_memory", "largest_fitting_micro_batch", "step_seconds",
            "format_duration", "RUNTIME_ALLOWANCE_BYTES"]

@@ -62,6 +62,10 @@ class ScheduleSection:
     max_tokens_per_micro_batch: int = 0
     """Memory budget for stages without an explicit micro_batch_size: the micro-batch is the largest
     divisor of global_batch_size / world_size with micro x max_seq_len <= this. 0 = stages must say."""
+    activation_checkpointing: bool = False
+    """Recompute each encoder layer's activations in backward instead of keeping them: only the layers'
+    inputs stay in memory (`roformer plan` shows both estimates), for about one more forward of compute
+    per step. The losses are unchanged (the recompute draws the same dropout masks)."""
     stages: tuple[Stage, ...] = field(default=(), init=False)
     """The stages of `file`, read at load (not a YAML key)."""
 

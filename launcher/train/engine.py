@@ -10,9 +10,16 @@ from launcher.train.rng import seed_everything
 from roformer import RoFormerForMaskedLM
 
 
-def build_engine(cfg: RunConfig, ds_config: dict, rank: int):
-    seed_everything(cfg.seed)  # the same initial weights on every rank
+def build_model(cfg: RunConfig) -> RoFormerForMaskedLM:
+    """The model of the run config, with its initial weights (the same on every rank) and memory settings."""
+    seed_everything(cfg.seed)
     model = RoFormerForMaskedLM(cfg.model)
+    model.enable_gradient_checkpointing(cfg.schedule.activation_checkpointing)
+    return model
+
+
+def build_engine(cfg: RunConfig, ds_config: dict, rank: int):
+    model = build_model(cfg)
     seed_everything(cfg.seed * 1009 + rank)  # independent dropout per rank
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]  # biases and LayerNorm: no weight decay
