@@ -115,3 +115,47 @@ def test_quick_reproduction_writes_the_report_and_resumes(tmp_path):
     assert second.returncode == 0, second.stdout + second.stderr
     assert second.stdout.count("finished earlier") == 5
     assert "pretrain-" not in second.stdout and "6 of 6 reports exist" in second.stdout
+
+
+def _runner(tmp_path):
+    from launcher.reproduce.runner import Layout, Runner
+
+    return Runner(PRESETS["quick"](), Layout(tmp_path), log=lambda line: None)
+
+
+def test_a_failed_job_cancels_the_jobs_not_started(tmp_path):
+    runner, started = _runner(tmp_path), []
+
+    def job(item):
+        started.append(item)
+        if item == 0:
+            raise UserError("job 0 failed")
+
+    with pytest.raises(UserError, match="job 0 failed"):
+        runner._parallel(job, list(range(5)), workers=1)
+    assert started == [0]
+
+
+def test_a_stop_terminates_the_running_jobs(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    runner, codes = _runner(tmp_path), []
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+    def job(item):
+        if item == "stop":  # stands for Ctrl-C / SIGTERM reaching the main thread
+            while not runner._children:
+                time.sleep(0.05)
+            raise KeyboardInterrupt
+        with open(tmp_path / f"{item}.log", "w") as log:
+            codes.append(runner._call(sleeper, log))
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        runner._parallel(job, ["stop", "sleeper", "never started"], workers=2)
+    assert time.monotonic() - started < 30
+    assert codes == [-15]  # SIGTERM, once; the queued job never ran
+    with pytest.raises(UserError, match="stopped"):
+        runner._call(sleeper, subprocess.DEVNULL)

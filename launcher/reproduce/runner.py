@@ -1,7 +1,8 @@
 """Runs the reproduction's jobs as ordinary `roformer` commands, skipping what is already done.
 
 Each job is a child process (`python -m launcher.cli ...`, an argument list, no shell) whose console
-output goes to OUT/logs/<job>.log; this process prints one line per job. A pretraining run that was
+output goes to OUT/logs/<job>.log; this process prints one line per job. Ctrl-C or SIGTERM stops the
+running jobs (one SIGTERM each: a pretraining run checkpoints first) and starts no more. A pretraining run that was
 interrupted is simply started again: `roformer pretrain` resumes its run directory. A fine-tune
 report is written atomically by `roformer finetune --out`, so an existing report is a finished job.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -68,6 +70,9 @@ class Runner:
         self.preset, self.layout, self.log = preset, layout, log
         self.given_data = data_dir
         self.env = dict(os.environ)
+        self._children: set[subprocess.Popen] = set()  # jobs running now (several with parallel workers)
+        self._children_lock = threading.Lock()
+        self._stopping = False  # set by stop_children: a worker that dequeued a job starts no child
 
     def data_dir(self, name: str) -> Path:
         """A prepared corpus: --data when given (for OUT/data), else OUT/<name>."""
@@ -106,11 +111,43 @@ class Runner:
             self.log(f"finetune: {len(runs) - len(todo)} of {len(runs)} reports exist, skipped")
         self._parallel(self.finetune, todo, self.preset.finetune_jobs)
 
-    @staticmethod
-    def _parallel(job, items: list, workers: int) -> None:
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            for future in [pool.submit(job, item) for item in items]:
+    def _parallel(self, job, items: list, workers: int) -> None:
+        """Run job(item) on `workers` threads. The first failure cancels the jobs not yet started (the
+        running ones finish: their work is valid); a stop (Ctrl-C, SIGTERM) also ends the running
+        children, so a stopped reproduction stops, and re-running it resumes."""
+        ended = threading.Event()  # a job failed or a stop came: queued jobs return without running
+
+        def guarded(item) -> None:
+            if ended.is_set():
+                return
+            try:
+                job(item)
+            except BaseException:
+                ended.set()
+                raise
+
+        pool = ThreadPoolExecutor(max_workers=max(1, workers))
+        try:
+            for future in [pool.submit(guarded, item) for item in items]:
                 future.result()  # re-raises the first failure
+        except BaseException as err:
+            ended.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            if not isinstance(err, UserError):  # a stop, not a failed job
+                self.stop_children()
+            raise
+        finally:
+            pool.shutdown(wait=True)
+
+    def stop_children(self) -> None:
+        """SIGTERM every running job (each `roformer` command stops cleanly on it), then wait for them."""
+        with self._children_lock:
+            self._stopping = True
+            children = list(self._children)
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.wait()
 
     def finetune(self, run: FinetuneRun) -> None:
         budget = [] if run.budget is None else ["--max-train-examples", str(run.budget)]
@@ -127,14 +164,29 @@ class Runner:
         with open(log_path, "a", encoding="utf-8") as log_file:
             log_file.write(f"\n$ roformer {' '.join(args)}\n")
             log_file.flush()
-            code = subprocess.call([sys.executable, "-m", "launcher.cli", *args], stdout=log_file,
-                                   stderr=subprocess.STDOUT, env=self.env)
+            code = self._call([sys.executable, "-m", "launcher.cli", *args], log_file)
         seconds = time.perf_counter() - started
         if code != 0:
             tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
             raise UserError(f"{job}: `roformer {args[0]}` exited {code} after {seconds:.0f} s; last lines of "
                             f"{log_path}:\n  " + "\n  ".join(tail))
         self.log(f"{job}: done in {seconds:.0f} s")
+
+
+    def _call(self, command: list[str], log_file) -> int:
+        # Own session: a terminal's Ctrl-C reaches only this process, which then sends each job exactly
+        # one SIGTERM (`roformer pretrain` takes a second signal as "stop now, skip the checkpoint").
+        with self._children_lock:
+            if self._stopping:
+                raise UserError("stopped before this job started")
+            child = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+            self._children.add(child)
+        try:
+            return child.wait()
+        finally:
+            with self._children_lock:
+                self._children.discard(child)
 
 
 def _free_port() -> int:
