@@ -40,13 +40,29 @@ def test_activations_by_hand_and_checkpointing_keeps_less():
     small = RoFormerConfig(vocab_size=100, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
                            intermediate_size=16)  # dropout 0.1 / 0.1 (the defaults)
     b, s = 2, 4
-    layer = 2 * (8 * s * b * 8 + 2 * s * b * 16 + 2 * 2 * s * s * b) + 2 * s * b * 8 + 2 * s * s * b
+    common = 2 * (8 * s * b * 8 + 2 * s * b * 16) + 2 * s * b * 8  # fp16 elements + hidden dropout masks
     outside = 2 * s * b * (8 + 8) + 0.15 * b * s * (2 * 2 * 8 + 4 * 2 * 100)
-    assert activation_bytes(small, b, s, "fp16", checkpointing=False) == int(2 * layer + outside)
-    assert activation_bytes(small, b, s, "fp16", checkpointing=True) == int(2 * 2 * s * b * 8 + layer + outside)
-    # BERT-base at 16 x 512 in fp16: Korthikanti's 34 s b h + 5 a s^2 b per layer, ~5.5 GiB for 12 layers
+    for cpu_ranks, scores in ((False, 4 * 2 * s * b), (True, 2 * s * s * b)):  # row floats / 1-byte keep mask
+        layer = common + scores
+        assert activation_bytes(small, b, s, "fp16", False, cpu_ranks) == int(2 * layer + outside)
+        assert activation_bytes(small, b, s, "fp16", True, cpu_ranks) == int(2 * 2 * s * b * 8 + layer + outside)
+    # BERT-base at 16 x 512 in fp16 with fused attention: Korthikanti's 34 s b h per layer without his
+    # 5 a s^2 b of materialised scores (2.4 GiB for 12 layers), plus the MLM head's fp32 logits
+    head = 0.15 * 16 * 512 * 4 * 2 * 32000
     assert activation_bytes(BASE, 16, 512, "fp16", False) / GIB == pytest.approx(
-        12 * (34 * 512 * 16 * 768 + 5 * 12 * 512 ** 2 * 16) / GIB, rel=0.1)
+        (12 * 34 * 512 * 16 * 768 + head) / GIB, rel=0.02)
+
+
+def test_the_optimizer_step_temporaries_count_where_they_exceed_the_activations():
+    params = parameter_count(BASE)
+    torch_adam = setup(precision="fp32", torch_optimizer=True)
+    assert estimate_memory(setup(), 1, 128).optimizer_step == 0  # DeepSpeed's fused Adam
+    estimate = estimate_memory(torch_adam, 1, 128)
+    assert estimate.optimizer_step == 8 * params // 8  # two fp32 copies of the rank's 1/8 partition
+    assert estimate.optimizer_step > estimate.activations
+    assert estimate.total == estimate.model_states + estimate.buckets + estimate.optimizer_step + estimate.runtime
+    large = estimate_memory(torch_adam, 64, 512)
+    assert large.total == large.model_states + large.buckets + large.activations + large.runtime
 
 
 def test_a_stage_that_cannot_fit_is_flagged_with_the_largest_micro_batch_that_fits():
@@ -95,7 +111,7 @@ def test_plan_on_a_hostfile_flags_the_stage_that_cannot_fit(tiny_data, tmp_path,
     config = tiny_run_config(tmp_path, tiny_data, stages=stages)
     # A device between the two stages' estimates (the estimator's figures are tested above).
     cfg = load_run_config(config)
-    tiny = setup_from_configs(cfg.model, resolve_ds_config(cfg, resolve_stages(cfg, 8)[0], 8), 8, False)
+    tiny = setup_from_configs(cfg.model, resolve_ds_config(cfg, resolve_stages(cfg, 8)[0], 8), 8, False, cpu_ranks=True)
     small, huge = estimate_memory(tiny, 1, 32).total, estimate_memory(tiny, 32, 64).total
     assert huge > small
     device = f"{(small + huge) // 2 // 2 ** 20}MB"

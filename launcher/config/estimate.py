@@ -1,6 +1,8 @@
 """Memory and time of each stage per rank, from the configs alone (what `roformer plan` prints).
 
-Memory per rank = model states + activations + communication buckets + a fixed runtime allowance.
+Memory per rank = model states + communication buckets + the larger of the activations and the
+optimizer step's temporaries (the activations are freed by the time the optimizer steps) + a fixed
+runtime allowance.
 - Model states (weights, gradients, AdamW moments, fp32 master copy) come from DeepSpeed's own
   estimators (deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs and
   stage3.estimate_zero3_model_states_mem_needs). They assume 16-bit training (2 bytes of weights
@@ -10,14 +12,21 @@ Memory per rank = model states + activations + communication buckets + a fixed r
   parameter over the 16-bit figure.
 - Activations saved for backward per layer at micro-batch b, length s, hidden h, intermediate I,
   heads a (elements of the compute dtype, plus 1-byte dropout masks), after Korthikanti et al. 2022
-  ("Reducing activation recomputation"), written for our I instead of 4h:
-      8 s b h + 2 s b I + 2 a s^2 b   elements   (the s^2 terms: softmax output and its dropout)
-      2 s b h + a s^2 b               bytes of dropout masks (only when dropout > 0)
-  i.e. 34 s b h + 5 a s^2 b bytes in fp16 at I = 4h. The s^2 terms assume the attention
-  probabilities are materialised (the math path: SDPA with dropout on CPU); a fused flash kernel on
-  GPU does not keep them, so the estimate is an upper bound there. Plus the embeddings' output and
-  the MLM head at the expected masked positions (logits in fp32). With activation checkpointing
-  only each layer's input is kept, plus one layer's full activations while it is recomputed.
+  ("Reducing activation recomputation"), written for our I instead of 4h, with the attention
+  scores as our kernels keep them:
+      8 s b h + 2 s b I        elements
+      2 s b h                  bytes of hidden dropout masks (only when dropout > 0)
+      a s^2 b                  bytes: on CPU ranks, the attention-dropout keep mask of
+                               roformer/cpu_attention.py (probabilities are recomputed in backward)
+      4 a s b                  bytes: on accelerators, SDPA's fused kernels (flash / memory-efficient,
+                               dropout included) keep one float per query row and no score
+  (Korthikanti's math path would add 2 a s^2 b elements + a s^2 b bytes: softmax output, its
+  dropout and mask; none of our paths materialises them). Plus the embeddings' output and the MLM
+  head at the expected masked positions (logits in fp32). With activation checkpointing only each
+  layer's input is kept, plus one layer's full activations while it is recomputed.
+- Optimizer step: torch's AdamW (`torch_adam` in the DeepSpeed config; foreach) allocates two
+  temporaries of the rank's fp32 partition while it steps: 8 bytes per parameter of the partition.
+  DeepSpeed's fused GPU / CPU Adam kernels update in place (0).
 - Buckets: ZeRO-1/2 allocate reduce_bucket_size elements (twice with overlap_comm) of 16-bit (4-byte
   in fp32) gradients.
 Time per step = FLOPs executed (roformer.flops.hardware_training_flops: model FLOPs plus the forward
@@ -28,16 +37,18 @@ Pure functions of the configs; DeepSpeed's estimators are imported when first ca
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from roformer import RoFormerConfig
 from roformer.flops import hardware_training_flops, parameter_count
 
 GIB = 2 ** 30
-# Resident memory that is not the model's: the CUDA context and allocator slack on a GPU; the Python
-# interpreter, torch and DeepSpeed libraries on a CPU rank. A rough constant, measured on the CPU
-# ranks of this project (docs/training.md) and in line with a CUDA context's 0.3-0.8 GB.
+# Memory that is not the model's. On a GPU the CUDA context and allocator slack (0.3-0.8 GB). On a
+# CPU rank the interpreter, torch, DeepSpeed, the data readers and the process group: 0.25 GiB
+# resident before the model exists, measured on this project's ranks (bench/results/memory.json),
+# plus what is imported later (TensorBoard).
 RUNTIME_ALLOWANCE_BYTES = int(0.75 * GIB)
+CPU_RUNTIME_ALLOWANCE_BYTES = int(0.3 * GIB)
 EXPECTED_MASK_RATE = 0.15
 
 
@@ -54,6 +65,11 @@ class TrainingSetup:
     reduce_bucket_elements: int
     overlap_comm: bool
     activation_checkpointing: bool
+    cpu_ranks: bool = False
+    """The ranks compute on CPUs (our block-wise attention keeps a 1-byte dropout mask per score; the
+    runtime allowance is a CPU process's), not on an accelerator (SDPA's fused kernels)."""
+    torch_optimizer: bool = False
+    """DeepSpeed runs torch's AdamW (`torch_adam`), whose step allocates temporaries."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +80,8 @@ class MemoryEstimate:
     activations: int
     activations_checkpointed: int
     buckets: int
+    optimizer_step: int
+    """Temporaries of the optimizer step (after backward: they never coexist with the activations)."""
     runtime: int
     checkpointing: bool
     """Whether the total uses the checkpointed activations."""
@@ -76,7 +94,7 @@ class MemoryEstimate:
     @property
     def model_dependent(self) -> int:
         """Everything but the fixed runtime allowance: what grows with the model and the micro-batch."""
-        return self.model_states + self.active_activations + self.buckets
+        return self.model_states + self.buckets + max(self.active_activations, self.optimizer_step)
 
     @property
     def total(self) -> int:
@@ -126,15 +144,15 @@ def model_state_bytes(setup: TrainingSetup) -> int:
 
 
 def activation_bytes(model: RoFormerConfig, micro_batch: int, seq_len: int, precision: str,
-                     checkpointing: bool) -> int:
+                     checkpointing: bool, cpu_ranks: bool = False) -> int:
     """Activations saved for backward by one micro-batch (see the module docstring)."""
     element = 4 if precision == "fp32" else 2
     b, s, h, inner, heads = micro_batch, seq_len, model.hidden_size, model.intermediate_size, model.num_attention_heads
     hidden_drop = model.hidden_dropout_prob > 0
     attention_drop = model.attention_probs_dropout_prob > 0
-    scores = heads * s * s * b
-    layer = element * (8 * s * b * h + 2 * s * b * inner + (2 if attention_drop else 1) * scores)
-    layer += (2 * s * b * h if hidden_drop else 0) + (scores if attention_drop else 0)
+    keep_mask = cpu_ranks and attention_drop
+    layer = element * (8 * s * b * h + 2 * s * b * inner) + (2 * s * b * h if hidden_drop else 0)
+    layer += heads * s * s * b if keep_mask else 4 * heads * s * b
     masked = EXPECTED_MASK_RATE * b * s
     outside = element * s * b * (model.embedding_size + h) + masked * (element * 2 * model.embedding_size
                                                                       + 4 * 2 * model.vocab_size)
@@ -151,22 +169,31 @@ def bucket_bytes(setup: TrainingSetup) -> int:
     return element * elements * (2 if setup.overlap_comm else 1)
 
 
+def optimizer_step_bytes(setup: TrainingSetup) -> int:
+    """Temporaries of torch's AdamW step: two fp32 copies of the rank's partition (see the module docstring)."""
+    if not setup.torch_optimizer:
+        return 0
+    params = parameter_count(setup.model)
+    return 8 * (params if setup.zero_stage == 0 else -(-params // setup.world_size))
+
+
 def estimate_memory(setup: TrainingSetup, micro_batch: int, seq_len: int) -> MemoryEstimate:
+    def activations(checkpointing: bool) -> int:
+        return activation_bytes(setup.model, micro_batch, seq_len, setup.precision, checkpointing, setup.cpu_ranks)
+
     return MemoryEstimate(
-        model_states=model_state_bytes(setup),
-        activations=activation_bytes(setup.model, micro_batch, seq_len, setup.precision, checkpointing=False),
-        activations_checkpointed=activation_bytes(setup.model, micro_batch, seq_len, setup.precision,
-                                                  checkpointing=True),
-        buckets=bucket_bytes(setup), runtime=RUNTIME_ALLOWANCE_BYTES, checkpointing=setup.activation_checkpointing)
+        model_states=model_state_bytes(setup), activations=activations(False),
+        activations_checkpointed=activations(True), buckets=bucket_bytes(setup),
+        optimizer_step=optimizer_step_bytes(setup),
+        runtime=CPU_RUNTIME_ALLOWANCE_BYTES if setup.cpu_ranks else RUNTIME_ALLOWANCE_BYTES,
+        checkpointing=setup.activation_checkpointing)
 
 
 def largest_fitting_micro_batch(setup: TrainingSetup, seq_len: int, device_bytes: int, checkpointing: bool,
                                 limit: int = 4096) -> int:
     """The largest micro-batch whose estimate fits device_bytes (0: not even one sequence)."""
     def fits(b: int) -> bool:
-        estimate = estimate_memory(setup, b, seq_len)
-        active = estimate.activations_checkpointed if checkpointing else estimate.activations
-        return estimate.model_states + active + estimate.buckets + estimate.runtime <= device_bytes
+        return replace(estimate_memory(setup, b, seq_len), checkpointing=checkpointing).total <= device_bytes
 
     if not fits(1):
         return 0
@@ -191,9 +218,9 @@ def format_duration(seconds: float) -> str:
     return (f"{days}d " if days else "") + f"{hours:d}:{rest // 60:02d}:{rest % 60:02d}"
 
 
-def setup_from_configs(model: RoFormerConfig, ds_config: dict, world_size: int,
-                       activation_checkpointing: bool) -> TrainingSetup:
-    """The TrainingSetup of a run config's model and its resolved DeepSpeed config."""
+def setup_from_configs(model: RoFormerConfig, ds_config: dict, world_size: int, activation_checkpointing: bool,
+                       cpu_ranks: bool) -> TrainingSetup:
+    """The TrainingSetup of a run config's model and its resolved DeepSpeed config, on CPU ranks or not."""
     zero = ds_config.get("zero_optimization", {})
     offload = zero.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
     precision = "fp16" if ds_config.get("fp16", {}).get("enabled") else \
@@ -202,7 +229,8 @@ def setup_from_configs(model: RoFormerConfig, ds_config: dict, world_size: int,
                          precision=precision, offload_optimizer=offload,
                          reduce_bucket_elements=int(zero.get("reduce_bucket_size", 5e8)),
                          overlap_comm=bool(zero.get("overlap_comm", False)),
-                         activation_checkpointing=activation_checkpointing)
+                         activation_checkpointing=activation_checkpointing, cpu_ranks=cpu_ranks,
+                         torch_optimizer=bool(ds_config.get("optimizer", {}).get("params", {}).get("torch_adam")))
 
 
 @dataclass(frozen=True)
@@ -227,7 +255,8 @@ class StageEstimate:
         return {"name": self.name, "micro_batch_size": self.micro_batch_size, "max_seq_len": self.max_seq_len,
                 "memory_bytes": {"model_states": memory.model_states, "activations": memory.activations,
                                  "activations_checkpointed": memory.activations_checkpointed,
-                                 "buckets": memory.buckets, "runtime": memory.runtime, "total": memory.total},
+                                 "buckets": memory.buckets, "optimizer_step": memory.optimizer_step,
+                                 "runtime": memory.runtime, "total": memory.total},
                 "activation_checkpointing": memory.checkpointing, "fits": self.fits,
                 "verdict": "FITS" if self.fits else "DOES NOT FIT", "largest_micro_batch": self.largest_micro_batch,
                 "largest_micro_batch_checkpointed": self.largest_micro_batch_checkpointed, "seconds": self.seconds}
@@ -256,7 +285,8 @@ def format_estimates(estimates: list[StageEstimate], setup: TrainingSetup, devic
     """The memory / time table of `roformer plan`."""
     lines = [f"memory per rank (ZeRO-{setup.zero_stage}, {setup.precision}, {setup.world_size} ranks, device "
              f"{format_bytes(device_bytes)}; activation checkpointing "
-             f"{'on' if setup.activation_checkpointing else 'off'} (schedule.activation_checkpointing) for FITS):",
+             f"{'on' if setup.activation_checkpointing else 'off'} (schedule.activation_checkpointing) for FITS; "
+             f"{'CPU ranks' if setup.cpu_ranks else 'accelerator ranks: fused attention kernels'}):",
              f"  {'stage':<16}{'micro x len':>13}{'model states':>14}{'activations':>13}{'(ckpt)':>11}"
              f"{'total':>12}  {'verdict':<13}{'max micro':>10}{'(ckpt)':>8}{'time':>14}"]
     for stage in estimates:
@@ -267,13 +297,15 @@ def format_estimates(estimates: list[StageEstimate], setup: TrainingSetup, devic
                      f"{'FITS' if stage.fits else 'DOES NOT FIT':<13}{stage.largest_micro_batch:>10}"
                      f"{stage.largest_micro_batch_checkpointed:>8}{format_duration(stage.seconds):>14}")
     if estimates:
-        lines.append(f"  (totals include {format_bytes(estimates[-1].memory.buckets)} of gradient buckets and "
-                     f"{format_bytes(estimates[-1].memory.runtime)} runtime allowance)")
+        memory = estimates[-1].memory
+        lines.append(f"  (totals include {format_bytes(memory.buckets)} of gradient buckets, "
+                     f"{format_bytes(memory.runtime)} runtime allowance, and the optimizer step's "
+                     f"{format_bytes(memory.optimizer_step)} of temporaries where they exceed the activations)")
     lines.append(f"time: {format_duration(sum(stage.seconds for stage in estimates))} for the whole schedule at "
                  f"{100 * mfu:.0f}% MFU of {peak_tflops:.4g} TFLOP/s per rank ({peak_source})")
     return "\n".join(lines)
 
 
 __all__ = ["setup_from_configs", "estimate_stages", "format_estimates", "StageEstimate", "TrainingSetup", "MemoryEstimate", "parse_memory", "format_bytes", "model_state_bytes",
-           "activation_bytes", "bucket_bytes", "estimate_memory", "largest_fitting_micro_batch", "step_seconds",
-           "format_duration", "RUNTIME_ALLOWANCE_BYTES"]
+           "activation_bytes", "bucket_bytes", "optimizer_step_bytes", "estimate_memory", "largest_fitting_micro_batch", "step_seconds",
+           "format_duration", "RUNTIME_ALLOWANCE_BYTES", "CPU_RUNTIME_ALLOWANCE_BYTES"]

@@ -131,14 +131,16 @@ def plan_estimates(args: argparse.Namespace, cfg, ds_config: dict, stages) -> Pl
 
     if not 0 < args.mfu <= 1:
         raise UserError(f"--mfu: must be in (0, 1], got {args.mfu}")
-    setup = setup_from_configs(cfg.model, ds_config, args.world_size, cfg.schedule.activation_checkpointing)
+    from deepspeed.accelerator import get_accelerator
+
+    # The ranks run on this machine's kind of accelerator unless a device of the peak table is named.
+    cpu_ranks = not args.device_name and get_accelerator().device_name() == "cpu"
+    setup = setup_from_configs(cfg.model, ds_config, args.world_size, cfg.schedule.activation_checkpointing, cpu_ranks)
     try:
         device_bytes = parse_memory(args.device_memory) if args.device_memory else None
     except ValueError as err:
         raise UserError(str(err)) from None
     if device_bytes is None:
-        from deepspeed.accelerator import get_accelerator
-
         device_bytes = int(get_accelerator().total_memory())
     if args.peak_tflops:
         peak, source = args.peak_tflops, "--peak-tflops"
