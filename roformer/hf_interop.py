@@ -8,6 +8,8 @@ Only models transformers can run map: RoPE (theta 10000, no scaling) with softma
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import re
@@ -250,10 +252,13 @@ def load_pretrained(directory: str | Path) -> RoFormerForMaskedLM:
     return model
 
 
-def load_classifier_from_pretrained(directory: str | Path, num_labels: int) -> RoFormerForSequenceClassification:
+def load_classifier_from_pretrained(directory: str | Path, num_labels: int,
+                                    **config_changes) -> RoFormerForSequenceClassification:
     """A classifier whose encoder comes from an export (MLM head ignored). A classifier head is taken
-    from the directory when it has one of the right size, else freshly initialised."""
+    from the directory when it has one of the right size, else freshly initialised. `config_changes`
+    replace config fields that do not change the weights' shapes (e.g. the dropout probabilities)."""
     config, tensors, _ = read_hf_directory(directory)
+    config = dataclasses.replace(config, **config_changes) if config_changes else config
     model = RoFormerForSequenceClassification(config, num_labels)
     ours = from_hf_state_dict({k: v for k, v in tensors.items() if not k.startswith("cls.")})
     head = {k: v for k, v in ours.items() if k.startswith("classifier.")}

@@ -118,3 +118,28 @@ def test_a_directory_saved_by_transformers_itself_works(stored_export, tasks_dir
     rc = cli_main(["finetune", str(foreign), "--task", "movie-reviews", "--task-data", str(tasks_dir),
                    "--max-train-examples", "32", "--epochs", "1", "--max-eval-examples", "16", "--out", str(out)])
     assert rc == 0 and json.loads(out.read_text())["test"]["examples"] == 16
+
+
+def test_dropout_override_keeps_the_weights_and_sets_every_dropout(stored_export):
+    """`--dropout` changes only the probabilities: same encoder weights, every dropout module and the
+    attention's probability set, for the export and for its random-init twin alike."""
+    import torch
+
+    from launcher.downstream.export_reader import load_classifier
+
+    kept = load_classifier(stored_export, 2)
+    changed = load_classifier(stored_export, 2, dropout=0.25)
+    encoder = [k for k in kept.state_dict() if not k.startswith("classifier.")]
+    assert all(torch.equal(kept.state_dict()[k], changed.state_dict()[k]) for k in encoder)
+    for model, expected in ((changed, 0.25), (load_classifier(stored_export, 2, random_init=True, dropout=0.25), 0.25),
+                            (kept, kept.config.hidden_dropout_prob)):
+        probabilities = {m.p for m in model.modules() if type(m).__name__ == "Dropout"}
+        probabilities |= {m.dropout_prob for m in model.modules() if hasattr(m, "dropout_prob")}
+        assert probabilities == {expected}, (expected, probabilities)
+    assert changed.config.hidden_dropout_prob == changed.config.attention_probs_dropout_prob == 0.25
+
+
+def test_dropout_out_of_range_is_refused_by_name(capsys, stored_export, tasks_dir):
+    err = _fails(capsys, ["finetune", str(stored_export), "--task", "movie-reviews", "--task-data", str(tasks_dir),
+                          "--dropout", "1.5"])
+    assert "--dropout" in err

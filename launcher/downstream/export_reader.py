@@ -87,17 +87,21 @@ def load_masked_lm(path: Path):
     return load_pretrained(path).eval()
 
 
-def load_classifier(path: Path, num_labels: int, random_init: bool = False):
+def load_classifier(path: Path, num_labels: int, random_init: bool = False, dropout: float | None = None):
     """The export's encoder + a fresh head; with `random_init`, its random-init twin (same config,
-    weights from the current torch seed), for measuring what pretraining bought."""
+    weights from the current torch seed), for measuring what pretraining bought. `dropout` replaces
+    the export's hidden and attention dropout probabilities (None keeps them)."""
+    import dataclasses
+
     from roformer import RoFormerForSequenceClassification
     from roformer.hf_interop import load_classifier_from_pretrained, read_hf_directory
 
     check_export_dir(path)
+    changes = {} if dropout is None else {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
     if random_init:
         config, _, _ = read_hf_directory(path)
-        return RoFormerForSequenceClassification(config, num_labels)
-    return load_classifier_from_pretrained(path, num_labels)
+        return RoFormerForSequenceClassification(dataclasses.replace(config, **changes), num_labels)
+    return load_classifier_from_pretrained(path, num_labels, **changes)
 
 
 def trained_max_seq_len(path: Path) -> int | None:
