@@ -100,7 +100,7 @@ class PlanEstimates:
     """Memory and time per stage (launcher/config/estimate.py) with the device and peak they assume."""
 
     setup: TrainingSetup
-    """Model, world size, ZeRO stage, precision, activation checkpointing."""
+    """Model, world size, ZeRO stage, precision, activation checkpointing, CPU or accelerator ranks."""
     stages: list[StageEstimate]
     """One per stage of the schedule."""
     device_bytes: int
@@ -117,7 +117,8 @@ class PlanEstimates:
     def to_dict(self) -> dict:
         setup = self.setup
         return {"zero_stage": setup.zero_stage, "precision": setup.precision,
-                "activation_checkpointing": setup.activation_checkpointing, "device_memory_bytes": self.device_bytes,
+                "activation_checkpointing": setup.activation_checkpointing, "cpu_ranks": setup.cpu_ranks,
+                "device_memory_bytes": self.device_bytes,
                 "peak_tflops": self.peak_tflops, "peak_source": self.peak_source, "mfu": self.mfu,
                 "all_fit": all(stage.fits for stage in self.stages),
                 "total_seconds": sum(stage.seconds for stage in self.stages),
@@ -126,13 +127,13 @@ class PlanEstimates:
 
 def plan_estimates(args: argparse.Namespace, cfg, ds_config: dict, stages) -> PlanEstimates:
     """The estimates of every stage with the flags' device memory, peak and MFU."""
+    from deepspeed.accelerator import get_accelerator
+
     from launcher.config.estimate import estimate_stages, parse_memory, setup_from_configs
     from launcher.mfu import resolve_peak, table_peak_tflops
 
     if not 0 < args.mfu <= 1:
         raise UserError(f"--mfu: must be in (0, 1], got {args.mfu}")
-    from deepspeed.accelerator import get_accelerator
-
     # The ranks run on this machine's kind of accelerator unless a device of the peak table is named.
     cpu_ranks = not args.device_name and get_accelerator().device_name() == "cpu"
     setup = setup_from_configs(cfg.model, ds_config, args.world_size, cfg.schedule.activation_checkpointing, cpu_ranks)
