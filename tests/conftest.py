@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import NO_DROPOUT, TEST_RANK_ENTRY, run_to_end, tiny_data_dir, tiny_run_config
+from tests.helpers import NO_DROPOUT, TEST_RANK_ENTRY, free_port, run_to_end, tiny_data_dir, tiny_run_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -32,11 +32,14 @@ def trainer_run(tmp_path_factory, tiny_data) -> Path:
     """One uninterrupted run of the real trainer: 2 ranks, ZeRO-2, fp32, no dropout, the three tiny
     stages (tests.helpers.TINY_STAGES, 16 steps), checkpoints every 4 steps and at stage ends (3 kept),
     validation every 5 steps, and the engine's final weights in RUN_DIR/reference.safetensors.
-    Its log is RUN_DIR/../run.log. Read-only: copy it before changing anything."""
+    Its log is RUN_DIR/../run.log, its MASTER_PORT in RUN_DIR/../master_port. Read-only: copy it
+    before changing anything."""
     root = tmp_path_factory.mktemp("trainer_run")
     run_dir = root / "run"
+    port = free_port()
+    (root / "master_port").write_text(str(port))
     run_to_end(2, tiny_run_config(root, tiny_data, model=NO_DROPOUT), run_dir, module=TEST_RANK_ENTRY,
-               ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1")
+               port=port, ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1")
     return run_dir
 
 

@@ -128,11 +128,12 @@ def launch_command(num_ranks: int, module: str, args: list[str], port: int | Non
 
 
 def start_run(num_ranks: int, config: Path, run_dir: Path, module: str = RANK_ENTRY, extra_args: list[str] = (),
-              log: Path | None = None, **env: str) -> subprocess.Popen:
+              log: Path | None = None, port: int | None = None, **env: str) -> subprocess.Popen:
     """Start a run in its own process group (so a test can signal exactly this run); output to
     RUN_DIR/../<name>.log."""
     log = log or run_dir.parent / f"{run_dir.name}.log"
-    cmd = launch_command(num_ranks, module, ["--config", str(config), "--run-dir", str(run_dir), *extra_args])
+    cmd = launch_command(num_ranks, module, ["--config", str(config), "--run-dir", str(run_dir), *extra_args],
+                         port=port)
     with open(log, "ab") as handle:
         return subprocess.Popen(cmd, cwd=REPO, env=rank_env(**env), stdout=handle, stderr=subprocess.STDOUT,
                                 start_new_session=True)

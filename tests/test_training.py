@@ -172,3 +172,14 @@ def test_one_step_number_everywhere_steps_completed(run):
     log = (run.parent / "run.log").read_text(errors="replace")
     assert [int(s) for s in re.findall(r"validation at step (\d+): loss", log)] == valid
     assert re.findall(r"stage \d/3 '\w+' after step (\d+)", log) == ["0", "6", "10"]
+
+
+def test_no_shared_memory_buffer_outlives_the_run(run):
+    """DeepSpeed's CPU all-reduce maps a ~66 MB /dev/shm buffer per rank and never unlinks it; before
+    the ranks removed the names at start-up, every run left world-size such files in RAM."""
+    import os
+    from pathlib import Path
+
+    port = (run.parent / "master_port").read_text()
+    left = sorted(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"))
+    assert left == [], left
