@@ -26,7 +26,7 @@ from launcher.errors import user_errors
 # rely on them.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "data": ("launcher.data_command", "prepare corpora and train the SentencePiece tokenizer"),
-    "plan": ("launcher.config.plan_command", "validate a run config and print the resolved stages and batch arithmetic"),
+    "plan": ("launcher.config.plan_command", "validate a run config; per stage: batch arithmetic, memory (FITS?), time"),
     "pretrain": ("launcher.launch.pretrain_command", "staged MLM pretraining under DeepSpeed (single node or a hostfile)"),
     "export": ("launcher.downstream.export", "export a checkpoint as a transformers RoFormer directory"),
     "eval-mlm": ("launcher.downstream.eval_mlm", "masked-LM loss / accuracy / perplexity of an export at several lengths"),
