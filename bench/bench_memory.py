@@ -29,13 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.bench_overhead import DS_CONFIG, prepare_corpus  # noqa: E402
-from tests.helpers import roformer_env, start_roformer  # noqa: E402
+from launcher.io import atomic_write_json  # noqa: E402
+from tests.helpers import roformer_env, start_roformer, tiny_run_config  # noqa: E402
 from tests.memory_probe import estimated_model_bytes, watch  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "memory.json"
@@ -52,19 +51,13 @@ MALLOC_ENV = {"live": {"MALLOC_MMAP_THRESHOLD_": "65536"}, "default": {}}
 
 
 def write_config(root: Path, data_dir: Path, model: dict, seq_len: int, micro: int, ranks: int, steps: int) -> Path:
-    schedule = root / "schedule.yaml"
-    schedule.write_text(yaml.safe_dump({"stages": [{"name": "measured", "max_seq_len": seq_len,
-                                                    "global_batch_size": micro * ranks, "micro_batch_size": micro,
-                                                    "steps": steps}]}))
-    config = {"seed": 1, "model": {"vocab_size": VOCAB, **model, "hidden_dropout_prob": 0.1,
-                                   "attention_probs_dropout_prob": 0.1},
-              "data": {"data_dir": str(data_dir)}, "optimizer": {"lr": 1e-4, "warmup_steps": 1},
-              "schedule": {"file": str(schedule)}, "checkpoint": {"every_steps": 0, "keep_last": 1},
-              "logging": {"valid_batches": 1, "progress_bar": False, "peak_tflops": 1.0},
-              "deepspeed": {"config": str(DS_CONFIG)}}
-    path = root / "run.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+    stage = {"name": "measured", "max_seq_len": seq_len, "global_batch_size": micro * ranks,
+             "micro_batch_size": micro, "steps": steps}
+    return tiny_run_config(root, data_dir, ds_config=DS_CONFIG.name, stages=[stage], seed=1,
+                           model={"vocab_size": VOCAB, **model, "hidden_dropout_prob": 0.1,
+                                  "attention_probs_dropout_prob": 0.1},
+                           optimizer={"lr": 1e-4, "warmup_steps": 1}, checkpoint={"every_steps": 0, "keep_last": 1},
+                           logging={"valid_batches": 1, "progress_bar": False, "peak_tflops": 1.0})
 
 
 def measure(root: Path, data_dir: Path, shape, ranks: int, steps: int, timeout: float, malloc: str) -> dict:
@@ -123,10 +116,7 @@ def main() -> int:
                         "revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                                                    capture_output=True, text=True).stdout.strip(),
                         "measured_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp_out, args.out)
+    atomic_write_json(args.out, result)
     print(json.dumps({"all_within_tolerance": result[f"malloc_{args.malloc}"]["all_within_tolerance"],
                       "ratios": [(r["shape"], r["ranks"], round(r["ratio_measured_over_estimate"], 3)) for r in runs]},
                      indent=2))

@@ -260,10 +260,9 @@ def main() -> int:
         report = {"benchmark": "MLM training step (zero_grad, forward, masked-only loss, backward, AdamW), "
                                "fp32, dropout 0.1/0.1, ours vs transformers' RoFormerForMaskedLM", "runs": {}}
     report["runs"][args.label] = result
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    from launcher.io import atomic_write_json
+
+    atomic_write_json(args.out, report)
     print(json.dumps({"label": args.label, "goals": result["goals"], "matmul_peak_gflops": result["matmul_peak_gflops"],
                       "tokens_per_s": {name: m["tokens_per_s"] for name, m in result["models"].items()},
                       "load": result["environment"]["load_average_end"],

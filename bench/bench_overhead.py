@@ -50,21 +50,14 @@ def prepare_corpus(out: Path, vocab_size: int) -> None:
 
 
 def write_run_config(root: Path, data_dir: Path, batch_size: int, seq_len: int, steps: int) -> Path:
-    import yaml
+    """One stage of `steps` steps at batch_size x seq_len, validation and checkpoints off."""
+    from tests.helpers import tiny_run_config
 
-    schedule = root / "schedule.yaml"
-    schedule.write_text(yaml.safe_dump({"stages": [{"name": "bench", "max_seq_len": seq_len,
-                                                    "global_batch_size": batch_size,
-                                                    "micro_batch_size": batch_size, "steps": steps}]}))
-    config = {"seed": 42, "model": MODEL, "data": {"data_dir": str(data_dir)},
-              "optimizer": {"lr": 1e-4, "warmup_steps": 10},
-              "schedule": {"file": str(schedule)},
-              "checkpoint": {"every_steps": 0},
-              "logging": {"log_every": 1, "progress_bar": True, "progress_every": 1},
-              "deepspeed": {"config": str(DS_CONFIG)}}
-    path = root / "run.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+    stage = {"name": "bench", "max_seq_len": seq_len, "global_batch_size": batch_size,
+             "micro_batch_size": batch_size, "steps": steps}
+    return tiny_run_config(root, data_dir, ds_config=DS_CONFIG.name, stages=[stage], seed=42, model=MODEL,
+                           optimizer={"lr": 1e-4, "warmup_steps": 10}, checkpoint={"every_steps": 0},
+                           logging={"log_every": 1, "valid_every": 0, "progress_bar": True, "progress_every": 1})
 
 
 class PartTimer:
@@ -226,6 +219,7 @@ def main() -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         result = run(args, Path(tmp))
+    from launcher.io import atomic_write_json
     import deepspeed
     import torch
 
@@ -235,10 +229,7 @@ def main() -> int:
         "load_average_start": load_before, "load_average_end": os.getloadavg(),
         "note": "shared machine: the two steps alternate round-robin in one process, wall-time medians",
         "measured_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write_json(args.out, result)
     print(json.dumps({key: result[key] for key in ("trainer_over_bare", "trainer_over_bare_paired_median",
                                                     "tokens_per_s", "seconds_by_part_median")}, indent=2))
     print(f"load average: {result['environment']['load_average_end']}")
