@@ -250,6 +250,10 @@ class StageEstimate:
     seconds: float
     """The stage's steps at the assumed MFU."""
 
+    @property
+    def verdict(self) -> str:
+        return "FITS" if self.fits else "DOES NOT FIT"
+
     def to_dict(self) -> dict:
         memory = self.memory
         return {"name": self.name, "micro_batch_size": self.micro_batch_size, "max_seq_len": self.max_seq_len,
@@ -258,7 +262,7 @@ class StageEstimate:
                                  "buckets": memory.buckets, "optimizer_step": memory.optimizer_step,
                                  "runtime": memory.runtime, "total": memory.total},
                 "activation_checkpointing": memory.checkpointing, "fits": self.fits,
-                "verdict": "FITS" if self.fits else "DOES NOT FIT", "largest_micro_batch": self.largest_micro_batch,
+                "verdict": self.verdict, "largest_micro_batch": self.largest_micro_batch,
                 "largest_micro_batch_checkpointed": self.largest_micro_batch_checkpointed, "seconds": self.seconds}
 
 
@@ -294,7 +298,7 @@ def format_estimates(estimates: list[StageEstimate], setup: TrainingSetup, devic
         lines.append(f"  {stage.name:<16}{f'{stage.micro_batch_size} x {stage.max_seq_len}':>13}"
                      f"{format_bytes(memory.model_states):>14}{format_bytes(memory.activations):>13}"
                      f"{format_bytes(memory.activations_checkpointed):>11}{format_bytes(memory.total):>12}  "
-                     f"{'FITS' if stage.fits else 'DOES NOT FIT':<13}{stage.largest_micro_batch:>10}"
+                     f"{stage.verdict:<13}{stage.largest_micro_batch:>10}"
                      f"{stage.largest_micro_batch_checkpointed:>8}{format_duration(stage.seconds):>14}")
     if estimates:
         memory = estimates[-1].memory

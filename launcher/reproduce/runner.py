@@ -131,8 +131,7 @@ class Runner:
             for future in [pool.submit(guarded, item) for item in items]:
                 future.result()  # re-raises the first failure
         except BaseException as err:
-            ended.set()
-            pool.shutdown(wait=False, cancel_futures=True)
+            ended.set()  # the queued jobs now return at once
             if not isinstance(err, UserError):  # a stop, not a failed job
                 self.stop_children()
             raise
