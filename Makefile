@@ -21,9 +21,9 @@ demo: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Everything that starts no multi-rank DeepSpeed job (markers: setup.cfg, tests/conftest.py).
+# The fast loop: tests/unit starts no multi-rank DeepSpeed job (folders and markers: tests/conftest.py).
 test-fast: setup
-	$(PY) -m pytest -m "not multiprocess" $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 # The paper's claims at small scale (docs/reproduction/README.md). Re-running resumes; one part alone:
 # make reproduce REPRODUCE_ARGS="--parts encodings"; the harness check: REPRODUCE_ARGS=--quick.

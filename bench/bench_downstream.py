@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from launcher.downstream.eval_mlm import MLMEvalConfig, evaluate_mlm  # noqa: E402
+from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm  # noqa: E402
 from launcher.downstream.export_reader import trained_max_seq_len  # noqa: E402
-from launcher.downstream.finetune import FinetuneConfig, finetune  # noqa: E402
+from launcher.downstream.fine_tuning import FinetuneConfig, finetune  # noqa: E402
 from roformer import RoFormerForMaskedLM  # noqa: E402
 from roformer.hf_interop import read_hf_directory, write_pretrained_files  # noqa: E402
 

@@ -4,7 +4,7 @@ two shapes.
     DS_ACCELERATOR=cpu .venv/bin/python bench/bench_memory.py [--steps 3] [--malloc live|default]
 
 Each run is the real command (DeepSpeed's launcher, ZeRO-2 fp32 ranks, metrics, heartbeats) on a
-corpus prepared on the fly (30k-piece tokenizer, about 5 s). Measured per rank (tests/memory_probe.py):
+corpus prepared on the fly (30k-piece tokenizer, about 5 s). Measured per rank (tests/support/memory_probe.py):
 the resident high-water mark while training (VmHWM, not torch's allocator: CPU tensors have no
 allocator statistics) and rank 0's resident memory before the model exists. The estimate's
 model-dependent part (model states + buckets + the larger of activations and the optimizer step's
@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.bench_overhead import DS_CONFIG, prepare_corpus  # noqa: E402
 from launcher.io import atomic_write_json  # noqa: E402
-from tests.helpers import roformer_env, start_roformer, tiny_run_config  # noqa: E402
-from tests.memory_probe import estimated_model_bytes, watch  # noqa: E402
+from tests.support.helpers import roformer_env, start_roformer, tiny_run_config  # noqa: E402
+from tests.support.memory_probe import estimated_model_bytes, watch  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "memory.json"
 VOCAB = 30000

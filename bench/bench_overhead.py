@@ -5,7 +5,7 @@
 - bare: our RoFormerForMaskedLM in plain torch: zero_grad, forward with the masked-only loss,
   backward, gradient clipping at the DeepSpeed config's value, torch AdamW with the DeepSpeed
   config's settings and the trainer's parameter groups; one fixed batch from the same corpus.
-- trainer: rank 0 of a real 1-rank run, started by `launcher.train.rank_entry.start` (run-config
+- trainer: rank 0 of a real 1-rank run, started by `launcher.train.rank.start` (run-config
   and data checks, the prepared corpus through the data pipeline, the DeepSpeed engine of
   ds_configs/cpu_fp32_zero2.json (ZeRO-2, fp32, torch AdamW), metrics.jsonl + TensorBoard +
   progress lines, watchdog heartbeats), driven by `Trainer.step`: the learning rate, the batch built
@@ -51,7 +51,7 @@ def prepare_corpus(out: Path, vocab_size: int) -> None:
 
 def write_run_config(root: Path, data_dir: Path, batch_size: int, seq_len: int, steps: int) -> Path:
     """One stage of `steps` steps at batch_size x seq_len, validation and checkpoints off."""
-    from tests.helpers import tiny_run_config
+    from tests.support.helpers import tiny_run_config
 
     stage = {"name": "bench", "max_seq_len": seq_len, "global_batch_size": batch_size,
              "micro_batch_size": batch_size, "steps": steps}
@@ -90,13 +90,13 @@ class PartTimer:
 
 def start_trainer(config: Path, run_dir: Path):
     """Rank 0 of a 1-rank run in this process, ready for its first step (the real start-up path)."""
-    from tests.helpers import free_port
+    from tests.support.helpers import free_port
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(free_port()))
-    from launcher.train import rank_entry
+    from launcher.train import rank
 
-    started = rank_entry.start(rank_entry.parse_args(["--config", str(config), "--run-dir", str(run_dir)]))
+    started = rank.start(rank.parse_args(["--config", str(config), "--run-dir", str(run_dir)]))
     trainer = started.trainer
     stage = trainer.switch_to(trainer.stages[0])
     return started, stage

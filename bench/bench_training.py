@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from launcher.train.metrics import read_metrics  # noqa: E402
-from tests.helpers import launch_command, rank_env  # noqa: E402
+from tests.support.helpers import launch_command, rank_env  # noqa: E402
 
 
 def start(args, run_dir: Path, log) -> subprocess.Popen:

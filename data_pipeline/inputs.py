@@ -25,7 +25,6 @@ from data_pipeline.errors import DataError
 
 _EXTENSIONS = {".txt": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # keeps \t and \n
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 def resolve_inputs(specs: list[str]) -> list[Path]:
@@ -178,6 +177,9 @@ def iter_raw_documents(path: Path, fmt: str, cfg: InputConfig, check: FileCheck)
 
 
 def _stream_with_datasets(path: Path, fmt: str, cfg: InputConfig) -> Iterator[str]:
+    # Local files only: `datasets` reads this when it is first imported, so it is set here (never at
+    # import of this module) unless the caller chose otherwise.
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     import datasets
 
     datasets.disable_progress_bars()

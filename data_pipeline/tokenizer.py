@@ -2,7 +2,7 @@
 
 `tokenizer/spm.model` is the source of truth; `tokenizer.json` is built from it with transformers'
 own SpmConverter (same normalizer charsmap, same pieces and scores), so
-`AutoTokenizer.from_pretrained(dir)` yields the same ids (tests/test_data_tokenizer.py checks).
+`AutoTokenizer.from_pretrained(dir)` yields the same ids (tests/unit/test_data_tokenizer.py checks).
 The special tokens are SentencePiece *control* symbols: text containing a literal "[MASK]" is not
 turned into the mask id by SentencePiece (the transformers tokenizer does match literal special
 tokens, the one documented difference).

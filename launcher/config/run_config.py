@@ -3,7 +3,7 @@
 A run config has the sections `model` (a `roformer.RoFormerConfig`), `data` (its `masking` a
 `data_pipeline.MaskingConfig`), `optimizer`, `schedule` (the schedule file is read at load: its
 stages, `total_steps` and `stage_for_step`), `checkpoint`, `logging`, `deepspeed` and `watchdog`
-(launcher.config.watchdog), plus a top-level `seed`. Relative paths are resolved against the
+(launcher.config.watchdog_section), plus a top-level `seed`. Relative paths are resolved against the
 directory of the config file, so a config works from any working directory; the resolved config
 written into a run directory holds absolute paths only.
 
@@ -23,7 +23,7 @@ from data_pipeline.errors import DataError
 from data_pipeline.masking import MaskingConfig
 from launcher.config.files import read_mapping
 from launcher.config.schedule import Stage, load_schedule, stage_index_at
-from launcher.config.watchdog import WatchdogSection
+from launcher.config.watchdog_section import WatchdogSection
 from launcher.errors import UserError
 from launcher.io import atomic_write_text
 from roformer.config import ConfigError, RoFormerConfig
@@ -129,7 +129,7 @@ class RunConfig:
     seed: int = 42
     """Seed of the model initialisation and of torch/numpy/python RNGs (dropout)."""
     watchdog: WatchdogSection = field(default_factory=WatchdogSection)
-    """Hang watchdog bounds (launcher.config.watchdog)."""
+    """Hang watchdog bounds (launcher.config.watchdog_section)."""
     source: str = ""
     """The file this config came from (for error messages)."""
 

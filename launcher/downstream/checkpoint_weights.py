@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from launcher.checkpoint_files import checkpoint_dirs, verify_files
+from launcher.run_dir.checkpoint_files import checkpoint_dirs, verify_files
 from launcher.errors import UserError
-from launcher.run_dir import RunDir
-from launcher.sidecar import CheckpointSidecar, read_sidecar
+from launcher.run_dir.layout import RunDir
+from launcher.run_dir.sidecar import CheckpointSidecar, read_sidecar
 
 
 @dataclass

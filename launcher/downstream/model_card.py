@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from launcher.run_dir import RunDir
-from launcher.run_records import files_in_effect
-from launcher.sidecar import CheckpointSidecar
+from launcher.run_dir.layout import RunDir
+from launcher.run_dir.records import files_in_effect
+from launcher.run_dir.sidecar import CheckpointSidecar
 
 STAGE_COLUMNS = ("name", "max_seq_len", "global_batch_size", "steps", "first_step")
 

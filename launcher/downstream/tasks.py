@@ -79,7 +79,7 @@ def load_split(tasks_dir: Path, task: TaskSpec, split: str) -> list[Example]:
     if not path.is_file():
         raise UserError(
             f"{path}: task file missing (task data are made by the set-up step: "
-            f"`python -m launcher.setup_data --out DATA_DIR`, or pass --task-data)"
+            f"`python -m launcher.commands.setup_data --out DATA_DIR`, or pass --task-data)"
         )
     examples: list[Example] = []
     with path.open(encoding="utf-8") as f:

@@ -14,7 +14,7 @@ says itself (HIDDEN, each with its reason):
 - "DeepSpeed ... op built successfully", once per rank: the build is announced before the start.
 Rank 0's progress: in "status" mode (the console is a terminal) its STATUS_MARKER lines become one
 status line at the bottom, redrawn in place, with every other line printed above it; in "lines"
-mode rank 0 prints plain lines itself (launcher/train/progress.py). Status lines are not logged.
+mode rank 0 prints plain lines itself (launcher/train/progress_line.py). Status lines are not logged.
 """
 from __future__ import annotations
 

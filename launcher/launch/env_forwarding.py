@@ -35,7 +35,7 @@ from pathlib import Path
 from launcher import ops_cache
 from launcher.errors import UserError
 from launcher.io import atomic_write_text
-from launcher.run_dir import RunDir
+from launcher.run_dir.layout import RunDir
 
 
 FORWARDED_NAMES = (

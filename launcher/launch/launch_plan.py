@@ -3,7 +3,7 @@
 A LaunchPlan is pure data: the validated hostfile, the slots each host contributes, the world size,
 every stage's batch arithmetic at that world size, the variables forwarded to the ranks, and the
 argument list for DeepSpeed's runner (`python -m deepspeed.launcher.runner ...`), which does the
-actual launch. `--dry-run` prints it; `launcher.launch.pretrain_command` runs it.
+actual launch. `--dry-run` prints it; `launcher.commands.pretrain` runs it.
 
 Each rank runs `python -u -m launcher.launch.rank_guard launcher.train.rank_entry --config CFG --run-dir RUN
 [--set k=v ...]` with the venv's Python (DeepSpeed's launcher uses its own sys.executable, which is
@@ -27,8 +27,8 @@ from launcher.defaults import DEFAULT_MASTER_PORT
 from launcher.errors import UserError
 from launcher.launch import env_forwarding
 from launcher.config.hostfile import Hostfile, is_local_only, read_hostfile, resolve_resources, world_size_of
-from launcher.run_dir import RunDir
-from launcher.stage_end_jobs import check_eval_specs
+from launcher.run_dir.layout import RunDir
+from launcher.config.stage_end_evals import check_eval_specs
 
 if TYPE_CHECKING:  # the run config imports torch (through roformer): not needed for `roformer pretrain --help`
     from launcher.config.stages import ResolvedStage

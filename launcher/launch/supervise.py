@@ -42,7 +42,7 @@ from launcher.launch.launch_plan import LaunchPlan
 from launcher.launch.rank_guard import MARKER
 from launcher.launch.ssh import ssh
 from launcher.launch.watchdog import Verdict
-from launcher.run_dir import RunDir
+from launcher.run_dir.layout import RunDir
 
 FAILURE_GRACE_SECONDS = 30.0  # + the stop itself stays well inside the 60 s promised in docs/multinode.md
 STOP_WAIT_SECONDS = 10.0

@@ -4,7 +4,7 @@ A rank blocked in a collective (a peer died silently, the network is partitioned
 neither) or stopped by SIGSTOP cannot act itself, and a partitioned node's output never reaches
 `roformer pretrain`. So the guard of every rank (launcher.launch.rank_guard, a separate process on
 the rank's node) watches its own rank's heartbeat (RUN_DIR/heartbeats/rank<r>.json, written by
-launcher.train.heartbeat at every step and phase start, with the phase's bound):
+launcher.train.progress_recorder at every step and phase start, with the phase's bound):
 
 1. Every POLL_SECONDS it publishes what it sees in RUN_DIR/heartbeats/rank<r>.guard.json (a
    GuardStatus: the rank's phase and step, seconds since its heartbeat, its process state from
@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from launcher.heartbeat import Heartbeat, read_record, write_record
-from launcher.run_dir import RunDir
+from launcher.run_dir.heartbeat_file import Heartbeat, read_record, write_record
+from launcher.run_dir.layout import RunDir
 
 MARKER = "[roformer-watchdog]"
 POLL_SECONDS = 2.0

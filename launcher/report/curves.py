@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from launcher.errors import UserError
-from launcher.metrics_format import step_offset
-from launcher.run_dir import RunDir
-from launcher.run_records import RecordVersion, files_in_effect, read_versions
+from launcher.run_dir.metrics_format import step_offset
+from launcher.run_dir.layout import RunDir
+from launcher.run_dir.records import RecordVersion, files_in_effect, read_versions
 
 
 
@@ -166,7 +166,7 @@ class Records:
 
     def step_offset(self) -> int:
         """Added to a train/valid record's `step` to count steps completed: 0, or 1 for a file written
-        before that convention (launcher/metrics_format.py)."""
+        before that convention (launcher/run_dir/metrics_format.py)."""
         return step_offset(self.events)
 
 
@@ -221,7 +221,7 @@ def record_versions(layout: RunDir) -> list[RecordVersion]:
 
 
 def records_in_effect(layout: RunDir) -> dict[str, Path]:
-    """kind (config, ds_config, stages) -> the newest version of that record file (launcher/run_records.py)."""
+    """kind (config, ds_config, stages) -> the newest version of that record file (launcher/run_dir/records.py)."""
     if not record_versions(layout):
         return {"config": layout.config, "ds_config": layout.ds_config, "stages": layout.stages}
     return files_in_effect(layout, sys.maxsize)

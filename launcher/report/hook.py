@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from launcher.run_dir import RunDir
+from launcher.run_dir.layout import RunDir
 
 RUN_END_WAIT_S = 120.0
 LOG_NAME = "render.log"

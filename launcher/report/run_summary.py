@@ -15,9 +15,9 @@ import numpy as np
 import yaml
 
 from launcher.report.curves import Curves, record_versions, records_in_effect
-from launcher.run_records import RecordVersion
-from launcher.run_dir import RunDir, step_of_tag
-from launcher.sidecar import CheckpointSidecar, complete_sidecar
+from launcher.run_dir.records import RecordVersion
+from launcher.run_dir.layout import RunDir, step_of_tag
+from launcher.run_dir.sidecar import CheckpointSidecar, complete_sidecar
 
 # metrics.jsonl events that begin or end a process's training (launcher/train/rank_entry.py).
 START_EVENTS = ("startup", "resume")

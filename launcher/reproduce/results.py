@@ -14,7 +14,7 @@ from pathlib import Path
 
 from launcher.reproduce.plan import FinetuneRun, Preset, PretrainRun
 from launcher.reproduce.runner import Layout, is_finished, trained_steps
-from launcher.run_dir import RunDir
+from launcher.run_dir.layout import RunDir
 from launcher.train.metrics import read_metrics
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from launcher.errors import UserError
 from launcher.reproduce.plan import FinetuneRun, Preset, PretrainRun
-from launcher.run_dir import RunDir
-from launcher.sidecar import complete_sidecar
+from launcher.run_dir.layout import RunDir
+from launcher.run_dir.sidecar import complete_sidecar
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """Checkpoints of a run directory: the Checkpointer that saves and loads a run's named states, the
 choice of the resume point, retention, and the conversion for another world size.
 
-Layout (launcher/run_dir.py): RUN_DIR/checkpoints/<tag>/ holds DeepSpeed's files, rng_rank<r>.pt per
-rank and sidecar.json, written LAST by rank 0 after every rank finished (launcher/sidecar.py);
+Layout (launcher/run_dir/layout.py): RUN_DIR/checkpoints/<tag>/ holds DeepSpeed's files, rng_rank<r>.pt per
+rank and sidecar.json, written LAST by rank 0 after every rank finished (launcher/run_dir/sidecar.py);
 checkpoints/latest names the newest complete tag. A checkpoint without a complete sidecar is never
 resumed from; the newest one whose files match the sizes and sha256 its sidecar records is
-(launcher/train/resume.py, launcher/checkpoint_files.py).
+(launcher/train/resume.py, launcher/run_dir/checkpoint_files.py).
 
 Durability: every file of a save is fsynced (each rank its share, while hashing it), then the
 directory, before the sidecar marks the checkpoint complete and before `latest` moves; a power loss
@@ -24,11 +24,11 @@ from typing import Protocol
 import deepspeed.comm as dist
 
 from launcher.config.stages import ResolvedStage
-from launcher.checkpoint_files import file_shares, move_aside, record_files
+from launcher.run_dir.checkpoint_files import file_shares, move_aside, record_files
 from launcher.errors import UserError
 from launcher.io import atomic_write_text, fsync_dir, fsync_tree
-from launcher.run_dir import DAMAGED_DIR, RunDir, sidecar_path, step_of_tag, tag_for_step
-from launcher.sidecar import CheckpointSidecar, complete_sidecar, write_sidecar
+from launcher.run_dir.layout import DAMAGED_DIR, RunDir, sidecar_path, step_of_tag, tag_for_step
+from launcher.run_dir.sidecar import CheckpointSidecar, complete_sidecar, write_sidecar
 from launcher.train.engine import loss_scale, precision
 from launcher.train.rng import load_rng, save_rng, seed_everything
 from roformer.config import ConfigError, RoFormerConfig

@@ -2,11 +2,11 @@
 
 metrics.jsonl holds one JSON object per line, `kind` = "train" (every step), "valid" or "event";
 the first line is the `metrics_format` event. Every `step` counts optimizer steps completed
-(launcher/metrics_format.py): the first train record has step 1, a validation or checkpoint after
+(launcher/run_dir/metrics_format.py): the first train record has step 1, a validation or checkpoint after
 N steps has step N, as does TensorBoard's x axis. On resume from step N, train/valid lines past N
 are dropped (they belong to the lost future of the interrupted run), so the file always reads as
 one consistent run; TensorBoard gets the same treatment through SummaryWriter's purge_step.
-Console output: launcher/train/progress.py.
+Console output: launcher/train/progress_line.py.
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from pathlib import Path
 
 from launcher.config.stages import ResolvedStage
 from launcher.io import atomic_write_text
-from launcher.metrics_format import FORMAT_EVENT, format_event, normalise
-from launcher.run_dir import RunDir
+from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, normalise
+from launcher.run_dir.layout import RunDir
 from launcher.mfu import Peak, speed_fields
-from launcher.train.progress import ProgressPrinter
+from launcher.train.progress_line import ProgressPrinter
 
 # TensorBoard tag of each train-record field.
 TRAIN_SCALARS = {
@@ -38,7 +38,7 @@ class Metrics:
     def __init__(self, run_dir: RunDir, rank: int, stages: list[ResolvedStage], total_steps: int, start_step: int,
                  log_every: int, progress_bar: bool, progress_every: int = 1):
         """start_step: steps completed when the run (re)starts; progress_every: steps between plain
-        progress lines (launcher/train/progress.py); progress_bar False: no progress lines at all."""
+        progress lines (launcher/train/progress_line.py); progress_bar False: no progress lines at all."""
         self.active = rank == 0
         self.stages, self.total_steps, self.log_every = stages, total_steps, log_every
         self.tokens_per_s: float | None = None  # smoothed, for the ETAs

@@ -11,7 +11,7 @@ The order (launcher/train/rank_entry.py):
   3. the process group starts and `share` hands rank 0's verdict to every rank;
   4. rank 0 `accept`s it: universal conversion, damaged checkpoints moved to checkpoints/damaged/
      (one line each, saying where the run resumes instead), the record files (a config that
-     differs from the run's becomes a new version: launcher/run_records.py).
+     differs from the run's becomes a new version: launcher/run_dir/records.py).
 """
 from __future__ import annotations
 
@@ -23,14 +23,14 @@ import deepspeed.comm as dist
 
 from data_pipeline import check_state_format
 from data_pipeline.errors import DataError
-from launcher.checkpoint_files import DamagedCheckpoint, checkpoint_dirs, classify, move_aside, verify_files
+from launcher.run_dir.checkpoint_files import DamagedCheckpoint, checkpoint_dirs, classify, move_aside, verify_files
 from launcher.config.deepspeed_json import resolve_ds_config
 from launcher.config.preflight_checks import ds_config_source
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
-from launcher.run_dir import RunDir, sidecar_path
-from launcher.run_records import describe_change, record_start
+from launcher.run_dir.layout import RunDir, sidecar_path
+from launcher.run_dir.records import describe_change, record_start
 from launcher.train.checkpointer import ResumePoint, check_compatible, check_foreign_checkpoints, convert_to_universal
 
 # ZeRO stages whose checkpoints DeepSpeed loads into each other (same partitioned optimizer files).

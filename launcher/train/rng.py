@@ -13,7 +13,7 @@ import torch
 from deepspeed.accelerator import get_accelerator
 
 from launcher.io import atomic_torch_save
-from launcher.run_dir import rng_path
+from launcher.run_dir.layout import rng_path
 
 
 def seed_everything(seed: int) -> None:

@@ -15,8 +15,8 @@ from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
 from launcher.report.hook import PlotHook
-from launcher.run_dir import RunDir
-from launcher.stage_end_jobs import start_stage_end_job
+from launcher.run_dir.layout import RunDir
+from launcher.train.stage_end_jobs import start_stage_end_job
 from launcher.train.checkpointer import ResumePoint
 from launcher.train.engine import loss_scale, precision
 from launcher.train.metrics import Metrics

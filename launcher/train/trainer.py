@@ -20,7 +20,7 @@ from launcher.config.schedule import learning_rate
 from launcher.config.stages import ResolvedStage
 from launcher.train.checkpointer import Checkpointer
 from launcher.train.engine import loss_scale
-from launcher.train.heartbeat import ProgressRecorder
+from launcher.train.progress_recorder import ProgressRecorder
 from launcher.train.metrics import Metrics
 from launcher.mfu import step_model_flops
 
@@ -137,7 +137,7 @@ class Trainer:
         self.state.consumed_samples += samples
         self.state.consumed_tokens += int(global_tokens)
         grad_norm = self.engine.get_global_grad_norm()
-        # "step" counts steps completed, this one included (launcher/metrics_format.py).
+        # "step" counts steps completed, this one included (launcher/run_dir/metrics_format.py).
         return {"step": self.state.step + 1, "stage": stage.index, "loss": sums[0].item() / max(global_masked, 1.0),
                 "mlm_accuracy": sums[1].item() / max(global_masked, 1.0), "lr": lr,
                 "loss_scale": loss_scale(self.engine), "grad_norm": None if grad_norm is None else float(grad_norm),

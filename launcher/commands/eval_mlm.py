@@ -1,0 +1,46 @@
+"""`roformer eval-mlm EXPORT --data DATA_DIR --seq-lens 128,512,1024`: the command line of
+launcher.downstream.mlm_evaluation."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
+from launcher.errors import UserError
+from launcher.io import atomic_write_json
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("export_dir", type=Path, help="export directory (roformer export --out)")
+    parser.add_argument("--data", type=Path, required=True, help="prepared data dir (or its valid/ directory)")
+    parser.add_argument("--seq-lens", default="128,512,1024",
+                        help="comma-separated sequence lengths in tokens, [CLS] included; any length works "
+                             "(RoPE has no limit), lengths past the trained one are marked")
+    parser.add_argument("--split", default="valid", help="split of the data dir to evaluate on")
+    parser.add_argument("--tokens", type=int, default=32768,
+                        help="token budget per length: the same first N tokens of the split at every length")
+    parser.add_argument("--tokens-per-batch", type=int, default=8192,
+                        help="tokens per forward pass (micro-batch = this // length sequences); bounds memory")
+    parser.add_argument("--seed", type=int, default=0, help="masking seed (which tokens are masked, and how)")
+    parser.add_argument("--mask-prob", type=float, default=0.15,
+                        help="share of tokens predicted (80%% [MASK], 10%% random, 10%% kept)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the JSON report to this file (default: printed only)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        seq_lens = [int(x) for x in args.seq_lens.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--seq-lens: {args.seq_lens!r} is not a comma-separated list of integers") from None
+    cfg = MLMEvalConfig(export_dir=args.export_dir, data_dir=args.data, seq_lens=seq_lens, split=args.split,
+                        tokens=args.tokens, tokens_per_batch=args.tokens_per_batch, seed=args.seed,
+                        mask_prob=args.mask_prob, threads=args.threads)
+    report = evaluate_mlm(cfg)
+    text = json.dumps(report, indent=2)
+    if args.out is not None:
+        atomic_write_json(args.out, report)
+    print(text)
+    return 0

@@ -1,0 +1,34 @@
+"""`roformer export RUN_DIR [--tag TAG] --out DIR`: the command line of launcher.downstream.exporter."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from launcher.downstream.export_reader import EXPORT_INFO
+from launcher.downstream.exporter import MAX_POSITIONS_PER_TRAINED_LENGTH, MIN_MAX_POSITIONS, export_checkpoint
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, help="run directory (holds checkpoints/)")
+    parser.add_argument("--tag", default=None, help="checkpoint tag (default: the one checkpoints/latest names)")
+    parser.add_argument("--out", type=Path, required=True, help="export directory to create or replace")
+    parser.add_argument("--tokenizer-from", type=Path, default=None,
+                        help="prepared data dir (or tokenizer dir) to take the tokenizer from "
+                             "(default: data.data_dir of RUN_DIR/config.yaml)")
+    parser.add_argument("--max-positions", type=int, default=None, metavar="N",
+                        help="longest input transformers' RoFormer will accept: the size of the RoPE table it "
+                             "reads positions from (our eval-mlm / finetune have no limit). Default: the larger "
+                             f"of {MIN_MAX_POSITIONS} and {MAX_POSITIONS_PER_TRAINED_LENGTH}x the longest length "
+                             "the checkpoint was trained at")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="skip reloading the export with transformers and comparing logits")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = export_checkpoint(args.run_dir, args.out, tag=args.tag, tokenizer_from=args.tokenizer_from,
+                            verify=not args.no_verify, max_positions=args.max_positions)
+    info = json.loads((out / EXPORT_INFO).read_text(encoding="utf-8"))
+    print(f"exported {info['tag']} (step {info['step']}, stage {info['stage_index'] + 1} '{info['stage']}') -> "
+          f"{out}; transformers' RoFormer accepts inputs of up to {info['max_positions']:,} tokens (--max-positions)")
+    return 0

@@ -1,0 +1,159 @@
+"""`roformer plan --config CFG --world-size N | --hostfile H`: validate a run config for N ranks, print
+the stages and, per stage, the memory per rank (FITS / DOES NOT FIT the device) and the time
+(launcher/config/estimate.py); `--json` prints the same as one JSON document.
+
+Nothing is started and nothing is written; every error names the file, stage or field. The checks
+are the ones every rank runs at start-up (launcher/config/preflight_checks.py): data, tokenizer
+size, DeepSpeed config and precision.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from launcher.errors import UserError
+from launcher.config.hostfile import read_hostfile
+from launcher.config.stage_end_evals import check_eval_specs
+
+if TYPE_CHECKING:  # the estimator imports torch (through roformer): not at `roformer plan --help`
+    from launcher.config.estimate import StageEstimate, TrainingSetup
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="run config YAML (configs/)")
+    ranks = parser.add_mutually_exclusive_group(required=True)
+    ranks.add_argument("--world-size", type=int, help="number of ranks (GPUs or CPU processes)")
+    ranks.add_argument("--hostfile", help="a hostfile: the world size is its slots' sum")
+    parser.add_argument("--device-memory", help="memory per rank for the FITS verdicts, e.g. 16GB (default: this "
+                        "machine's accelerator's)")
+    parser.add_argument("--device-name", help="price time with this device of the peak table, e.g. V100 (default: "
+                        "logging.peak_tflops, else this machine's accelerator)")
+    parser.add_argument("--peak-tflops", type=float, help="peak TFLOP/s per rank for the time estimate (default: "
+                        "from --device-name, logging.peak_tflops or this machine's accelerator)")
+    parser.add_argument("--mfu", type=float, default=0.4, help="assumed MFU for the time estimate (default 0.4)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a run-config field (repeatable; default: none)")
+    parser.add_argument("--json", action="store_true", help="print the stages, the DeepSpeed config and the "
+                        "per-stage memory / time estimates as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.json:
+        return plan(args)
+    with deepspeed_logs_to_stderr():  # stdout is the JSON's
+        return plan(args)
+
+
+@contextlib.contextmanager
+def deepspeed_logs_to_stderr():
+    """DeepSpeed's logger writes to stdout (e.g. its accelerator detection, at import): to stderr meanwhile."""
+    imported_before = "deepspeed.utils" in sys.modules
+    with contextlib.redirect_stdout(sys.stderr):  # a handler made by the first import takes sys.stdout
+        from deepspeed.utils import logger
+    handlers = [handler for handler in logger.handlers if isinstance(handler, logging.StreamHandler)]
+    previous = [handler.setStream(sys.stderr) or handler.stream for handler in handlers]
+    try:
+        yield
+    finally:
+        for handler, stream in zip(handlers, previous):  # as they were, or where a first import puts them
+            handler.setStream(stream if imported_before else sys.stdout)
+
+
+def plan(args: argparse.Namespace) -> int:
+    # Imported here: the run config imports torch (through roformer), `roformer plan --help` must not wait.
+    from launcher.config.deepspeed_json import resolve_ds_config
+    from launcher.config.preflight_checks import check_run
+    from launcher.config.run_config import load_run_config
+    from launcher.config.stages import format_plan, resolve_stages
+
+    cfg = load_run_config(args.config, args.overrides)
+    check_eval_specs(cfg.logging.stage_end_evals, where=f"{cfg.source}: logging.stage_end_evals")
+    if args.hostfile:
+        args.world_size = sum(read_hostfile(args.hostfile).slots_by_host.values())
+    stages = resolve_stages(cfg, args.world_size)
+    # The ranks' own start-up checks; DS_ACCELERATOR set here is what the ranks get (forwarded).
+    checked = check_run(cfg, stages, args.world_size, accelerator_is_the_ranks="DS_ACCELERATOR" in os.environ)
+    for note in checked.notes:
+        print(f"roformer plan: note: {note}", file=sys.stderr)
+    ds_config = resolve_ds_config(cfg, stages[0], args.world_size)
+    estimates = plan_estimates(args, cfg, ds_config, stages)
+    if args.json:
+        print(json.dumps({"world_size": args.world_size, "stages": [s.to_dict() for s in stages],
+                          "deepspeed": ds_config, "estimate": estimates.to_dict()}, indent=2))
+        return 0
+    print(format_plan(stages, args.world_size))
+    print(estimates.table())
+    print(f"deepspeed config: {cfg.deepspeed.config} (ZeRO stage "
+          f"{ds_config.get('zero_optimization', {}).get('stage', 0)}, "
+          f"{'fp16' if ds_config.get('fp16', {}).get('enabled') else 'bf16' if ds_config.get('bf16', {}).get('enabled') else 'fp32'})")
+    return 0
+
+
+@dataclass
+class PlanEstimates:
+    """Memory and time per stage (launcher/config/estimate.py) with the device and peak they assume."""
+
+    setup: TrainingSetup
+    """Model, world size, ZeRO stage, precision, activation checkpointing, CPU or accelerator ranks."""
+    stages: list[StageEstimate]
+    """One per stage of the schedule."""
+    device_bytes: int
+    peak_tflops: float
+    peak_source: str
+    mfu: float
+
+    def table(self) -> str:
+        from launcher.config.estimate import format_estimates
+
+        return format_estimates(self.stages, self.setup, self.device_bytes, self.peak_tflops, self.peak_source,
+                                self.mfu)
+
+    def to_dict(self) -> dict:
+        setup = self.setup
+        return {"zero_stage": setup.zero_stage, "precision": setup.precision,
+                "activation_checkpointing": setup.activation_checkpointing, "cpu_ranks": setup.cpu_ranks,
+                "device_memory_bytes": self.device_bytes,
+                "peak_tflops": self.peak_tflops, "peak_source": self.peak_source, "mfu": self.mfu,
+                "all_fit": all(stage.fits for stage in self.stages),
+                "total_seconds": sum(stage.seconds for stage in self.stages),
+                "stages": [stage.to_dict() for stage in self.stages]}
+
+
+def plan_estimates(args: argparse.Namespace, cfg, ds_config: dict, stages) -> PlanEstimates:
+    """The estimates of every stage with the flags' device memory, peak and MFU."""
+    from deepspeed.accelerator import get_accelerator
+
+    from launcher.config.estimate import estimate_stages, parse_memory, setup_from_configs
+    from launcher.mfu import resolve_peak, table_peak_tflops
+
+    if not 0 < args.mfu <= 1:
+        raise UserError(f"--mfu: must be in (0, 1], got {args.mfu}")
+    # The ranks run on this machine's kind of accelerator unless a device of the peak table is named.
+    cpu_ranks = not args.device_name and get_accelerator().device_name() == "cpu"
+    setup = setup_from_configs(cfg.model, ds_config, args.world_size, cfg.schedule.activation_checkpointing, cpu_ranks)
+    try:
+        device_bytes = parse_memory(args.device_memory) if args.device_memory else None
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    if device_bytes is None:
+        device_bytes = int(get_accelerator().total_memory())
+    if args.peak_tflops:
+        peak, source = args.peak_tflops, "--peak-tflops"
+    elif args.device_name:
+        peak, source = table_peak_tflops(args.device_name, setup.precision), f"table: {args.device_name} {setup.precision}"
+        if peak is None:
+            raise UserError(f"--device-name: no {setup.precision} peak for {args.device_name!r} in the table "
+                            "(launcher/mfu.py); give --peak-tflops")
+    else:
+        resolved = resolve_peak(cfg.logging.peak_tflops, setup.precision)
+        if resolved.tflops is None:
+            raise UserError(f"no peak known for {resolved.device!r}; give --peak-tflops or --device-name")
+        peak, source = resolved.tflops, f"{resolved.source}: {resolved.device} {resolved.precision}"
+    return PlanEstimates(setup, estimate_stages(stages, setup, device_bytes, peak, args.mfu), device_bytes, peak,
+                         source, args.mfu)

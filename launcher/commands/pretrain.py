@@ -1,0 +1,107 @@
+"""`roformer pretrain`: staged pretraining on this machine or on the hosts of a hostfile.
+
+    roformer pretrain --num_gpus 2 --config configs/demo_cpu.yaml --run-dir runs/demo
+    roformer pretrain --hostfile hostfile --config configs/reference_v100.yaml --run-dir /shared/runs/r1
+
+A thin wrapper around DeepSpeed's runner (`python -m deepspeed.launcher.runner`), which does the
+launching (locally, or through pdsh / OpenMPI / MPICH / Slurm). Before anything starts we check
+what DeepSpeed would only find out on the nodes: the hostfile and host filters
+(launcher.config.hostfile), the batch arithmetic of every stage at the resulting world size and the
+variables forwarded to the ranks (launcher.launch.launch_plan), the ranks' own start-up checks of the
+data and the DeepSpeed config (launcher.config.preflight_checks), then ssh reachability and the shared
+run directory (launcher.launch.preflight). While it runs, launcher.launch.supervise names the node and rank of a
+failure and makes sure the whole job stops. Multi-node set-up: docs/multinode.md.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from launcher import ops_cache
+from launcher.defaults import PROGRESS_ENV
+from launcher.io import atomic_write_text
+from launcher.launch import env_forwarding
+from launcher.config.hostfile import is_local_only
+from launcher.launch.launch_plan import add_launch_arguments, build_plan
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_launch_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = build_plan(args)
+    for note in check_inputs(plan):
+        print(f"roformer pretrain: note: {note}", file=sys.stderr, flush=True)
+    if args.dry_run:
+        from launcher.launch.node_commands import describe_plan
+
+        print(describe_plan(plan))
+        return 0
+
+    from launcher.launch import preflight
+    from launcher.launch.console import Console
+    from launcher.launch.supervise import supervise
+    from launcher.run_dir.layout import RunDir
+
+    master_addr = preflight.run_preflight(plan)
+    # Rank 0 draws a status line only for a terminal (launcher/train/progress_line.py); a pipe or a file
+    # gets plain progress lines, each once.
+    status = sys.stdout.isatty()
+    plan = dataclasses.replace(plan, master_addr=master_addr,
+                               env={**plan.env, PROGRESS_ENV: "status" if status else "lines"})
+    env_file = env_forwarding.write_env_file(plan.run_dir, plan.env)
+    if plan.multi_node:
+        atomic_write_text(plan.hostfile_copy, plan.hostfile.render())
+
+    runner_env = {**os.environ, **plan.env, "DS_ENV_FILE": str(env_file)}
+    log = RunDir(plan.run_dir).launcher_log
+    console = Console(sys.stdout, log, local=plan.launcher == "local", status=status, hosts=plan.resources)
+    try:
+        console.note(f"roformer pretrain: world size {plan.world_size} on {', '.join(plan.resources)} "
+                     f"({plan.launcher}); run dir {plan.run_dir}; all output also in {log}", stream=console.out)
+        console.log_only("roformer pretrain: " + shlex.join(plan.runner_argv()))
+        announce_op_build(plan, console)
+        return supervise(plan, runner_env, console)
+    finally:
+        console.close()
+
+
+def announce_op_build(plan, console) -> None:
+    """On CPU the ranks compile DeepSpeed's communication op on their first start in a Python
+    environment, printing nothing for about a minute: say so before it happens (launcher/ops_cache.py)."""
+    accelerator = plan.env.get("DS_ACCELERATOR")
+    if accelerator is None and is_local_only(plan.resources):
+        from deepspeed.accelerator import get_accelerator  # already imported to count the local devices
+
+        accelerator = get_accelerator().device_name()
+    directory = Path(plan.env.get(ops_cache.ENV_VAR) or ops_cache.extensions_dir())
+    if accelerator != "cpu" or ops_cache.op_built(directory):
+        return
+    console.note(f"roformer pretrain: first start in this Python environment: before training, DeepSpeed compiles "
+                 f"its CPU communication op ({ops_cache.CPU_COMM_OP}) into {directory}"
+                 f"{' on each node' if plan.multi_node else ''}, {ops_cache.CPU_COMM_OP_BUILD}, with nothing "
+                 f"printed; later starts reuse it", stream=console.out)
+    lock = ops_cache.build_lock(directory)
+    if lock is not None:
+        since = time.strftime("%H:%M", time.localtime(lock.stat().st_mtime))
+        console.note(f"roformer pretrain: note: {lock} exists since {since}: the ranks wait until the process "
+                     f"compiling the op removes it. If none is compiling any more (a killed build leaves it behind "
+                     f"and every start waits forever), delete it", stream=console.out)
+
+
+def check_inputs(plan) -> list[str]:
+    """The checks every rank runs at start-up (launcher/config/preflight_checks.py: data, tokenizer
+    size, DeepSpeed config, precision), here before anything starts. The accelerator is the ranks'
+    when they run on this machine or DS_ACCELERATOR is set (they inherit it)."""
+    from launcher.config.preflight_checks import check_run  # imports torch: not at `--help` time
+    from launcher.config.run_config import load_run_config
+
+    cfg = load_run_config(plan.config_path, plan.overrides)
+    here = is_local_only(plan.resources) or "DS_ACCELERATOR" in plan.env
+    return check_run(cfg, plan.stages, plan.world_size, accelerator_is_the_ranks=here).notes

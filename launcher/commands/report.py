@@ -1,0 +1,87 @@
+"""`roformer report RUN_DIR [--out DIR]`: a one-page report.md of a run beside its plots.
+
+Works on a running, stopped or finished run (a metrics line cut by a kill is skipped). Without
+--out, writes RUN_DIR/report.md and refreshes RUN_DIR/plots/; with --out DIR, DIR/report.md and
+DIR/plots/ (the run directory is only read). `--plots-only` renders the PNGs alone: what training
+runs at every stage end and at its end (launcher.report.hook).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import UserError
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """What one `roformer report` wrote, and the state of the run it describes."""
+
+    report: Path | None
+    """report.md (None with --plots-only)."""
+    plots: list[Path]
+    """The PNGs written, in the report's order."""
+    steps_done: int
+    state: str
+    """launcher.report.run_summary.RunStatus.state when the records were read."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="run directory of `roformer pretrain`")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="write report.md and plots/ here (default: RUN_DIR itself, i.e. RUN_DIR/report.md "
+                             "and RUN_DIR/plots/)")
+    parser.add_argument("--plots-only", action="store_true",
+                        help="only render the PNGs into OUT/plots/, no report.md (default: off)")
+
+
+def run(args: argparse.Namespace) -> int:
+    written = make_report(args.run_dir, args.out, plots_only=args.plots_only)
+    for path in written.plots:
+        print(path)
+    where = written.report or (written.plots[0].parent if written.plots else "no plot: no record yet")
+    print(f"report: {len(written.plots)} plots of step {written.steps_done} ({written.state}) -> {where}",
+          file=sys.stderr)
+    return 0
+
+
+def make_report(run_dir: Path, out: Path | None = None, plots_only: bool = False) -> ReportFiles:
+    """Render the plots (and report.md unless plots_only) from the records as they are now. Holds
+    the output's render lock throughout, so concurrent renders (training's, a user's) take turns."""
+    from launcher.io import atomic_write_text
+    from launcher.report.curves import load_curves
+    from launcher.report.hook import render_lock
+    from launcher.report.plots import render_all
+    from launcher.report.run_report import write_report_text
+    from launcher.report.run_summary import load_summary
+    from launcher.run_dir.layout import RunDir
+
+    layout = check_run_dir(run_dir)
+    target = RunDir(Path(out).expanduser().resolve()) if out is not None else layout
+    try:
+        with render_lock(target.plots):
+            curves = load_curves(layout.root)
+            summary = load_summary(layout.root, curves)
+            plots = render_all(curves, summary, target.plots)
+            report = None
+            if not plots_only:
+                atomic_write_text(target.report, write_report_text(curves, summary, plots, target.report))
+                report = target.report
+    except PermissionError as err:
+        raise UserError(f"{err.filename}: not writable ({err.strerror})"
+                        + ("; write the report elsewhere with --out DIR" if out is None else "")) from None
+    return ReportFiles(report, plots, curves.train.steps_done, summary.status.state)
+
+
+def check_run_dir(run_dir: Path):
+    from launcher.run_dir.layout import RunDir
+
+    layout = RunDir(Path(run_dir).expanduser().resolve())
+    if not layout.root.is_dir():
+        raise UserError(f"{layout.root}: no such run directory")
+    if not (layout.config.is_file() or layout.metrics.is_file() or layout.stages.is_file()):
+        raise UserError(f"{layout.root}: not a run directory of `roformer pretrain` (no config.yaml, "
+                        "stages.json or metrics.jsonl)")
+    return layout

@@ -1,0 +1,80 @@
+"""`roformer reproduce --out DIR [--quick] [--parts ...]`: the paper's claims at small scale.
+
+Runs ordinary `roformer data prepare / pretrain / export / finetune` jobs (see
+launcher/reproduce/plan.py for the parts and the output layout), then writes DIR/report/
+(report.md, PNG plots, results.json). Re-running the same command resumes: finished runs are
+skipped, an interrupted pretraining run resumes from its newest checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+from launcher.errors import UserError
+from launcher.reproduce.plan import PARTS, PRESETS, PROJECT_ROOT
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, required=True, help="output directory (created; re-running resumes)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny model, a few steps, one seed: checks the harness and the report's shape (~1 min)")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated subset of: {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="use this prepared data directory for the ablations (default: prepare OUT/data)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the report from whatever runs exist; start nothing")
+
+
+def parse_parts(text: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown or not parts:
+        raise UserError(f"--parts: unknown part(s) {', '.join(unknown) or '(none given)'} (known: {', '.join(PARTS)})")
+    return tuple(p for p in PARTS if p in parts)  # canonical order
+
+
+def run(args: argparse.Namespace) -> int:
+    from launcher.reproduce.claims_report import write_report
+    from launcher.reproduce.results import collect
+    from launcher.reproduce.runner import Layout, Runner
+
+    parts = parse_parts(args.parts)
+    preset = PRESETS["quick" if args.quick else "full"]()
+    layout = Layout(args.out)
+    if args.data is not None and not (args.data / "manifest.json").is_file():
+        raise UserError(f"--data {args.data}: no manifest.json (not a prepared data directory)")
+    started = time.time()
+    if not args.report_only:
+        runner = Runner(preset, layout, data_dir=args.data)
+        pretrain_runs = preset.pretrain_runs(parts)
+        runner.prepare_data(pretrain_runs)
+        runner.pretrain_all(pretrain_runs, export={preset.recipe_run})
+        runner.finetune_all(preset.finetune_runs(parts))
+    results = collect(preset, layout, parts)
+    results["wall_seconds_this_invocation"] = round(time.time() - started, 1)
+    results["environment"] = {"commit": _commit(), "python": platform.python_version(), "machine": platform.machine(),
+                              "cpus": _cpus()}
+    header = [f"Preset `{preset.name}`, parts: {', '.join(parts)}; commit `{results['environment']['commit']}`, "
+              f"{results['environment']['cpus']} CPU cores. Every number is in `results.json`; every run is an "
+              f"ordinary run directory under `{layout.out}/runs` (re-running the command resumes / skips)."]
+    path = write_report(results, layout.report, header)
+    print(f"reproduce: report -> {path}")
+    return 0
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(PROJECT_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -1,0 +1,335 @@
+"""`roformer export RUN_DIR [--tag TAG] --out DIR`: a checkpoint as a transformers RoFormer directory.
+
+The directory holds `config.json` + `model.safetensors` (fp32, consolidated from the ZeRO shards of
+any stage and world size), the tokenizer files, `README.md` (model card) and `export_info.json`
+(source run/tag and file checksums, which later jobs use to detect a corrupt file).
+
+Length: our model computes RoPE for any position, but transformers' RoFormer reads positions from a
+sinusoid table of `max_position_embeddings` rows stored in the export and raises IndexError past
+it. `--max-positions` sets that size (default: the larger of 1536 and 4x the longest length the
+checkpoint was trained at); the table costs max_positions x head_size x 4 bytes in model.safetensors.
+The model card and the command's last line state the limit.
+
+Atomicity: everything is written into a hidden temporary directory next to DIR, checked (the
+weights are reloaded with transformers and must reproduce our model's logits), flushed to disk, and
+only then swapped into place (and the parent directory flushed). An existing export at DIR stays
+untouched until the new one is complete.
+
+Tokenizer: the one the checkpoint was trained with. Its sha256 is in the sidecar (format 2); the
+data dir comes from the run config in effect when the checkpoint was written
+(launcher/run_dir/records.py), and a tokenizer with another sha256, from there or --tokenizer-from, is
+refused naming both files and hashes. A format-1 sidecar has no hash: the data dir's corpus
+fingerprint must then match the checkpoint's data position (skipped for --tokenizer-from).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from launcher.downstream.export_reader import EXPORT_INFO
+from launcher.downstream.model_card import render_model_card, run_stages, trained_length
+from launcher.errors import UserError
+from launcher.io import file_sha256, fsync_dir
+from launcher.run_dir.layout import SIDECAR_NAME, RunDir, sidecar_path
+from launcher.run_dir.records import files_in_effect
+
+if TYPE_CHECKING:  # torch is imported where it is used: `roformer export --help` must not wait for it
+    import torch
+
+    from launcher.downstream.checkpoint_weights import CheckpointRef
+
+# Largest |logit difference| tolerated between our model and transformers on the same weights
+# (fp32; both compute the same function, differences are summation order only).
+PARITY_ATOL = 1e-4
+# transformers' RoPE table is at least this long (its RoFormer default; the paper's longest stage).
+MIN_MAX_POSITIONS = 1536
+# ... and at least this many times the longest length the checkpoint was trained at.
+MAX_POSITIONS_PER_TRAINED_LENGTH = 4
+
+
+def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenizer_from: Path | None = None,
+                      verify: bool = True, max_positions: int | None = None) -> Path:
+    """Write the export of RUN_DIR's checkpoint `tag` (default latest) to `out`; returns `out`.
+    `max_positions`: transformers' RoPE table size (None: see default_max_positions)."""
+    from launcher.downstream.checkpoint_weights import consolidate_fp32, resolve_checkpoint
+    from roformer import RoFormerConfig, RoFormerForMaskedLM
+    from roformer.hf_interop import check_exportable, write_pretrained_files
+
+    run_dir, out = Path(run_dir), Path(out)
+    _check_destination(out, run_dir)
+    ref = resolve_checkpoint(run_dir, tag)
+    model_config = RoFormerConfig.from_dict(ref.sidecar.model_config, source=f"{ref.path}/{SIDECAR_NAME}: model_config")
+    check_exportable(model_config)  # e.g. linear attention has no transformers counterpart
+    stages = run_stages(ref.run_dir, ref.sidecar.step)
+    max_positions = _max_positions(max_positions, trained_length(ref.sidecar, stages))
+    tokenizer_source = _tokenizer_source(ref, tokenizer_from)
+
+    state = consolidate_fp32(ref)
+    model = RoFormerForMaskedLM(model_config)
+    _load_exact(model, state, ref)
+    model.eval()
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+    try:
+        tmp.chmod(0o755)
+        write_pretrained_files(model, tmp, max_position_embeddings=max_positions)
+        _copy_tokenizer(tokenizer_source, tmp)
+        (tmp / "README.md").write_text(render_model_card(ref.sidecar, stages, ref.tag, run_dir, max_positions),
+                                       encoding="utf-8")
+        _write_export_info(tmp, ref, stages, max_positions)
+        if verify:
+            check_transformers_parity(tmp, model)
+        _fsync_tree(tmp)
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(out.parent)  # the swap itself survives a power loss
+    return out
+
+
+def default_max_positions(trained: int | None) -> int:
+    return max(MIN_MAX_POSITIONS, MAX_POSITIONS_PER_TRAINED_LENGTH * (trained or 0))
+
+
+def _max_positions(requested: int | None, trained: int | None) -> int:
+    if requested is None:
+        return default_max_positions(trained)
+    if trained is not None and requested < trained:
+        raise UserError(f"--max-positions {requested}: shorter than the {trained} tokens this checkpoint was "
+                        f"trained at; transformers could not even run it at its training length")
+    if requested < 2:
+        raise UserError(f"--max-positions {requested}: must be >= 2 ([CLS] plus one token)")
+    return requested
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check_destination(out: Path, run_dir: Path) -> None:
+    """Only ever replace a previous export: never a run directory or an unrelated folder."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a directory")
+    resolved_out, resolved_run = out.resolve(), run_dir.resolve()
+    if resolved_out == resolved_run or resolved_out in resolved_run.parents:
+        raise UserError(f"--out {out}: would replace the run directory {run_dir}")
+    if resolved_out.is_relative_to(resolved_run / "checkpoints"):
+        raise UserError(f"--out {out}: inside the run's checkpoints directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_INFO).is_file():
+        raise UserError(f"--out {out}: exists, is not empty and is not a previous export "
+                        f"(no {EXPORT_INFO}); refusing to replace it")
+
+
+def _load_exact(model: torch.nn.Module, state: dict[str, torch.Tensor], ref: CheckpointRef) -> None:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise UserError(f"{ref.path}: checkpoint weights do not match model_config of sidecar.json: "
+                        f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                        f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise UserError(f"{ref.path}: weight {name} has shape {tuple(tensor.shape)}, "
+                            f"model_config expects {tuple(expected[name].shape)}")
+    model.load_state_dict(state, strict=True)
+
+
+def check_transformers_parity(export_dir: Path, model: torch.nn.Module) -> float:
+    """Reload the export with transformers' own RoFormer and compare logits; returns max |diff|."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    import torch
+
+    hf = transformers.RoFormerForMaskedLM.from_pretrained(str(export_dir)).eval()
+    table = hf.roformer.encoder.embed_positions.weight.shape[0]
+    if table != hf.config.max_position_embeddings:
+        raise UserError(f"{export_dir}: transformers built a RoPE table of {table} positions, config.json says "
+                        f"{hf.config.max_position_embeddings}; export aborted, nothing replaced")
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    input_ids = torch.randint(5, vocab, (2, 24), generator=generator)  # (B, T), no special ids
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 17:] = 0  # one padded row checks the mask convention too
+    with torch.no_grad():
+        ours = model(input_ids, attention_mask=attention_mask).logits
+        theirs = hf(input_ids=input_ids, attention_mask=attention_mask).logits
+    real = attention_mask.bool()
+    diff = (ours[real] - theirs[real]).abs().max().item()
+    if not diff <= PARITY_ATOL:
+        raise UserError(f"{export_dir}: transformers' RoFormer reproduces our logits only to {diff:.3g} "
+                        f"(> {PARITY_ATOL}); export aborted, nothing replaced")
+    return diff
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def _tokenizer_source(ref: CheckpointRef, override: Path | None) -> Path:
+    if override is not None:
+        source = Path(override)
+        origin = "--tokenizer-from"
+    else:
+        config = files_in_effect(ref.run_dir, ref.sidecar.step)["config"]
+        data_dir = run_data_dir(ref.run_dir.root, ref.sidecar.step)
+        if not data_dir:
+            raise UserError(f"{config}: no data.data_dir recorded; pass --tokenizer-from DATA_DIR")
+        source, origin = Path(data_dir), f"data.data_dir of {config}"
+    if not source.is_dir():
+        raise UserError(f"tokenizer missing: {source} ({origin}) does not exist; pass --tokenizer-from DATA_DIR")
+    _check_trained_tokenizer(ref, source, origin)
+    return source
+
+
+def _check_trained_tokenizer(ref: CheckpointRef, source: Path, origin: str) -> None:
+    """Refuse a tokenizer other than the one the checkpoint was trained with (see module docstring)."""
+    from data_pipeline import open_corpus
+    from data_pipeline.errors import DataError
+    from data_pipeline.shards import MANIFEST
+    from data_pipeline.tokenizer import SPM_FILE, tokenizer_hash
+
+    # The file copy_hf_tokenizer_files packs: <source>/tokenizer/spm.model, else <source>/spm.model.
+    spm = source / "tokenizer" / SPM_FILE if (source / "tokenizer" / SPM_FILE).is_file() else source / SPM_FILE
+    if not spm.is_file():
+        return  # reported by _copy_tokenizer, naming the missing files
+    recorded, sidecar = ref.sidecar.tokenizer_sha256, sidecar_path(ref.path)
+    if recorded is not None:
+        actual = tokenizer_hash(spm)
+        if actual != recorded:
+            raise UserError(f"{spm} ({origin}): tokenizer sha256 {actual} is not the one checkpoint {ref.tag} was "
+                            f"trained with ({recorded}, recorded in {sidecar}); pass --tokenizer-from the data "
+                            f"dir the run was trained on")
+        return
+    if origin == "--tokenizer-from" or not (source / MANIFEST).is_file():
+        return  # format 1 without a prepared data dir to compare: the user's choice
+    try:
+        fingerprint = open_corpus(source, split="train", verify=False).fingerprint
+    except DataError:
+        return  # shards gone: nothing to compare the tokenizer with
+    trained = (ref.sidecar.data_state or {}).get("corpus")
+    if trained is not None and fingerprint != trained:
+        raise UserError(f"{source} ({origin}): corpus fingerprint {fingerprint} is not the one checkpoint {ref.tag} "
+                        f"was trained on ({trained}, data_state.corpus in {sidecar}), so its tokenizer {spm} may "
+                        f"differ too; pass --tokenizer-from the data dir the run was trained on")
+
+
+def _copy_tokenizer(source: Path, dest: Path) -> None:
+    """From a prepared data dir or a tokenizer dir (spm.model + transformers files, e.g. an export)."""
+    from data_pipeline import copy_hf_tokenizer_files
+    from data_pipeline.errors import DataError
+
+    try:
+        copy_hf_tokenizer_files(source, dest)
+    except DataError as err:
+        raise UserError(f"tokenizer missing: {err}") from None
+
+
+def run_data_dir(run_dir: Path, step: int | None = None) -> str | None:
+    """The prepared data dir in the run's config (the version in effect at `step`, default the
+    latest: launcher/run_dir/records.py); None when there is none."""
+    path = files_in_effect(RunDir(Path(run_dir)), 10**18 if step is None else step)["config"]
+    return ((_read_run_config(path) or {}).get("data") or {}).get("data_dir")
+
+
+def _read_run_config(path: Path) -> dict | None:
+    """A run's config.yaml as plain YAML: only data.data_dir is needed, and an export must not fail
+    because the schedule or DeepSpeed files the run config names have moved since."""
+    if not path.is_file():
+        return None
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}: not valid YAML: {err}") from None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def _write_export_info(export_dir: Path, ref: CheckpointRef, stages: list[dict] | None, max_positions: int) -> None:
+    files = {p.name: file_sha256(p) for p in sorted(export_dir.iterdir()) if p.is_file()}
+    reached = [s["max_seq_len"] for s in stages or [] if s["reached"]]
+    info = {
+        "format": "roformer-ds-export",
+        "version": 1,
+        "run_dir": str(ref.run_dir.root.resolve()),
+        "tag": ref.tag,
+        "step": ref.sidecar.step,
+        "stage": ref.sidecar.stage_name,
+        "stage_index": ref.sidecar.stage_index,  # 0-based
+        "max_seq_len_trained": max(reached) if reached else None,
+        "max_positions": max_positions,  # transformers' limit (config.json max_position_embeddings)
+        "sha256": files,
+    }
+    (export_dir / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- atomic placement
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.iterdir():
+        path.chmod(0o644)  # some writers create 0600 files; an export is shared read-only
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Make `tmp` appear at `out` in one step; the previous export (if any) is deleted afterwards."""
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    if not _rename_exchange(tmp, out):
+        # No atomic exchange on this filesystem: move the old export aside first. A crash between
+        # the two renames leaves it intact at `.NAME.old-*`, never a half-written directory at `out`.
+        aside = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.rename(out, aside)
+        os.rename(tmp, out)
+        tmp = aside
+    shutil.rmtree(tmp, ignore_errors=True)  # now holds the previous export
+
+
+def _rename_exchange(a: Path, b: Path) -> bool:
+    """Linux renameat2(RENAME_EXCHANGE): swap two paths atomically. False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    result = renameat2(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), rename_exchange)
+    return result == 0
+
+
+def _remove_stale_temps(out: Path) -> None:
+    """Temporary dirs left by an export that was killed (its pid no longer runs)."""
+    for stale in out.parent.glob(f".{out.name}.tmp-*"):
+        pid = stale.name[len(f".{out.name}.tmp-"):].split("-", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

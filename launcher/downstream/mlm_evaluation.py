@@ -1,0 +1,123 @@
+"""`roformer eval-mlm EXPORT --data DATA_DIR --seq-lens 128,512,1024`: masked-LM figures per length.
+
+For every length the same first `--tokens` tokens of the held-out split are cut into sequences of
+that length ([CLS] + text) and masked deterministically (data_pipeline's counter-based masking,
+keyed by `--seed`), so the lengths differ only in how much context each prediction sees. Lengths
+beyond those seen in pretraining are marked: RoPE has no length cap, and this is where it shows.
+Output: masked-token loss (mean cross-entropy, nats), accuracy and perplexity = exp(loss), as JSON.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from launcher.errors import UserError
+
+
+@dataclass
+class MLMEvalConfig:
+    """What to evaluate and how much of it."""
+
+    export_dir: Path  # transformers-format RoFormer directory with our tokenizer (spm.model)
+    data_dir: Path  # prepared data dir (`roformer data prepare`), or its split directory
+    seq_lens: list[int]  # sequence lengths (tokens incl. [CLS]); each >= 2
+    split: str = "valid"  # split of the data dir; the held-out one by default
+    tokens: int = 32768  # token budget per length: the same text is evaluated at every length
+    tokens_per_batch: int = 8192  # micro-batch = max(1, tokens_per_batch // seq_len) sequences
+    seed: int = 0  # masking seed (the stream order of the split is fixed by it too)
+    mask_prob: float = 0.15  # share of tokens predicted (80% [MASK], 10% random, 10% kept)
+    threads: int = 0  # torch CPU threads (0 = leave torch's default)
+
+    def __post_init__(self) -> None:
+        if not self.seq_lens:
+            raise UserError("--seq-lens: at least one length is required")
+        for n in self.seq_lens:
+            if n < 2:
+                raise UserError(f"--seq-lens: {n} is too short ([CLS] plus at least one token)")
+        if self.tokens < 1 or self.tokens_per_batch < 1:
+            raise UserError("--tokens / --tokens-per-batch: must be positive")
+        if not 0.0 < self.mask_prob < 1.0:
+            raise UserError(f"--mask-prob: {self.mask_prob} must be in (0, 1)")
+
+
+def evaluate_mlm(cfg: MLMEvalConfig) -> dict:
+    from data_pipeline import MaskingConfig, PretrainBatches, open_corpus, tokenizer_hash
+    import torch  # here, not at import: `roformer eval-mlm --help` must not wait for torch
+
+    from launcher.downstream.export_reader import load_masked_lm, trained_max_seq_len
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    data_dir, split = _resolve_data(cfg.data_dir, cfg.split)
+    model = load_masked_lm(cfg.export_dir)
+    spm = Path(cfg.export_dir) / "spm.model"
+    if not spm.is_file():
+        raise UserError(f"{spm}: missing; eval-mlm needs the export's SentencePiece model to check it "
+                        f"matches the tokenizer the shards in {data_dir} were built with")
+    corpus = open_corpus(data_dir, split=split, verify=True, expected_tokenizer_sha256=tokenizer_hash(spm))
+    if corpus.vocab_size > model.config.vocab_size:
+        raise UserError(f"{data_dir}: tokenizer has {corpus.vocab_size} ids, the model only {model.config.vocab_size}")
+    masking = MaskingConfig(mask_prob=cfg.mask_prob)
+    trained_len = trained_max_seq_len(cfg.export_dir)
+
+    results = []
+    for seq_len in cfg.seq_lens:
+        batches = PretrainBatches(corpus, rank=0, world_size=1, seed=cfg.seed, masking=masking)
+        # Each sequence covers seq_len - 1 stream tokens after its [CLS]: this many sequences cover
+        # the first `tokens` tokens of the split (or all of it) at every length.
+        sequences = max(1, math.ceil(cfg.tokens / (seq_len - 1)))
+        micro = max(1, min(cfg.tokens_per_batch // seq_len, sequences))
+        started = time.perf_counter()
+        figures = _masked_lm_figures(model, _first_sequences(batches, seq_len, micro, sequences))
+        figures.update(seq_len=seq_len, micro_batch_size=micro,
+                       longer_than_trained=None if trained_len is None else seq_len > trained_len,
+                       seconds=round(time.perf_counter() - started, 2))
+        results.append(figures)
+    return {
+        "export": str(Path(cfg.export_dir).resolve()),
+        "data": str(data_dir.resolve()),
+        "split": split,
+        "trained_max_seq_len": trained_len,
+        "config": {k: v for k, v in asdict(cfg).items() if k not in ("export_dir", "data_dir")},
+        "results": results,
+    }
+
+
+def _first_sequences(batches, seq_len: int, micro: int, sequences: int):
+    """The deterministic eval pass cut to exactly `sequences` rows (the last batch trimmed)."""
+    left = sequences
+    for batch in batches.iter_eval_batches(seq_len, micro, max_batches=math.ceil(sequences / micro)):
+        yield {k: v[:left] for k, v in batch.items()}
+        left -= micro
+
+
+def _masked_lm_figures(model, batches) -> dict:
+    """Sums over all masked positions, so the means weigh every prediction equally."""
+    import torch
+
+    loss_sum, masked, correct, sequences, real_tokens = 0.0, 0, 0, 0, 0
+    with torch.no_grad():
+        for batch in batches:
+            out = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+            loss_sum += float(out.loss_sum)
+            masked += int(out.num_masked)
+            correct += int(out.num_correct)
+            sequences += int((batch["attention_mask"].sum(dim=1) > 0).sum())
+            real_tokens += int(batch["attention_mask"].sum())
+    if masked == 0:
+        raise UserError("eval-mlm: no masked tokens in the evaluated text (split too small?)")
+    loss = loss_sum / masked
+    return {"sequences": sequences, "tokens": real_tokens, "masked_tokens": masked, "loss": round(loss, 5),
+            "accuracy": round(correct / masked, 5), "perplexity": round(math.exp(min(loss, 700.0)), 3)}
+
+
+def _resolve_data(path: Path, split: str) -> tuple[Path, str]:
+    """A data dir, or a split dir inside one (DATA/valid) which then names the split."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"--data {path}: not found")
+    if not (path / "manifest.json").is_file() and (path.parent / "manifest.json").is_file():
+        return path.parent, path.name
+    return path, split

@@ -1,0 +1,113 @@
+"""OUT/report/: report.md (the claims, each with its numbers and a verdict), the PNGs, results.json."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.io import atomic_write_json, atomic_write_text
+from launcher.reproduce import claim_plots as plots
+
+
+def _fmt(stats: dict, digits: int = 3, scale: float = 1.0) -> str:
+    if not stats.get("n"):
+        return "n/a"
+    m, lo, hi = (stats[k] * scale for k in ("mean", "min", "max"))
+    return f"{m:.{digits}f} ({lo:.{digits}f}-{hi:.{digits}f}, n={stats['n']})"
+
+
+def _comparison_section(title: str, claim: str, groups: dict, better: str, others: list[str], picture: str) -> list[str]:
+    lines = [f"## {title}", "", claim, "", f"![{title}]({picture})", "",
+             "| variant | final validation loss: mean (min-max, seeds) | final MLM accuracy | median tokens/s |",
+             "|---|---|---|---|"]
+    for group, data in groups.items():
+        speeds = [r["median_tokens_per_s"] for r in data["runs"].values() if r["median_tokens_per_s"]]
+        speed = f"{sum(speeds) / len(speeds):,.0f}" if speeds else "n/a"
+        lines.append(f"| {group} | {_fmt(data['final_valid_loss'])} | {_fmt(data['final_valid_accuracy'])} | {speed} |")
+    lines.append("")
+    unfinished = [name for data in groups.values() for name in data.get("unfinished", [])]
+    if unfinished:
+        lines += [f"Not finished yet (left out above): {', '.join(unfinished)}.", ""]
+    best = groups.get(better, {}).get("final_valid_loss", {})
+    for other in others:
+        theirs = groups.get(other, {}).get("final_valid_loss", {})
+        if best.get("n") and theirs.get("n"):
+            gap = theirs["mean"] - best["mean"]
+            separated = best["max"] < theirs["min"]
+            verdict = ("holds: every seed of the first is below every seed of the second" if separated else
+                       "holds on the mean only (the seed ranges overlap)" if gap > 0 else "does NOT hold here")
+            lines.append(f"- {better} vs {other}: final loss {best['mean']:.3f} vs {theirs['mean']:.3f} "
+                         f"(gap {gap:+.3f}); the claim {verdict}.")
+    return lines + [""]
+
+
+def _downstream_section(table: dict) -> list[str]:
+    lines = ["## Downstream value: the export against its random-init twin", "",
+             "Same architecture, tokenizer and fine-tuning protocol; the twin's weights are freshly initialised. "
+             "Test accuracy, mean (min-max) over fine-tuning seeds; hyper-parameters were chosen on dev.", "",
+             "![downstream](downstream.png)", "",
+             "| task | labels | pretrained export | random-init twin | gain (points) | majority baseline |",
+             "|---|---|---|---|---|---|"]
+    for task, budgets in table.items():
+        for budget, cell in budgets.items():
+            pre, rnd = cell.get("pretrained", {}), cell.get("random", {})
+            base = (pre or rnd).get("majority_baseline_accuracy")
+            gain = f"{cell['gain_points']:+.1f}" if "gain_points" in cell else "n/a"
+            examples = (pre or rnd).get("train_examples")
+            lines.append(f"| {task} | {budget} ({examples}) | {_fmt(pre.get('accuracy', {}))} | "
+                         f"{_fmt(rnd.get('accuracy', {}))} | {gain} | {base:.3f} |")
+    return lines + [""]
+
+
+def _lengths_section(table: dict, trained: int | None) -> list[str]:
+    lines = ["## Long documents: inews at several fine-tuning lengths (paper Table 5 analog)", "",
+             f"The RoPE export (longest pretrained length: {trained}) fine-tuned with the same protocol at each "
+             "maximum length; lengths beyond the pretrained one rely on RoPE having no position table.", "",
+             "![lengths](table5_lengths.png)", "",
+             "| max length | test accuracy | test macro-F1 | truncated test docs |", "|---|---|---|---|"]
+    for length in sorted(table, key=int):
+        cell = table[length]
+        lines.append(f"| {length} | {_fmt(cell['accuracy'])} | {_fmt(cell['macro_f1'])} | "
+                     f"{cell['truncated_share_test']:.0%} |")
+    return lines + [""]
+
+
+# part -> (section title, plot title, the paper's claim, variant claimed better, the others, picture)
+COMPARISONS = {
+    "encodings": ("Fig. 2 analog: position encodings",
+                  "MLM validation loss: RoPE vs absolute positions (paper Fig. 2 analog)",
+                  "Claim: RoFormer (RoPE) converges faster than the same encoder with absolute position embeddings "
+                  "(sinusoidal as in BERT's Transformer, or learned as in BERT).",
+                  "rope", ["sinusoidal", "learned"], "fig2_encodings.png"),
+    "linear": ("Linear attention with RoPE (eq. 19)",
+               "Linear attention (eq. 19): RoPE vs sinusoidal absolute positions",
+               "Claim: RoPE also improves linear attention (it multiplies the kernelised queries and keys, so the "
+               "norm-preserving rotation keeps the attention weights non-negative).",
+               "linear+rope", ["linear+sinusoidal"], "linear_attention.png"),
+}
+
+
+def write_report(results: dict, out: Path, header: list[str]) -> Path:
+    """report.md + PNGs + results.json in `out`; returns the report's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ["# RoFormer paper claims, reproduced at small scale", "", *header, ""]
+    for part, (title, plot_title, claim, better, others, picture) in COMPARISONS.items():
+        if part in results:
+            plots.loss_curves(results[part], plot_title, out / picture)
+            lines += _comparison_section(title, claim, results[part], better, others, picture)
+    recipe = results.get("recipe")
+    trained = max((s["max_seq_len"] for s in recipe["stages"]), default=None) if recipe else None
+    if recipe:
+        lines += ["## The recipe's pretraining run", "",
+                  f"{recipe['steps']} steps in {recipe['train_seconds'] / 60:.1f} min of training steps; final "
+                  f"validation loss {recipe['final_valid_loss']:.3f}, MLM accuracy {recipe['final_valid_accuracy']:.3f}; "
+                  f"stages: " + ", ".join(f"{s['name']} {s['max_seq_len']} x {s['global_batch_size']} for {s['steps']}"
+                                          for s in recipe["stages"]) + ".", ""]
+    if "lengths" in results and results["lengths"]:
+        plots.lengths(results["lengths"], trained, out / "table5_lengths.png")
+        lines += _lengths_section(results["lengths"], trained)
+    if "downstream" in results and results["downstream"]:
+        plots.downstream(results["downstream"], out / "downstream.png")
+        lines += _downstream_section(results["downstream"])
+    atomic_write_json(out / "results.json", results)
+    path = out / "report.md"
+    atomic_write_text(path, "\n".join(lines).rstrip() + "\n")
+    return path

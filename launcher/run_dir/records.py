@@ -1,0 +1,123 @@
+"""The run's record files and their versions: what config each part of the run was trained under.
+
+A run starts by writing version 1: config.yaml (the resolved run config), ds_config.resolved.json
+(the DeepSpeed config the engine started with) and stages.json (the stages at its world size). A
+resume that is accepted (launcher/train/resume.py checks everything first, so a refused one writes
+nothing) and whose records differ writes version N+1 of the files that differ only, e.g.
+config.2.yaml or ds_config.resolved.2.json (launcher.run_dir.versioned); the originals are never
+replaced. `config_versions.json` lists every version: the step it took effect at, the checkpoint it
+resumed from, and which file of each kind was in effect. Run directories from before the index
+existed read as one version 1 of the base files.
+
+Readers ask for the files in effect when a checkpoint was written (`files_in_effect`): export takes
+the data dir (hence the tokenizer) and the model card the stages from there.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from launcher.errors import UserError
+from launcher.io import atomic_write_json, atomic_write_text
+from launcher.run_dir.layout import RunDir, versioned
+
+KINDS = ("config", "ds_config", "stages")
+"""The record kinds; each is a RunDir property naming its version-1 file."""
+
+
+@dataclass
+class RecordVersion:
+    """One entry of config_versions.json."""
+
+    version: int
+    from_step: int
+    """First step trained under it: checkpoints after this step were written under this version."""
+    resumed_from: str | None
+    """Checkpoint tag the run resumed from when this version took effect (None: a fresh start)."""
+    files: dict
+    """kind -> file name in RUN_DIR in effect from `from_step` (unchanged kinds keep the older file)."""
+    recorded_at: str = ""
+
+
+def read_versions(run_dir: RunDir) -> list[RecordVersion]:
+    """The versions, oldest first ([] before a run's first start)."""
+    path = run_dir.config_versions
+    if not path.is_file():
+        if not run_dir.config.is_file():
+            return []
+        return [RecordVersion(1, 0, None, {kind: getattr(run_dir, kind).name for kind in KINDS})]
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))["versions"]
+        versions = [RecordVersion(**entry) for entry in entries]
+    except (ValueError, KeyError, TypeError) as err:
+        raise UserError(f"{path}: not a config version index ({type(err).__name__}: {err})") from None
+    if not versions:
+        raise UserError(f"{path}: lists no version")
+    return versions
+
+
+def files_in_effect(run_dir: RunDir, step: int) -> dict[str, Path]:
+    """kind -> path of the record in effect when the checkpoint of `step` was written (the latest
+    version that took effect before that step; version 1 for a run without versions)."""
+    versions = read_versions(run_dir)
+    chosen = versions[0] if versions else RecordVersion(1, 0, None, {kind: getattr(run_dir, kind).name
+                                                                     for kind in KINDS})
+    for version in versions[1:]:
+        if version.from_step < step:
+            chosen = version
+    return {kind: run_dir.root / name for kind, name in chosen.files.items()}
+
+
+def record_start(run_dir: RunDir, records: dict[str, dict], step: int, resumed_from: str | None) -> RecordVersion | None:
+    """Write the records of a start that was accepted: version 1 on a run's first start, otherwise a
+    new version of each kind whose content differs from the one in effect. Returns the new version
+    (None when nothing differed)."""
+    versions = read_versions(run_dir)
+    number = versions[-1].version + 1 if versions else 1
+    current = versions[-1].files if versions else {}
+    records = {kind: _round_trip(kind, content) for kind, content in records.items()}
+    changed = [kind for kind in KINDS if kind not in current or _load(run_dir.root / current[kind]) != records[kind]]
+    if not changed:
+        return None
+    files = dict(current)
+    for kind in changed:
+        path = versioned(getattr(run_dir, kind), number)
+        atomic_write_text(path, _render(kind, records[kind], number, step, resumed_from))
+        files[kind] = path.name
+    version = RecordVersion(number, step, resumed_from, files, time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    atomic_write_json(run_dir.config_versions, {"versions": [asdict(v) for v in [*versions, version]]})
+    return version
+
+
+def describe_change(run_dir: RunDir, version: RecordVersion) -> str:
+    """One line for the console: which records changed and from which step they apply."""
+    new = [name for kind, name in version.files.items()
+           if version.version == 1 or name == versioned(getattr(run_dir, kind), version.version).name]
+    return (f"the config differs from the run's records; recorded as {', '.join(new)} (version {version.version}, "
+            f"in effect from step {version.from_step}; earlier versions unchanged, see {run_dir.config_versions.name})")
+
+
+def _render(kind: str, content: dict, number: int, step: int, resumed_from: str | None) -> str:
+    if kind == "config":
+        header = "" if number == 1 else (f"# version {number} of this run's config, in effect from step {step} "
+                                         f"(resumed from {resumed_from}); config.yaml is version 1\n")
+        return header + yaml.safe_dump(content, sort_keys=False)
+    return json.dumps(content, indent=2) + "\n"
+
+
+def _round_trip(kind: str, content: dict) -> object:
+    """`content` as it reads back from its file (tuples become lists, ...), for comparing."""
+    return yaml.safe_load(yaml.safe_dump(content)) if kind == "config" else json.loads(json.dumps(content))
+
+
+def _load(path: Path) -> object:
+    """A record's content, or None when it is missing or unreadable (then it counts as changed)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        return yaml.safe_load(text) if path.suffix == ".yaml" else json.loads(text)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None

@@ -1,0 +1,112 @@
+"""The V100 fp16 path on CPU (tests/support/fp16_cpu.py): dynamic loss scaling, overflow skips, resume.
+
+The shipped v100_fp16_zero2.json runs with two test overrides: torch's AdamW (FusedAdam would
+compile for minutes on CPU) and a loss scale that starts far too high with a short growth window,
+so overflows (skipped steps) happen at the start and again later, on both sides of a SIGTERM stop.
+The last test pins down what DeepSpeed's fp16 optimizer does on a step where the scale grows
+(docs/training.md, "fp16: the step where the loss scale grows").
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import pytest
+
+from launcher.run_dir.layout import RunDir
+from launcher.train.checkpointer import find_resume_point
+from launcher.train.metrics import read_metrics
+from tests.support.helpers import (
+    REPO,
+    TEST_RANK_ENTRY,
+    TINY_TOTAL_STEPS,
+    launch_command,
+    rank_env,
+    start_run,
+    tiny_run_config,
+)
+
+FP16 = {"ROFORMER_TEST_FP16_CPU": "1"}
+OVERRIDES = {"optimizer": {"params": {"torch_adam": True}},
+             "fp16": {"initial_scale_power": 24, "loss_scale_window": 2, "hysteresis": 1}}
+
+
+@pytest.fixture(scope="module")
+def fp16_run(tmp_path_factory, tiny_data):
+    root = tmp_path_factory.mktemp("fp16")
+    config = tiny_run_config(root, tiny_data, ds_config="v100_fp16_zero2.json",
+                             deepspeed={"overrides": OVERRIDES})
+    run_dir = root / "run"
+    stopped = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGTERM_LAUNCHER_AT="7", **FP16)
+    assert stopped.wait(timeout=240) != 0
+    stop_point = find_resume_point(RunDir(run_dir))
+    before = {r["step"]: r for r in read_metrics(run_dir, "train")}
+    resumed = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, **FP16)
+    assert resumed.wait(timeout=240) == 0, (root / "run.log").read_text()[-4000:]
+    return run_dir, stop_point, before
+
+
+def test_overflow_steps_are_skipped_and_logged(fp16_run):
+    run_dir, _, _ = fp16_run
+    train = read_metrics(run_dir, "train")
+    assert [r["step"] for r in train] == list(range(1, TINY_TOTAL_STEPS + 1))
+    skipped = [r["skipped_steps"] for r in train]
+    scales = [r["loss_scale"] for r in train]
+    assert skipped[0] == 1 and scales[0] == 2.0 ** 23  # 2^24 overflows at once and is halved
+    assert skipped == sorted(skipped) and skipped[-1] > skipped[0]
+    for prev, cur, s_prev, s_cur in zip(skipped, skipped[1:], scales, scales[1:]):
+        if cur > prev:
+            assert s_cur == s_prev / 2  # every skipped step halves the scale (hysteresis 1)
+    assert any(b > a for a, b in zip(scales, scales[1:]))  # and it grows again after good windows
+    assert all(math.isfinite(r["loss"]) for r in train)
+    assert train[-1]["loss"] < train[0]["loss"]
+    assert find_resume_point(RunDir(run_dir)).sidecar.precision == "fp16"
+
+
+def test_loss_scale_and_skip_count_survive_resume(fp16_run):
+    run_dir, stop_point, before = fp16_run
+    sidecar = stop_point.sidecar
+    last = before[sidecar.step]  # the checkpoint's last step
+    assert (sidecar.loss_scale, sidecar.skipped_steps) == (last["loss_scale"], last["skipped_steps"])
+    resume = [r for r in read_metrics(run_dir, "event") if r["event"] == "resume"][-1]
+    assert (resume["loss_scale"], resume["skipped_steps"]) == (sidecar.loss_scale, sidecar.skipped_steps)
+    first = {r["step"]: r for r in read_metrics(run_dir, "train")}[sidecar.step + 1]  # the first step after it
+    assert first["loss_scale"] in (sidecar.loss_scale, sidecar.loss_scale / 2, sidecar.loss_scale * 2)
+    assert first["skipped_steps"] - sidecar.skipped_steps in (0, 1)
+
+
+def test_tensorboard_has_loss_scale_and_skips(fp16_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir, _, _ = fp16_run
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    scales = {e.step: e.value for e in acc.Scalars("train/loss_scale")}
+    skipped = {e.step: e.value for e in acc.Scalars("train/skipped_steps")}
+    train = read_metrics(run_dir, "train")
+    assert sorted(scales) == list(range(1, TINY_TOTAL_STEPS + 1))  # purge_step dropped the stopped run's extra steps
+    assert [scales[r["step"]] for r in train] == [r["loss_scale"] for r in train]
+    assert [skipped[r["step"]] for r in train] == [r["skipped_steps"] for r in train]
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2])
+def test_a_loss_scale_growth_step_applies_half_the_gradient(zero_stage):
+    """DeepSpeed's ZeRO-1/2 fp16 step (runtime/zero/stage_1_and_2.py, step()) updates the dynamic loss
+    scale before it unscales the gradients, so on a step where the scale doubles the gradient is
+    divided by twice the scale it was multiplied with: that step applies half of it (once per
+    loss_scale_window overflow-free steps). Measured with SGD on a constant gradient
+    (tests/support/loss_scale_probe.py). A DeepSpeed upgrade that changes this fails here: update
+    docs/training.md and this test."""
+    import deepspeed
+
+    command = launch_command(1, "tests.support.loss_scale_probe", [str(zero_stage), "7"])
+    proc = subprocess.run(command, cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"step"')]
+    assert [r["step"] for r in steps] == list(range(7))
+    grew = [r["step"] for r in steps if r["scale_after"] == 2 * r["scale_before"]]
+    assert grew == [2, 4, 6]  # scale 16, growth every 2 overflow-free steps, no overflow
+    applied = {r["step"]: r["applied"] for r in steps}
+    expected = {step: [0.5] if step in grew else [1.0] for step in applied}
+    assert applied == expected, f"DeepSpeed {deepspeed.__version__}: fraction of the gradient applied per step"

@@ -1,0 +1,44 @@
+"""A run directory written before the issue-9 restructure (tests/fixtures/README.md: commit 0c2c7f0,
+2 ranks, ZeRO-2, checkpoint global_step5) read, exported and resumed by today's code.
+
+Its data position is data state format 1, which the data pipeline's format 2 (global mixing) refuses
+to continue by design; the launcher checks that before any compute and says so. Everything the
+launcher itself wrote (sidecar, DeepSpeed and RNG files, config.yaml, stages.json) still loads: the
+resume test gives the stored run a fresh data position and trains on from its checkpoint.
+"""
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from launcher.run_dir.layout import RunDir, sidecar_path
+from launcher.run_dir.sidecar import read_sidecar
+from launcher.train.metrics import read_metrics
+from tests.support.helpers import TEST_RANK_ENTRY, run_to_end, stored_run_resume_config
+
+TAG = "global_step5"
+
+
+def test_stored_run_resumes_from_its_checkpoint_and_exports(stored_run, copy_of, tmp_path):
+    from data_pipeline import MaskingConfig, PretrainBatches, open_corpus
+    from launcher.downstream.exporter import export_checkpoint
+
+    run_dir = copy_of(stored_run.parent) / "run"
+    config = stored_run_resume_config(run_dir)
+    cfg = yaml.safe_load(config.read_text())
+    fresh = PretrainBatches(open_corpus(cfg["data"]["data_dir"], split="train"), rank=0, world_size=2,
+                            seed=cfg["data"]["seed"], masking=MaskingConfig()).state_dict()
+    path = sidecar_path(run_dir / "checkpoints" / TAG)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "data_state": fresh}, indent=2))
+
+    run_to_end(2, config, run_dir, module=TEST_RANK_ENTRY)
+    (resume,) = [r for r in read_metrics(run_dir, "event") if r["event"] == "resume"]
+    assert (resume["tag"], resume["from_world_size"], resume["world_size"], resume["universal"]) == (TAG, 2, 2, False)
+    steps = [r["step"] for r in read_metrics(run_dir, "train")]
+    # 1-5 kept from the stored run's metrics.jsonl (written 0-based, rewritten as steps completed), 6-8 trained now
+    assert steps == list(range(1, 9))
+    final = read_sidecar(RunDir(run_dir).checkpoint("global_step8"))
+    assert (final.step, final.consumed_samples, final.stage_name) == (8, 32 + 3 * 8, "more")
+    out = export_checkpoint(run_dir, tmp_path / "export")
+    assert json.loads((out / "export_info.json").read_text())["step"] == 8

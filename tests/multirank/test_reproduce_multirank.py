@@ -1,0 +1,48 @@
+"""`roformer reproduce`: the plan of runs, argument checks, and the quick mode end to end.
+
+The quick mode starts real `roformer data prepare / pretrain / export / finetune` jobs (tiny model,
+a few steps) and checks the report's shape; a second invocation must skip every finished job.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.support.helpers import roformer
+
+REPO = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_quick_reproduction_writes_the_report_and_resumes(tmp_path):
+    out = tmp_path / "repro"
+    first = roformer("reproduce", "--quick", "--out", str(out), timeout=900)
+    assert first.returncode == 0, first.stdout + first.stderr
+    report = out / "report"
+    text = (report / "report.md").read_text()
+    for heading in ("Fig. 2 analog", "Linear attention", "Table 5 analog", "random-init twin"):
+        assert heading in text
+    for png in ("fig2_encodings.png", "linear_attention.png", "table5_lengths.png", "downstream.png"):
+        data = (report / png).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 10_000, png
+        assert f"({png})" in text  # embedded in the report
+    results = json.loads((report / "results.json").read_text())
+    assert set(results["encodings"]) == {"rope", "sinusoidal", "learned"}
+    assert set(results["linear"]) == {"linear+rope", "linear+sinusoidal"}
+    for group in (*results["encodings"].values(), *results["linear"].values()):
+        assert group["final_valid_loss"]["n"] == 1 and group["final_valid_loss"]["mean"] > 0
+        run = next(iter(group["runs"].values()))
+        assert run["valid_curve"] and run["stages"]
+    for task in ("movie-reviews", "inews"):
+        cell = results["downstream"][task]["32"]
+        assert cell["pretrained"]["accuracy"]["n"] == 1 and cell["random"]["accuracy"]["n"] == 1
+        assert "gain_points" in cell
+    assert set(results["lengths"]) == {"32", "64"}
+    # Ordinary run directories: an export that transformers' format describes, per-job logs.
+    assert (out / "runs" / "rope-s0" / "export" / "config.json").is_file()
+    assert len(list((out / "finetune").glob("*.json"))) == 6
+
+    second = roformer("reproduce", "--quick", "--out", str(out), timeout=900)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert second.stdout.count("finished earlier") == 5
+    assert "pretrain-" not in second.stdout and "6 of 6 reports exist" in second.stdout

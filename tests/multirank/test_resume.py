@@ -1,0 +1,117 @@
+"""Exact resume after every kind of stop, checked against the uninterrupted run of test_training.
+
+One run directory is stopped twice, differently, and resumed by re-running the same command; its
+per-step losses must equal the uninterrupted run's (|diff| <= 1e-6, fp32, no dropout):
+  1. SIGTERM to DeepSpeed's launcher after the first stage boundary: ranks agree on a step, save, exit 143.
+  2. SIGKILL of rank 1 while it writes a checkpoint (after DeepSpeed's files, before the sidecar):
+     rank 0 fails in the next collective, the half-written checkpoint is never used, and the run
+     replays from the previous complete one.
+A copy of the directory after stop 2 is resumed with ONE rank (universal checkpoint), which must
+continue the schedule and the loss curve.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from launcher.run_dir.layout import RunDir
+from launcher.run_dir.sidecar import complete_sidecar
+from launcher.train.checkpointer import find_resume_point
+from launcher.train.metrics import read_metrics
+from tests.support.helpers import (
+    NO_DROPOUT,
+    TEST_RANK_ENTRY,
+    TINY_TOTAL_STEPS,
+    start_run,
+    tiny_run_config,
+    train_losses,
+)
+
+TIMEOUT = 240
+
+
+def resumes(run_dir):
+    return [r for r in read_metrics(run_dir, "event") if r["event"] == "resume"]
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory, trainer_run, tiny_data):
+    """Run the interrupted chain once; returns (reference run dir, chain run dir, snapshots, return codes)."""
+    reference = trainer_run
+    root = tmp_path_factory.mktemp("chain")
+    config = tiny_run_config(root, tiny_data, model=NO_DROPOUT)
+    run_dir = root / "run"
+    snapshots, codes = {}, []
+
+    def attempt(label, **faults):
+        proc = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, **faults)
+        codes.append(proc.wait(timeout=TIMEOUT))
+        snapshots[label] = (find_resume_point(RunDir(run_dir)), sorted(p.name for p in (run_dir / "checkpoints").iterdir()))
+
+    attempt("sigterm", ROFORMER_TEST_SIGTERM_LAUNCHER_AT="7")
+    attempt("kill_in_save", ROFORMER_TEST_SIGKILL_IN_SAVE_AT="1:12")
+    one_rank = root / "one_rank"
+    shutil.copytree(run_dir, one_rank)  # the state after the second stop, resumed below with one rank
+    attempt("final")
+    return reference, run_dir, one_rank, config, snapshots, codes
+
+
+def test_each_stop_left_the_expected_checkpoints(chain):
+    _, run_dir, _, _, snapshots, codes = chain
+    assert codes[0] != 0 and codes[1] != 0 and codes[2] == 0
+    point, _ = snapshots["sigterm"]
+    # SIGTERM arrived before step 7 (0-based): the ranks agreed to stop at step 8 or 9 and saved there.
+    assert point.sidecar.step in (8, 9) and point.sidecar.stage_index == 1
+    point, names = snapshots["kill_in_save"]
+    assert "global_step12" in names  # DeepSpeed's files were written ...
+    assert point.tag == "global_step10"  # ... but without a sidecar it is never picked up
+    assert complete_sidecar(run_dir / "checkpoints" / "global_step12") is not None  # rewritten by the resumed run
+
+
+def test_resumed_losses_equal_the_uninterrupted_run(chain):
+    reference, run_dir = chain[0], chain[1]
+    expected, got = train_losses(reference), train_losses(run_dir)
+    assert sorted(got) == list(range(1, TINY_TOTAL_STEPS + 1))
+    for step in range(1, TINY_TOTAL_STEPS + 1):
+        assert abs(got[step] - expected[step]) <= 1e-6, (step, got[step], expected[step])
+    tags = [r["tag"] for r in resumes(run_dir)]
+    assert tags[1:] == ["global_step10"] and tags[0] in ("global_step8", "global_step9")
+    assert all(r["seconds"] > 0 and not r["universal"] for r in resumes(run_dir))
+
+
+def test_resume_with_one_rank_continues_schedule_and_loss_curve(chain, tmp_path_factory):
+    reference, _, one_rank, config = chain[:4]
+    proc = start_run(1, config, one_rank, module=TEST_RANK_ENTRY)
+    assert proc.wait(timeout=TIMEOUT) == 0, (one_rank.parent / "one_rank.log").read_text()[-4000:]
+    event = resumes(one_rank)[-1]
+    assert (event["tag"], event["from_world_size"], event["world_size"], event["universal"]) == \
+        ("global_step10", 2, 1, True)
+    assert (one_rank / "universal" / "global_step10" / "zero").is_dir()
+    expected, got = train_losses(reference), train_losses(one_rank)
+    assert sorted(got) == list(range(1, TINY_TOTAL_STEPS + 1))
+    for step in range(11, TINY_TOTAL_STEPS + 1):  # other micro-batch split -> other summation order only
+        assert got[step] == pytest.approx(expected[step], rel=1e-4, abs=1e-4), step
+    stages = [r for r in read_metrics(one_rank, "event") if r["event"] == "stage_start"]
+    assert stages[-1]["step"] == 10 and stages[-1]["stage"] == 2
+    assert (stages[-1]["micro_batch_size"], stages[-1]["grad_accum_steps"]) == (8, 2)  # 16 = 8 x 2 x 1 rank
+    sidecar = find_resume_point(RunDir(one_rank)).sidecar
+    assert (sidecar.step, sidecar.world_size) == (TINY_TOTAL_STEPS, 1)
+    assert sidecar.consumed_samples == find_resume_point(RunDir(reference)).sidecar.consumed_samples
+
+
+def test_rng_states_round_trip(tmp_path):
+    import random
+
+    import numpy as np
+    import torch
+
+    from launcher.train.rng import load_rng, save_rng, seed_everything
+
+    seed_everything(3)
+    save_rng(tmp_path, rank=1)
+    expected = (random.random(), float(np.random.rand()), torch.rand(3))
+    seed_everything(99)
+    assert load_rng(tmp_path, rank=1) and not load_rng(tmp_path, rank=0)
+    assert (random.random(), float(np.random.rand())) == expected[:2]
+    assert torch.equal(torch.rand(3), expected[2])

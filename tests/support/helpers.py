@@ -1,0 +1,254 @@
+"""Helpers shared by the tests (imported explicitly; fixtures live in tests/conftest.py).
+
+One copy each of: the run-config builders, the environment a rank or a `roformer` command gets, a
+free port, the DeepSpeed per-node launch command, and the readers of a run's metrics.
+
+Multi-rank runs start DeepSpeed's per-node launcher (deepspeed.launcher.launch) directly instead of
+the `deepspeed` runner: the runner's SIGTERM handler pkills matching processes machine-wide, and the
+tests signal their own runs only (by PID / process group).
+"""
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+RANK_ENTRY = "launcher.train.rank_entry"
+TEST_RANK_ENTRY = "tests.support.rank_wrapper"  # the rank entry plus faults chosen by environment variables
+
+TINY_MODEL = {"vocab_size": 900, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "intermediate_size": 64, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+# Three stages that change both length and batch (and grad-accum: the 64-token stage needs 2 micro-
+# batches per rank under the 128-token budget), checkpoints every 4 steps plus stage ends.
+TINY_STAGES = [
+    {"name": "short", "max_seq_len": 32, "global_batch_size": 8, "steps": 6},
+    {"name": "long", "max_seq_len": 64, "global_batch_size": 8, "steps": 4},
+    {"name": "wide", "max_seq_len": 16, "global_batch_size": 16, "steps": 6},
+]
+TINY_TOTAL_STEPS = sum(stage["steps"] for stage in TINY_STAGES)
+TINY_MAX_SEQ_LEN = max(stage["max_seq_len"] for stage in TINY_STAGES)
+
+
+# --- run configs ----------------------------------------------------------------------------------
+
+
+def run_config_dict(data_dir: str | Path = "/nonexistent-data", schedule_file: str | Path | None = None,
+                    ds_config: str = "cpu_fp32_zero2.json", **sections) -> dict:
+    """A complete run config as a dict; `sections` deep-update it (e.g. optimizer={"lr": 1e-3})."""
+    config = {
+        "seed": 7,
+        "model": copy.deepcopy(TINY_MODEL),
+        "data": {"data_dir": str(data_dir), "seed": 11},
+        "optimizer": {"lr": 2e-3, "warmup_steps": 3, "decay": "linear", "min_lr_ratio": 0.1},
+        "schedule": {"file": str(schedule_file or REPO / "launcher/schedules/tiny_cpu.yaml"),
+                     "max_tokens_per_micro_batch": 256},
+        "checkpoint": {"every_steps": 0, "keep_last": 2},
+        "logging": {"log_every": 1, "valid_every": 0, "valid_batches": 1, "progress_bar": False},
+        "deepspeed": {"config": str(REPO / "ds_configs" / ds_config)},
+    }
+    for name, values in sections.items():
+        if isinstance(values, dict) and isinstance(config.get(name), dict):
+            config[name].update(values)
+        else:
+            config[name] = values
+    return config
+
+
+def write_yaml(path: Path, content: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(content, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def write_schedule(path: Path, stages: list[dict]) -> Path:
+    return write_yaml(path, {"stages": stages})
+
+
+def tiny_run_config(root: Path, data_dir: Path, name: str = "run.yaml", ds_config: str = "cpu_fp32_zero2.json",
+                    stages: list[dict] = TINY_STAGES, **sections) -> Path:
+    """The tiny run (TINY_STAGES unless `stages`) on `data_dir`, written to root/name; its schedule is
+    root/tiny_schedule.yaml (shared by the configs of one root)."""
+    schedule = write_schedule(root / "tiny_schedule.yaml", stages)
+    base = {"checkpoint": {"every_steps": 4, "keep_last": 3},
+            "logging": {"valid_every": 5, "valid_batches": 1, "progress_bar": True},
+            "schedule": {"max_tokens_per_micro_batch": 128}}
+    for key, value in sections.items():
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+    return write_yaml(root / name, run_config_dict(data_dir=data_dir, schedule_file=schedule, ds_config=ds_config,
+                                                   **base))
+
+
+def tiny_data_dir(tmp_factory) -> Path:
+    """A real prepared corpus (SentencePiece, shards), built once per session by the data tests' builder
+    (use the `tiny_data` fixture in new tests)."""
+    from tests.support.corpus_files import prepared_dir
+
+    return prepared_dir(tmp_factory)
+
+
+# --- processes ------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def roformer_env(**extra: str) -> dict[str, str]:
+    """The environment of a `roformer` command (as the Makefile sets it)."""
+    from launcher.ops_cache import ENV_VAR, extensions_dir
+
+    env = dict(os.environ, DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    # This environment's op cache (as every rank uses), so DeepSpeed's CPU shm-comm op compiles once.
+    env[ENV_VAR] = str(extensions_dir(env))
+    env.update(extra)
+    return env
+
+
+def rank_env(**extra: str) -> dict[str, str]:
+    """The environment of ranks started directly (no `roformer pretrain` to forward it)."""
+    return roformer_env(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **extra)
+
+
+def launch_command(num_ranks: int, module: str, args: list[str], port: int | None = None) -> list[str]:
+    """DeepSpeed's per-node launcher starting `python -m module args` on `num_ranks` local ranks."""
+    world_info = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(num_ranks))}).encode()).decode()
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world_info}", "--node_rank=0",
+            "--master_addr=127.0.0.1", f"--master_port={port or free_port()}", "--module", module, *args]
+
+
+def start_run(num_ranks: int, config: Path, run_dir: Path, module: str = RANK_ENTRY, extra_args: list[str] = (),
+              log: Path | None = None, port: int | None = None, **env: str) -> subprocess.Popen:
+    """Start a run in its own process group (so a test can signal exactly this run); output to
+    RUN_DIR/../<name>.log."""
+    log = log or run_dir.parent / f"{run_dir.name}.log"
+    cmd = launch_command(num_ranks, module, ["--config", str(config), "--run-dir", str(run_dir), *extra_args],
+                         port=port)
+    with open(log, "ab") as handle:
+        return subprocess.Popen(cmd, cwd=REPO, env=rank_env(**env), stdout=handle, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def run_to_end(num_ranks: int, config: Path, run_dir: Path, timeout: float = 600, **kwargs) -> None:
+    """A run that must finish (exit code 0); the log's tail is the failure message otherwise."""
+    proc = start_run(num_ranks, config, run_dir, **kwargs)
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        raise
+    log = run_dir.parent / f"{run_dir.name}.log"
+    assert rc == 0, f"run {run_dir} failed (rc {rc}):\n{log.read_text(errors='replace')[-5000:]}"
+
+
+def roformer(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO,
+             timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `roformer ARGS` (python -m launcher) and capture its output."""
+    return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=cwd, env=env or roformer_env(),
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def start_roformer(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start `roformer ARGS` in the background (its own session), output to `log`."""
+    with open(log, "w") as handle:
+        return subprocess.Popen([sys.executable, "-m", "launcher", *args], cwd=REPO, env=env, stdout=handle,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def fake_tools(bin_dir: Path, log: Path, names=("ssh", "pdsh", "mpirun")) -> dict[str, str]:
+    """Stand-ins first on PATH that record every call; returns an env with them in front."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        tool = bin_dir / name
+        tool.write_text(f'#!/bin/dash\necho "{name} $*" >> {log}\nexit 99\n')
+        tool.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+
+
+# --- what a run left ------------------------------------------------------------------------------
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    from launcher.train.metrics import read_metrics
+
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir, "train")}
+
+
+def metrics_steps(run_dir: Path) -> list[int]:
+    from launcher.train.metrics import read_metrics
+
+    return [r["step"] for r in read_metrics(run_dir, "train")]
+
+
+def events(run_dir: Path, name: str) -> list[dict]:
+    from launcher.train.metrics import read_metrics
+
+    return [r for r in read_metrics(run_dir, "event") if r.get("event") == name]
+
+
+def hf_isolated_logits(export_dirs: list[Path], texts: list[str], work: Path) -> list[dict]:
+    """Tokenizer ids + MLM logits from transformers alone, in ONE process with project imports blocked."""
+    from safetensors.torch import load_file
+
+    (work / "texts.json").write_text(json.dumps(texts), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-I", str(REPO / "tests" / "support" / "hf_isolated.py"), str(work / "texts.json"),
+                           str(work), *map(str, export_dirs)], cwd=work, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    infos = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(infos) == len(export_dirs), proc.stdout
+    return [{**load_file(str(work / f"hf_out_{i}.safetensors")), "info": info} for i, info in enumerate(infos)]
+
+
+def stored_run_resume_config(run_dir, extra_steps: int = 3):
+    """The stored run's own config (its model, data and seeds) with a third stage to train, its paths
+    pointing at this machine's copies."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["data"]["data_dir"] = str(run_dir.parent / "data")
+    config["deepspeed"]["config"] = str(REPO / "ds_configs" / "cpu_fp32_zero2.json")
+    stages = json.loads((run_dir / "stages.json").read_text())["stages"]
+    schedule = [{k: s[k] for k in ("name", "max_seq_len", "global_batch_size", "steps")} for s in stages]
+    schedule.append({"name": "more", "max_seq_len": 32, "global_batch_size": 8, "steps": extra_steps})
+    config["schedule"]["file"] = str(write_schedule(run_dir.parent / "resume_schedule.yaml", schedule))
+    config["logging"]["progress_bar"] = False
+    return write_yaml(run_dir.parent / "resume.yaml", config)
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def check_png(path: Path, colours: tuple = (), min_pixels: int = 200) -> None:
+    """A real, decodable 1200 x 800 PNG with content (and min_pixels of each given RGB colour)."""
+    import numpy as np
+    from matplotlib.image import imread
+
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, f"{path}: not a PNG"
+    width, height = struct.unpack(">II", data[16:24])  # IHDR
+    assert (width, height) == (1200, 800), f"{path}: {width}x{height}"
+    assert 15_000 < len(data) < 400_000, f"{path}: {len(data)} bytes"
+    pixels = imread(path)
+    assert pixels.shape[:2] == (800, 1200)
+    rgb = (pixels[..., :3] * 255).round().astype(int).reshape(-1, 3)
+    assert len(np.unique(rgb @ [65536, 256, 1])) > 50, f"{path}: nearly blank"
+    for colour in colours:
+        assert (np.abs(rgb - colour).sum(axis=1) <= 6).sum() >= min_pixels, f"{path}: nothing in colour {colour}"
+
+
+def report_of(run_dir: Path, out: Path) -> str:
+    proc = roformer("report", str(run_dir), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    written = sorted(Path(line).name for line in proc.stdout.split())
+    assert written == sorted(p.name for p in (out / "plots").glob("*.png"))
+    return (out / "report.md").read_text(encoding="utf-8")

@@ -1,0 +1,91 @@
+"""TEST-ONLY per-rank entry: launcher.train.rank_entry plus faults chosen by environment variables.
+
+    ROFORMER_TEST_FP16_CPU=1                 CPU accelerator reports fp16 support (tests/support/fp16_cpu.py)
+    ROFORMER_TEST_SIGTERM_LAUNCHER_AT=N      rank 0 sends SIGTERM to its launcher (launch.py) before step N
+    ROFORMER_TEST_SIGKILL_AT=RANK:N          that rank SIGKILLs itself before step N
+    ROFORMER_TEST_SIGKILL_IN_SAVE_AT=RANK:N  that rank SIGKILLs itself while writing the checkpoint of
+                                             step N (after DeepSpeed's files, before the sidecar)
+    ROFORMER_TEST_SAVE_LIVE_WEIGHTS=1        after training, the weights the engine holds (gathered
+                                             under ZeRO-3) go to RUN_DIR/reference.safetensors, so an
+                                             export can be compared with them, independently of the
+                                             zero_to_fp32 consolidation under test
+Steps are 0-based global steps (the index of the step about to be taken).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+def _rank_step(var: str) -> tuple[int, int] | None:
+    value = os.environ.get(var)
+    if not value:
+        return None
+    rank, step = value.split(":")
+    return int(rank), int(step)
+
+
+def install_faults() -> None:
+    from launcher.run_dir.layout import tag_for_step
+    from launcher.train import checkpointer, trainer
+
+    rank = int(os.environ["RANK"])
+    original_step = trainer.Trainer.train_step
+    sigterm_at = os.environ.get("ROFORMER_TEST_SIGTERM_LAUNCHER_AT")
+    kill_at = _rank_step("ROFORMER_TEST_SIGKILL_AT")
+
+    def train_step(self, stage):
+        step = self.state.step
+        if sigterm_at and rank == 0 and step == int(sigterm_at):
+            os.kill(os.getppid(), signal.SIGTERM)  # the parent is deepspeed.launcher.launch
+        if kill_at and kill_at == (rank, step):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original_step(self, stage)
+
+    trainer.Trainer.train_step = train_step
+
+    kill_in_save = _rank_step("ROFORMER_TEST_SIGKILL_IN_SAVE_AT")
+    original_save_rng = checkpointer.save_rng
+
+    def save_rng(directory, this_rank):
+        if kill_in_save and kill_in_save[0] == this_rank and directory.name == tag_for_step(kill_in_save[1]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        original_save_rng(directory, this_rank)
+
+    checkpointer.save_rng = save_rng  # the name the Checkpointer calls
+
+    if os.environ.get("ROFORMER_TEST_SAVE_LIVE_WEIGHTS") == "1":
+        original_run = trainer.Trainer.run
+
+        def run_then_save_weights(self):
+            outcome = original_run(self)
+            save_live_weights(self.engine, self.checkpointer.run_dir.root / "reference.safetensors", rank)
+            return outcome
+
+        trainer.Trainer.run = run_then_save_weights
+
+
+def save_live_weights(engine, path, rank: int) -> None:
+    """Full fp32 weights as the engine holds them now (all ranks take part in the ZeRO-3 gather)."""
+    import deepspeed
+    import torch.distributed
+    from safetensors.torch import save_file
+
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None,
+                                           enabled=engine.zero_optimization_stage() == 3):
+        state = {k: v.detach().clone().float().contiguous() for k, v in engine.module.state_dict().items()}
+    if rank == 0:
+        save_file(state, str(path))
+    torch.distributed.barrier()
+
+
+if __name__ == "__main__":
+    if os.environ.get("ROFORMER_TEST_FP16_CPU") == "1":
+        from tests.support.fp16_cpu import enable_fp16_on_cpu
+
+        enable_fp16_on_cpu()
+    install_faults()
+    from launcher.train.rank_entry import main
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,66 @@
+"""eval-mlm on a real export: lengths beyond the trained one, figures checked against transformers'
+own RoFormer on the same masked batches, determinism (on the session's trainer export), and bad
+input (corrupt weights, no tokenizer; on copies of the stored run's export, no DeepSpeed job)."""
+from __future__ import annotations
+
+import pytest
+
+from launcher.cli import main as cli_main
+from tests.support.helpers import TINY_MAX_SEQ_LEN as TRAIN_SEQ_LEN
+
+LONG = 4 * TRAIN_SEQ_LEN  # 256: four times the longest pretraining length
+
+
+@pytest.fixture(scope="module")
+def stored_data(stored_run):
+    return stored_run.parent / "data"
+
+
+@pytest.fixture
+def export_copy(stored_export, copy_of):
+    return copy_of(stored_export)
+
+
+def _fails(capsys, argv) -> str:
+    capsys.readouterr()
+    rc = cli_main(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2 and err.startswith(f"roformer {argv[0]}: error: "), err
+    return err
+
+
+def test_corrupt_safetensors_is_named(capsys, export_copy, stored_data, tmp_path):
+    weights = export_copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in a tensor: structurally still valid
+    weights.write_bytes(bytes(data))
+    out = tmp_path / "result.json"
+    out.write_text("previous result")
+    argv = ["eval-mlm", str(export_copy), "--data", str(stored_data), "--seq-lens", "64",
+            "--out", str(out)]
+    assert "model.safetensors: corrupt (sha256 differs" in _fails(capsys, argv)
+    assert out.read_text() == "previous result"
+    weights.write_bytes(bytes(data[: len(data) // 3]))  # truncated: caught even without checksums
+    (export_copy / "export_info.json").unlink()
+    assert "model.safetensors: corrupt safetensors file" in _fails(capsys, argv)
+
+
+def test_missing_tokenizer_is_named(capsys, export_copy, stored_data):
+    (export_copy / "tokenizer.json").unlink()
+    err = _fails(capsys, ["eval-mlm", str(export_copy), "--data", str(stored_data)])
+    assert "tokenizer missing (tokenizer.json not found)" in err
+
+
+def test_length_and_data_errors(capsys, stored_export, stored_data, tmp_path):
+    export_dir = str(stored_export)
+    assert "--seq-lens: 1 is too short" in _fails(capsys, ["eval-mlm", export_dir, "--data",
+                                                          str(stored_data), "--seq-lens", "1"])
+    assert "not found" in _fails(capsys, ["eval-mlm", export_dir, "--data", str(tmp_path / "nothing")])
+
+
+def test_tokenizer_other_than_the_shards_is_refused(capsys, export_copy, stored_data):
+    (export_copy / "export_info.json").unlink()  # a foreign directory: no recorded checksums
+    with open(export_copy / "spm.model", "ab") as f:
+        f.write(b"\0")  # another tokenizer file than the one the shards were built with
+    err = _fails(capsys, ["eval-mlm", str(export_copy), "--data", str(stored_data)])
+    assert "shards were built with tokenizer" in err

@@ -1,0 +1,17 @@
+"""Export of a run made by the real trainer (the session's `trainer_run`: 3 stages, 2 ranks, ZeRO-2),
+and the stage-end eval job started the way the trainer starts it."""
+from __future__ import annotations
+
+import pytest
+
+from launcher.downstream.stage_evals import validate_eval_names
+from launcher.errors import UserError
+
+
+def test_unknown_stage_eval_is_rejected_by_name():
+    with pytest.raises(UserError, match="logging.stage_end_evals: unknown eval 'glue'"):
+        validate_eval_names(["mlm", "glue"])
+    with pytest.raises(UserError, match="bad option 'lr0=1'"):
+        validate_eval_names(["inews:lr0=1"])
+    with pytest.raises(UserError, match="max_train_examples must be a number"):
+        validate_eval_names(["inews:max_train_examples=many"])

@@ -1,0 +1,42 @@
+"""The direction of dependencies between the packages (setup.cfg [importlinter]) holds, and breaking
+it is caught: `lint-imports` on the project, then on a copy with one import pointing the wrong way."""
+from __future__ import annotations
+
+import configparser
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.helpers import REPO
+
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+_SETUP_CFG = configparser.ConfigParser()
+_SETUP_CFG.read(REPO / "setup.cfg")
+CONTRACTS = sum(section.startswith("importlinter:contract:") for section in _SETUP_CFG.sections())
+
+
+def _lint_imports(project: Path) -> subprocess.CompletedProcess:
+    # lint-imports puts its working directory first on sys.path: it analyses the packages found there.
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=project, capture_output=True, text=True, timeout=300)
+
+
+def test_the_contracts_hold():
+    assert CONTRACTS >= 4  # roformer, data_pipeline, launcher.config, launcher.train (docs/INTERFACES.md)
+    result = _lint_imports(REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert f"Contracts: {CONTRACTS} kept, 0 broken." in result.stdout
+
+
+def test_a_wrong_import_breaks_its_contract(tmp_path):
+    for package in ("roformer", "data_pipeline", "launcher"):
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(REPO / "setup.cfg", tmp_path / "setup.cfg")
+    trainer = tmp_path / "launcher" / "train" / "trainer.py"
+    clean = _lint_imports(tmp_path).stdout
+    trainer.write_text(trainer.read_text() + "\nfrom launcher.downstream.exporter import export_checkpoint  # wrong way\n")
+    result = _lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "launcher.train does not import launcher.downstream KEPT" in clean
+    assert "launcher.train does not import launcher.downstream BROKEN" in result.stdout
+    assert "launcher.train.trainer -> launcher.downstream.exporter" in result.stdout
