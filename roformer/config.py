@@ -8,7 +8,10 @@ from typing import Any
 
 from .activations import ACTIVATION_FUNCTIONS
 
-POSITION_ENCODINGS = ("rope", "sinusoidal", "learned")
+POSITION_ENCODINGS = ("rope", "sinusoidal", "sinusoidal_unscaled", "learned")
+# Fixed sine/cosine tables: 'sinusoidal' as Vaswani et al. (token embeddings x sqrt(embedding_size)),
+# 'sinusoidal_unscaled' the plain sum (word embeddings of std 0.02 + a table of RMS ~0.7).
+SINUSOIDAL_ENCODINGS = ("sinusoidal", "sinusoidal_unscaled")
 ATTENTION_KINDS = ("softmax", "linear")
 ROPE_SCALINGS = ("none", "linear", "ntk")
 ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)
@@ -63,8 +66,10 @@ class RoFormerConfig:
     rope_scaling_factor: float = 1.0
     """Factor of rope_scaling; must be 1.0 with 'none' and >= 1.0 otherwise."""
     position_encoding: str = "rope"
-    """'rope' (rotary, no maximum length), or the paper's baselines 'sinusoidal' / 'learned' absolute
-    positions added to the token embeddings."""
+    """'rope' (rotary, no maximum length), or the paper's baselines: absolute positions added to the
+    token embeddings, 'learned' (BERT), 'sinusoidal' (Vaswani et al.: the fixed sine/cosine table added
+    to the token embeddings multiplied by sqrt(embedding_size)) or 'sinusoidal_unscaled' (the same table
+    added to unscaled embeddings: with std-0.02 embeddings the table, RMS ~0.7, drowns the tokens)."""
     max_position_embeddings: int | None = None
     """Length of the absolute position table; required by 'sinusoidal' and 'learned', not allowed with
     'rope' (RoPE models have no maximum length)."""
@@ -118,7 +123,7 @@ class RoFormerConfig:
                 raise ConfigError(f"max_position_embeddings: required with position_encoding "
                                   f"'{self.position_encoding}'")
             _require_int("max_position_embeddings", self.max_position_embeddings, minimum=1)
-            if self.position_encoding == "sinusoidal" and self.embedding_size % 2:
+            if self.position_encoding in SINUSOIDAL_ENCODINGS and self.embedding_size % 2:
                 raise ConfigError(f"embedding_size: sinusoidal positions need an even size, got {self.embedding_size}")
             if self.rotary_value or self.rope_scaling != "none":
                 raise ConfigError("rotary_value: RoPE options need position_encoding 'rope'"
@@ -175,4 +180,4 @@ def _require_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{name}: must be one of {', '.join(choices)}; got {value!r}")
 
 
-__all__ = ["ConfigError", "RoFormerConfig", "POSITION_ENCODINGS", "ATTENTION_KINDS", "ROPE_SCALINGS", "ACTIVATIONS"]
+__all__ = ["ConfigError", "RoFormerConfig", "POSITION_ENCODINGS", "SINUSOIDAL_ENCODINGS", "ATTENTION_KINDS", "ROPE_SCALINGS", "ACTIVATIONS"]

@@ -7,6 +7,7 @@ Shapes: B batch, T sequence length, E embedding size, H hidden size, V vocabular
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .activations import ACTIVATION_FUNCTIONS
 from .attention import SelfAttention
-from .config import ConfigError, RoFormerConfig
+from .config import SINUSOIDAL_ENCODINGS, ConfigError, RoFormerConfig
 from .dropout import Dropout, use_cpu_kernels
 from .mlm_loss import decoder_cross_entropy
 from .rope import RotaryEmbedding
@@ -48,9 +49,13 @@ class Embeddings(nn.Module):
         self.token_type = nn.Embedding(config.type_vocab_size, config.embedding_size)
         if config.position_encoding == "learned":
             self.position = nn.Embedding(config.max_position_embeddings, config.embedding_size)
-        elif config.position_encoding == "sinusoidal":
+        elif config.position_encoding in SINUSOIDAL_ENCODINGS:
             table = sinusoidal_position_table(config.max_position_embeddings, config.embedding_size)
             self.register_buffer("position_table", table, persistent=False)
+        # Vaswani et al. (sec. 3.4) multiply the token embeddings by sqrt(d_model) before adding the
+        # fixed table (RMS 1/sqrt(2)); without it, word embeddings initialised with std 0.02 are
+        # drowned by the table. 'sinusoidal_unscaled' keeps the unscaled sum (the earlier baseline).
+        self.word_scale = (math.sqrt(config.embedding_size) if config.position_encoding == "sinusoidal" else 1.0)
         self.norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
         # Factorized embeddings (ALBERT-style, as transformers' RoFormer): E may be smaller than H.
@@ -64,7 +69,10 @@ class Embeddings(nn.Module):
             # (and scattering B*T gradient rows back into it). Called through the module so that
             # ZeRO-3 gathers the weight as for any lookup.
             token_type_ids = torch.zeros(1, 1, dtype=torch.long, device=input_ids.device)
-        embedded = self.word(input_ids) + self.token_type(token_type_ids)  # (B, T, E)
+        words = self.word(input_ids)
+        if self.word_scale != 1.0:
+            words = words * self.word_scale
+        embedded = words + self.token_type(token_type_ids)  # (B, T, E)
         if self.position_encoding != "rope":
             if length > self.max_positions:
                 raise ConfigError(f"max_position_embeddings: sequence length {length} exceeds the "

@@ -25,6 +25,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated subset of: {', '.join(PARTS)} (default: all)")
     parser.add_argument("--data", type=Path, default=None,
                         help="use this prepared data directory for the ablations (default: prepare OUT/data)")
+    parser.add_argument("--groups", default="",
+                        help="run only the pretraining runs of these comparison groups (comma-separated, e.g. "
+                             "sinusoidal,linear+sinusoidal); the report still covers every run present")
     parser.add_argument("--report-only", action="store_true",
                         help="write the report from whatever runs exist; start nothing")
 
@@ -35,6 +38,18 @@ def parse_parts(text: str) -> tuple[str, ...]:
     if unknown or not parts:
         raise UserError(f"--parts: unknown part(s) {', '.join(unknown) or '(none given)'} (known: {', '.join(PARTS)})")
     return tuple(p for p in PARTS if p in parts)  # canonical order
+
+
+def select_groups(runs: list, text: str) -> list:
+    """The runs whose group is listed in `text` (all of them when it is empty)."""
+    groups = {g.strip() for g in text.split(",") if g.strip()}
+    if not groups:
+        return runs
+    unknown = sorted(groups - {r.group for r in runs})
+    if unknown:
+        raise UserError(f"--groups: no run of the chosen parts is in group(s) {', '.join(unknown)} "
+                        f"(groups: {', '.join(sorted({r.group for r in runs}))})")
+    return [r for r in runs if r.group in groups]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
     if not args.report_only:
         runner = Runner(preset, layout, data_dir=args.data)
-        pretrain_runs = preset.pretrain_runs(parts)
+        pretrain_runs = select_groups(preset.pretrain_runs(parts), args.groups)
         runner.prepare_data(pretrain_runs)
         runner.pretrain_all(pretrain_runs, export={preset.recipe_run})
         runner.finetune_all(preset.finetune_runs(parts))
