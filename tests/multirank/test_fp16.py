@@ -1,4 +1,6 @@
-"""The V100 fp16 path on CPU (tests/support/fp16_cpu.py): dynamic loss scaling, overflow skips, resume.
+"""The V100 fp16 path on CPU: dynamic loss scaling, overflow skips, resume. On a CPU whose DeepSpeed
+accelerator has fp16 (a Xeon with AVX512-FP16 / AMX) the ranks run it as they are; elsewhere the ranks
+report fp16 support (tests/support/fp16_cpu.py) so that the same real fp16 optimizer runs.
 
 The shipped v100_fp16_zero2.json runs with two test overrides: torch's AdamW (FusedAdam would
 compile for minutes on CPU) and a loss scale that starts far too high with a short growth window,
@@ -17,6 +19,7 @@ import pytest
 from launcher.run_dir.layout import RunDir
 from launcher.train.checkpointer import find_resume_point
 from launcher.train.metrics import read_metrics
+from tests.support.cpu_precision import real_cpu_precision
 from tests.support.helpers import (
     REPO,
     TEST_RANK_ENTRY,
@@ -27,7 +30,7 @@ from tests.support.helpers import (
     tiny_run_config,
 )
 
-FP16 = {"ROFORMER_TEST_FP16_CPU": "1"}
+FP16_SHIM = {"ROFORMER_TEST_FP16_CPU": "1"}
 OVERRIDES = {"optimizer": {"params": {"torch_adam": True}},
              "fp16": {"initial_scale_power": 24, "loss_scale_window": 2, "hysteresis": 1}}
 
@@ -38,11 +41,12 @@ def fp16_run(tmp_path_factory, tiny_data):
     config = tiny_run_config(root, tiny_data, ds_config="v100_fp16_zero2.json",
                              deepspeed={"overrides": OVERRIDES})
     run_dir = root / "run"
-    stopped = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGTERM_LAUNCHER_AT="7", **FP16)
+    fp16 = {} if real_cpu_precision()["fp16"] else FP16_SHIM
+    stopped = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGTERM_LAUNCHER_AT="7", **fp16)
     assert stopped.wait(timeout=240) != 0
     stop_point = find_resume_point(RunDir(run_dir))
     before = {r["step"]: r for r in read_metrics(run_dir, "train")}
-    resumed = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, **FP16)
+    resumed = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, **fp16)
     assert resumed.wait(timeout=240) == 0, (root / "run.log").read_text()[-4000:]
     return run_dir, stop_point, before
 

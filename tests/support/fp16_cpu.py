@@ -1,16 +1,14 @@
-"""TEST-ONLY: make DeepSpeed's CPU accelerator report fp16 support.
+"""TEST-ONLY: make DeepSpeed's CPU accelerator report fp16 support (tests/support/cpu_precision.py).
 
-DeepSpeed refuses fp16 on this CPU ("Type fp16 is not supported on your device"). Reporting support
-lets the real fp16 optimizer (dynamic loss scaling, overflow skips) run on CPU, so the V100 fp16
-configs' code path is exercised here. Never imported by production code.
+DeepSpeed refuses fp16 on a CPU without fp16 kernels ("Type fp16 is not supported on your device").
+Reporting support lets the real fp16 optimizer (dynamic loss scaling, overflow skips) run on any CPU,
+so the V100 fp16 configs' code path is exercised here; on a CPU that has fp16 (AVX512-FP16 / AMX) it
+changes nothing. Never imported by production code.
 """
 from __future__ import annotations
 
-import torch
+from tests.support.cpu_precision import pin_for_this_process
 
 
 def enable_fp16_on_cpu() -> None:
-    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
-
-    CPU_Accelerator.is_fp16_supported = lambda self: True
-    CPU_Accelerator.supported_dtypes = lambda self: [torch.float, torch.bfloat16, torch.float16]
+    pin_for_this_process(fp16=True)

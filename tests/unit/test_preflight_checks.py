@@ -3,16 +3,21 @@
 from all three, naming the file and the field, before DeepSpeed runs or anything is launched.
 
 All in this process: the CLI's `main` and the rank entry's `main` (as rank 0 of 2, which must stop
-before its process group would start).
+before its process group would start). What the accelerator answers about fp16 / bf16 is pinned both
+ways (tests/support/cpu_precision.py): DeepSpeed's CPU accelerator asks the CPU, and a Xeon with
+AVX512-FP16 / AMX says yes to fp16. One test takes the real answer and checks what it calls for.
 """
 from __future__ import annotations
 
 import pytest
 
 from launcher.cli import main as cli_main
+from tests.support.cpu_precision import pin_cpu_accelerator, real_cpu_precision
 from tests.support.helpers import REPO, run_config_dict, write_schedule, write_yaml
 
 FP16_DS = REPO / "ds_configs" / "v100_fp16_zero2.json"
+BF16_DS = REPO / "ds_configs" / "cpu_bf16_zero2.json"
+PRECISION_DS = {"fp16": FP16_DS, "bf16": BF16_DS}
 ONE_STAGE = [{"name": "one", "max_seq_len": 32, "global_batch_size": 8, "steps": 2}]
 
 
@@ -36,9 +41,16 @@ def bad_inputs(tiny_data, tmp_path) -> dict[str, tuple[dict, str]]:
                           f"{short}: stage 1 (one): max_seq_len 1 is too short"),
         "ZeRO stage 7": ({"deepspeed": {"overrides": {"zero_optimization": {"stage": 7}}}},
                          "rejected by DeepSpeed's DeepSpeedConfig: zero_optimization.stage: Input should be 0, 1, 2"),
-        "fp16 on the cpu accelerator": ({"deepspeed": {"config": str(FP16_DS)}},
-                                        f"{FP16_DS}: fp16.enabled: DeepSpeed's cpu accelerator (DS_ACCELERATOR=cpu) "
-                                        "does not support fp16 (get_accelerator().is_fp16_supported() is None)"),
+        "fp16 on a cpu accelerator without fp16": ({"deepspeed": {"config": str(FP16_DS)}},
+                                                    f"{FP16_DS}: fp16.enabled: DeepSpeed's cpu accelerator "
+                                                    "(DS_ACCELERATOR=cpu) does not support fp16 "
+                                                    "(get_accelerator().is_fp16_supported() is False); "
+                                                    "use a bf16 or fp32 DeepSpeed config"),
+        "bf16 on a cpu accelerator without bf16": ({"deepspeed": {"config": str(BF16_DS)}},
+                                                    f"{BF16_DS}: bf16.enabled: DeepSpeed's cpu accelerator "
+                                                    "(DS_ACCELERATOR=cpu) does not support bf16 "
+                                                    "(get_accelerator().is_bf16_supported() is False); "
+                                                    "use a fp32 DeepSpeed config"),
     }
 
 
@@ -83,8 +95,9 @@ def three_entry_points(config, tmp_path, monkeypatch, capsys) -> dict[str, str]:
 
 @pytest.mark.parametrize("case", ["missing data dir", "no manifest", "vocab larger than the tokenizer",
                                   "vocab smaller than the tokenizer", "max_seq_len 1", "ZeRO stage 7",
-                                  "fp16 on the cpu accelerator"])
+                                  "fp16 on a cpu accelerator without fp16", "bf16 on a cpu accelerator without bf16"])
 def test_plan_dry_run_and_rank_refuse_alike(case, tiny_data, tmp_path, monkeypatch, capsys):
+    pin_cpu_accelerator(monkeypatch, fp16=False, bf16=False)  # whichever CPU runs the test
     sections, message = bad_inputs(tiny_data, tmp_path)[case]
     config = write_config(tmp_path, tiny_data, sections)
     errors = three_entry_points(config, tmp_path, monkeypatch, capsys)
@@ -92,14 +105,42 @@ def test_plan_dry_run_and_rank_refuse_alike(case, tiny_data, tmp_path, monkeypat
     assert errors["dry-run"] == errors["plan"] and errors["rank"] == errors["plan"], errors
 
 
-def test_the_good_config_passes_plan_and_dry_run(tiny_data, tmp_path, monkeypatch, capsys):
+def plan_and_dry_run_pass(config, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     monkeypatch.setattr("sys.argv", ["roformer"])
-    config = write_config(tmp_path, tiny_data, {})
     assert cli_main(["plan", "--config", str(config), "--world-size", "2"]) == 0
     assert cli_main(["pretrain", "--num_gpus", "2", "--config", str(config), "--run-dir", str(tmp_path / "r"),
                      "--dry-run"]) == 0
-    assert "error" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error" not in err and "does not support" not in err, err
+
+
+def test_the_good_config_passes_plan_and_dry_run(tiny_data, tmp_path, monkeypatch, capsys):
+    plan_and_dry_run_pass(write_config(tmp_path, tiny_data, {}), tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_precision_the_accelerator_supports_passes_plan_and_dry_run(precision, tiny_data, tmp_path, monkeypatch,
+                                                                     capsys):
+    pin_cpu_accelerator(monkeypatch, **{precision: True})
+    config = write_config(tmp_path, tiny_data, {"deepspeed": {"config": str(PRECISION_DS[precision])}})
+    plan_and_dry_run_pass(config, tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_the_real_accelerator_answer_decides(precision, tiny_data, tmp_path, monkeypatch, capsys):
+    """Unpinned: what this machine's CPU accelerator says about `precision` is what plan and --dry-run
+    act on (here fp16 is refused on most CPUs and accepted on a Xeon with AVX512-FP16 / AMX; bf16 is
+    accepted). Either answer is checked; the real runs are tests/multirank/test_fp16.py and the bf16 ones."""
+    pin_cpu_accelerator(monkeypatch)  # a CPU accelerator (even where a GPU would be detected), real answers
+    config = write_config(tmp_path, tiny_data, {"deepspeed": {"config": str(PRECISION_DS[precision])}})
+    if real_cpu_precision()[precision]:
+        plan_and_dry_run_pass(config, tmp_path, monkeypatch, capsys)
+        return
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    assert cli_main(["plan", "--config", str(config), "--world-size", "2"]) == 2
+    assert f"{PRECISION_DS[precision]}: {precision}.enabled: DeepSpeed's cpu accelerator (DS_ACCELERATOR=cpu) " \
+           f"does not support {precision}" in error_line(capsys)
 
 
 def test_a_corpus_too_small_for_a_stage_is_refused_by_plan(tiny_data, tmp_path, monkeypatch, capsys):
@@ -114,6 +155,7 @@ def test_a_corpus_too_small_for_a_stage_is_refused_by_plan(tiny_data, tmp_path, 
 def test_precision_the_ranks_may_not_share_with_this_machine_is_a_note(tiny_data, tmp_path, monkeypatch, capsys):
     """Without DS_ACCELERATOR the ranks detect their own accelerator (a login node without GPUs may
     plan a V100 run): plan says what it found here instead of refusing."""
+    pin_cpu_accelerator(monkeypatch, fp16=False)  # "detected": a CPU without fp16, whatever this machine has
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     config = write_config(tmp_path, tiny_data, {"deepspeed": {"config": str(FP16_DS)}})
     assert cli_main(["plan", "--config", str(config), "--world-size", "2"]) == 0
