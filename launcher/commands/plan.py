@@ -30,6 +30,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     ranks = parser.add_mutually_exclusive_group(required=True)
     ranks.add_argument("--world-size", type=int, help="number of ranks (GPUs or CPU processes)")
     ranks.add_argument("--hostfile", help="a hostfile: the world size is its slots' sum")
+    parser.add_argument("--exclude-nodes", default="", metavar="HOST[,HOST...]",
+                        help="with --hostfile: the plan without these hosts, as `roformer pretrain "
+                             "--exclude-failed-nodes` would restart without them (default: none)")
     parser.add_argument("--device-memory", help="memory per rank for the FITS verdicts, e.g. 16GB (default: this "
                         "machine's accelerator's)")
     parser.add_argument("--device-name", help="price time with this device of the peak table, e.g. V100 (default: "
@@ -74,9 +77,27 @@ def plan(args: argparse.Namespace) -> int:
 
     cfg = load_run_config(args.config, args.overrides)
     check_eval_specs(cfg.logging.stage_end_evals, where=f"{cfg.source}: logging.stage_end_evals")
+    if args.exclude_nodes and not args.hostfile:
+        raise UserError("--exclude-nodes needs --hostfile (with --world-size, give the smaller world size itself)")
     if args.hostfile:
-        args.world_size = sum(read_hostfile(args.hostfile).slots_by_host.values())
-    stages = resolve_stages(cfg, args.world_size)
+        hostfile = read_hostfile(args.hostfile)
+        dropped = [name.strip() for name in args.exclude_nodes.split(",") if name.strip()]
+        unknown = [name for name in dropped if name not in hostfile.slots_by_host]
+        if unknown:
+            raise UserError(f"--exclude-nodes: {', '.join(unknown)} not in {args.hostfile} "
+                            f"(hosts: {', '.join(hostfile.slots_by_host)})")
+        args.world_size = sum(slots for name, slots in hostfile.slots_by_host.items() if name not in dropped)
+        if dropped:
+            if not args.world_size:
+                raise UserError(f"--exclude-nodes: no host of {args.hostfile} left")
+            print(f"roformer plan: without {', '.join(dropped)}: world size {args.world_size}", file=sys.stderr)
+    try:
+        stages = resolve_stages(cfg, args.world_size)
+    except UserError as err:
+        if not args.exclude_nodes:
+            raise
+        raise UserError(f"without {args.exclude_nodes}: world size {args.world_size} does not fit the schedule "
+                        f"(a restart with --exclude-failed-nodes would be refused): {err}") from None
     # The ranks' own start-up checks; DS_ACCELERATOR set here is what the ranks get (forwarded).
     checked = check_run(cfg, stages, args.world_size, accelerator_is_the_ranks="DS_ACCELERATOR" in os.environ)
     for note in checked.notes:

@@ -10,12 +10,15 @@ what DeepSpeed would only find out on the nodes: the hostfile and host filters
 variables forwarded to the ranks (launcher.launch.launch_plan), the ranks' own start-up checks of the
 data and the DeepSpeed config (launcher.config.preflight_checks), then ssh reachability and the shared
 run directory (launcher.launch.preflight). While it runs, launcher.launch.supervise names the node and rank of a
-failure and makes sure the whole job stops. Multi-node set-up: docs/multinode.md.
+failure and makes sure the whole job stops. With --max-restarts N (or the run config's `restarts:`),
+launcher.launch.restarts then starts it again from the newest intact checkpoint (docs/unattended.md).
+Multi-node set-up: docs/multinode.md.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shlex
 import sys
@@ -32,9 +35,43 @@ from launcher.launch.launch_plan import add_launch_arguments, build_plan
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_launch_arguments(parser)
+    parser.add_argument("--init-from", action=InitFromAction, metavar="DIR", default=None,
+                        help="continue pretraining from this model directory: a `roformer export` or any transformers "
+                             "RoFormer directory (= --set init_from=DIR; docs/training.md#continuing-from-an-existing-"
+                             "model) (default: the run config's init_from, else random weights)")
+
+
+class InitFromAction(argparse.Action):
+    """--init-from DIR is the run config's `init_from`: an override every rank gets (like --set), with
+    DIR made absolute here, where it was typed relative to the working directory."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        setattr(namespace, self.dest, value)
+        item = f"init_from={json.dumps(str(Path(value).expanduser().resolve()))}"  # JSON is YAML: any path
+        namespace.overrides = [*(getattr(namespace, "overrides", None) or []), item]
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dry_run:  # starts nothing, writes nothing: no lock
+        return plan_and_launch(args)
+    with claim_run_dir(args.run_dir):
+        return plan_and_launch(args)
+
+
+def claim_run_dir(run_dir: str):
+    """One job per run directory (launcher/run_dir/lock.py): a second job is refused here, in one line
+    naming the holder, before anything is written. Held for the whole job, across restarts of its
+    ranks; its id reaches the ranks (rank 0 checks it) through this process's environment, which
+    every plan built from here on forwards (ROFORMER_* variables)."""
+    from launcher.run_dir.lock import LOCK_ID_ENV, acquire
+
+    lock = acquire(Path(run_dir).resolve(), command="roformer pretrain",
+                   note=lambda text: print(f"roformer pretrain: note: {text}", file=sys.stderr, flush=True))
+    os.environ[LOCK_ID_ENV] = lock.holder.lock_id
+    return lock
+
+
+def plan_and_launch(args: argparse.Namespace) -> int:
     plan = build_plan(args)
     for note in check_inputs(plan):
         print(f"roformer pretrain: note: {note}", file=sys.stderr, flush=True)
@@ -44,9 +81,40 @@ def run(args: argparse.Namespace) -> int:
         print(describe_plan(plan))
         return 0
 
+    from launcher.config.run_config import load_run_config
+    from launcher.launch.restarts import RestartPolicy, run_with_restarts
+
+    section = load_run_config(plan.config_path, plan.overrides).restarts
+    policy = RestartPolicy.from_args(args, section)
+
+    def launch(this_plan):
+        return launch_once(this_plan, section.preemption_grace_seconds)
+
+    if policy.max_restarts == 0:
+        return launch(plan).returncode
+    return run_with_restarts(plan, policy, launch, rebuild=lambda drop: build_plan(args, drop_hosts=drop),
+                             say=lambda text: say(plan, text))
+
+
+def say(plan, text: str) -> None:
+    """A line of the restart loop: on the console and in RUN_DIR/logs/launcher.log, as the job's own notes."""
+    from launcher.run_dir.layout import RunDir
+
+    print(text, flush=True)
+    log = RunDir(plan.run_dir).launcher_log
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(text + "\n")
+    except OSError:
+        pass  # the console has it; a log that cannot be written is no reason to stop the restart
+
+
+def launch_once(plan, grace_seconds: float):
+    """Pre-flight, the files the ranks read, then one launch supervised to its end (a JobOutcome)."""
     from launcher.launch import preflight
     from launcher.launch.console import Console
-    from launcher.launch.supervise import supervise
+    from launcher.launch.supervise import supervise_job
     from launcher.run_dir.layout import RunDir
 
     master_addr = preflight.run_preflight(plan)
@@ -67,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
                      f"({plan.launcher}); run dir {plan.run_dir}; all output also in {log}", stream=console.out)
         console.log_only("roformer pretrain: " + shlex.join(plan.runner_argv()))
         announce_op_build(plan, console)
-        return supervise(plan, runner_env, console)
+        return supervise_job(plan, runner_env, console, grace_seconds=grace_seconds)
     finally:
         console.close()
 

@@ -22,7 +22,9 @@ import yaml
 from data_pipeline.errors import DataError
 from data_pipeline.masking import MaskingConfig
 from launcher.config.files import read_mapping
+from launcher.config.init_from import model_from_init_dir
 from launcher.config.schedule import Stage, load_schedule, stage_index_at
+from launcher.config.restarts_section import RestartsSection
 from launcher.config.watchdog_section import WatchdogSection
 from launcher.errors import UserError
 from launcher.io import atomic_write_text
@@ -130,6 +132,15 @@ class RunConfig:
     """Seed of the model initialisation and of torch/numpy/python RNGs (dropout)."""
     watchdog: WatchdogSection = field(default_factory=WatchdogSection)
     """Hang watchdog bounds (launcher.config.watchdog_section)."""
+    init_from: str = ""
+    """A model directory to continue pretraining from (`roformer pretrain --init-from DIR`): our export or
+    any transformers RoFormer directory. The model section then comes from DIR's config.json (the `model:`
+    keys given here may only change what keeps the weights' shapes, e.g. dropout), its weights are loaded
+    on a fresh start, and the data must be tokenized with its tokenizer (launcher/config/init_from.py).
+    Empty = random initialisation."""
+    restarts: RestartsSection = field(default_factory=RestartsSection)
+    """Restarts after a fault and the preemption grace time (launcher.config.restarts_section); read by
+    `roformer pretrain` only, so left out of to_dict (the run's recorded config)."""
     source: str = ""
     """The file this config came from (for error messages)."""
 
@@ -137,7 +148,10 @@ class RunConfig:
         """The YAML form (loads back with run_config_from_dict)."""
         out = dataclasses.asdict(self)
         out.pop("source")
+        out.pop("restarts")  # the launching machine's business: changing it is no new config version
         out["schedule"].pop("stages")
+        if not out["init_from"]:
+            out.pop("init_from")  # runs that start from random weights record what they always did
         return out
 
 
@@ -149,8 +163,9 @@ SECTIONS: dict[str, type] = {
     "logging": LoggingSection,
     "deepspeed": DeepSpeedSection,
     "watchdog": WatchdogSection,
+    "restarts": RestartsSection,
 }
-TOP_LEVEL_SCALARS = ("seed",)
+TOP_LEVEL_SCALARS = ("seed", "init_from")
 # Fields holding paths, resolved against the config file's directory.
 PATH_FIELDS = {("data", "data_dir"), ("schedule", "file"), ("deepspeed", "config")}
 
@@ -170,7 +185,8 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path) -> RunConfig:
     if unknown:
         raise UserError(f"{source}: unknown section(s) {', '.join(map(str, unknown))} "
                         f"(known: {', '.join(sorted(known))})")
-    if not isinstance(raw.get("model"), dict):
+    init_from = _init_from(raw.get("init_from", RunConfig.init_from), source, base_dir)
+    if not isinstance(raw.get("model"), dict) and not (init_from and raw.get("model") is None):
         raise UserError(f"{source}: section 'model' (the RoFormerConfig fields) is required")
     sections = {name: _build_section(name, cls, raw.get(name) or {}, source, base_dir)
                 for name, cls in SECTIONS.items()}
@@ -178,10 +194,11 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path) -> RunConfig:
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise UserError(f"{source}: seed: must be an integer, got {seed!r}")
     try:
-        model = RoFormerConfig.from_dict(dict(raw["model"]), source=f"{source}: model")
+        model = model_from_init_dir(init_from, raw.get("model"), source) if init_from else \
+            RoFormerConfig.from_dict(dict(raw["model"]), source=f"{source}: model")
     except ConfigError as err:
         raise UserError(str(err)) from None
-    cfg = RunConfig(model=model, seed=seed, source=source, **sections)
+    cfg = RunConfig(model=model, seed=seed, source=source, init_from=init_from, **sections)
     _validate(cfg)
     cfg.schedule.stages = tuple(load_schedule(cfg.schedule.file))
     return cfg
@@ -293,6 +310,17 @@ def _validate(cfg: RunConfig) -> None:
     if not all(isinstance(x, str) for x in cfg.logging.stage_end_evals):
         fail("logging.stage_end_evals", "must be a list of names")
     cfg.watchdog.check(fail)
+    cfg.restarts.check(fail)
+
+
+def _init_from(value: Any, source: str, base_dir: Path) -> str:
+    """init_from as an absolute path ('' = none), resolved against the config file's directory."""
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str):
+        raise UserError(f"{source}: init_from: expected a directory path, got {value!r}")
+    expanded = Path(os.path.expandvars(os.path.expanduser(value)))
+    return str(expanded if expanded.is_absolute() else (base_dir / expanded).resolve())
 
 
 def _apply_override(raw: dict, item: str, path: Path) -> None:

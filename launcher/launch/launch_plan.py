@@ -12,6 +12,7 @@ ours), from the project root (pdsh's remote command `cd`s into the runner's work
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import re
@@ -186,18 +187,32 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
                     help="bind each rank to its own cores with numactl")
     ds.add_argument("--bind_core_list", "--bind-core-list", default=None,
                     help='cores to bind with --bind_cores_to_rank, e.g. "0-15" (default: all of the node\'s)')
+    unattended = parser.add_argument_group("unattended runs (docs/unattended.md; defaults: the run config's "
+                                           "`restarts:` section)")
+    unattended.add_argument("--max-restarts", type=int, default=None, metavar="N",
+                            help="after a rank dies, a node's launcher exits, the hang watchdog stops the job or the "
+                                 "ranks are preempted: start the job again from the newest intact checkpoint, up to N "
+                                 "times, with a backoff (default: restarts.max_restarts, 0 = stop at the first failure)")
+    unattended.add_argument("--exclude-failed-nodes", action="store_true", default=None,
+                            help="restart without the node that failed or hung; every stage keeps its global batch "
+                                 "(more gradient accumulation) or the restart is refused naming the stage "
+                                 "(default: restarts.exclude_failed_nodes, false)")
     # Developer aid: the per-rank module (default launcher.train.rank_entry), not part of the user interface.
     parser.add_argument("--entry-module", default=RANK_ENTRY_MODULE, help=argparse.SUPPRESS)
 
 
-def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> LaunchPlan:
-    """Check every flag, the hostfile, the config and the batch arithmetic; raise UserError naming the problem."""
+def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None,
+               drop_hosts: tuple[str, ...] = ()) -> LaunchPlan:
+    """Check every flag, the hostfile, the config and the batch arithmetic; raise UserError naming the problem.
+    `drop_hosts`: hostfile hosts left out (nodes excluded after a failure, launcher.launch.restarts)."""
     environ = dict(os.environ if environ is None else environ)
     if args.master_port < 1 or args.master_port > 65535:
         raise UserError(f"--master_port {args.master_port}: not a TCP port (1-65535)")
     if not re.fullmatch(r"[A-Za-z0-9_.]+", args.entry_module):
         raise UserError(f"--entry-module {args.entry_module!r}: not a Python module name")
     hostfile = read_hostfile(args.hostfile) if args.hostfile else None
+    if hostfile is not None and drop_hosts:
+        hostfile = without_hosts(hostfile, drop_hosts)
     explicit_launcher = args.launcher != "pdsh"
     if hostfile is None and (explicit_launcher or args.force_multi):
         raise UserError(
@@ -224,7 +239,8 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None) 
     stages = check_stages(config_path, list(args.overrides), world_size, resources, hostfile)
 
     ranks_per_node = max(len(slots) for slots in resources.values())
-    env = env_forwarding.forwarded_environment(environ, ranks_per_node=ranks_per_node)
+    # Other nodes get only what they need; each computes its own PATH, op cache and thread count.
+    env = env_forwarding.forwarded_environment(environ, ranks_per_node=ranks_per_node, local=launcher == "local")
     if launcher in MPI_LAUNCHERS + ("slurm",):
         # DeepSpeed's MPI discovery sets MASTER_PORT itself; ranks read this one (see docs/multinode.md).
         env["MASTER_PORT"] = str(args.master_port)
@@ -241,6 +257,14 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None) 
     if launcher in MPI_LAUNCHERS:
         check_mpirun_flavour(launcher, environ.get("PATH"))
     return plan
+
+
+def without_hosts(hostfile: Hostfile, drop: tuple[str, ...]) -> Hostfile:
+    """The hostfile less some hosts (the copy DeepSpeed's runner and mpirun read is rendered from it)."""
+    kept = tuple(h for h in hostfile.hosts if h.name not in drop)
+    if not kept:
+        raise UserError(f"{hostfile.path}: no host left once {', '.join(drop)} are excluded")
+    return dataclasses.replace(hostfile, hosts=kept)
 
 
 def check_mpirun_flavour(launcher: str, path: str | None) -> None:

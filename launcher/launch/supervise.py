@@ -236,8 +236,34 @@ def signal_name(signum: int) -> str:
     return f"Ctrl-C ({name})" if signum == signal.SIGINT else name
 
 
+@dataclass
+class JobOutcome:
+    """How one launch of the job ended (what the restart policy, launcher.launch.restarts, judges)."""
+
+    returncode: int
+    """What `roformer pretrain` exits with for this launch (0, 124 hung, 128+N stopped by signal N, ...)."""
+    failure: Failure | None
+    """The first failure seen (the cause), None when none was."""
+    interrupted: int | None
+    """The signal `roformer pretrain` itself received (SIGINT / SIGTERM), None when none."""
+    ended_at: float
+    """time.monotonic() when the last process of the job had ended."""
+
+    @property
+    def preempted(self) -> bool:
+        """The ranks were stopped by a SIGTERM not sent by us (a scheduler) and wrote a checkpoint."""
+        return self.interrupted is None and self.failure is None and self.returncode == ORDERLY_STOP_EXIT_CODE
+
+
 def supervise(plan: LaunchPlan, runner_env: dict[str, str], console: Console | None = None) -> int:
     """Run the job to its end; return 0 or a non-zero exit code after printing what failed."""
+    return supervise_job(plan, runner_env, console).returncode
+
+
+def supervise_job(plan: LaunchPlan, runner_env: dict[str, str], console: Console | None = None,
+                  grace_seconds: float = GRACEFUL_STOP_SECONDS) -> JobOutcome:
+    """Run the job to its end, printing what failed; `grace_seconds`: how long a requested stop (SIGTERM,
+    Ctrl-C) waits for the ranks' checkpoint at the current step before stopping every process."""
     console = console or Console(sys.stdout, RunDir(plan.run_dir).launcher_log, local=plan.launcher == "local",
                                  status=False, hosts=plan.resources)
     interrupted: list[int] = []  # handlers first: a Ctrl-C from here on must not orphan the runner
@@ -269,10 +295,10 @@ def supervise(plan: LaunchPlan, runner_env: dict[str, str], console: Console | N
             first = monitor.first()
             if interrupted and graceful_deadline is None:
                 console.note(f"roformer pretrain: {signal_name(interrupted[0])} received: the ranks finish their "
-                             f"step, write a checkpoint and stop (up to {GRACEFUL_STOP_SECONDS:g} s; interrupt again "
+                             f"step, write a checkpoint and stop (up to {grace_seconds:g} s; interrupt again "
                              f"to stop at once)")
                 request_graceful_stop(plan, runner)
-                graceful_deadline = time.monotonic() + GRACEFUL_STOP_SECONDS
+                graceful_deadline = time.monotonic() + grace_seconds
             elif graceful_deadline is not None and (len(interrupted) > 1 or time.monotonic() > graceful_deadline):
                 console.note("roformer pretrain: stopping every process of the job now")
                 stop_job(plan, runner, unreachable)
@@ -288,19 +314,25 @@ def supervise(plan: LaunchPlan, runner_env: dict[str, str], console: Console | N
     failures = monitor.snapshot()
     if plan.launcher == "pdsh" and (failures or returncode != 0):
         sweep_remote(plan, unreachable)
+    first = monitor.first()
+
+    def outcome(code: int) -> JobOutcome:
+        return JobOutcome(code, first, interrupted[0] if interrupted else None, time.monotonic())
+
     if interrupted:  # asked for: not an error, whatever the ranks' exit codes say
-        console.note(f"roformer pretrain: stopped by {signal_name(interrupted[0])}; {resume_hint(plan)}")
-        return 128 + interrupted[0]
+        preempted = "preempted, resumable: " if interrupted[0] == signal.SIGTERM else ""
+        console.note(f"roformer pretrain: {preempted}stopped by {signal_name(interrupted[0])}; {resume_hint(plan)}")
+        return outcome(128 + interrupted[0])
     if returncode == 0 and not failures:
-        return 0
+        return outcome(0)
     if returncode == ORDERLY_STOP_EXIT_CODE and not failures:
-        console.note("roformer pretrain: the ranks were stopped by a signal and wrote a checkpoint; run the same "
-                     "command again to resume")
-        return returncode
+        console.note("roformer pretrain: preempted, resumable: the ranks were stopped by a signal and wrote a "
+                     "checkpoint; run the same command again to resume")
+        return outcome(returncode)
     console.note("roformer pretrain: error: " + failure_report(monitor, returncode, stopped_after_failure))
     if any(f.hung for f in failures):
-        return HUNG_EXIT_CODE
-    return returncode if returncode > 0 else 1
+        return outcome(HUNG_EXIT_CODE)
+    return outcome(returncode if returncode > 0 else 1)
 
 
 def failure_report(monitor: OutputMonitor, returncode: int, stopped_after_failure: bool) -> str:

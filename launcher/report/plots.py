@@ -82,8 +82,23 @@ def _loss_accuracy(curves: Curves, summary: RunSummary, axis: str):
     loss_ax.set_ylabel("MLM loss (cross-entropy, nats)")
     acc_ax.set_ylabel("MLM accuracy (share of masked tokens)")
     _mark_stages(curves, (loss_ax, acc_ax), axis)
+    _mark_restarts(curves, summary, (loss_ax, acc_ax), axis)
     _x_axis(acc_ax, axis)
     return fig
+
+
+def _mark_restarts(curves: Curves, summary: RunSummary, axes, axis: str) -> None:
+    """A red dotted line where each fault of RUN_DIR/restarts.json happened (solid: the run gave up there)."""
+    train = curves.train
+    if not summary.restarts or not len(train):
+        return
+    for k, record in enumerate(summary.restarts):
+        x = record.failed_at_step if axis == "step" else float(np.interp(record.failed_at_step, train.step, train.tokens))
+        label = ("restart (roformer pretrain --max-restarts)" if record.action == "restart" else "gave up") \
+            if k == 0 or record.action != "restart" else None
+        for i, ax in enumerate(axes):
+            ax.axvline(x, color="tab:red", linestyle=":" if record.action == "restart" else "-", linewidth=1.5,
+                       label=label if i == 0 else None)
 
 
 def _learning_rate(curves: Curves, summary: RunSummary):

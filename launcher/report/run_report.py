@@ -36,6 +36,7 @@ def write_report_text(curves: Curves, summary: RunSummary, plots: list[Path], re
              "## Stages and throughput", _stage_table(curves, summary),
              "## Curves", _figures(plots, report_path, [n for n in CAPTIONS if n not in EVAL_PLOTS]),
              "## Checkpoints", _checkpoint_table(summary),
+             *(["## Restarts", _restart_table(summary)] if summary.restarts else []),
              "## Evaluations", _evaluations(summary, plots, report_path)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
@@ -123,6 +124,25 @@ def _checkpoint_table(summary: RunSummary) -> str:
     note = f"\n\n_{more} older checkpoint(s) not shown._" if more else ""
     return _table(["tag", "step", "stage", "tokens", "validation loss", "saved at"], rows) + note + \
         f"\n\nIn `{summary.root / 'checkpoints'}`; `roformer export {summary.root} --out DIR` exports the newest."
+
+
+def _restart_table(summary: RunSummary) -> str:
+    """One row per fault `roformer pretrain --max-restarts` met (RUN_DIR/restarts.json, docs/unattended.md)."""
+    rows = []
+    for r in summary.restarts:
+        lost = f"{r.seconds_lost:.1f}" if r.seconds_lost is not None else \
+            (f">= {r.stop_seconds + r.backoff_seconds + r.redo_seconds:.1f}" if r.action == "restart" else "-")
+        after = (f"{r.world_size}" + (f" (without {', '.join(r.excluded_nodes)})" if r.excluded_nodes else "")
+                 if r.world_size else "-")
+        rows.append((str(r.attempt), r.action, r.cause, r.node or "?", str(r.failed_at_step),
+                     str(r.restarted_from_step), str(r.steps_lost), lost, after, r.time, r.reason or ""))
+    restarted = sum(r.action == "restart" for r in summary.restarts)
+    known = [r.seconds_lost for r in summary.restarts if r.seconds_lost is not None]
+    total = f"; {sum(known):.1f} s lost in all" if known else ""
+    return (_table(["#", "action", "cause", "node", "failed at step", "resumed from step", "steps lost",
+                    "seconds lost", "world size after", "time", "why not restarted"], rows)
+            + f"\n\n{_plural(restarted, 'restart')}{total}. Seconds lost = stopping the job + backoff + the "
+              "restart up to its first step + the lost steps trained again; the loss plots mark each fault.")
 
 
 def _evaluations(summary: RunSummary, plots: list[Path], report_path: Path) -> str:

@@ -14,16 +14,18 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from launcher.errors import UserError
 from launcher.report.curves import Curves, record_versions, records_in_effect
 from launcher.run_dir.records import RecordVersion
 from launcher.run_dir.layout import RunDir, step_of_tag
+from launcher.run_dir.restarts import RestartRecord, read_restarts
 from launcher.run_dir.sidecar import CheckpointSidecar, complete_sidecar
 
 # metrics.jsonl events that begin or end a process's training (launcher/train/rank_entry.py).
 START_EVENTS = ("startup", "resume")
 END_EVENTS = ("finished", "stopped")
 # JSON files of RUN_DIR that the run itself writes (not evaluation reports).
-RUN_FILES = ("stages.json", "ds_config.resolved.json")
+RUN_FILES = ("stages.json", "ds_config.resolved.json", "restarts.json")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class RunSummary:
     evals: list[EvalReport] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
     """Files that looked like reports but could not be read (named in the report)."""
+    restarts: list[RestartRecord] = field(default_factory=list)
+    """restarts.json: the faults `roformer pretrain --max-restarts` restarted after or gave up on."""
 
     @property
     def latest(self) -> CheckpointSidecar | None:
@@ -81,6 +85,10 @@ def load_summary(run_dir: Path, curves: Curves, now: float | None = None) -> Run
     world_size = stages_file.get("world_size") if isinstance(stages_file.get("world_size"), int) else None
     zero = (ds_config.get("zero_optimization") or {}).get("stage")
     evals, unreadable = find_eval_reports(layout)
+    try:
+        restarts, restarts_unreadable = read_restarts(layout), []
+    except UserError:
+        restarts, restarts_unreadable = [], [layout.restarts.name]
     return RunSummary(
         root=layout.root, config=_read_yaml(records["config"]), config_path=records["config"], ds_config=ds_config,
         world_size=world_size or (latest.world_size if latest else None),
@@ -89,7 +97,7 @@ def load_summary(run_dir: Path, curves: Curves, now: float | None = None) -> Run
         total_steps=curves.stages[-1].end_step if curves.stages and curves.stages[-1].steps else
         (latest.total_steps if latest else None),
         checkpoints=checkpoints, status=run_status(layout, curves, now), versions=record_versions(layout),
-        evals=evals, unreadable=unreadable)
+        evals=evals, unreadable=unreadable + restarts_unreadable, restarts=restarts)
 
 
 def read_checkpoints(layout: RunDir) -> list[CheckpointSidecar]:

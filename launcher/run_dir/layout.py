@@ -20,6 +20,7 @@
       plots/, report.md           PNGs rendered at every stage end and by `roformer report` (+ its page)
       .deepspeed_env, launch/     what `roformer pretrain` gave the ranks (env file, hostfile copy)
       logs/launcher.log           everything the job printed, appended by each `roformer pretrain`
+      restarts.json               every restart `roformer pretrain --max-restarts` made, and why (launcher/run_dir/restarts.py)
 """
 from __future__ import annotations
 
@@ -87,6 +88,10 @@ class RunDir:
     @property
     def config_versions(self) -> Path:
         return self.root / "config_versions.json"
+
+    @property
+    def restarts(self) -> Path:
+        return self.root / "restarts.json"
 
     def checkpoint(self, tag: str) -> Path:
         return self.checkpoints / tag

@@ -3,6 +3,9 @@
     ROFORMER_TEST_FP16_CPU=1                 CPU accelerator reports fp16 support (tests/support/fp16_cpu.py)
     ROFORMER_TEST_SIGTERM_LAUNCHER_AT=N      rank 0 sends SIGTERM to its launcher (launch.py) before step N
     ROFORMER_TEST_SIGKILL_AT=RANK:N          that rank SIGKILLs itself before step N
+    ROFORMER_TEST_SIGKILL_ONCE_AT=RANK:N     as SIGKILL_AT, but once per run directory (a marker file
+                                             RUN_DIR/test-fault-<rank>-<N> remembers it): the fault of
+                                             one start, which a restart does not meet again
     ROFORMER_TEST_SIGKILL_IN_SAVE_AT=RANK:N  that rank SIGKILLs itself while writing the checkpoint of
                                              step N (after DeepSpeed's files, before the sidecar)
     ROFORMER_TEST_SAVE_LIVE_WEIGHTS=1        after training, the weights the engine holds (gathered
@@ -34,6 +37,7 @@ def install_faults() -> None:
     original_step = trainer.Trainer.train_step
     sigterm_at = os.environ.get("ROFORMER_TEST_SIGTERM_LAUNCHER_AT")
     kill_at = _rank_step("ROFORMER_TEST_SIGKILL_AT")
+    kill_once_at = _rank_step("ROFORMER_TEST_SIGKILL_ONCE_AT")
 
     def train_step(self, stage):
         step = self.state.step
@@ -41,6 +45,11 @@ def install_faults() -> None:
             os.kill(os.getppid(), signal.SIGTERM)  # the parent is deepspeed.launcher.launch
         if kill_at and kill_at == (rank, step):
             os.kill(os.getpid(), signal.SIGKILL)
+        if kill_once_at and kill_once_at == (rank, step):
+            marker = self.checkpointer.run_dir.root / f"test-fault-{rank}-{step}"
+            if not marker.exists():
+                marker.write_text("fired\n")
+                os.kill(os.getpid(), signal.SIGKILL)
         return original_step(self, stage)
 
     trainer.Trainer.train_step = train_step

@@ -1,0 +1,78 @@
+"""`roformer pretrain --max-restarts N` on this machine, with real 2-rank DeepSpeed jobs.
+
+A rank SIGKILLed once mid-run (tests/support/rank_wrapper.py, ROFORMER_TEST_SIGKILL_ONCE_AT): the job is
+stopped, started again from the newest checkpoint and finishes by itself, with final weights equal to an
+uninterrupted run's within 1e-6; the restart is in RUN_DIR/restarts.json and in `roformer report`'s
+restarts table. A rank killed at the same step every time: restarted once, then not again, named.
+"""
+from __future__ import annotations
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from launcher.run_dir.layout import RunDir
+from launcher.run_dir.restarts import read_restarts
+from tests.support.helpers import TINY_TOTAL_STEPS, free_port, metrics_steps, roformer, roformer_env, tiny_run_config
+
+WRAPPER = "tests.support.rank_wrapper"
+KILL = "1:9"  # rank 1, before the step after 9 completed: the newest checkpoint is global_step8
+
+
+def _pretrain(config, run_dir, *flags, timeout=600, **env):
+    return roformer("pretrain", "--num_gpus", "2", "--master_port", str(free_port()), "--config", str(config),
+                    "--run-dir", str(run_dir), "--entry-module", WRAPPER, "--set", "restarts.backoff_seconds=1",
+                    *flags, env=roformer_env(ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1", **env), timeout=timeout)
+
+
+def test_a_killed_rank_is_restarted_and_the_run_ends_as_an_uninterrupted_one(tiny_data, tmp_path):
+    config = tiny_run_config(tmp_path / "config", tiny_data)
+    reference = _pretrain(config, tmp_path / "reference")
+    assert reference.returncode == 0, (reference.stdout + reference.stderr)[-3000:]
+    assert not RunDir(tmp_path / "reference").restarts.exists()
+
+    run_dir = tmp_path / "run"
+    result = _pretrain(config, run_dir, "--max-restarts", "2", ROFORMER_TEST_SIGKILL_ONCE_AT=KILL)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "error: rank 1 (local rank 1) on node localhost: killed by SIGKILL" in output
+    assert ("roformer pretrain: restart 1/2 in 1 s from global_step8 (step 8; 1 step(s) to redo) after: rank 1 "
+            "(local rank 1) on node localhost: killed by SIGKILL") in output, output[-4000:]
+    [record] = read_restarts(RunDir(run_dir))
+    assert (record.action, record.kind, record.node, record.rank) == ("restart", "rank", "localhost", 1)
+    assert (record.failed_at_step, record.restarted_from_step, record.restarted_from_tag, record.steps_lost) == \
+        (9, 8, "global_step8", 1)
+    assert record.world_size == 2 and record.excluded_nodes == []
+    assert record.restart_seconds is not None and record.restart_seconds > 0
+    assert record.seconds_lost == round(record.stop_seconds + record.backoff_seconds + record.restart_seconds
+                                        + record.redo_seconds, 2)
+    steps = metrics_steps(run_dir)
+    assert sorted(set(steps)) == list(range(1, TINY_TOTAL_STEPS + 1)) and steps.count(9) == 2  # step 9 redone
+
+    ours = load_file(str(run_dir / "reference.safetensors"))
+    theirs = load_file(str(tmp_path / "reference" / "reference.safetensors"))
+    assert ours.keys() == theirs.keys()
+    worst = max(float(np.max(np.abs(ours[k] - theirs[k]))) for k in ours)
+    assert worst <= 1e-6, worst
+
+    report = roformer("report", str(run_dir), "--out", str(tmp_path / "report"), timeout=300)
+    assert report.returncode == 0, report.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "## Restarts" in text
+    assert "| 1 | restart | rank 1 (local rank 1) on node localhost: killed by SIGKILL | localhost | 9 | 8 | 1 |" in text
+    print(f"\nrestart after a SIGKILLed rank: stop {record.stop_seconds} s + backoff {record.backoff_seconds} s + "
+          f"restart {record.restart_seconds} s + redo {record.redo_seconds} s = {record.seconds_lost} s lost; "
+          f"weights vs uninterrupted: max |diff| {worst:.2e}")
+
+
+def test_the_same_error_twice_at_the_same_step_is_not_retried(tiny_data, tmp_path):
+    config = tiny_run_config(tmp_path / "config", tiny_data)
+    run_dir = tmp_path / "run"
+    result = _pretrain(config, run_dir, "--max-restarts", "3", ROFORMER_TEST_SIGKILL_AT=KILL)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-4000:]
+    assert ("roformer pretrain: not restarting: the same error twice at step 9 (killed by SIGKILL): a deterministic "
+            "fault (a bug, a bad batch, a config error) is not retried") in output, output[-4000:]
+    records = read_restarts(RunDir(run_dir))
+    assert [(r.action, r.failed_at_step, r.restarted_from_step) for r in records] == \
+        [("restart", 9, 8), ("gave up", 9, 8)]
+    assert "restart 2/3" not in output
