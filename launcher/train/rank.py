@@ -11,6 +11,7 @@ PROCESS_START = time.time()  # replaced by the entry's own start time (the start
 import argparse
 import signal
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,14 +142,35 @@ def rank_and_world_size() -> tuple[int, int]:
                         "(DeepSpeed's launcher), not directly") from None
 
 
+SAME_STOP_SECONDS = 5.0
+"""A second stop signal this soon after the first is the same stop delivered twice (a scheduler preempting
+the job signals every process of it, and DeepSpeed's per-node launcher passes its own on to the ranks),
+not a second request: it is ignored, so the checkpoint at the current step is still written."""
+
+
 def install_stop_handlers(trainer, metrics) -> None:
-    """SIGTERM / SIGINT: finish the current step, checkpoint, exit (all ranks agree via the step's all-reduce)."""
+    """SIGTERM / SIGINT: finish the current step, checkpoint, exit (all ranks agree via the step's all-reduce),
+    within restarts.preemption_grace_seconds; after that the rank exits without the checkpoint, saying so."""
+    grace = trainer.cfg.restarts.preemption_grace_seconds
+    first_at: list[float] = []
+
+    def out_of_grace():
+        print(f"pretrain (rank {trainer.rank}): no checkpoint within the preemption grace time of {grace:g} s "
+              f"(restarts.preemption_grace_seconds): exiting without it; the newest complete checkpoint stays the "
+              f"resume point", file=sys.stderr, flush=True)
+        os._exit(1)
 
     def request_stop(signum, _frame):
         if not trainer.stop_signalled:
             trainer.stop_signalled = True
+            first_at.append(time.monotonic())
             metrics.message(f"stop requested ({signal.Signals(signum).name}): finishing step {trainer.state.step + 1}, "
-                            f"then a checkpoint")
+                            f"then a checkpoint (within {grace:g} s)")
+            timer = threading.Timer(grace, out_of_grace)
+            timer.daemon = True  # a rank that finished its checkpoint exits without waiting for it
+            timer.start()
+        elif time.monotonic() - first_at[0] < SAME_STOP_SECONDS:
+            pass  # the same stop, fanned out by the process tree
         else:  # a second signal: stop now
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
