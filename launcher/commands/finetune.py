@@ -1,53 +1,153 @@
-"""`roformer finetune EXPORT --task NAME`: the command line of launcher.downstream.fine_tuning."""
+"""`roformer finetune EXPORT (--task NAME | --task-spec FILE | --train FILE ...)`: the command line of
+launcher.downstream.fine_tuning.
+
+Settings come from, in order of precedence: the command line, the task spec (YAML), the defaults.
+The console gets one progress bar per seed (stderr) and a short table (stdout); the JSON report goes
+only to --out.
+"""
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
-from launcher.downstream.fine_tuning import _HELP, INITS, FinetuneConfig, finetune, side_by_side
 from launcher.errors import UserError
-from launcher.io import atomic_write_json
+
+# FinetuneConfig fields a task spec may set: their command-line default is None ("not given").
+SPEC_SETTINGS = ("max_length", "epochs", "lr", "batch_size", "select_metric")
+OWN_FILE_FLAGS = ("dev", "test", "dev_fraction", "text_column", "text_pair_column", "label_column", "task_type")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from launcher.downstream.fine_tuning import _HELP, INITS, FinetuneConfig
     from launcher.downstream.tasks import TASKS
 
     parser.add_argument("export_dir", type=Path, help="export directory (roformer export --out) or any "
                                                       "transformers RoFormer directory with a tokenizer")
-    parser.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
-    parser.add_argument("--task-data", type=Path, default=None,
-                        help="task files root (default: $ROFORMER_DATA_DIR/tasks or ~/.cache/roformer-ds/data/tasks)")
-    parser.add_argument("--init", choices=INITS, default="pretrained",
-                        help="encoder weights: the export's (pretrained) or its random-init twin: same architecture "
-                             "and tokenizer, freshly initialised (default: pretrained)")
-    parser.add_argument("--compare-random-init", action="store_true",
-                        help="also fine-tune the random-init twin with the same settings and print both side by "
-                             "side (the JSON report gets a 'random_init' entry)")
+    task = parser.add_argument_group("the task (one of --task, --task-spec, --train)")
+    task.add_argument("--task", help=f"a bundled task: {', '.join(TASKS)}")
+    task.add_argument("--task-data", type=Path, default=None,
+                      help="bundled task files root (default: $ROFORMER_DATA_DIR/tasks or ~/.cache/roformer-ds/data/tasks)")
+    task.add_argument("--task-spec", type=Path, help="a task spec YAML file (files, columns, task type, settings; "
+                                                     "docs/finetune.md)")
+    task.add_argument("--train", type=Path, help="your labelled training file: .csv, .tsv, .jsonl/.json or .parquet")
+    task.add_argument("--dev", type=Path, help="your dev file (model selection); or give --dev-fraction")
+    task.add_argument("--test", type=Path, help="your test file (optional: without it, dev is the held-out split)")
+    task.add_argument("--dev-fraction", type=float, help="hold out this share of --train as dev (no --dev file)")
+    task.add_argument("--text-column", default=None, help="text column of your files (default: text)")
+    task.add_argument("--text-pair-column", default=None, help="second text column: a text-pair task")
+    task.add_argument("--label-column", default=None, help="label column (default: label)")
+    task.add_argument("--task-type", choices=("classification", "regression"), default=None,
+                      help="default: inferred from train's labels (fractional numbers: regression)")
+
     defaults = FinetuneConfig.__dataclass_fields__
     for name, help_text in _HELP.items():
         default = defaults[name].default
         kind = float if isinstance(default, float) else int
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
-                            help=f"{help_text} (default: {default})")
+        shown = f"default: the task spec's, else {default}" if name in SPEC_SETTINGS else f"default: {default}"
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind,
+                            default=None if name in SPEC_SETTINGS else default, help=f"{help_text} ({shown})")
+    parser.add_argument("--select-metric", default=None,
+                        help="dev metric that picks the epoch and the saved model: accuracy, macro_f1, mcc | pearson, "
+                             "spearman, mse, mae (default: macro_f1 for classification, pearson for regression)")
+    seeds = parser.add_mutually_exclusive_group()
+    seeds.add_argument("--seeds", default=None, help="comma-separated seeds, one fine-tune each; the report gives "
+                                                    "mean, min, max and n of every metric (default: 0)")
+    seeds.add_argument("--seed", type=int, default=None, help="one seed (same as --seeds N)")
+    parser.add_argument("--init", choices=INITS, default="pretrained",
+                        help="encoder weights: the export's (pretrained) or its random-init twin: same architecture "
+                             "and tokenizer, freshly initialised (default: pretrained)")
+    parser.add_argument("--compare-random-init", action="store_true",
+                        help="also fine-tune the random-init twin with the same settings and seeds, shown side by "
+                             "side (the JSON report gets a 'random_init' entry)")
     parser.add_argument("--dropout", type=float, default=None,
                         help="hidden and attention dropout while fine-tuning (default: the export's config)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="also write the JSON report to this file (default: printed only)")
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON report to this file")
+    parser.add_argument("--save-model", type=Path, default=None,
+                        help="save the best model (best seed, best epoch) as a transformers directory with its "
+                             "tokenizer, for pipeline('text-classification', model=DIR); must not exist yet")
+    parser.add_argument("--predictions", type=Path, default=None,
+                        help="write the held-out predictions (.csv, .tsv or .jsonl: row, prediction, label)")
+
+
+def task_spec_from_args(args: argparse.Namespace):
+    """The TaskSpec the flags describe; errors name the flag."""
+    from launcher.downstream.task_spec import TaskSpec, load_task_spec
+    from launcher.downstream.tasks import bundled_spec, get_task
+
+    chosen = [flag for flag, value in (("--task", args.task), ("--task-spec", args.task_spec), ("--train", args.train))
+              if value is not None]
+    if len(chosen) != 1:
+        raise UserError("give exactly one of --task NAME, --task-spec FILE or --train FILE"
+                        + (f" (got {' and '.join(chosen)})" if chosen else ""))
+    given = [f"--{k.replace('_', '-')}" for k in OWN_FILE_FLAGS if getattr(args, k) is not None]
+    if args.train is None and given:
+        raise UserError(f"{given[0]}: only with --train (a task spec file names its own files and columns)")
+    if args.task is not None:
+        get_task(args.task)  # unknown task -> error listing the known ones, before the export is read
+        return bundled_spec(args.task, args.task_data)
+    if args.task_spec is not None:
+        return load_task_spec(args.task_spec)
+    return TaskSpec(name=args.train.stem, train=args.train, dev=args.dev, test=args.test,
+                    dev_fraction=args.dev_fraction, text_column=args.text_column or "text",
+                    text_pair_column=args.text_pair_column, label_column=args.label_column or "label",
+                    task_type=args.task_type)
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise UserError(f"--seeds: expected comma-separated integers, got {text!r}") from None
+    if len(set(seeds)) != len(seeds):
+        raise UserError(f"--seeds: {text!r} repeats a seed")
+    return seeds
+
+
+def config_from_args(args: argparse.Namespace):
+    from launcher.downstream.fine_tuning import FinetuneConfig
+
+    spec = task_spec_from_args(args)
+    fields = {k: getattr(args, k) for k in FinetuneConfig.__dataclass_fields__
+              if hasattr(args, k) and k not in ("task", "seeds")}
+    for key in SPEC_SETTINGS:  # command line > task spec > FinetuneConfig default
+        if fields.get(key) is None:
+            fields.pop(key, None)
+            if key in spec.settings:
+                fields[key] = spec.settings[key]
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else (args.seed,) if args.seed is not None else (0,)
+    return FinetuneConfig(task=spec, seeds=seeds, keep_best_state=args.save_model is not None, **fields)
 
 
 def run(args: argparse.Namespace) -> int:
-    fields = FinetuneConfig.__dataclass_fields__
-    cfg = FinetuneConfig(**{k: getattr(args, k) for k in fields})
+    from launcher.downstream.fine_tuning import run_finetune
+    from launcher.downstream.finetune_report import check_outputs, console_table, save_model, write_predictions
+    from launcher.io import atomic_write_json
+
+    cfg = config_from_args(args)
     if args.compare_random_init and cfg.init != "pretrained":
         raise UserError("--compare-random-init compares the pretrained export with its twin: drop --init random")
-    report = finetune(cfg)
+    check_outputs(args.save_model, args.predictions)
+    report, chosen, data, tokenizer, evals = run_finetune(cfg)
     if args.compare_random_init:
-        report["random_init"] = finetune(dataclasses.replace(cfg, init="random"))
-        print(side_by_side(report), file=sys.stderr)
+        report["random_init"] = run_finetune(dataclasses.replace(cfg, init="random", keep_best_state=False))[0]
+    print(console_table(report))
+    held_out = "test" if "test" in evals else "dev"
+    if args.predictions is not None:
+        write_predictions(args.predictions, data, evals[held_out], chosen.held_out_predictions)
+        print(f"finetune: {held_out} predictions of seed {chosen.report['seed']} -> {args.predictions}", file=sys.stderr)
+    if args.save_model is not None:
+        from launcher.downstream.export_reader import load_classifier
+
+        model = load_classifier(cfg.export_dir, data.num_labels, random_init=cfg.init == "random", dropout=cfg.dropout)
+        model.load_state_dict(chosen.best_state)
+        save_model(model, cfg.export_dir, tokenizer, data, args.save_model)
+        print(f"finetune: model of seed {chosen.report['seed']} (epoch {chosen.report['best_epoch']}) -> "
+              f"{args.save_model}", file=sys.stderr)
     if args.out is not None:
         atomic_write_json(args.out, report)
-    print(json.dumps(report, indent=2))
+        print(f"finetune: JSON report -> {args.out}", file=sys.stderr)
+    else:
+        print("finetune: no JSON report written (pass --out FILE for one)", file=sys.stderr)
     return 0

@@ -67,6 +67,7 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     _check_destination(out, run_dir)
     ref = resolve_checkpoint(run_dir, tag)
     model_config = RoFormerConfig.from_dict(ref.sidecar.model_config, source=f"{ref.path}/{SIDECAR_NAME}: model_config")
+    check_stage_rope_theta(ref)
     check_exportable(model_config)  # e.g. linear attention has no transformers counterpart
     stages = run_stages(ref.run_dir, ref.sidecar.step)
     max_positions = _max_positions(max_positions, trained_length(ref.sidecar, stages))
@@ -114,6 +115,21 @@ def _max_positions(requested: int | None, trained: int | None) -> int:
 
 
 # --------------------------------------------------------------------------- checks
+
+
+def check_stage_rope_theta(ref: CheckpointRef) -> None:
+    """A schedule stage may have changed RoPE's base (launcher/config/schedule.py, rope_theta);
+    transformers' RoFormer has no such setting (its sinusoidal table always uses base 10000), so a
+    checkpoint trained last at another base is refused here rather than exported into a directory
+    that transformers would silently run with the wrong rotation."""
+    from launcher.run_dir.sidecar import effective_rope_theta
+
+    theta = effective_rope_theta(ref.sidecar)
+    if theta is not None and theta != 10000.0 and ref.sidecar.rope_theta is not None:
+        raise UserError(f"{ref.path}/{SIDECAR_NAME}: rope_theta {theta:g} (stage '{ref.sidecar.stage_name}'): "
+                        f"transformers' RoFormer fixes RoPE's base at 10000, so this checkpoint cannot be exported; "
+                        f"export a checkpoint of a stage at 10000 (--tag), or evaluate this one from the run "
+                        f"directory (python -m launcher.reproduce.checkpoint_mlm)")
 
 
 def _check_destination(out: Path, run_dir: Path) -> None:

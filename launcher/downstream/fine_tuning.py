@@ -1,12 +1,13 @@
-"""`roformer finetune EXPORT --task NAME`: sequence-classification fine-tuning on a labelled task.
+"""`roformer finetune`: fine-tune an export on a labelled task, one or several seeds, and score it.
 
 Consumes only an export directory (any transformers-format RoFormer directory with a tokenizer):
 tokenizer via `AutoTokenizer.from_pretrained`, encoder weights via roformer's loader, a fresh
-classification head on [CLS]. Plain PyTorch on CPU (no DeepSpeed). Training uses the fixed train
-split (optionally a seeded subset), the epoch with the best dev macro-F1 is kept, and dev + test
-accuracy / macro-F1 go to JSON next to the majority-class baseline (the most frequent train label).
-`--max-length` truncates inputs (e.g. 128 vs 512 on the long `inews` documents); the report says
-what share of each split was truncated.
+head on [CLS] laid out as transformers' RoFormerForSequenceClassification (so the saved model loads
+there). Plain PyTorch on CPU (no DeepSpeed). A task is a TaskSpec (own files or a bundled task, one
+code path): single-text or text-pair classification (cross-entropy), or regression (MSE, one output).
+For each seed the epoch with the best dev value of the selection metric is kept and scored on dev and
+test; the report (launcher.downstream.finetune_report) gives every metric per seed and their
+mean / min / max / n, beside the majority-class or mean-prediction baseline.
 """
 from __future__ import annotations
 
@@ -14,20 +15,20 @@ import copy
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.downstream.task_spec import TaskSpec
 from launcher.errors import UserError
 
 
 @dataclass
 class FinetuneConfig:
-    """One fine-tuning job."""
+    """One fine-tuning job: a task, an export, the settings and the seeds."""
 
     export_dir: Path  # transformers-format RoFormer directory with tokenizer files
-    task: str  # name in launcher.downstream.tasks.TASKS
-    task_data: Path | None = None  # directory holding <task>/{train,dev,test}.jsonl (default: set-up cache)
-    max_length: int = 128  # tokens per input incl. [CLS]/[SEP]; longer texts are truncated
+    task: TaskSpec  # files, columns, task type (launcher.downstream.task_spec)
+    max_length: int = 128  # tokens per input incl. [CLS]/[SEP]; longer inputs are truncated (pairs: longest first)
     epochs: int = 3  # passes over the (possibly subsampled) training split
     batch_size: int = 32  # training sequences per step
     eval_batch_size: int = 64  # sequences per forward pass when scoring dev/test
@@ -38,29 +39,30 @@ class FinetuneConfig:
     weight_decay: float = 0.01  # AdamW decoupled weight decay (not on biases / LayerNorm)
     max_train_examples: int | None = None  # seeded random subset of train (None = all)
     max_eval_examples: int | None = None  # first N of dev and of test (None = all; file order is fixed)
-    seed: int = 0  # head init, dropout, subset and batch order
+    seeds: tuple[int, ...] = (0,)  # one fine-tune per seed: head init, dropout, subset and batch order
     # torch CPU threads; 0 = torch's default. 1 by default: this job's small matrices gain nothing
     # from a second thread, which burned ~3x the CPU time for the same wall time in measurements here.
     threads: int = 1
     # "pretrained": the export's encoder weights; "random": its random-init twin (same architecture
-    # and tokenizer, weights freshly initialised from `seed`), to measure what pretraining bought.
+    # and tokenizer, weights freshly initialised from the seed), to measure what pretraining bought.
     init: str = "pretrained"
     # Hidden and attention dropout while fine-tuning; None keeps the export's. Pretraining recipes that
     # see their data about once run without dropout, but 1000 labelled examples are memorised within
     # a few epochs without it.
     dropout: float | None = None
+    select_metric: str | None = None  # dev metric choosing the epoch (None: macro_f1 / pearson by task type)
+    keep_best_state: bool = field(default=False, repr=False)  # keep the best model's weights (--save-model)
 
     def __post_init__(self) -> None:
-        from launcher.downstream.tasks import get_task
-
-        get_task(self.task)  # unknown task -> error listing the known ones
+        self.seeds = tuple(self.seeds)
         checks = {"max_length": self.max_length >= 8, "epochs": self.epochs >= 1, "batch_size": self.batch_size >= 1,
                   "eval_batch_size": self.eval_batch_size >= 1, "lr": self.lr > 0,
                   "warmup_ratio": 0 <= self.warmup_ratio < 1, "weight_decay": self.weight_decay >= 0,
                   "max_train_examples": self.max_train_examples is None or self.max_train_examples >= 2,
                   "max_eval_examples": self.max_eval_examples is None or self.max_eval_examples >= 1,
                   "threads": self.threads >= 0, "init": self.init in INITS,
-                  "dropout": self.dropout is None or 0 <= self.dropout < 1}
+                  "dropout": self.dropout is None or 0 <= self.dropout < 1,
+                  "seeds": bool(self.seeds) and len(set(self.seeds)) == len(self.seeds)}
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise UserError(f"--{bad[0].replace('_', '-')}: invalid value {getattr(self, bad[0])!r}")
@@ -70,7 +72,7 @@ INITS = ("pretrained", "random")
 
 _HELP = {
     "max_length": "tokens per input incl. [CLS]/[SEP]; longer texts are truncated (try 128 vs 512 on inews)",
-    "epochs": "passes over the training examples; the epoch with the best dev macro-F1 is kept",
+    "epochs": "passes over the training examples; the epoch with the best dev --select-metric is kept",
     "batch_size": "training sequences per step",
     "eval_batch_size": "sequences per forward pass on dev/test",
     "lr": "peak AdamW learning rate (10%% warmup, linear decay); ~5e-5..1e-4 for base-size models",
@@ -78,124 +80,155 @@ _HELP = {
     "weight_decay": "AdamW weight decay (not on biases / LayerNorm)",
     "max_train_examples": "seeded random subset of the train split (quick runs)",
     "max_eval_examples": "first N of dev and of test (their order is fixed)",
-    "seed": "head init, dropout, subset and batch order",
     "threads": "torch CPU threads (0 = torch's default)",
 }
 
 
-def finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
-    from launcher.downstream.classification_metrics import majority_label, scores
-    from launcher.downstream.export_reader import check_export_dir, load_auto_tokenizer, load_classifier
-    from launcher.downstream.tasks import default_tasks_dir, get_task, load_split
+@dataclass
+class SeedResult:
+    """One seed's fine-tune: its report entry, and what --save-model / --predictions need of it."""
+
+    report: dict
+    held_out_predictions: list  # class ids or floats, in the held-out split's order
+    best_state: dict | None  # the best epoch's weights (only with cfg.keep_best_state)
+
+
+def finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr, flush=True),
+             progress: bool = True) -> dict:
+    """Every seed of `cfg`; the report of launcher.downstream.finetune_report (JSON-ready)."""
+    return run_finetune(cfg, log, progress)[0]
+
+
+def run_finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr, flush=True),
+                 progress: bool = True):
+    """(report, the selected seed's SeedResult (best dev value of the selection metric), the task's
+    TaskData, the tokenizer, the scored dev/test splits)."""
+    from launcher.downstream.export_reader import check_export_dir, load_auto_tokenizer
+    from launcher.downstream.finetune_report import build_report
+    from launcher.downstream.labelled_files import load_task
+    from launcher.downstream.task_metrics import better, check_select_metric
     import torch  # here, not at import: `roformer finetune --help` must not wait for torch
 
     started = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    task = get_task(cfg.task)
-    task_data = Path(cfg.task_data) if cfg.task_data is not None else default_tasks_dir()
     # Every input is checked before the slow part starts.
     check_export_dir(cfg.export_dir)
-    splits = {split: load_split(task_data, task, split) for split in ("train", "dev", "test")}
+    data = load_task(cfg.task)
+    select = check_select_metric(data.task_type, cfg.select_metric)
     tokenizer = load_auto_tokenizer(cfg.export_dir)
 
-    train = splits["train"]
-    if cfg.max_train_examples is not None and cfg.max_train_examples < len(train):
-        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
-        train = [train[i] for i in order[: cfg.max_train_examples]]
-    evals = {s: splits[s][: cfg.max_eval_examples] if cfg.max_eval_examples else splits[s] for s in ("dev", "test")}
-    encoded = {"train": _encode(tokenizer, train, cfg.max_length),
-               **{s: _encode(tokenizer, ex, cfg.max_length) for s, ex in evals.items()}}
-
+    evals = {"dev": data.dev, **({"test": data.test} if data.test is not None else {})}
+    if cfg.max_eval_examples:
+        evals = {s: split.subset(list(range(min(len(split), cfg.max_eval_examples)))) for s, split in evals.items()}
+    encoded = {"train": _encode(tokenizer, data.train, cfg.max_length),
+               **{s: _encode(tokenizer, split, cfg.max_length) for s, split in evals.items()}}
     if encoded["train"]["unk_share"] > 0.05:
-        log(f"finetune {task.name}: warning: {encoded['train']['unk_share']:.0%} of the training tokens are "
+        log(f"finetune {data.spec.name}: warning: {encoded['train']['unk_share']:.0%} of the training tokens are "
             f"[UNK]; the tokenizer of {cfg.export_dir} does not cover this task's text")
-    torch.manual_seed(cfg.seed)
-    model = load_classifier(cfg.export_dir, task.num_labels, random_init=cfg.init == "random", dropout=cfg.dropout)
+
+    results = [_run_seed(cfg, seed, data, encoded, tokenizer, select, log, progress) for seed in cfg.seeds]
+    chosen = results[0]
+    for result in results[1:]:
+        if better(data.task_type, select, result.report["dev"][select], chosen.report["dev"][select]):
+            chosen = result
+    report = build_report(cfg, data, encoded, evals, [r.report for r in results], select,
+                          chosen_seed=chosen.report["seed"], seconds=time.perf_counter() - started)
+    return report, chosen, data, tokenizer, evals
+
+
+def _run_seed(cfg: FinetuneConfig, seed: int, data, encoded: dict, tokenizer, select: str, log,
+              progress: bool) -> SeedResult:
+    import torch
+    from tqdm import tqdm
+
+    from launcher.downstream.export_reader import load_classifier
+    from launcher.downstream.task_metrics import better, scores
+
+    started = time.perf_counter()
+    train = encoded["train"]
+    if cfg.max_train_examples is not None and cfg.max_train_examples < len(train["labels"]):
+        order = torch.randperm(len(train["labels"]), generator=torch.Generator().manual_seed(seed)).tolist()
+        train = _pick(train, sorted(order[: cfg.max_train_examples]))
+    torch.manual_seed(seed)
+    model = load_classifier(cfg.export_dir, data.num_labels, random_init=cfg.init == "random", dropout=cfg.dropout)
     if len(tokenizer) > model.config.vocab_size:
         raise UserError(f"{cfg.export_dir}: tokenizer has {len(tokenizer)} ids, the model only {model.config.vocab_size}")
 
     history, best = [], None
-    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+    steps_per_epoch = math.ceil(len(train["labels"]) / cfg.batch_size)
     optimizer, scheduler = _optimizer(model, cfg, total_steps=steps_per_epoch * cfg.epochs)
-    shuffle = torch.Generator().manual_seed(cfg.seed + 1)
-    for epoch in range(1, cfg.epochs + 1):
-        train_loss = _train_epoch(model, encoded["train"], tokenizer.pad_token_id, cfg.batch_size,
-                                  optimizer, scheduler, shuffle)
-        dev_labels, dev_pred = _predict(model, encoded["dev"], tokenizer.pad_token_id, cfg.eval_batch_size)
-        dev = scores(dev_labels, dev_pred, task.num_labels)
-        history.append({"epoch": epoch, "train_loss": round(train_loss, 5), "dev": dev})
-        log(f"finetune {task.name}: epoch {epoch}/{cfg.epochs} train loss {train_loss:.4f} "
-            f"dev acc {dev['accuracy']:.4f} macro-F1 {dev['macro_f1']:.4f}")
-        if best is None or dev["macro_f1"] > best[1]["macro_f1"]:
-            best = (epoch, dev, copy.deepcopy(model.state_dict()))
+    shuffle = torch.Generator().manual_seed(seed + 1)
+    name = data.spec.name + ("" if cfg.init == "pretrained" else " (random init)")
+    bar = tqdm(total=steps_per_epoch * cfg.epochs, desc=f"{name} seed {seed}", unit="step", file=sys.stderr,
+               disable=not progress, dynamic_ncols=True, leave=True)
+    try:
+        for epoch in range(1, cfg.epochs + 1):
+            train_loss = _train_epoch(model, train, tokenizer.pad_token_id, cfg.batch_size, optimizer, scheduler,
+                                      shuffle, data.task_type, bar)
+            dev = scores(data.task_type, encoded["dev"]["labels"], _predict(model, encoded["dev"], tokenizer.pad_token_id,
+                         cfg.eval_batch_size, data.task_type), data.num_labels)
+            history.append({"epoch": epoch, "train_loss": round(train_loss, 5), "dev": dev})
+            bar.set_postfix({"loss": f"{train_loss:.4f}", f"dev {select}": dev[select]})
+            if not progress:
+                log(f"finetune {name} seed {seed}: epoch {epoch}/{cfg.epochs} train loss {train_loss:.4f} "
+                    f"dev {select} {dev[select]}")
+            if best is None or better(data.task_type, select, dev[select], best[1][select]):
+                best = (epoch, dev, copy.deepcopy(model.state_dict()))
+    finally:
+        bar.close()
 
     best_epoch, best_dev, best_state = best
     model.load_state_dict(best_state)
-    test_labels, test_pred = _predict(model, encoded["test"], tokenizer.pad_token_id, cfg.eval_batch_size)
-    test = scores(test_labels, test_pred, task.num_labels)
-
-    majority = majority_label([e.label for e in train])
-    baseline = {"label": majority, "label_name": task.label_names[majority],
-                **{s: scores([e.label for e in ex], [majority] * len(ex), task.num_labels) for s, ex in evals.items()}}
-    log(f"finetune {task.name}: test acc {test['accuracy']:.4f} macro-F1 {test['macro_f1']:.4f} "
-        f"(majority baseline acc {baseline['test']['accuracy']:.4f} macro-F1 {baseline['test']['macro_f1']:.4f})")
-    return {
-        "task": task.name,
-        "label_names": list(task.label_names),
-        "export": str(Path(cfg.export_dir).resolve()),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
-        "train_examples": len(train),
-        "train_label_counts": [sum(1 for e in train if e.label == k) for k in range(task.num_labels)],
-        "truncated_share": {s: round(enc["truncated"] / max(1, len(enc["labels"])), 4) for s, enc in encoded.items()},
-        "unk_token_share": {s: round(enc["unk_share"], 4) for s, enc in encoded.items()},
-        "epochs": history,
-        "best_epoch": best_epoch,
-        "dev": best_dev,
-        "test": test,
-        "majority_baseline": baseline,
-        "seconds": round(time.perf_counter() - started, 1),
-    }
+    held_out = "test" if "test" in encoded else "dev"
+    predictions = _predict(model, encoded[held_out], tokenizer.pad_token_id, cfg.eval_batch_size, data.task_type)
+    test = scores(data.task_type, encoded["test"]["labels"], predictions, data.num_labels) if "test" in encoded else None
+    report = {"seed": seed, "best_epoch": best_epoch, "dev": best_dev, "test": test, "epochs": history,
+              "train_examples": len(train["labels"]), "train_labels": train["labels"],
+              "seconds": round(time.perf_counter() - started, 1)}
+    return SeedResult(report, predictions, best_state if cfg.keep_best_state else None)
 
 
-def side_by_side(report: dict) -> str:
-    """The pretrained export next to its random-init twin (report["random_init"]) and the majority baseline."""
-    twin, base = report["random_init"], report["majority_baseline"]["test"]
-    rows = [("pretrained export", report["test"]), ("random-init twin", twin["test"]), ("majority baseline", base)]
-    lines = [f"finetune {report['task']} ({report['train_examples']} training examples), test split:",
-             f"  {'':<18} {'accuracy':>9} {'macro-F1':>9}"]
-    lines += [f"  {name:<18} {s['accuracy']:>9.4f} {s['macro_f1']:>9.4f}" for name, s in rows]
-    gain = report["test"]["accuracy"] - twin["test"]["accuracy"]
-    lines.append(f"  pretraining changed test accuracy by {gain * 100:+.1f} points")
-    return "\n".join(lines)
-
-
-def _encode(tokenizer, examples, max_length: int) -> dict:
-    texts = [e.text for e in examples]
-    full = tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
-    ids = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
+def _encode(tokenizer, split, max_length: int) -> dict:
+    """Token ids of every example (pairs as `[CLS] a [SEP] b [SEP]`, truncated longest-first so both
+    keep a share), how many were truncated and the share of [UNK] tokens."""
+    args = (split.texts, split.pairs) if split.pairs is not None else (split.texts,)
+    full = tokenizer(*args, add_special_tokens=True, truncation=False)
+    cut = tokenizer(*args, add_special_tokens=True, truncation=True, max_length=max_length)
     # SentencePiece folds a run of unknown characters into ONE [UNK]: a tokenizer trained without
     # the task's script shows up here (and as short inputs), not as an error.
     unk = tokenizer.unk_token_id
-    unk_count = sum(seq.count(unk) for seq in full) if unk is not None else 0
-    return {"input_ids": ids, "labels": [e.label for e in examples],
-            "truncated": sum(1 for a in full if len(a) > max_length),
-            "unk_share": unk_count / max(1, sum(len(seq) - 2 for seq in full))}
+    specials = 3 if split.pairs is not None else 2
+    unk_count = sum(seq.count(unk) for seq in full["input_ids"]) if unk is not None else 0
+    return {"input_ids": cut["input_ids"], "token_type_ids": cut.get("token_type_ids"), "labels": list(split.labels),
+            "rows": list(split.rows),
+            "truncated": sum(1 for a in full["input_ids"] if len(a) > max_length),
+            "unk_share": unk_count / max(1, sum(len(seq) - specials for seq in full["input_ids"]))}
 
 
-def _collate(input_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _pick(data: dict, rows: list[int]) -> dict:
+    return {**data, **{k: [data[k][i] for i in rows] for k in ("input_ids", "labels", "rows")},
+            "token_type_ids": None if data["token_type_ids"] is None else [data["token_type_ids"][i] for i in rows]}
+
+
+def _collate(data: dict, rows: list[int], pad_id: int):
+    """(input_ids, attention_mask, token_type_ids or None), each (B, T), right-padded."""
     import torch
 
-    width = max(len(x) for x in input_ids)
-    ids = torch.full((len(input_ids), width), pad_id, dtype=torch.long)  # (B, T)
-    mask = torch.zeros((len(input_ids), width), dtype=torch.long)  # (B, T)
-    for row, seq in enumerate(input_ids):
+    seqs = [data["input_ids"][i] for i in rows]
+    width = max(len(x) for x in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)  # (B, T)
+    types = None if data["token_type_ids"] is None else torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, (i, seq) in enumerate(zip(rows, seqs)):
         ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         mask[row, : len(seq)] = 1
-    return ids, mask
+        if types is not None:
+            types[row, : len(seq)] = torch.tensor(data["token_type_ids"][i], dtype=torch.long)
+    return ids, mask, types
 
 
-def _optimizer(model: torch.nn.Module, cfg: FinetuneConfig, total_steps: int):
+def _optimizer(model, cfg: FinetuneConfig, total_steps: int):
     import torch
 
     decay, no_decay = [], []
@@ -213,17 +246,19 @@ def _optimizer(model: torch.nn.Module, cfg: FinetuneConfig, total_steps: int):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _train_epoch(model, data: dict, pad_id: int, batch_size: int, optimizer, scheduler, generator) -> float:
+def _train_epoch(model, data: dict, pad_id: int, batch_size: int, optimizer, scheduler, generator, task_type: str,
+                 bar) -> float:
     import torch
 
     model.train()
     order = torch.randperm(len(data["labels"]), generator=generator).tolist()
+    label_dtype = torch.long if task_type == "classification" else torch.float32
     total, count = 0.0, 0
     for start in range(0, len(order), batch_size):
         rows = order[start: start + batch_size]
-        ids, mask = _collate([data["input_ids"][i] for i in rows], pad_id)
-        labels = torch.tensor([data["labels"][i] for i in rows], dtype=torch.long)
-        loss = model(ids, attention_mask=mask, labels=labels).loss
+        ids, mask, types = _collate(data, rows, pad_id)
+        labels = torch.tensor([data["labels"][i] for i in rows], dtype=label_dtype)
+        loss = model(ids, attention_mask=mask, token_type_ids=types, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -231,20 +266,23 @@ def _train_epoch(model, data: dict, pad_id: int, batch_size: int, optimizer, sch
         scheduler.step()
         total += float(loss.detach()) * len(rows)
         count += len(rows)
+        bar.update(1)
     return total / max(1, count)
 
 
-def _predict(model, data: dict, pad_id: int, batch_size: int) -> tuple[list[int], list[int]]:
-    """Predictions in the split's order; batches are formed by length so padding stays small."""
+def _predict(model, data: dict, pad_id: int, batch_size: int, task_type: str) -> list:
+    """Predicted class ids / scores in the split's order; batches are formed by length so padding stays small."""
     import torch
 
     model.eval()
     by_length = sorted(range(len(data["labels"])), key=lambda i: len(data["input_ids"][i]))
-    predictions = [0] * len(by_length)
+    predictions: list = [0] * len(by_length)
     with torch.no_grad():
         for start in range(0, len(by_length), batch_size):
             rows = by_length[start: start + batch_size]
-            ids, mask = _collate([data["input_ids"][i] for i in rows], pad_id)
-            for row, label in zip(rows, model(ids, attention_mask=mask).logits.argmax(dim=-1).tolist()):
-                predictions[row] = label
-    return list(data["labels"]), predictions
+            ids, mask, types = _collate(data, rows, pad_id)
+            logits = model(ids, attention_mask=mask, token_type_ids=types).logits  # (B, num_labels)
+            values = logits.argmax(dim=-1).tolist() if task_type == "classification" else logits[:, 0].tolist()
+            for row, value in zip(rows, values):
+                predictions[row] = value
+    return predictions

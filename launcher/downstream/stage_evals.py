@@ -8,9 +8,13 @@ After the stage-end checkpoint `tag` is complete, rank 0 starts this module as o
 (step = the checkpoint's optimizer step). Jobs of one run take turns (a lock file), so a short
 stage never stacks several eval jobs on the training machine. The log is `RUN_DIR/evals/<tag>.log`.
 
-Evals: `mlm` (eval-mlm on the run's held-out split at the longest trained length and twice it) and
-any task of launcher.downstream.tasks (`movie-reviews`, `inews`: a quick fine-tune, QUICK_FINETUNE). A task may
-override fine-tune fields after colons, e.g. `movie-reviews:max_train_examples=500:epochs=1`.
+Evals: `mlm` (eval-mlm on the run's held-out split at the longest trained length and twice it), any
+task of launcher.downstream.tasks (`movie-reviews`, `inews`) and a user's task spec YAML file (a path
+ending in .yaml / .yml; launcher.downstream.task_spec), each a quick fine-tune (QUICK_FINETUNE, then
+the spec's own settings). A task may override fine-tune fields after colons, e.g.
+`movie-reviews:max_train_examples=500:epochs=1` or `tasks/tickets.yaml:epochs=1`. A spec's files are
+read and checked by --check, so a bad file is reported before pretraining starts; its results are
+named after the spec's `name`.
 """
 from __future__ import annotations
 
@@ -38,22 +42,31 @@ def known_evals() -> list[str]:
     return [MLM_EVAL, *TASKS]
 
 
+SPEC_SUFFIXES = (".yaml", ".yml")
+FIXED_FIELDS = ("export_dir", "task", "seeds", "keep_best_state", "select_metric")
+
+
+def is_spec_file(name: str) -> bool:
+    return name.lower().endswith(SPEC_SUFFIXES)
+
+
 def parse_eval(spec: str, where: str = "logging.stage_end_evals") -> tuple[str, dict]:
-    """`name[:field=value...]` -> (name, fine-tune overrides); errors name the entry and the field."""
+    """`name[:field=value...]` -> (name, fine-tune overrides); errors name the entry and the field.
+    `name` is `mlm`, a bundled task or a task spec file (.yaml / .yml)."""
     from launcher.downstream.fine_tuning import FinetuneConfig
 
     name, *options = spec.split(":")
-    if name not in known_evals():
-        raise UserError(f"{where}: unknown eval {name!r} (known: {', '.join(known_evals())})")
+    if name not in known_evals() and not is_spec_file(name):
+        raise UserError(f"{where}: unknown eval {name!r} (known: {', '.join(known_evals())}, or a task spec "
+                        "file ending in .yaml)")
     overrides = {}
-    allowed = {k: f.default for k, f in FinetuneConfig.__dataclass_fields__.items()
-               if k not in ("export_dir", "task", "task_data")}
+    allowed = {k: f.default for k, f in FinetuneConfig.__dataclass_fields__.items() if k not in FIXED_FIELDS}
     for option in options:
         key, sep, value = option.partition("=")
         if name == MLM_EVAL or not sep or key not in allowed:
             raise UserError(f"{where}: {spec!r}: bad option {option!r} (fine-tune tasks take "
                             f"field=value with field in {', '.join(allowed)})")
-        kind = float if isinstance(QUICK_FINETUNE.get(key, allowed[key]), float) else int
+        kind = float if isinstance(QUICK_FINETUNE.get(key, allowed[key]), float) or key in ("lr", "dropout") else int
         try:
             overrides[key] = kind(value)
         except ValueError:
@@ -62,9 +75,29 @@ def parse_eval(spec: str, where: str = "logging.stage_end_evals") -> tuple[str, 
 
 
 def validate_eval_names(names: list[str], where: str = "logging.stage_end_evals") -> None:
-    """Every entry a known eval with valid options; errors name `where` and the entry."""
+    """Every entry a known eval with valid options, and every task spec file with readable, consistent
+    labelled files; errors name `where` and the entry."""
+    from launcher.downstream.labelled_files import load_task
+
     for spec in names:
-        parse_eval(spec, where)
+        name, _ = parse_eval(spec, where)
+        if is_spec_file(name):
+            try:
+                load_task(_task_spec(name))
+            except UserError as err:
+                raise UserError(f"{where}: {spec!r}: {err}") from None
+
+
+def _task_spec(name: str):
+    from launcher.downstream.task_spec import load_task_spec
+    from launcher.downstream.tasks import bundled_spec
+
+    return load_task_spec(Path(name)) if is_spec_file(name) else bundled_spec(name)
+
+
+def _result_name(name: str) -> str:
+    """What `<tag>.<eval>.json` and TensorBoard call an eval: a spec file by its task name."""
+    return _task_spec(name).name if is_spec_file(name) else name
 
 
 # --------------------------------------------------------------------------- the detached job
@@ -94,8 +127,10 @@ def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str], snaps
             name, overrides = parse_eval(spec, where="--eval")
             try:
                 report = _run_one(name, overrides, export_dir, data_dir)
+                name = _result_name(name)
             except (UserError, ValueError, OSError, RuntimeError) as err:
                 report = {"error": f"{type(err).__name__}: {err}"}
+                name = Path(name).stem if is_spec_file(name) else name
             report.update(eval=name, tag=tag, stage=stage, step=step)
             path = evals_dir / f"{tag}.{name}.json"
             atomic_write_json(path, report)
@@ -118,8 +153,10 @@ def _run_one(name: str, overrides: dict, export_dir: Path, data_dir: str | None)
                                           seq_lens=[trained, 2 * trained], tokens=16384))
     from launcher.downstream.fine_tuning import FinetuneConfig, finetune
 
-    options = {**QUICK_FINETUNE, **overrides}
-    return finetune(FinetuneConfig(export_dir=export_dir, task=name, **options), log=lambda msg: print(msg, flush=True))
+    task = _task_spec(name)
+    options = {**QUICK_FINETUNE, **task.settings, **overrides}
+    return finetune(FinetuneConfig(export_dir=export_dir, task=task, **options), log=lambda msg: print(msg, flush=True),
+                    progress=False)
 
 
 def _to_tensorboard(tb_dir: Path, name: str, report: dict, step: int) -> None:
@@ -134,10 +171,14 @@ def _to_tensorboard(tb_dir: Path, name: str, report: dict, step: int) -> None:
                 for metric in ("loss", "accuracy", "perplexity"):
                     writer.add_scalar(f"eval/mlm/{metric}_len{row['seq_len']}", row[metric], step)
         else:
+            held_out = report["held_out"]
             for split in ("dev", "test"):
-                for metric in ("accuracy", "macro_f1"):
-                    writer.add_scalar(f"eval/{name}/{split}_{metric}", report[split][metric], step)
-            writer.add_scalar(f"eval/{name}/test_majority_accuracy", report["majority_baseline"]["test"]["accuracy"], step)
+                for metric, value in (report[split] or {}).items():
+                    if metric != "examples" and value is not None:
+                        writer.add_scalar(f"eval/{name}/{split}_{metric}", value, step)
+            for metric, value in report["baseline"][held_out].items():
+                if metric != "examples" and value is not None:
+                    writer.add_scalar(f"eval/{name}/{held_out}_baseline_{metric}", value, step)
     finally:
         writer.close()
 

