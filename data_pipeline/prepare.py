@@ -19,6 +19,7 @@ import hashlib
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -35,8 +36,8 @@ from data_pipeline.inputs import (FileCheck, check_file, clean_text, estimated_t
 from data_pipeline.progress import advance, counted_phase, install_counter
 from data_pipeline.shards import (FORMAT_NAME, FORMAT_VERSION, MANIFEST, SPLITS, ShardWriter,
                                   file_sha256, token_dtype, write_manifest)
-from data_pipeline.tokenizer import (SPM_FILE, check_special_ids, load_sentencepiece,
-                                     resolve_model_path, tokenizer_hash, train_sentencepiece,
+from data_pipeline.tokenizer import (SPM_FILE, FastTokenizer, check_special_ids, open_tokenizer,
+                                     resolve_model_path, tokenizer_files, tokenizer_hash, train_sentencepiece,
                                      write_hf_tokenizer_files)
 
 DROP, TRAIN, VALID = 0, 1, 2
@@ -108,7 +109,7 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
             phases["scan_seconds"], mark = time.perf_counter() - mark, time.perf_counter()
             model_path = _make_tokenizer(cfg, partial, pool_threads=cfg.workers, log=log)
             phases["tokenizer_seconds"], mark = time.perf_counter() - mark, time.perf_counter()
-            sp = load_sentencepiece(model_path)
+            sp = open_tokenizer(model_path)
             vocab_size = sp.get_piece_size()
             dtype = token_dtype(vocab_size)
             log(f"tokenizing with vocab {vocab_size} into shards ({dtype})")
@@ -126,7 +127,7 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
                  **{k: round(v, 3) for k, v in phases.items()}}
         manifest = {
             "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "dtype": dtype.name,
-            "tokenizer": {"path": f"tokenizer/{SPM_FILE}", "sha256": tokenizer_hash(model_path),
+            "tokenizer": {"path": f"tokenizer/{model_path.name}", "sha256": tokenizer_hash(model_path),
                           "vocab_size": vocab_size, "model_type": _model_type(sp)},
             "special_tokens": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4},
             "sources": [{"path": str(s.path), "bytes": s.path.stat().st_size, "documents": s.documents}
@@ -197,6 +198,12 @@ def _worker_init(counter) -> None:
     # Workers only read text and run SentencePiece; without this `datasets` imports torch (~3 s).
     os.environ["USE_TORCH"] = "0"
     install_counter(counter)  # the progress lines' shared byte count
+    # Ctrl-C reaches the whole foreground process group, workers included. Stopping the pool is the
+    # parent's job (KeyboardInterrupt there -> pool.terminate()); a worker's own KeyboardInterrupt would
+    # only print a traceback, and the pool would start a replacement. SIGINT arrived blocked (_pool):
+    # ignoring it before unblocking drops one that came while this worker was starting.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _progress_counter():
@@ -222,15 +229,26 @@ def _pool(workers: int, counter):
         return
     # spawn, not fork: pyarrow/datasets threads in the parent must not be inherited half-locked.
     # Each worker pays the `datasets` start-up (~3-5 s) once, for both passes.
-    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init, initargs=(counter,))
+    # SIGINT is blocked while the workers are spawned: each inherits the blocked mask, so a Ctrl-C during
+    # its seconds of start-up (before _worker_init ignores SIGINT) cannot kill it with a traceback; in
+    # this process a SIGINT that came meanwhile is taken once the mask is restored, inside the `try`,
+    # where `pool` exists and is terminated.
+    pool = None
     try:
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init, initargs=(counter,))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         yield pool
         pool.close()
     except BaseException:
-        pool.terminate()
+        if pool is not None:
+            pool.terminate()
         raise
     finally:
-        pool.join()
+        if pool is not None:
+            pool.join()
 
 
 def _documents(path: Path, fmt: str, cfg: PrepareConfig, check) -> "iter[str]":
@@ -337,9 +355,13 @@ def _make_tokenizer(cfg: PrepareConfig, partial: Path, pool_threads: int, log) -
         source = resolve_model_path(cfg.existing_tokenizer)
         check_special_ids(source)
         tok_dir.mkdir(parents=True, exist_ok=True)
+        log(f"reusing tokenizer {source}")
+        if source.name != SPM_FILE:  # a transformers tokenizer.json: copied as it is, it stays the source of truth
+            for name in tokenizer_files(source.parent):
+                shutil.copyfile(source.parent / name, tok_dir / name)
+            return tok_dir / source.name
         shutil.copyfile(source, tok_dir / SPM_FILE)
         write_hf_tokenizer_files(tok_dir)
-        log(f"reusing tokenizer {source}")
         return tok_dir / SPM_FILE
     samples = sorted((partial / "samples").glob("*.txt"))
     log(f"training SentencePiece ({cfg.tokenizer.model_type}, vocab {cfg.tokenizer.vocab_size}) on "
@@ -367,7 +389,7 @@ def _group_files(scans: list[FileScan], assignments: list[np.ndarray], cfg: Prep
 def _tokenize_group(task) -> dict:
     group, members, cfg, model_path, partial, dtype_str = task
     cpu_start = time.process_time()
-    sp = load_sentencepiece(model_path)
+    sp = open_tokenizer(model_path)
     dtype = np.dtype(dtype_str)
     writers = {TRAIN: ShardWriter(partial / "train", f"g{group:05d}", dtype, cfg.shard_tokens),
                VALID: ShardWriter(partial / "valid", f"g{group:05d}", dtype, cfg.shard_tokens)}
@@ -441,6 +463,8 @@ def _stats(scans: list[FileScan], dedup: dict, splits: dict, total_bytes: int) -
 
 
 def _model_type(sp) -> str:
+    if isinstance(sp, FastTokenizer):
+        return sp.model_type
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     proto = pb.ModelProto()

@@ -156,9 +156,9 @@ class Corpus:
 
     def word_starts(self) -> np.ndarray:
         """(V,) bool table for whole-word masking (see tokenizer.word_start_table)."""
-        from data_pipeline.tokenizer import load_sentencepiece, word_start_table
+        from data_pipeline.tokenizer import open_tokenizer, word_start_table
 
-        return word_start_table(load_sentencepiece(self.data_dir / "tokenizer" / "spm.model"))
+        return word_start_table(open_tokenizer(resolve_model_path(self.data_dir / "tokenizer")))
 
 
 def read_manifest(data_dir: Path) -> dict:

@@ -3,6 +3,9 @@
 `tokenizer/spm.model` is the source of truth; `tokenizer.json` is built from it with transformers'
 own SpmConverter (same normalizer charsmap, same pieces and scores), so
 `AutoTokenizer.from_pretrained(dir)` yields the same ids (tests/unit/test_data_tokenizer.py checks).
+A tokenizer taken from elsewhere (`roformer data prepare --tokenizer DIR`: an export, or any
+transformers tokenizer directory) has either an spm.model or only a `tokenizer.json`, which is then
+the source of truth (data_pipeline/fast_tokenizer.py); its sha256 is the tokenizer's fingerprint.
 The special tokens are SentencePiece *control* symbols: text containing a literal "[MASK]" is not
 turned into the mask id by SentencePiece (the transformers tokenizer does match literal special
 tokens, the one documented difference).
@@ -23,6 +26,8 @@ import numpy as np
 from data_pipeline.config import (CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID,
                                   TokenizerConfig)
 from data_pipeline.errors import DataError
+from data_pipeline.fast_tokenizer import CONFIG_FILES, TOKENIZER_JSON, FastTokenizer
+from data_pipeline.fast_tokenizer import check_special_ids as check_fast_special_ids
 
 SPM_FILE = "spm.model"
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -71,7 +76,11 @@ def train_sentencepiece(sample_files: list[Path], out_dir: Path, cfg: TokenizerC
 
 
 def check_special_ids(model_path: Path) -> None:
-    """Raise DataError unless [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4 in this model."""
+    """Raise DataError unless [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4 in this model (an spm.model
+    or a tokenizer.json)."""
+    if Path(model_path).name == TOKENIZER_JSON:
+        check_fast_special_ids(Path(model_path))
+        return
     sp = load_sentencepiece(model_path)
     expected = {"[PAD]": PAD_ID, "[UNK]": UNK_ID, "[CLS]": CLS_ID, "[SEP]": SEP_ID, "[MASK]": MASK_ID}
     for piece, want in expected.items():
@@ -92,20 +101,33 @@ def load_sentencepiece(model_path: Path):
 
 
 def load_tokenizer(path: Path):
-    """The SentencePiece processor of a prepared data dir, its tokenizer/ dir, or an spm.model."""
-    return load_sentencepiece(resolve_model_path(path))
+    """The tokenizer of a prepared data dir, its tokenizer/ dir, an export, a transformers tokenizer
+    dir, an spm.model or a tokenizer.json (see `open_tokenizer`)."""
+    return open_tokenizer(resolve_model_path(path))
+
+
+def open_tokenizer(model_path: Path):
+    """A SentencePieceProcessor for an spm.model, a FastTokenizer (same method names) for a tokenizer.json."""
+    if Path(model_path).name == TOKENIZER_JSON:
+        return FastTokenizer(Path(model_path))
+    return load_sentencepiece(model_path)
 
 
 def resolve_model_path(path: Path) -> Path:
+    """The tokenizer's source-of-truth file: an spm.model when there is one (ours), else a transformers
+    tokenizer.json; `path` is that file, its directory or a prepared data dir (tokenizer/)."""
     path = Path(path)
-    for candidate in (path, path / SPM_FILE, path / "tokenizer" / SPM_FILE):
-        if candidate.is_file():
-            return candidate
-    raise DataError(f"{path}: no SentencePiece model (looked for {SPM_FILE} and tokenizer/{SPM_FILE})")
+    for name in (SPM_FILE, TOKENIZER_JSON):
+        for candidate in (path, path / name, path / "tokenizer" / name):
+            if candidate.is_file() and candidate.name == name:
+                return candidate
+    raise DataError(f"{path}: no tokenizer (looked for {SPM_FILE} and {TOKENIZER_JSON}, and in tokenizer/; a "
+                    f"transformers tokenizer saved with save_pretrained has {TOKENIZER_JSON} when it is a fast one)")
 
 
 def tokenizer_hash(model_path: Path) -> str:
-    """sha256 of the serialized SentencePiece model: shards record it, runs compare it."""
+    """sha256 of the tokenizer's source-of-truth file (spm.model or tokenizer.json): shards record it,
+    runs compare it."""
     return hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
 
 
@@ -152,18 +174,33 @@ def _converter_class():
     return Converter
 
 
-def copy_hf_tokenizer_files(data_dir: Path, out_dir: Path) -> list[Path]:
-    """Copy the tokenizer of a prepared data dir (spm.model + transformers files) into an export dir."""
-    src = Path(data_dir) / "tokenizer"
-    if not (src / SPM_FILE).is_file():
-        src = Path(data_dir)  # also accept the tokenizer dir itself
-    missing = [n for n in (SPM_FILE, *HF_FILES) if not (src / n).is_file()]
+def tokenizer_files(src: Path) -> tuple[str, ...]:
+    """The files making up the tokenizer in directory `src` (DataError naming any that is missing): ours
+    (spm.model + the transformers files), or a transformers tokenizer.json with its config files."""
+    if (src / SPM_FILE).is_file():
+        names = (SPM_FILE, *HF_FILES)
+    elif (src / TOKENIZER_JSON).is_file():
+        names = (TOKENIZER_JSON, *(n for n in CONFIG_FILES if (src / n).is_file()))
+        if "tokenizer_config.json" not in names:  # AutoTokenizer needs it to know the class
+            raise DataError(f"{src}: tokenizer files missing: tokenizer_config.json")
+    else:
+        names = (SPM_FILE, *HF_FILES)
+    missing = [n for n in names if not (src / n).is_file()]
     if missing:
         raise DataError(f"{src}: tokenizer files missing: {', '.join(missing)}")
+    return names
+
+
+def copy_hf_tokenizer_files(data_dir: Path, out_dir: Path) -> list[Path]:
+    """Copy the tokenizer of a prepared data dir (or a tokenizer dir) into an export dir, byte for byte."""
+    src = Path(data_dir) / "tokenizer"
+    if not ((src / SPM_FILE).is_file() or (src / TOKENIZER_JSON).is_file()):
+        src = Path(data_dir)  # also accept the tokenizer dir itself
+    names = tokenizer_files(src)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     copied = []
-    for name in (SPM_FILE, *HF_FILES):
+    for name in names:
         tmp = out_dir / f".{name}.tmp"
         shutil.copyfile(src / name, tmp)
         os.replace(tmp, out_dir / name)
@@ -177,6 +214,9 @@ def word_start_table(sp) -> np.ndarray:
     A piece starts a word when it carries SentencePiece's boundary marker '▁', or when it begins
     with a CJK character: Chinese has no spaces, so each Chinese piece is its own unit.
     """
+    if isinstance(sp, FastTokenizer):
+        marked = sp.word_starts()
+        return marked | np.array([bool(p) and _is_cjk(p[0]) for p in map(sp.id_to_piece, range(len(marked)))])
     table = np.zeros(sp.get_piece_size(), dtype=bool)
     for i in range(sp.get_piece_size()):
         piece = sp.id_to_piece(i)

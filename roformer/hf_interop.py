@@ -271,6 +271,18 @@ def load_classifier_from_pretrained(directory: str | Path, num_labels: int,
     return model
 
 
+def load_mlm_weights(model: RoFormerForMaskedLM, tensors: dict[str, torch.Tensor], where) -> bool:
+    """transformers-named `tensors` (read_hf_directory) of a RoFormerForMaskedLM, or of a bare RoFormerModel,
+    into `model` (strict names and shapes; a classifier head is ignored). Without MLM head tensors the
+    model keeps its own, freshly initialised head. Returns True when the head is new."""
+    ours = from_hf_state_dict({k: v for k, v in tensors.items() if not k.startswith("classifier.")})
+    new_head = not any(key.startswith("mlm_head.") for key in ours)
+    if new_head:
+        ours.update({k: v for k, v in model.state_dict().items() if k.startswith("mlm_head.")})
+    _load_strict(model, ours, where)
+    return new_head
+
+
 def _load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], where) -> None:
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state_dict))
@@ -287,4 +299,4 @@ def _load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], wh
 
 __all__ = ["KEY_MAP", "to_hf_state_dict", "from_hf_state_dict", "config_to_hf", "config_from_hf",
            "save_pretrained", "write_pretrained_files", "load_pretrained", "load_classifier_from_pretrained",
-           "read_hf_directory", "check_exportable"]
+           "read_hf_directory", "check_exportable", "load_mlm_weights"]

@@ -8,6 +8,7 @@ the engine exists): what plan passes, a rank accepts.
   2. the prepared data: manifest, both splits and the tokenizer (`data_pipeline.open_corpus`);
      `model.vocab_size` must equal the tokenizer's vocabulary;
   3. one epoch of the train split holds at least one global batch of every stage.
+  4. with `init_from`, the data was tokenized with that model's tokenizer (launcher/config/init_from.py).
 
 The schedule's own rules (e.g. `max_seq_len >= 2`) are checked when the run config is loaded
 (launcher/config/schedule.py). Each failure is one line naming the file and the field.
@@ -20,6 +21,8 @@ from pathlib import Path
 
 from data_pipeline import PretrainBatches, open_corpus
 from launcher.config.deepspeed_json import resolve_ds_config
+from launcher.config.precision import train_precision
+from launcher.config.init_from import check_init_tokenizer
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
@@ -47,6 +50,8 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, r
     """
     notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks)
     train_corpus, valid_corpus = open_data(cfg, verify_data)
+    if cfg.init_from:  # the data must be tokenized with the starting model's tokenizer
+        notes += [note] if (note := check_init_tokenizer(cfg.init_from, train_corpus, cfg.source)) else []
     train, valid = (PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed,
                                     masking=cfg.data.masking) for corpus in (train_corpus, valid_corpus))
     for stage in stages:

@@ -121,3 +121,34 @@ def _load(path: Path) -> object:
         return yaml.safe_load(text) if path.suffix == ".yaml" else json.loads(text)
     except (OSError, ValueError, yaml.YAMLError):
         return None
+
+
+# ----------------------------------------------------------------------------------------------- init_from
+INIT_FROM_RECORD = "init_from.json"
+"""RUN_DIR/init_from.json: where a run with `init_from` started (launcher.train.init_weights.InitRecord:
+path, weights_file, weights_sha256, architectures, mlm_head, tokenizer_sha256). Written once, by rank 0
+of the fresh start; absent for runs that started from random weights."""
+
+
+def write_init_record(run_dir: RunDir, record: dict) -> None:
+    atomic_write_json(run_dir.root / INIT_FROM_RECORD, record)
+
+
+def read_init_record(run_dir: RunDir) -> dict | None:
+    """The record, None when the run started from random weights (or the file is unreadable: readers
+    such as the report and the model card then say nothing about it)."""
+    path = run_dir.root / INIT_FROM_RECORD
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "path" in record else None
+
+
+def describe_init(record: dict | None) -> str | None:
+    """One line: `DIR (weights model.safetensors sha256 ab12..., MLM head loaded)`."""
+    if not record:
+        return None
+    sha = str(record.get("weights_sha256", ""))
+    return (f"{record['path']} ({record.get('weights_file', 'weights')} sha256 {sha}, "
+            f"MLM head {record.get('mlm_head', 'loaded')})")

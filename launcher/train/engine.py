@@ -7,19 +7,23 @@ import torch
 
 from launcher.config.run_config import RunConfig
 from launcher.train.rng import seed_everything
+from launcher.train.init_weights import InitialWeights
 from roformer import RoFormerForMaskedLM
 
 
-def build_model(cfg: RunConfig) -> RoFormerForMaskedLM:
-    """The model of the run config, with its initial weights (the same on every rank) and memory settings."""
+def build_model(cfg: RunConfig, initial: InitialWeights | None = None) -> RoFormerForMaskedLM:
+    """The model of the run config, with its initial weights (the same on every rank: from the seed, or
+    `initial`'s, loaded here so that deepspeed.initialize partitions them) and memory settings."""
     seed_everything(cfg.seed)
     model = RoFormerForMaskedLM(cfg.model)
     model.enable_gradient_checkpointing(cfg.schedule.activation_checkpointing)
+    if initial is not None:
+        initial.load_into(model)
     return model
 
 
-def build_engine(cfg: RunConfig, ds_config: dict, rank: int):
-    model = build_model(cfg)
+def build_engine(cfg: RunConfig, ds_config: dict, rank: int, initial: InitialWeights | None = None):
+    model = build_model(cfg, initial)
     seed_everything(cfg.seed * 1009 + rank)  # independent dropout per rank
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]  # biases and LayerNorm: no weight decay

@@ -26,6 +26,8 @@ from launcher.config.stage_end_evals import check_eval_specs
 from launcher.train import resume, startup
 from launcher.train.checkpointer import Checkpointer
 from launcher.train.engine import build_engine
+from launcher.train.init_weights import InitialWeights
+from launcher.run_dir.records import write_init_record
 from launcher.train.progress_recorder import ProgressRecorder
 from launcher.train.metrics import Metrics
 from launcher.train.progress_line import progress_every
@@ -112,7 +114,11 @@ def start(args: argparse.Namespace, process_start: float | None = None) -> Start
     notes = resume.accept(decision, run_dir, cfg, stages, world_size, rank)
     timer.phase("run_files_and_conversion")
     progress.start_up("engine")
-    engine = build_engine(cfg, ds_config, rank)
+    # init_from: DIR's weights on a fresh start only; a resumed run continues from its checkpoint.
+    initial = InitialWeights.read(cfg.init_from, cfg.model) if cfg.init_from and point is None else None
+    engine = build_engine(cfg, ds_config, rank, initial)
+    if initial is not None and rank == 0:
+        write_init_record(run_dir, initial.record())
     timer.phase("engine")
     state = TrainState()
     checkpointer = Checkpointer(run_dir, engine, state, batches, model_config=cfg.model, rank=rank,

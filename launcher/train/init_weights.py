@@ -1,0 +1,90 @@
+"""The weights a fresh run starts from when its config has `init_from` (launcher/config/init_from.py).
+
+Every rank reads DIR (our export or a transformers RoFormer directory; safetensors, or
+pytorch_model.bin through torch.load(weights_only=True): roformer.hf_interop.read_hf_directory) and
+loads it into its model before deepspeed.initialize, which then partitions the loaded values (ZeRO
+1/2/3 alike; no rank builds a partitioned model first). A directory without an MLM head (a bare
+`RoFormerModel`) leaves the model's own head, initialised from the run's seed, the same on every rank.
+Only a fresh start loads: a resumed run takes everything from its checkpoint. Rank 0 records where the
+run started (`init_from.json`, launcher/run_dir/records.py), which `roformer report` and the model
+card of every export show.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from launcher.config.init_from import WEIGHT_FIELDS, init_tokenizer_sha256, weights_file
+from launcher.errors import UserError
+from launcher.io import file_sha256
+
+
+@dataclass
+class InitialWeights:
+    """DIR's weights, read once per rank, and what the run records about them."""
+
+    directory: Path
+    tensors: dict = field(repr=False)
+    """transformers-named tensors (read_hf_directory)."""
+    architectures: list
+    """config.json's `architectures` (e.g. ['RoFormerForMaskedLM'], ['RoFormerModel'])."""
+    new_head: bool = False
+    """Set by load_into: DIR had no MLM head, the model's own (seeded) one was kept."""
+
+    @classmethod
+    def read(cls, directory: str, model_config) -> InitialWeights:
+        """Read DIR; UserError when its config.json no longer matches the run's model (DIR changed
+        since the config was loaded)."""
+        from roformer.config import ConfigError
+        from roformer.hf_interop import read_hf_directory
+
+        directory = Path(directory)
+        try:
+            config, tensors, raw = read_hf_directory(directory)
+        except ConfigError as err:
+            raise UserError(f"init_from: {err}") from None
+        changed = [name for name in WEIGHT_FIELDS if getattr(config, name) != getattr(model_config, name)]
+        if changed:
+            raise UserError(f"init_from {directory}/config.json: {', '.join(changed)} differ from the run's model "
+                            f"section ({', '.join(f'{n}={getattr(model_config, n)!r}' for n in changed)})")
+        return cls(directory, tensors, list(raw.get("architectures") or []))
+
+    def load_into(self, model) -> bool:
+        """Load into `model`; True (also kept in `new_head`) when its MLM head is new (DIR had none)."""
+        from roformer.config import ConfigError
+        from roformer.hf_interop import load_mlm_weights
+
+        try:
+            self.new_head = load_mlm_weights(model, self.tensors, self.directory)
+        except ConfigError as err:
+            raise UserError(f"init_from: {err}") from None
+        return self.new_head
+
+    def record(self) -> dict:
+        """The run's record of where it started: path, weights file and its sha256, tokenizer fingerprint."""
+        weights = weights_file(self.directory)
+        tokenizer = init_tokenizer_sha256(self.directory)
+        return asdict(InitRecord(
+            path=str(self.directory.resolve()), weights_file=weights.name, weights_sha256=file_sha256(weights),
+            architectures=self.architectures, mlm_head="new" if self.new_head else "loaded",
+            tokenizer_sha256=tokenizer[1] if tokenizer else None, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
+
+
+@dataclass
+class InitRecord:
+    """RUN_DIR/init_from.json."""
+
+    path: str
+    """The directory the weights came from (absolute)."""
+    weights_file: str
+    """Its weights file: model.safetensors, model.safetensors.index.json (sharded) or pytorch_model.bin."""
+    weights_sha256: str
+    """sha256 of that file at the start of the run."""
+    architectures: list
+    """config.json's architectures of DIR."""
+    mlm_head: str
+    """'loaded' from DIR, or 'new' (DIR was a bare encoder: the head started from the run's seed)."""
+    tokenizer_sha256: str | None
+    """Fingerprint of DIR's tokenizer (the data's, checked at start-up); None when DIR had none."""
+    recorded_at: str = ""
