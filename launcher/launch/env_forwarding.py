@@ -7,19 +7,24 @@ own, `NCCL*` on CUDA) to other nodes; everything else must be listed in an env f
 write `RUN_DIR/.deepspeed_env` and point DS_ENV_FILE at it, so each run documents exactly what its
 ranks were given and a stray `~/.deepspeed_env` is not picked up.
 
-The forwarded list (documented in docs/multinode.md; keep the two in sync):
-- computed: `PATH` (this machine's PATH, with the venv's `bin` appended when missing: ranks find
-  the venv's tools, e.g. `ninja` for DeepSpeed's JIT ops, but resolve every tool exactly as the
-  launching shell does. Not prepended: two ninja versions (the venv's 1.13, Debian's 1.11)
-  sharing one TORCH_EXTENSIONS_DIR rebuild DeepSpeed's shm op on every switch, 40-170 s each,
-  measured here),
-  `PYTHONPATH` (the project root first), `OMP_NUM_THREADS` (when unset: cores / ranks per node,
-  so ranks do not oversubscribe the CPU), `MASTER_PORT` (MPI launchers, see launch_plan.py);
-  `TORCH_EXTENSIONS_DIR` (DeepSpeed's JIT op cache, one per Python environment: launcher/ops_cache.py;
-  a value set in the launching shell is kept unless it is the shared cache root);
+What a rank gets is this list and nothing else of the launching shell (documented in
+docs/multinode.md; keep the two in sync). A login node's own environment (its PATH with pyenv shims
+or cargo, its library paths, a CPU torch's op cache) is no business of a GPU node's:
+- computed here: `PYTHONPATH` (the project root first, then the one set here), `MASTER_PORT` (MPI
+  launchers, see launch_plan.py), `ROFORMER_RANKS_PER_NODE` (the hostfile's slots per node), and for a
+  run on this machine only, `PATH` (this shell's, venv's `bin` appended) and `OMP_NUM_THREADS` (when
+  unset: cores / ranks);
 - copied when set: the names in FORWARDED_NAMES and every variable starting with a prefix in
-  FORWARDED_PREFIXES (`NCCL_*`, `GLOO_*`, `TORCH_*`, `HF_*`, `ROFORMER_*`, ...), except names that
-  look like credentials (CREDENTIAL_NAME_RE: `HF_TOKEN`, `..._SECRET`, ...).
+  FORWARDED_PREFIXES (`NCCL_*`, `CUDA_*`, `DS_*`, `GLOO_*`, `TORCH_*`, `HF_*`, `ROFORMER_*`), except
+  NODE_LOCAL_NAMES and names that look like credentials (CREDENTIAL_NAME_RE: `HF_TOKEN`, `..._SECRET`);
+- the `KEY=VALUE` lines of the user's own DeepSpeed env file (`$DS_ENV_FILE`, default
+  `.deepspeed_env`, in the home directory and the project root: where DeepSpeed's runner looks),
+  which DeepSpeed would no longer read once DS_ENV_FILE names the run's file.
+Each node computes the rest itself when a rank starts (launcher.train.rank_entry.
+prepare_process_environment): `TORCH_EXTENSIONS_DIR` from its own Python and torch
+(launcher/ops_cache.py), `OMP_NUM_THREADS` from its own cores, and its own `PATH` with the venv's
+`bin` appended (appended, not prepended: the first `ninja` on PATH compiles DeepSpeed's ops, and two
+ninja versions sharing one op cache rebuild it at every switch, 40-170 s each, measured here).
 
 The pdsh launcher pastes `export KEY=VALUE;` into a remote shell command (values with unusual
 characters in double quotes, `%` substituted by pdsh), so a value containing `"`, `$`, a backtick,
@@ -39,22 +44,24 @@ from launcher.run_dir.layout import RunDir
 
 
 FORWARDED_NAMES = (
-    "DS_ACCELERATOR",  # cpu here; unset on GPU nodes (DeepSpeed detects CUDA)
-    "OMP_NUM_THREADS",
+    "OMP_NUM_THREADS",  # only when set: each node computes its own otherwise
     "MKL_NUM_THREADS",
     "TOKENIZERS_PARALLELISM",
     "DEEPSPEED_TIMEOUT",  # minutes for collectives before a hung rank errors out
-    "LD_LIBRARY_PATH",  # CUDA / NCCL / MPI libraries outside the default search path
-    "CUDA_HOME",
-    "VIRTUAL_ENV",
 )
 FORWARDED_PREFIXES = (
     "NCCL_",  # NCCL_SOCKET_IFNAME, NCCL_IB_*, NCCL_DEBUG ...
+    "CUDA_",  # CUDA_HOME, CUDA_LAUNCH_BLOCKING ... (DeepSpeed's launcher sets CUDA_VISIBLE_DEVICES per node)
+    "DS_",  # DS_ACCELERATOR (cpu here; unset on GPU nodes: DeepSpeed detects CUDA), DS_SKIP_CUDA_CHECK ...
     "GLOO_",  # GLOO_SOCKET_IFNAME: the interface the CPU (gloo) backend binds to
-    "TORCH_",  # TORCH_EXTENSIONS_DIR (compiled ops cache), TORCH_DISTRIBUTED_DEBUG, TORCH_NCCL_* ...
+    "TORCH_",  # TORCH_DISTRIBUTED_DEBUG, TORCH_NCCL_* ... (not TORCH_EXTENSIONS_DIR: NODE_LOCAL_NAMES)
     "HF_",  # HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, HF_HOME ...
     "ROFORMER_",  # the project's own settings
 )
+# Set on every node from that node's own software (launcher/ops_cache.py): this machine's value
+# (e.g. a CPU torch's op cache on a login node) would be wrong there.
+NODE_LOCAL_NAMES = (ops_cache.ENV_VAR, "DS_ENV_FILE")
+RANKS_PER_NODE_VAR = "ROFORMER_RANKS_PER_NODE"
 # What DeepSpeed's runner forwards by itself (runner.EXPORT_ENVS and CUDA's export_envs): we do
 # not write these, but they reach the same remote shell, so they are checked too.
 RUNNER_FORWARDED_PREFIXES = ("PYTHON", "MLFLOW", "MV2", "UCX", "NCCL")
@@ -74,17 +81,60 @@ def project_root() -> Path:
     return Path(launcher.__file__).resolve().parent.parent
 
 
-def forwarded_environment(base: dict[str, str], *, ranks_per_node: int, python: str = sys.executable) -> dict[str, str]:
-    """The variables written to `.deepspeed_env` (and set for local ranks), from `base` (os.environ)."""
+def forwarded_environment(base: dict[str, str], *, ranks_per_node: int, python: str = sys.executable,
+                          local: bool = True) -> dict[str, str]:
+    """The variables written to `.deepspeed_env` (and set for local ranks), from `base` (os.environ).
+
+    local: the ranks run on this machine, so this machine's PATH and core count are theirs too."""
     env = {k: v for k, v in base.items()
-           if k in FORWARDED_NAMES or (k.startswith(FORWARDED_PREFIXES) and not CREDENTIAL_NAME_RE.search(k))}
-    venv_bin = str(Path(python).parent)
-    env["PATH"] = _append(base.get("PATH", os.defpath), venv_bin)
-    env["PYTHONPATH"] = _prepend(str(project_root()), base.get("PYTHONPATH", ""))
-    env[ops_cache.ENV_VAR] = str(ops_cache.extensions_dir(base, python))
-    if "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, ranks_per_node)))
+           if k not in NODE_LOCAL_NAMES
+           and (k in FORWARDED_NAMES or (k.startswith(FORWARDED_PREFIXES) and not CREDENTIAL_NAME_RE.search(k)))}
+    env.update(user_env_file_entries(base))
+    env["PYTHONPATH"] = _prepend(str(project_root()), env.get("PYTHONPATH", base.get("PYTHONPATH", "")))
+    env[RANKS_PER_NODE_VAR] = str(ranks_per_node)
+    if local:
+        env["PATH"] = append_venv_bin(base.get("PATH", os.defpath), python)
+        if "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, ranks_per_node)))
     return env
+
+
+def append_venv_bin(path_list: str, python: str = sys.executable) -> str:
+    """PATH with the venv's `bin` (the directory of `python`) appended when missing (see the module doc)."""
+    return _append(path_list, str(Path(python).parent))
+
+
+def user_env_files(base: dict[str, str]) -> list[Path]:
+    """The user's DeepSpeed env files that exist, where DeepSpeed's runner would read them."""
+    name = base.get("DS_ENV_FILE", ".deepspeed_env")
+    home = Path(base.get("HOME") or Path.home())
+    candidates = [Path(name)] if Path(name).is_absolute() else [home / name, project_root() / name]
+    return [path for path in dict.fromkeys(candidates) if path.is_file()]
+
+
+def user_env_file_entries(base: dict[str, str]) -> dict[str, str]:
+    """KEY=VALUE lines of the user's DeepSpeed env files (blank lines and '#' comments skipped);
+    UserError naming file and line for anything else."""
+    entries: dict[str, str] = {}
+    for path in user_env_files(base):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            key, sep, value = line.partition("=")
+            if not sep or not _KEY_RE.fullmatch(key.strip()):
+                raise UserError(f"{path}:{number}: expected KEY=VALUE (a DeepSpeed env file), got {line!r}")
+            if CREDENTIAL_NAME_RE.search(key):
+                continue  # would be copied into the shared RUN_DIR/.deepspeed_env
+            entries[key.strip()] = value
+    return entries
+
+
+def node_computed(python: str = sys.executable) -> list[tuple[str, str]]:
+    """(variable, what each node sets it to when a rank starts): for the --dry-run listing."""
+    return [("PATH", f"the node's own PATH, {Path(python).parent} appended when missing"),
+            (ops_cache.ENV_VAR, f"~/.cache/roformer-ds/torch_extensions/py<version>-torch<the node's torch version>-<hash of "
+                                f"{Path(python).parent.parent}> (launcher/ops_cache.py), unless set on the node"),
+            ("OMP_NUM_THREADS", f"the node's cores / its ranks ({RANKS_PER_NODE_VAR}), unless forwarded")]
 
 
 def _prepend(first: str, path_list: str) -> str:

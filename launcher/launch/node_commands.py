@@ -45,10 +45,8 @@ def node_commands(plan: LaunchPlan) -> list[tuple[str, str]]:
         else:
             runner_class = ds_runner.LAUNCHER_CLASSES[plan.launcher]
             runner = runner_class(runner_args, world_info, plan.hostfile.slots_by_host)
-        exports = ds_runner.EXPORT_ENVS + _accelerator_export_prefixes()
-        for key, value in env.items():
-            if key.startswith(tuple(exports)):
-                runner.add_export(key, value)
+        for key, value in runner_forwarded(plan, env).items():
+            runner.add_export(key, value)
         for key, value in plan.env.items():  # what the runner reads from RUN_DIR/.deepspeed_env
             runner.add_export(key, value)
         if plan.launcher == "pdsh":
@@ -78,6 +76,16 @@ def _rank_lines(plan: LaunchPlan) -> list[tuple[str, str]]:
             for rank, host, local_rank in plan.rank_hosts()]
 
 
+def runner_forwarded(plan: LaunchPlan, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """What DeepSpeed's runner exports to other nodes on its own (runner.EXPORT_ENVS: PYTHON*, MLFLOW*, MV2*,
+    UCX*, plus the accelerator's own, NCCL* on CUDA) from the environment it runs in."""
+    from deepspeed.launcher import runner as ds_runner
+
+    environ = {**os.environ, **plan.env} if environ is None else environ
+    prefixes = tuple(ds_runner.EXPORT_ENVS + _accelerator_export_prefixes())
+    return {key: value for key, value in environ.items() if key.startswith(prefixes)}
+
+
 def _env_prefix(env: dict[str, str]) -> str:
     return "".join(f"{key}={shlex.quote(value)} " for key, value in sorted(env.items()))
 
@@ -102,8 +110,25 @@ def describe_plan(plan: LaunchPlan) -> str:
         "commands:",
     ]
     lines += [f"  [{where}] {command}" for where, command in node_commands(plan)]
-    lines += ["", f"environment for every rank ({plan.env_file}):"]
-    lines += [f"  {key}={value}" for key, value in sorted(plan.env.items())]
+    lines += ["", *describe_environment(plan)]
     if plan.multi_node:
         lines += ["", "not checked in a dry run: ssh reachability of each host, the shared run directory"]
     return "\n".join(lines)
+
+
+
+def describe_environment(plan: LaunchPlan) -> list[str]:
+    """Exactly the variables each node's ranks receive from this machine, and what each node computes itself."""
+    if not plan.multi_node:
+        return [f"environment of every rank: this shell's, plus ({plan.env_file}):",
+                *(f"  {key}={value}" for key, value in sorted(plan.env.items()))]
+    hosts = ", ".join(plan.resources)
+    received = {**runner_forwarded(plan), **plan.env}
+    lines = [f"environment each node ({hosts}) receives from this machine, and nothing else of it "
+             f"({plan.env_file}, plus what DeepSpeed's runner forwards by itself: PYTHON*, UCX*, ...):"]
+    lines += [f"  {key}={value}" for key, value in sorted(received.items())]
+    if plan.launcher == "slurm":
+        lines.append("  (slurm: DeepSpeed runs srun --export=ALL, which also passes this shell's whole environment)")
+    lines.append("computed on each node when its ranks start (launcher/train/rank_entry.py), not forwarded:")
+    lines += [f"  {key}: {how}" for key, how in env_forwarding.node_computed(plan.python)]
+    return lines

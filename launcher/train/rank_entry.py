@@ -23,16 +23,23 @@ PROCESS_START = time.time()  # for the start-up timing event
 def prepare_process_environment(environ: dict[str, str] = os.environ) -> None:
     """What must be set before torch and DeepSpeed are imported; only here, never at import time.
 
-    OMP_NUM_THREADS: ranks of one node share its cores; without it every rank would start one thread
-    per core and the node would be oversubscribed. TORCH_EXTENSIONS_DIR: this Python environment's op
-    cache, however the rank was started (a shared one makes two environments rebuild each other's op
-    on every start: launcher/ops_cache.py)."""
+    Computed on the rank's own node from its own software and hardware, never forwarded from the
+    launching machine (launcher/launch/env_forwarding.py): OMP_NUM_THREADS (unless forwarded): ranks
+    of one node share its cores; without it every rank would start one thread per core and the node
+    would be oversubscribed. TORCH_EXTENSIONS_DIR: this Python environment's op cache, keyed by this
+    node's torch (a CPU torch on the login node and a CUDA torch here must not share one:
+    launcher/ops_cache.py). PATH: the node's own, with the venv's bin appended (its tools, e.g. ninja)."""
+    from launcher.launch.env_forwarding import RANKS_PER_NODE_VAR, append_venv_bin
     from launcher.ops_cache import ENV_VAR, extensions_dir
 
     if "OMP_NUM_THREADS" not in environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        environ["OMP_NUM_THREADS"] = str(max(1, cores // max(1, int(environ.get("LOCAL_SIZE", "1")))))
-    environ[ENV_VAR] = str(extensions_dir())
+        # DeepSpeed's launcher sets LOCAL_SIZE; under mpirun / srun the plan's ranks per node stand in.
+        local_ranks = next((environ[k] for k in ("LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                                                  RANKS_PER_NODE_VAR) if environ.get(k, "").isdigit()), "1")
+        environ["OMP_NUM_THREADS"] = str(max(1, cores // max(1, int(local_ranks))))
+    environ[ENV_VAR] = str(extensions_dir(environ))
+    environ["PATH"] = append_venv_bin(environ.get("PATH", os.defpath))
 
 
 def main(argv: list[str] | None = None) -> int:
