@@ -104,14 +104,15 @@ class RestartPolicy:
 def fault_of(outcome: JobOutcome, failed_at_step: int) -> Fault:
     """The Fault of a launch that ended neither finished nor asked to stop."""
     failure = outcome.failure
+    if outcome.preempted:
+        where = f" on {', '.join(dict.fromkeys(outcome.signalled_nodes))}" if outcome.signalled_nodes else ""
+        return Fault("preempted", f"preempted: the job's processes{where} got SIGTERM from outside (the ranks "
+                     "checkpoint at their current step)", "preempted", None, None, failed_at_step, outcome.returncode)
     if failure is not None:
         kind = "hung" if failure.hung else "rank" if failure.rank is not None else \
             "node" if failure.status.startswith("remote launcher") else "launcher"
         return Fault(kind, failure.describe(), failure.status, None if failure.host == "?" else failure.host,
                      failure.rank, failed_at_step, outcome.returncode)
-    if outcome.preempted:
-        return Fault("preempted", "the ranks were stopped by SIGTERM from outside (preempted) and wrote a checkpoint",
-                     "preempted", None, None, failed_at_step, outcome.returncode)
     return Fault("launcher", f"DeepSpeed's runner exited with code {outcome.returncode}",
                  f"runner exit code {outcome.returncode}", None, None, failed_at_step, outcome.returncode)
 
@@ -257,7 +258,8 @@ def run_with_restarts(plan, policy: RestartPolicy, launch: Callable[[object], Jo
         backoff = policy.backoff(attempt) if decision.restart else 0.0
         record = RestartRecord(
             attempt=attempt, action="restart" if decision.restart else "gave up",
-            time=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(seen_wall)), cause=fault.cause, kind=fault.kind,
+            time=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(seen_wall)), unix_time=round(seen_wall, 3),
+            cause=fault.cause, kind=fault.kind,
             node=fault.node, rank=fault.rank, failed_at_step=failed_at, restarted_from_step=from_step,
             restarted_from_tag=from_tag, steps_lost=max(0, failed_at - from_step), stop_seconds=round(stop_seconds, 2),
             backoff_seconds=backoff, redo_seconds=round(redo_seconds(records, from_step, failed_at), 2),

@@ -53,6 +53,8 @@ _PDSH_PREFIX_RE = re.compile(r"^([A-Za-z0-9_.-]+): (.*)$")
 _GUARD_RE = re.compile(re.escape(MARKER) + r" rank=(\S+) local_rank=(\S+) node_rank=(\S+) host=(\S+) pid=(\d+) "
                        r"status=(.*)$")
 _DS_EXIT_RE = re.compile(r"exits with return code = (-?\d+)")
+# DeepSpeed's per-node launcher (launch.py) on a SIGTERM/SIGINT it got: it stops its ranks and exits 1.
+_NODE_SIGNALLED_RE = re.compile(r"Main process received (SIGTERM|SIGINT), exiting")
 _PDSH_SSH_EXIT_RE = re.compile(r"^pdsh@\S+: ([A-Za-z0-9_.-]+): ssh exited with exit code (\d+)")
 
 
@@ -80,12 +82,17 @@ class OutputMonitor:
     plan: LaunchPlan
     failures: list[Failure] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    signalled_nodes: list[str] = field(default_factory=list)
+    """Nodes whose DeepSpeed launcher said it got SIGTERM/SIGINT (a scheduler preempting the job, or our stop)."""
 
     def feed(self, line: str) -> None:
         host, text = None, line.rstrip("\n")
         match = _PDSH_PREFIX_RE.match(text)
         if match and match.group(1) in self.plan.resources:
             host, text = match.group(1), match.group(2)
+        if _NODE_SIGNALLED_RE.search(text):
+            with self.lock:
+                self.signalled_nodes.append(host or next(iter(self.plan.resources)))
         failure = self._parse(host, text)
         if failure is not None:
             with self.lock:
@@ -248,11 +255,19 @@ class JobOutcome:
     """The signal `roformer pretrain` itself received (SIGINT / SIGTERM), None when none."""
     ended_at: float
     """time.monotonic() when the last process of the job had ended."""
+    signalled_nodes: list[str] = field(default_factory=list)
+    """Nodes whose DeepSpeed launcher got SIGTERM/SIGINT (OutputMonitor.signalled_nodes)."""
 
     @property
     def preempted(self) -> bool:
-        """The ranks were stopped by a SIGTERM not sent by us (a scheduler) and wrote a checkpoint."""
-        return self.interrupted is None and self.failure is None and self.returncode == ORDERLY_STOP_EXIT_CODE
+        """The job was stopped by a SIGTERM not sent by us (a scheduler): the ranks alone (they checkpoint and
+        exit 143), or every process of a node, whose launcher then exits 1 after its ranks checkpointed."""
+        if self.interrupted is not None:
+            return False
+        if self.failure is None:
+            return self.returncode == ORDERLY_STOP_EXIT_CODE
+        return (self.failure.rank is None and self.failure.status.startswith("remote launcher")
+                and self.failure.host in self.signalled_nodes)
 
 
 def supervise(plan: LaunchPlan, runner_env: dict[str, str], console: Console | None = None) -> int:
@@ -317,7 +332,8 @@ def supervise_job(plan: LaunchPlan, runner_env: dict[str, str], console: Console
     first = monitor.first()
 
     def outcome(code: int) -> JobOutcome:
-        return JobOutcome(code, first, interrupted[0] if interrupted else None, time.monotonic())
+        return JobOutcome(code, first, interrupted[0] if interrupted else None, time.monotonic(),
+                          list(monitor.signalled_nodes))
 
     if interrupted:  # asked for: not an error, whatever the ranks' exit codes say
         preempted = "preempted, resumable: " if interrupted[0] == signal.SIGTERM else ""

@@ -30,6 +30,8 @@ class RestartRecord:
     """"restart" (the job was started again) or "gave up" (the run ended here; `reason` says why)."""
     time: str
     """When the fault was seen (local time, ISO 8601)."""
+    unix_time: float
+    """The same, in seconds since the epoch (sub-second: what a benchmark subtracts)."""
     cause: str
     """The fault as the console named it: rank, node and status, or the hang verdict."""
     kind: str

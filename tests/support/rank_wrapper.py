@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 
 def _rank_step(var: str) -> tuple[int, int] | None:
@@ -48,7 +49,7 @@ def install_faults() -> None:
         if kill_once_at and kill_once_at == (rank, step):
             marker = self.checkpointer.run_dir.root / f"test-fault-{rank}-{step}"
             if not marker.exists():
-                marker.write_text("fired\n")
+                marker.write_text(f"{time.time()}\n")  # when it fired (bench/bench_restart.py: detection time)
                 os.kill(os.getpid(), signal.SIGKILL)
         return original_step(self, stage)
 

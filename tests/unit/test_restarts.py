@@ -81,6 +81,23 @@ def test_faults_from_job_outcomes():
     preempted = JobOutcome(143, None, None, now)
     assert preempted.preempted and fault_of(preempted, 5).kind == "preempted"
     assert not JobOutcome(143, None, signal.SIGTERM, now).preempted  # a stop asked of roformer pretrain
+    # SIGTERM to every process of a node: its DeepSpeed launcher says so, then exits 1 once its ranks checkpointed.
+    node_term = JobOutcome(1, Failure("node1", None, "?", "remote launcher exit code 1", now), None, now, ["node1"])
+    assert node_term.preempted and fault_of(node_term, 27).cause.startswith("preempted: the job's processes on node1 ")
+    assert not JobOutcome(1, node.failure, None, now, ["node2"]).preempted  # another node's launcher failed
+
+
+def test_the_output_monitor_notes_nodes_whose_launcher_got_sigterm(tmp_path):
+    from argparse import Namespace
+    from collections import OrderedDict
+
+    from launcher.launch.supervise import OutputMonitor
+
+    monitor = OutputMonitor(Namespace(resources=OrderedDict(node1=[0], node2=[0])))
+    monitor.feed("node2: [2026-11-25 04:00:00,000] [INFO] [launch.py:262:sigkill_handler] Main process received "
+                 "SIGTERM, exiting\n")
+    monitor.feed("pdsh@node0: node2: ssh exited with exit code 1\n")
+    assert monitor.signalled_nodes == ["node2"] and monitor.first().host == "node2"
 
 
 # --- the config section -------------------------------------------------------------------------------
@@ -258,7 +275,7 @@ def test_a_stop_asked_of_roformer_pretrain_is_not_restarted(tmp_path):
 # --- the record ------------------------------------------------------------------------------------------
 
 def _record(**changes) -> RestartRecord:
-    base = dict(attempt=1, action="restart", time="2026-11-25T04:00:00+0000", cause="rank 1 on node node2: killed",
+    base = dict(attempt=1, action="restart", time="2026-11-25T04:00:00+0000", unix_time=1.8e9, cause="rank 1 on node node2: killed",
                 kind="rank", node="node2", rank=1, failed_at_step=9, restarted_from_step=8,
                 restarted_from_tag="global_step8", steps_lost=1, stop_seconds=3.0, backoff_seconds=10.0,
                 redo_seconds=0.5)

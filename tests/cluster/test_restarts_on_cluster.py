@@ -1,0 +1,129 @@
+"""The chaos test of issue 20 on the two-node namespace cluster (tests/support/netns): one run of
+`roformer pretrain --hostfile H --max-restarts 3` meets, one after the other, a rank SIGKILLed on node2,
+node2's cable pulled (the hang watchdog ends the job; the cable goes back during the backoff), and SIGTERM
+to every process of the job on both nodes (a scheduler preempting it: the ranks checkpoint at the current
+step). The run finishes by itself, each fault is in RUN_DIR/restarts.json, no process is left, and as no
+node was dropped its final weights equal an uninterrupted run's within 1e-6.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import psutil
+from safetensors.numpy import load_file
+
+from launcher.run_dir.layout import RunDir
+from launcher.run_dir.restarts import read_restarts
+from tests.support.helpers import metrics_steps, roformer, start_roformer
+from tests.support.netns.jobs import (
+    assert_nothing_left,
+    cluster_env,
+    cluster_hostfile,
+    cluster_run_config,
+    wait_for_step,
+)
+
+WIDE_STEPS = 30  # total 6 + 4 + 30 = 40 steps, checkpoints every 4 steps and at the stage ends
+TOTAL = 6 + 4 + WIDE_STEPS
+FLAGS = ["--entry-module", "tests.support.rank_wrapper", "--set", "watchdog.min_step_seconds=20",
+         "--set", "watchdog.phase_seconds=30", "--set", "restarts.backoff_seconds=10",
+         "--set", "restarts.max_backoff_seconds=20"]
+FAULT_TIMEOUT = 300
+
+
+def _job_pids(cluster, run_dir, node: str, what: str = "") -> list[int]:
+    """Processes of this job in `node`'s namespace (DeepSpeed's node launcher, guards, ranks)."""
+    pids = []
+    for pid in cluster.pids_in_nodes()[node]:
+        try:
+            cmdline = " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            continue
+        if f"--run-dir {run_dir}" in cmdline and what in cmdline:
+            pids.append(pid)
+    return pids
+
+
+def _wait_for_records(proc, run_dir, count: int, log) -> None:
+    deadline = time.monotonic() + FAULT_TIMEOUT
+    while len(read_restarts(RunDir(run_dir))) < count:
+        assert proc.poll() is None, f"ended (rc {proc.returncode}) before restart {count}:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"no restart {count} in {FAULT_TIMEOUT} s:\n{log.read_text()[-4000:]}"
+        time.sleep(0.2)
+
+
+def test_a_run_with_three_faults_finishes_by_itself_with_the_weights_of_an_uninterrupted_run(cluster, tmp_path,
+                                                                                              data_dir):
+    config = cluster_run_config(tmp_path, data_dir, wide_steps=WIDE_STEPS)
+    env = {**cluster_env(cluster), "ROFORMER_TEST_SAVE_LIVE_WEIGHTS": "1"}
+    hostfile = cluster_hostfile(tmp_path)
+
+    def pretrain_args(run_dir):
+        return ["pretrain", "--hostfile", str(hostfile), "--launcher", "pdsh", "--config", str(config),
+                "--run-dir", str(run_dir), *FLAGS]
+
+    reference_dir = tmp_path / "reference"
+    reference = roformer(*pretrain_args(reference_dir), env=env, timeout=600)
+    assert reference.returncode == 0, (reference.stdout + reference.stderr)[-4000:]
+
+    run_dir, log = tmp_path / "run", tmp_path / "chaos.log"
+    started = time.monotonic()
+    proc = start_roformer(*pretrain_args(run_dir), "--max-restarts", "3", env=env, log=log)
+    try:
+        # 1. A rank SIGKILLed on node2 (the newest checkpoint: step 4).
+        wait_for_step(proc, run_dir, 5, log)
+        [victim] = _job_pids(cluster, run_dir, "node2", "-m tests.support.rank_wrapper --config")
+        psutil.Process(victim).kill()
+        _wait_for_records(proc, run_dir, 1, log)
+
+        # 2. node2's cable pulled: the watchdog ends the job; the cable goes back in during the backoff.
+        wait_for_step(proc, run_dir, 14, log, timeout=FAULT_TIMEOUT)
+        cluster.set_link("node2", up=False)
+        try:
+            _wait_for_records(proc, run_dir, 2, log)
+        finally:
+            cluster.set_link("node2", up=True)
+
+        # 3. SIGTERM to every process of the job on both nodes, as a scheduler preempting it.
+        wait_for_step(proc, run_dir, 26, log, timeout=FAULT_TIMEOUT)
+        for node in ("node1", "node2"):
+            for pid in _job_pids(cluster, run_dir, node):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        rc = proc.wait(timeout=3 * FAULT_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cluster.set_link("node2", up=True)
+    seconds = time.monotonic() - started
+    output = log.read_text()
+    assert rc == 0, output[-5000:]
+    records = read_restarts(RunDir(run_dir))
+    assert [r.action for r in records] == ["restart"] * 3, records
+    killed, hung, preempted = records
+    assert (killed.kind, killed.node, killed.rank, killed.restarted_from_step) == ("rank", "node2", 1, 4)
+    assert killed.cause == "rank 1 (local rank 0) on node node2: killed by SIGKILL"
+    assert (hung.kind, hung.node, hung.rank) == ("hung", "node2", 1) and hung.failed_at_step >= 14
+    assert preempted.failed_at_step >= 26
+    assert preempted.steps_lost == 0, preempted  # the ranks checkpointed at the step they were at
+    assert all(r.world_size == 2 and r.excluded_nodes == [] for r in records)
+    assert all(r.seconds_lost is not None for r in records)
+    assert sorted(set(metrics_steps(run_dir))) == list(range(1, TOTAL + 1))
+    assert output.count("roformer pretrain: restart ") == 3
+
+    ours = load_file(str(run_dir / "reference.safetensors"))
+    theirs = load_file(str(reference_dir / "reference.safetensors"))
+    worst = max(float(np.max(np.abs(ours[k] - theirs[k]))) for k in theirs)
+    assert worst <= 1e-6, worst
+    deadline = time.monotonic() + 150  # node2's sshd sessions from the partition end once TCP is back
+    while any(cluster.pids_in_nodes().values()) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert_nothing_left(cluster, run_dir)
+    print(f"\nchaos run: 3 faults, finished by itself in {seconds:.0f} s; "
+          + "; ".join(f"{r.kind} at step {r.failed_at_step} -> from {r.restarted_from_step}, "
+                      f"{r.seconds_lost:.1f} s lost" for r in records) + f"; weights max |diff| {worst:.1e}")
