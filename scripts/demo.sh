@@ -30,7 +30,8 @@ step "3/6 export: consolidated fp32 transformers directory"
 roformer export "$RUN_DIR" --out "$RUN_DIR/export"
 
 step "4/6 eval-mlm: masked-LM figures at trained and longer-than-trained lengths"
-roformer eval-mlm "$RUN_DIR/export" --data "$DATA_DIR" --seq-lens 128,512 --out "$RUN_DIR/eval_mlm.json"
+# The JSON report goes to --out only (its stdout copy is dropped); the summary at the end shows it.
+roformer eval-mlm "$RUN_DIR/export" --data "$DATA_DIR" --seq-lens 128,512 --out "$RUN_DIR/eval_mlm.json" >/dev/null
 
 step "5/6 finetune: movie-review sentiment (binary), the export next to its random-init twin"
 # The twin has the same architecture, tokenizer and fine-tuning; only the weights are fresh, so the
@@ -40,5 +41,8 @@ roformer finetune "$RUN_DIR/export" --task movie-reviews --max-length 64 \
 
 step "6/6 report: one page and plots of the run ($RUN_DIR/report.md, $RUN_DIR/plots/)"
 roformer report "$RUN_DIR"
+
+step "summary (read from the JSON reports written above)"
+python3 scripts/demo_summary.py "$RUN_DIR/eval_mlm.json" "$RUN_DIR/finetune_movie_reviews.json" "$RUN_DIR/report.md"
 
 printf '\ndemo: done. Report: %s/report.md ; TensorBoard: tensorboard --logdir %s/tb ; export: %s/export\n' "$RUN_DIR" "$RUN_DIR" "$RUN_DIR"
