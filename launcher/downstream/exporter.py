@@ -39,7 +39,7 @@ from launcher.downstream.model_card import render_model_card, run_stages, traine
 from launcher.errors import UserError
 from launcher.io import file_sha256, fsync_dir
 from launcher.run_dir.layout import SIDECAR_NAME, RunDir, sidecar_path
-from launcher.run_dir.records import files_in_effect
+from launcher.run_dir.records import describe_init, files_in_effect, read_init_record
 
 if TYPE_CHECKING:  # torch is imported where it is used: `roformer export --help` must not wait for it
     import torch
@@ -85,7 +85,8 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
         tmp.chmod(0o755)
         write_pretrained_files(model, tmp, max_position_embeddings=max_positions)
         _copy_tokenizer(tokenizer_source, tmp)
-        (tmp / "README.md").write_text(render_model_card(ref.sidecar, stages, ref.tag, run_dir, max_positions),
+        (tmp / "README.md").write_text(render_model_card(ref.sidecar, stages, ref.tag, run_dir, max_positions,
+                                                         started_from=describe_init(read_init_record(ref.run_dir))),
                                        encoding="utf-8")
         _write_export_info(tmp, ref, stages, max_positions)
         if verify:
@@ -214,11 +215,12 @@ def _check_trained_tokenizer(ref: CheckpointRef, source: Path, origin: str) -> N
     from data_pipeline import open_corpus
     from data_pipeline.errors import DataError
     from data_pipeline.shards import MANIFEST
-    from data_pipeline.tokenizer import SPM_FILE, tokenizer_hash
+    from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
 
-    # The file copy_hf_tokenizer_files packs: <source>/tokenizer/spm.model, else <source>/spm.model.
-    spm = source / "tokenizer" / SPM_FILE if (source / "tokenizer" / SPM_FILE).is_file() else source / SPM_FILE
-    if not spm.is_file():
+    # The file copy_hf_tokenizer_files packs: spm.model, else a transformers tokenizer.json (the fingerprint).
+    try:
+        spm = resolve_model_path(source)
+    except DataError:
         return  # reported by _copy_tokenizer, naming the missing files
     recorded, sidecar = ref.sidecar.tokenizer_sha256, sidecar_path(ref.path)
     if recorded is not None:

@@ -1,14 +1,20 @@
-"""`roformer eval-mlm EXPORT --data DATA_DIR --seq-lens 128,512,1024`: masked-LM figures per length.
+"""`roformer eval-mlm EXPORT --data DATA_DIR | --input FILE... --seq-lens 128,512,1024`: masked-LM figures per length.
 
 For every length the same first `--tokens` tokens of the held-out split are cut into sequences of
 that length ([CLS] + text) and masked deterministically (data_pipeline's counter-based masking,
 keyed by `--seed`), so the lengths differ only in how much context each prediction sees. Lengths
 beyond those seen in pretraining are marked: RoPE has no length cap, and this is where it shows.
 Output: masked-token loss (mean cross-entropy, nats), accuracy and perplexity = exp(loss), as JSON.
+
+Own text (`--input FILE...`, txt / jsonl / parquet, `--text-column`): the files are read by
+data_pipeline's own readers and tokenized with the export's tokenizer into a temporary prepared
+directory (`data_pipeline.prepare` with the export as `--tokenizer`, no de-duplication, no held-out
+split), which is then evaluated exactly as a prepared split; by default all of its text.
 """
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,11 +26,13 @@ from launcher.errors import UserError
 class MLMEvalConfig:
     """What to evaluate and how much of it."""
 
-    export_dir: Path  # transformers-format RoFormer directory with our tokenizer (spm.model)
-    data_dir: Path  # prepared data dir (`roformer data prepare`), or its split directory
+    export_dir: Path  # transformers-format RoFormer directory with its tokenizer (spm.model or tokenizer.json)
+    data_dir: Path | None  # prepared data dir (`roformer data prepare`), or its split directory; None with inputs
     seq_lens: list[int]  # sequence lengths (tokens incl. [CLS]); each >= 2
     split: str = "valid"  # split of the data dir; the held-out one by default
-    tokens: int = 32768  # token budget per length: the same text is evaluated at every length
+    tokens: int | None = 32768  # token budget per length: the same text at every length (None: all of it)
+    inputs: tuple = ()  # own text files (txt / jsonl / parquet) instead of data_dir
+    text_column: str | None = None  # JSONL field / parquet column of the text in `inputs` (None: "text")
     tokens_per_batch: int = 8192  # micro-batch = max(1, tokens_per_batch // seq_len) sequences
     seed: int = 0  # masking seed (the stream order of the split is fixed by it too)
     mask_prob: float = 0.15  # share of tokens predicted (80% [MASK], 10% random, 10% kept)
@@ -36,27 +44,58 @@ class MLMEvalConfig:
         for n in self.seq_lens:
             if n < 2:
                 raise UserError(f"--seq-lens: {n} is too short ([CLS] plus at least one token)")
-        if self.tokens < 1 or self.tokens_per_batch < 1:
+        if bool(self.inputs) == (self.data_dir is not None):
+            raise UserError("eval-mlm: give either --data DATA_DIR or --input FILE...")
+        if (self.tokens is not None and self.tokens < 1) or self.tokens_per_batch < 1:
             raise UserError("--tokens / --tokens-per-batch: must be positive")
         if not 0.0 < self.mask_prob < 1.0:
             raise UserError(f"--mask-prob: {self.mask_prob} must be in (0, 1)")
 
 
 def evaluate_mlm(cfg: MLMEvalConfig) -> dict:
-    from data_pipeline import MaskingConfig, PretrainBatches, open_corpus, tokenizer_hash
     import torch  # here, not at import: `roformer eval-mlm --help` must not wait for torch
 
-    from launcher.downstream.export_reader import load_masked_lm, trained_max_seq_len
+    from launcher.downstream.export_reader import load_masked_lm
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    data_dir, split = _resolve_data(cfg.data_dir, cfg.split)
     model = load_masked_lm(cfg.export_dir)
-    spm = Path(cfg.export_dir) / "spm.model"
-    if not spm.is_file():
-        raise UserError(f"{spm}: missing; eval-mlm needs the export's SentencePiece model to check it "
-                        f"matches the tokenizer the shards in {data_dir} were built with")
-    corpus = open_corpus(data_dir, split=split, verify=True, expected_tokenizer_sha256=tokenizer_hash(spm))
+    if cfg.inputs:
+        with tempfile.TemporaryDirectory(prefix="roformer-eval-mlm-") as tmp:
+            data_dir = _prepare_inputs(cfg, Path(tmp) / "data")
+            report = _evaluate(cfg, model, data_dir, "train")
+        report["config"].pop("split")  # of --data only
+        return {**report, "data": [str(Path(p).resolve()) for p in cfg.inputs], "split": "input"}
+    data_dir, split = _resolve_data(cfg.data_dir, cfg.split)
+    return _evaluate(cfg, model, data_dir, split)
+
+
+def _prepare_inputs(cfg: MLMEvalConfig, out: Path) -> Path:
+    """The user's files as a prepared directory, tokenized with the export's tokenizer."""
+    from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig
+    from data_pipeline.prepare import prepare
+
+    reading = {"text_field": cfg.text_column} if cfg.text_column else {}
+    prepare(PrepareConfig(input=InputConfig(inputs=[str(p) for p in cfg.inputs], **reading), out_dir=out,
+                          existing_tokenizer=Path(cfg.export_dir),
+                          cleaning=CleaningConfig(dedup=False, valid_fraction=0.0), workers=1),
+            log=lambda message: None)
+    return out
+
+
+def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
+    from data_pipeline import MaskingConfig, PretrainBatches, open_corpus, tokenizer_hash
+    from data_pipeline.errors import DataError
+    from data_pipeline.tokenizer import resolve_model_path
+
+    from launcher.downstream.export_reader import trained_max_seq_len
+
+    try:
+        tokenizer = resolve_model_path(Path(cfg.export_dir))
+    except DataError as err:
+        raise UserError(f"{err}; eval-mlm needs the export's tokenizer to check it matches the one the shards "
+                        f"in {data_dir} were built with") from None
+    corpus = open_corpus(data_dir, split=split, verify=True, expected_tokenizer_sha256=tokenizer_hash(tokenizer))
     if corpus.vocab_size > model.config.vocab_size:
         raise UserError(f"{data_dir}: tokenizer has {corpus.vocab_size} ids, the model only {model.config.vocab_size}")
     masking = MaskingConfig(mask_prob=cfg.mask_prob)
@@ -67,7 +106,8 @@ def evaluate_mlm(cfg: MLMEvalConfig) -> dict:
         batches = PretrainBatches(corpus, rank=0, world_size=1, seed=cfg.seed, masking=masking)
         # Each sequence covers seq_len - 1 stream tokens after its [CLS]: this many sequences cover
         # the first `tokens` tokens of the split (or all of it) at every length.
-        sequences = max(1, math.ceil(cfg.tokens / (seq_len - 1)))
+        tokens = batches.stream.epoch_length if cfg.tokens is None else cfg.tokens
+        sequences = max(1, math.ceil(tokens / (seq_len - 1)))
         micro = max(1, min(cfg.tokens_per_batch // seq_len, sequences))
         started = time.perf_counter()
         figures = _masked_lm_figures(model, _first_sequences(batches, seq_len, micro, sequences))
@@ -80,7 +120,7 @@ def evaluate_mlm(cfg: MLMEvalConfig) -> dict:
         "data": str(data_dir.resolve()),
         "split": split,
         "trained_max_seq_len": trained_len,
-        "config": {k: v for k, v in asdict(cfg).items() if k not in ("export_dir", "data_dir")},
+        "config": {k: v for k, v in asdict(cfg).items() if k not in ("export_dir", "data_dir", "inputs")},
         "results": results,
     }
 

@@ -17,9 +17,10 @@ STAGE_COLUMNS = ("name", "max_seq_len", "global_batch_size", "steps", "first_ste
 
 
 def render_model_card(sidecar: CheckpointSidecar, stages: list[dict] | None, tag: str, run_dir: Path,
-                      max_positions: int) -> str:
+                      max_positions: int, started_from: str | None = None) -> str:
     """Markdown with a transformers-style YAML header. `max_positions`: config.json's
-    max_position_embeddings, the longest input transformers' RoFormer accepts."""
+    max_position_embeddings, the longest input transformers' RoFormer accepts. `started_from`: the model
+    a continued run started from (launcher.run_dir.records.describe_init), None for a random init."""
     model = sidecar.model_config
     trained = trained_length(sidecar, stages)
     lines = [
@@ -62,6 +63,7 @@ def render_model_card(sidecar: CheckpointSidecar, stages: list[dict] | None, tag
                          ("training precision", sidecar.precision)):
         lines.append(f"| {label} | {_fmt(value)} |")
     lines.append(f"| architecture | {_architecture(model)} |")
+    lines.append(f"| started from | {started_from or 'random initialisation'} |")
 
     if stages:
         lines += ["", "## Training stages (schedule of the run; steps counted over the whole run)", "",

@@ -16,7 +16,7 @@ import yaml
 
 from launcher.errors import UserError
 from launcher.report.curves import Curves, record_versions, records_in_effect
-from launcher.run_dir.records import RecordVersion
+from launcher.run_dir.records import RecordVersion, describe_init, read_init_record
 from launcher.run_dir.layout import RunDir, step_of_tag
 from launcher.run_dir.restarts import RestartRecord, read_restarts
 from launcher.run_dir.sidecar import CheckpointSidecar, complete_sidecar
@@ -70,6 +70,8 @@ class RunSummary:
     restarts: list[RestartRecord] = field(default_factory=list)
     """restarts.json: the faults `roformer pretrain --max-restarts` restarted after or gave up on."""
 
+    started_from: str | None = None
+    """init_from.json in one line (launcher.run_dir.records.describe_init); None: random initialisation."""
     @property
     def latest(self) -> CheckpointSidecar | None:
         return self.checkpoints[-1] if self.checkpoints else None
@@ -97,7 +99,8 @@ def load_summary(run_dir: Path, curves: Curves, now: float | None = None) -> Run
         total_steps=curves.stages[-1].end_step if curves.stages and curves.stages[-1].steps else
         (latest.total_steps if latest else None),
         checkpoints=checkpoints, status=run_status(layout, curves, now), versions=record_versions(layout),
-        evals=evals, unreadable=unreadable + restarts_unreadable, restarts=restarts)
+        evals=evals, unreadable=unreadable + restarts_unreadable, restarts=restarts,
+        started_from=describe_init(read_init_record(layout)))
 
 
 def read_checkpoints(layout: RunDir) -> list[CheckpointSidecar]:
