@@ -197,9 +197,10 @@ class FirstStepWatch:
         return True
 
     def stop(self) -> None:
-        self.check()
+        """The launch ended: one last look, after the polling thread (never two writers at once)."""
         self.done.set()
-        self.thread.join(timeout=5)
+        self.thread.join(timeout=30)
+        self.check()
 
 
 def run_with_restarts(plan, policy: RestartPolicy, launch: Callable[[object], JobOutcome],

@@ -35,14 +35,17 @@ FAULT_TIMEOUT = 300
 
 
 def _job_pids(cluster, run_dir, node: str, what: str = "") -> list[int]:
-    """Processes of this job in `node`'s namespace (DeepSpeed's node launcher, guards, ranks)."""
+    """The job's Python processes in `node`'s namespace (DeepSpeed's node launcher, guards, ranks; not the
+    remote shell pdsh started them from)."""
     pids = []
     for pid in cluster.pids_in_nodes()[node]:
         try:
-            cmdline = " ".join(psutil.Process(pid).cmdline())
+            process = psutil.Process(pid)
+            cmdline = " ".join(process.cmdline())
+            python = process.name().startswith("python")
         except psutil.Error:
             continue
-        if f"--run-dir {run_dir}" in cmdline and what in cmdline:
+        if python and f"--run-dir {run_dir}" in cmdline and what in cmdline:
             pids.append(pid)
     return pids
 

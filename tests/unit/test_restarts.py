@@ -357,3 +357,33 @@ def test_plan_shows_the_smaller_world_without_excluded_nodes(tiny_data, tmp_path
            "refused)" in err and "small" in err
     assert cli_main([*base, "--exclude-nodes", "node-x"]) == 2
     assert "--exclude-nodes: node-x not in" in capsys.readouterr().err
+
+
+def test_rank_stop_handler_takes_a_repeated_sigterm_as_the_same_stop_and_keeps_the_grace_time(tmp_path):
+    """A scheduler's SIGTERM reaches a rank twice (directly and through DeepSpeed's launcher): still one stop,
+    the checkpoint still wanted; past restarts.preemption_grace_seconds the rank exits, saying so."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank_stop.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "from types import SimpleNamespace\n"
+        "from launcher.train.rank import install_stop_handlers\n"
+        "cfg = SimpleNamespace(restarts=SimpleNamespace(preemption_grace_seconds=3.0))\n"
+        "trainer = SimpleNamespace(cfg=cfg, rank=0, state=SimpleNamespace(step=41), stop_signalled=False)\n"
+        "metrics = SimpleNamespace(message=lambda text: print(text, flush=True))\n"
+        "install_stop_handlers(trainer, metrics)\n"
+        "os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(0.2)\n"
+        "print('alive after two SIGTERMs:', trainer.stop_signalled, flush=True)\n"
+        "time.sleep(30)\n"
+        "print('not stopped by the grace time', flush=True)\n")
+    result = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert result.stdout.splitlines() == [
+        "stop requested (SIGTERM): finishing step 42, then a checkpoint (within 3 s)",
+        "alive after two SIGTERMs: True"], result.stdout + result.stderr
+    assert result.returncode == 1
+    assert "pretrain (rank 0): no checkpoint within the preemption grace time of 3 s " \
+           "(restarts.preemption_grace_seconds): exiting without it" in result.stderr
