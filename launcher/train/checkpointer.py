@@ -88,7 +88,8 @@ class Checkpointer:
             stage_complete=step == stage.end_step, **train, data_state=data_state,
             model_config=self.model_config.to_dict(), world_size=self.world_size, loss_scale=loss_scale(self.engine),
             skipped_steps=int(self.engine.skipped_steps), zero_stage=self.engine.zero_optimization_stage(),
-            precision=precision(self.engine), total_steps=self.total_steps, tokenizer_sha256=self.tokenizer_sha256)
+            precision=precision(self.engine), total_steps=self.total_steps, tokenizer_sha256=self.tokenizer_sha256,
+            rope_theta=stage.rope_theta)
         self.engine.save_checkpoint(str(self.run_dir.checkpoints), tag=tag,
                                     client_state={"roformer_ds": sidecar.to_dict()}, save_latest=False)
         save_rng(directory, self.rank)
