@@ -83,6 +83,16 @@ class RotaryEmbedding(torch.nn.Module):
         self._cos: torch.Tensor | None = None  # (T_cached, d) float32, each value repeated for its pair
         self._sin: torch.Tensor | None = None
 
+    def set_base(self, base: float) -> None:
+        """A new RoPE base (theta) for the same module: the inverse frequencies and the cached fp32
+        tables are rebuilt exactly as a fresh RotaryEmbedding(head_size, base, ...) would build them
+        (the schedule's per-stage rope_theta; the weights are not touched)."""
+        if base == self.base:
+            return
+        self.base = float(base)
+        self.inverse_frequencies = rotary_inverse_frequencies(self.head_size, self.base, self.scaling, self.factor)
+        self._cos = self._sin = None
+
     @property
     def cached_length(self) -> int:
         return 0 if self._cos is None else self._cos.shape[0]
@@ -111,6 +121,14 @@ class RotaryEmbedding(torch.nn.Module):
         return f"head_size={self.head_size}, base={self.base}, scaling={self.scaling}, factor={self.factor}"
 
 
+def set_rope_theta(model: torch.nn.Module, theta: float) -> int:
+    """Set every RotaryEmbedding inside `model` to base `theta`; returns how many there were."""
+    found = [module for module in model.modules() if isinstance(module, RotaryEmbedding)]
+    for module in found:
+        module.set_base(theta)
+    return len(found)
+
+
 def transformers_sinusoidal_table(num_positions: int, head_size: int) -> torch.Tensor:
     """transformers' `RoFormerSinusoidalPositionalEmbedding` weight: [sin(m theta) | cos(m theta)].
 
@@ -120,5 +138,5 @@ def transformers_sinusoidal_table(num_positions: int, head_size: int) -> torch.T
     return torch.cat((angles.sin(), angles.cos()), dim=-1).to(torch.float32)  # (P, d)
 
 
-__all__ = ["RotaryEmbedding", "apply_rotary", "rotate_every_two", "rotary_inverse_frequencies", "rotary_angles",
+__all__ = ["RotaryEmbedding", "apply_rotary", "set_rope_theta", "rotate_every_two", "rotary_inverse_frequencies", "rotary_angles",
            "transformers_sinusoidal_table"]

@@ -27,7 +27,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="use this prepared data directory for the ablations (default: prepare OUT/data)")
     parser.add_argument("--groups", default="",
                         help="run only the pretraining runs of these comparison groups (comma-separated, e.g. "
-                             "sinusoidal,linear+sinusoidal); the report still covers every run present")
+                             "sinusoidal,linear+sinusoidal); the report still covers every run present (default: every group)")
+    parser.add_argument("--merge", type=Path, action="append", default=[],
+                        help="an earlier results.json (or output directory holding report/results.json) whose "
+                             "parts / comparison groups fill what this output directory has not run; repeatable, "
+                             "the first given wins; the report's last table names each part's source (default: none)")
+    parser.add_argument("--report-dir", type=Path, default=None,
+                        help="write report.md, the PNGs and results.json here (default: OUT/report)")
     parser.add_argument("--report-only", action="store_true",
                         help="write the report from whatever runs exist; start nothing")
 
@@ -54,7 +60,7 @@ def select_groups(runs: list, text: str) -> list:
 
 def run(args: argparse.Namespace) -> int:
     from launcher.reproduce.claims_report import write_report
-    from launcher.reproduce.results import collect
+    from launcher.reproduce.results import collect, merge
     from launcher.reproduce.runner import Layout, Runner
 
     parts = parse_parts(args.parts)
@@ -62,23 +68,57 @@ def run(args: argparse.Namespace) -> int:
     layout = Layout(args.out)
     if args.data is not None and not (args.data / "manifest.json").is_file():
         raise UserError(f"--data {args.data}: no manifest.json (not a prepared data directory)")
+    priors = [read_prior(path) for path in args.merge]  # before any compute: a bad file fails at once
     started = time.time()
     if not args.report_only:
         runner = Runner(preset, layout, data_dir=args.data)
         pretrain_runs = select_groups(preset.pretrain_runs(parts), args.groups)
+        chosen = {run.name for run in pretrain_runs}
         runner.prepare_data(pretrain_runs)
-        runner.pretrain_all(pretrain_runs, export={preset.recipe_run})
-        runner.finetune_all(preset.finetune_runs(parts))
+        runner.pretrain_all(pretrain_runs, export=set(preset.recipe_runs))
+        runner.finetune_all([r for r in preset.finetune_runs(parts) if r.pretrain in chosen])
+        runner.evaluate_all([r for r in preset.eval_runs(parts) if r.pretrain in chosen])
     results = collect(preset, layout, parts)
+    if priors:
+        results = merge(results, priors, current=f"runs under `{display_path(layout.out)}` (this invocation)")
     results["wall_seconds_this_invocation"] = round(time.time() - started, 1)
     results["environment"] = {"commit": _commit(), "python": platform.python_version(), "machine": platform.machine(),
                               "cpus": _cpus()}
-    header = [f"Preset `{preset.name}`, parts: {', '.join(parts)}; commit `{results['environment']['commit']}`, "
-              f"{results['environment']['cpus']} CPU cores. Every number is in `results.json`; every run is an "
-              f"ordinary run directory under `{layout.out}/runs` (re-running the command resumes / skips)."]
-    path = write_report(results, layout.report, header)
+    header = [f"Preset `{preset.name}`, parts: {', '.join(results['parts'])}; commit "
+              f"`{results['environment']['commit']}`, {results['environment']['cpus']} CPU cores. Every number is in "
+              f"`results.json`; every run is an ordinary run directory under `{display_path(layout.out)}/runs` "
+              f"(re-running the command resumes / skips)" + ("; parts not run there come from earlier results "
+                                                            "(last table)." if priors else ".")]
+    path = write_report(results, args.report_dir or layout.report, header)
     print(f"reproduce: report -> {path}")
     return 0
+
+
+def display_path(path: Path) -> str:
+    """`path` relative to the working directory or the project when inside one (a committed report must
+    not name this machine's absolute paths), else only its last component."""
+    resolved = Path(path).resolve()
+    for root in (Path.cwd(), PROJECT_ROOT):
+        if resolved.is_relative_to(root.resolve()):
+            return str(resolved.relative_to(root.resolve())) or "."
+    return f"<{resolved.name}>"
+
+
+def read_prior(path: Path) -> tuple[str, dict]:
+    """(label, content) of an earlier results.json given to --merge (a file, or OUT with report/results.json)."""
+    import json
+
+    file = path / "report" / "results.json" if path.is_dir() else path
+    try:
+        content = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise UserError(f"--merge {path}: cannot read {file} ({err.strerror})") from None
+    except ValueError as err:
+        raise UserError(f"--merge {file}: not valid JSON ({err})") from None
+    if not isinstance(content, dict) or not isinstance(content.get("parts"), list):
+        raise UserError(f"--merge {file}: not a reproduction results.json (no 'parts' list)")
+    commit = content.get("environment", {}).get("commit", "unknown")
+    return f"`{display_path(file)}` (commit {commit})", content
 
 
 def _commit() -> str:

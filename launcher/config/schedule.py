@@ -5,6 +5,12 @@ A schedule file (YAML or JSON) lists stages in order:
     stages:
       - {name: s1, max_seq_len: 512, global_batch_size: 256, steps: 200000}
       - {name: s2, max_seq_len: 1536, global_batch_size: 256, steps: 12500, micro_batch_size: 4, lr_scale: 1.0}
+      - {name: extend, max_seq_len: 4096, global_batch_size: 64, steps: 1000, rope_theta: 160000}
+
+`rope_theta` (RoPE models only) sets RoPE's base from that stage on, as ModernBERT's context extension
+raises it in its last phase; a stage without it uses the model config's `rope_theta`. The trainer
+applies it at the stage switch to the same engine (the weights are untouched, only the cos/sin table
+is rebuilt), and every checkpoint's sidecar records the theta in force.
 
 Steps are counted from 0 over the whole run; stage i covers [first_step_i, first_step_i + steps_i).
 """
@@ -18,7 +24,7 @@ from data_pipeline.config import MIN_SEQ_LEN
 from launcher.config.files import read_mapping
 from launcher.errors import UserError
 
-STAGE_KEYS = ("name", "max_seq_len", "global_batch_size", "steps", "micro_batch_size", "lr_scale")
+STAGE_KEYS = ("name", "max_seq_len", "global_batch_size", "steps", "micro_batch_size", "lr_scale", "rope_theta")
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,8 @@ class Stage:
     """Sequences per rank per forward pass; None = derived from schedule.max_tokens_per_micro_batch."""
     lr_scale: float = 1.0
     """Multiplies the run's learning-rate curve while this stage runs."""
+    rope_theta: float | None = None
+    """RoPE base while this stage runs; None = the model config's rope_theta."""
 
 
 def load_schedule(path: str | Path) -> list[Stage]:
@@ -75,8 +83,13 @@ def _parse_stage(entry: object, index: int, path: Path) -> Stage:
     lr_scale = entry.get("lr_scale", 1.0)
     if not isinstance(lr_scale, (int, float)) or isinstance(lr_scale, bool) or not lr_scale > 0:
         raise UserError(f"{where}: lr_scale must be a positive number, got {lr_scale!r}")
+    rope_theta = entry.get("rope_theta")
+    if rope_theta is not None and (not isinstance(rope_theta, (int, float)) or isinstance(rope_theta, bool)
+                                   or not math.isfinite(rope_theta) or not rope_theta > 1):
+        raise UserError(f"{where}: rope_theta must be a number > 1 (RoPE's base), got {rope_theta!r}")
     return Stage(name=str(name), max_seq_len=entry["max_seq_len"], global_batch_size=entry["global_batch_size"],
-                 steps=entry["steps"], micro_batch_size=entry.get("micro_batch_size"), lr_scale=float(lr_scale))
+                 steps=entry["steps"], micro_batch_size=entry.get("micro_batch_size"), lr_scale=float(lr_scale),
+                 rope_theta=None if rope_theta is None else float(rope_theta))
 
 
 def stage_index_at(stage_steps: list[int], step: int) -> tuple[int, int]:

@@ -27,6 +27,9 @@ class ResolvedStage:
     first_step: int
     """Global step at which this stage starts (0-based)."""
     lr_scale: float
+    rope_theta: float | None = None
+    """RoPE base in force during this stage (the stage's, else the model config's); None for models
+    without RoPE."""
 
     @property
     def end_step(self) -> int:
@@ -48,11 +51,17 @@ def resolve_stages(run_config: RunConfig, world_size: int) -> list[ResolvedStage
             raise UserError(f"{where}: max_seq_len {stage.max_seq_len} is longer than the model's "
                             f"{model.position_encoding} position table (model.max_position_embeddings = "
                             f"{model.max_position_embeddings})")
+        if stage.rope_theta is not None and model.position_encoding != "rope":
+            raise UserError(f"{where}: rope_theta needs a RoPE model (model.position_encoding is "
+                            f"'{model.position_encoding}')")
+        theta = (stage.rope_theta if stage.rope_theta is not None else model.rope_theta) \
+            if model.position_encoding == "rope" else None
         micro = _micro_batch_size(stage, world_size, run_config.schedule.max_tokens_per_micro_batch, where)
         resolved.append(ResolvedStage(index=index, name=stage.name, max_seq_len=stage.max_seq_len,
                                       global_batch_size=stage.global_batch_size, micro_batch_size=micro,
                                       grad_accum_steps=stage.global_batch_size // (micro * world_size),
-                                      steps=stage.steps, first_step=first, lr_scale=stage.lr_scale))
+                                      steps=stage.steps, first_step=first, lr_scale=stage.lr_scale,
+                                      rope_theta=theta))
         first += stage.steps
     return resolved
 
@@ -85,6 +94,9 @@ def format_plan(stages: list[ResolvedStage], world_size: int) -> str:
     for s in stages:
         rows.append(f"{s.index + 1:>2}  {s.name[:15]:<16}{s.max_seq_len:>8}{s.global_batch_size:>8}"
                     f"{s.micro_batch_size:>7}{s.grad_accum_steps:>7}{s.steps:>9}{s.first_step:>9}{s.lr_scale:>9g}")
+    thetas = {s.rope_theta for s in stages}
+    if len(thetas) > 1:  # a context-extension schedule: say which stage runs at which base
+        rows.append("rope_theta per stage: " + ", ".join(f"{s.name} {s.rope_theta:g}" for s in stages))
     tokens = sum(s.steps * s.global_batch_size * s.max_seq_len for s in stages)
     rows.append(f"total: {stages[-1].end_step} optimizer steps, {tokens:,} token slots")
     return "\n".join(rows)

@@ -6,6 +6,8 @@
 - table5_lengths.png: inews test accuracy and macro-F1 against the fine-tuning max length.
 - downstream.png: test accuracy against the label budget, pretrained export vs random-init twin,
   one panel per task, with the majority baseline dashed.
+- extension.png: masked-LM loss against evaluation length per context-extension variant (mean,
+  min-max over seeds), with the base and extension training lengths marked.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import numpy as np  # noqa: E402
 
 COLOURS = {"rope": "tab:blue", "sinusoidal": "tab:orange", "learned": "tab:green",
            "linear+rope": "tab:blue", "linear+sinusoidal": "tab:orange",
+           "sinusoidal_unscaled": "tab:red", "linear+sinusoidal_unscaled": "tab:red",
+           "no-extension": "tab:gray", "same-theta": "tab:blue", "larger-theta": "tab:purple",
            "pretrained": "tab:blue", "random": "tab:gray"}
 SIZE = (10, 6)  # inches at 110 dpi: 1100 x 660 px
 DPI = 110
@@ -100,6 +104,31 @@ def downstream(table: dict, path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")
     fig.suptitle("What pretraining buys: export vs random-init twin (mean, min-max over fine-tuning seeds)")
+    return _save(fig, path)
+
+
+def extension(table: dict, path: Path) -> Path:
+    """MLM validation loss against evaluation length, one line per variant (min-max bars over seeds)."""
+    fig, ax = plt.subplots(figsize=SIZE)
+    for name in ("no-extension", "same-theta", "larger-theta"):
+        variant = table["variants"].get(name)
+        if not variant:
+            continue
+        xs = sorted(int(n) for n in variant["loss"] if variant["loss"][n].get("n"))
+        stats = [variant["loss"][str(x)] for x in xs]
+        err = np.array([[s["mean"] - s["min"] for s in stats], [s["max"] - s["mean"] for s in stats]])
+        ax.errorbar(xs, [s["mean"] for s in stats], yerr=err, marker="o", capsize=4, linewidth=2,
+                    color=COLOURS.get(name), label=f"{name} (rope_theta {variant['rope_theta']:g}, "
+                                                   f"n={stats[0]['n'] if stats else 0})")
+    stages = table["stages"]["same-theta"]
+    for stage, style in ((max(stages[:-1], key=lambda s: s["max_seq_len"]), ":"), (stages[-1], "--")):
+        ax.axvline(stage["max_seq_len"], color="gray", linestyle=style, linewidth=1,
+                   label=f"{'extension' if stage is stages[-1] else 'longest base'} length ({stage['max_seq_len']})")
+    ax.set_xscale("log", base=2)
+    ax.set(title="Context extension: MLM loss vs evaluation length (RoPE base as a stage field)",
+           xlabel="evaluation length (tokens)", ylabel="MLM validation loss (nats per masked token)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left")
     return _save(fig, path)
 
 

@@ -42,18 +42,53 @@ def _comparison_section(title: str, claim: str, groups: dict, better: str, other
 def _downstream_section(table: dict) -> list[str]:
     lines = ["## Downstream value: the export against its random-init twin", "",
              "Same architecture, tokenizer and fine-tuning protocol; the twin's weights are freshly initialised. "
-             "Test accuracy, mean (min-max) over fine-tuning seeds; hyper-parameters were chosen on dev.", "",
+             "Test accuracy, mean (min-max, n) over every (pretraining seed, fine-tuning seed) pair; the last column "
+             "gives the gain of each pretraining seed's export alone. Hyper-parameters were chosen on dev.", "",
              "![downstream](downstream.png)", "",
-             "| task | labels | pretrained export | random-init twin | gain (points) | majority baseline |",
-             "|---|---|---|---|---|---|"]
+             "| task | labels | pretrained export | random-init twin | gain (points) | gain per pretraining run | "
+             "majority baseline |", "|---|---|---|---|---|---|---|"]
     for task, budgets in table.items():
         for budget, cell in budgets.items():
             pre, rnd = cell.get("pretrained", {}), cell.get("random", {})
             base = (pre or rnd).get("majority_baseline_accuracy")
             gain = f"{cell['gain_points']:+.1f}" if "gain_points" in cell else "n/a"
+            by_run = cell.get("by_pretraining_run", {})
+            per_run = ", ".join(f"{name} {run['gain_points']:+.1f} (n={run['accuracy']['n']})"
+                                for name, run in by_run.items()) or "n/a"
             examples = (pre or rnd).get("train_examples")
             lines.append(f"| {task} | {budget} ({examples}) | {_fmt(pre.get('accuracy', {}))} | "
-                         f"{_fmt(rnd.get('accuracy', {}))} | {gain} | {base:.3f} |")
+                         f"{_fmt(rnd.get('accuracy', {}))} | {gain} | {per_run} | {base:.3f} |")
+    return lines + [""]
+
+
+def _extension_section(ext: dict) -> list[str]:
+    variants = ext["variants"]
+    lengths = sorted({int(n) for v in variants.values() for n in v["loss"]})
+    stages = ext["stages"]["same-theta"]
+    base = " -> ".join(f"{s['max_seq_len']} x {s['global_batch_size']} for {s['steps']}" for s in stages[:-1])
+    last = stages[-1]
+    lines = ["## Context extension as a stage field (RoPE base raised in the last stage)", "",
+             f"One RoPE model per seed pretrained {base} steps, then a last stage of {last['steps']} steps at "
+             f"{last['max_seq_len']} x {last['global_batch_size']} with (a) the same base (same-theta) or (b) a "
+             f"larger one (larger-theta); (c) no-extension is run (a)'s checkpoint before that stage "
+             f"({ext['base_end_tag']}). Masked-LM validation loss on the same text at each length "
+             "(mean (min-max, n) over seeds; lower is better).", "", "![extension](extension.png)", "",
+             "| variant | rope_theta | longest trained | " + " | ".join(f"loss @ {n}" for n in lengths) + " |",
+             "|---|---|---|" + "---|" * len(lengths)]
+    for name in ("no-extension", "same-theta", "larger-theta"):
+        if name in variants:
+            v = variants[name]
+            lines.append(f"| {name} | {v['rope_theta']:g} | {v['trained_max_seq_len']} | "
+                         + " | ".join(_fmt(v["loss"].get(str(n), {})) for n in lengths) + " |")
+    lines.append("")
+    longest = str(lengths[-1]) if lengths else None
+    pairs = [("larger-theta", "same-theta"), ("same-theta", "no-extension"), ("larger-theta", "no-extension")]
+    for better, other in pairs:
+        a, b = (variants.get(x, {}).get("loss", {}).get(longest, {}) for x in (better, other))
+        if a.get("n") and b.get("n"):
+            separated = a["max"] < b["min"]
+            lines.append(f"- at {longest} tokens, {better} vs {other}: {a['mean']:.3f} vs {b['mean']:.3f} "
+                         f"({'every seed below every seed' if separated else 'seed ranges overlap' if a['mean'] < b['mean'] else 'NOT lower'}).")
     return lines + [""]
 
 
@@ -67,6 +102,16 @@ def _lengths_section(table: dict, trained: int | None) -> list[str]:
         cell = table[length]
         lines.append(f"| {length} | {_fmt(cell['accuracy'])} | {_fmt(cell['macro_f1'])} | "
                      f"{cell['truncated_share_test']:.0%} |")
+    lengths = sorted(table, key=int)
+    if len(lengths) > 1:
+        short, long = table[lengths[0]]["accuracy"], table[lengths[-1]]["accuracy"]
+        if short.get("n") and long.get("n"):
+            beyond = long["min"] > short["max"] or long["max"] < short["min"]
+            lines += ["", f"- {lengths[0]} -> {lengths[-1]}: accuracy {short['mean']:.3f} -> {long['mean']:.3f} "
+                      f"({100 * (long['mean'] - short['mean']):+.1f} points; n = {short['n']} / {long['n']} fine-tuning "
+                      f"seeds): " + ("beyond the seed spread (the ranges do not overlap)." if beyond else
+                                     "within the seed spread (the ranges overlap)" if min(short["n"], long["n"]) > 1
+                                     else "one seed: the seed spread is not measured.")]
     return lines + [""]
 
 
@@ -76,12 +121,12 @@ COMPARISONS = {
                   "MLM validation loss: RoPE vs absolute positions (paper Fig. 2 analog)",
                   "Claim: RoFormer (RoPE) converges faster than the same encoder with absolute position embeddings "
                   "(sinusoidal as in BERT's Transformer, or learned as in BERT).",
-                  "rope", ["sinusoidal", "learned"], "fig2_encodings.png"),
+                  "rope", ["sinusoidal", "learned", "sinusoidal_unscaled"], "fig2_encodings.png"),
     "linear": ("Linear attention with RoPE (eq. 19)",
                "Linear attention (eq. 19): RoPE vs sinusoidal absolute positions",
                "Claim: RoPE also improves linear attention (it multiplies the kernelised queries and keys, so the "
                "norm-preserving rotation keeps the attention weights non-negative).",
-               "linear+rope", ["linear+sinusoidal"], "linear_attention.png"),
+               "linear+rope", ["linear+sinusoidal", "linear+sinusoidal_unscaled"], "linear_attention.png"),
 }
 
 
@@ -107,6 +152,13 @@ def write_report(results: dict, out: Path, header: list[str]) -> Path:
     if "downstream" in results and results["downstream"]:
         plots.downstream(results["downstream"], out / "downstream.png")
         lines += _downstream_section(results["downstream"])
+    if results.get("extension", {}).get("variants"):
+        plots.extension(results["extension"], out / "extension.png")
+        lines += _extension_section(results["extension"])
+    if results.get("sources"):
+        lines += ["## Where each part's numbers come from", "",
+                  "| part | source |", "|---|---|", *[f"| {part} | {label} |" for part, label in results["sources"].items()],
+                  ""]
     atomic_write_json(out / "results.json", results)
     path = out / "report.md"
     atomic_write_text(path, "\n".join(lines).rstrip() + "\n")

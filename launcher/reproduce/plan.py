@@ -7,6 +7,8 @@ one output directory, so an interrupted reproduction resumes and finished runs a
     OUT/data-recipe/                   the recipe's prepared corpus (when the preset has its own)
     OUT/runs/<pretrain run>/           run directories; <run>/export/ is its transformers export
     OUT/finetune/<finetune run>.json   fine-tune reports
+    OUT/schedules/<run>.yaml           schedules the harness writes (the extension part's variants)
+    OUT/eval/<eval run>.json           checkpoint MLM evaluations (the extension part)
     OUT/logs/<run>.log                 each command's console output
     OUT/report/                        report.md, PNG plots and results.json
 
@@ -16,14 +18,19 @@ Parts (each can run alone; `lengths` and `downstream` share the recipe's pretrai
 - linear      paper eq. 19: linear attention with RoPE vs with sinusoidal absolute positions.
 - lengths     paper Table 5: the RoPE recipe export fine-tuned on the long-document task (inews)
               at several maximum lengths, up to beyond the longest pretrained length.
-- downstream  the recipe export against its random-init twin on every task at several label budgets.
+- downstream  the recipe export against its random-init twin on every task at several label budgets,
+              for each pretraining seed of the recipe (the twin depends on no pretraining seed).
+- extension   context extension as a stage field (ModernBERT's last phase): a RoPE model pretrained at
+              short lengths, then a short last stage at a long length with (a) the same RoPE base,
+              (b) a larger one, against (c) no extension stage (the same run's checkpoint before it);
+              masked-LM loss at lengths up to twice the extension length.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PARTS = ("encodings", "linear", "lengths", "downstream")
+PARTS = ("encodings", "linear", "lengths", "downstream", "extension")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -42,6 +49,8 @@ class PretrainRun:
     seed: int
     data: str = "data"
     """Prepared data directory name under OUT/ ("data" or "data-recipe")."""
+    schedule: tuple[dict, ...] | None = None
+    """Stages the harness writes to OUT/schedules/<name>.yaml and sets as schedule.file (None: the config's)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,49 @@ class FinetuneRun:
     def name(self) -> str:
         budget = "all" if self.budget is None else str(self.budget)
         return f"{self.part}-{self.pretrain}-{self.init}-{self.task}-n{budget}-L{self.max_length}-s{self.seed}"
+
+
+@dataclass(frozen=True)
+class EvalRun:
+    """One masked-LM evaluation of a pretraining run's checkpoint at several lengths (extension part)."""
+
+    pretrain: str
+    """Name of the PretrainRun whose checkpoint is evaluated."""
+    variant: str
+    """"same-theta", "larger-theta" or "no-extension"."""
+    seed: int
+    tag: str | None
+    """Checkpoint tag (None: the latest); "no-extension" is the same-theta run before its last stage."""
+    seq_lens: tuple[int, ...]
+    tokens: int
+
+    @property
+    def name(self) -> str:
+        return f"extension-{self.variant}-s{self.seed}"
+
+
+@dataclass(frozen=True)
+class Extension:
+    """The extension part: base stages, one long last stage, and the RoPE base of each variant."""
+
+    base: tuple[dict, ...]
+    """Stages before the extension (schedule-file entries)."""
+    stage: dict
+    """The extension stage without rope_theta (name, max_seq_len, global_batch_size, steps)."""
+    larger_theta: float
+    """rope_theta of variant (b); variant (a) keeps the model's (10000)."""
+    seeds: tuple[int, ...]
+    eval_lens: tuple[int, ...]
+    eval_tokens: int = 32768
+
+    def schedule(self, variant: str) -> tuple[dict, ...]:
+        theta = {"same-theta": {}, "larger-theta": {"rope_theta": self.larger_theta}}[variant]
+        return (*self.base, {**self.stage, **theta})
+
+    @property
+    def base_end_tag(self) -> str:
+        """Checkpoint at the end of the base stages (stage ends always save): variant (c)."""
+        return f"global_step{sum(stage['steps'] for stage in self.base)}"
 
 
 @dataclass(frozen=True)
@@ -116,34 +168,78 @@ class Preset:
     """Fine-tunes run side by side (each uses one thread)."""
     pretrain_jobs: int = 1
     """Pretraining runs side by side (only sensible with one rank each: the quick preset)."""
+    recipe_seeds: tuple[int, ...] = (0,)
+    """Pretraining seeds of the recipe (the downstream part fine-tunes each one's export)."""
+    extension: Extension | None = None
+    """The extension part (None: the preset has none)."""
 
     @property
     def recipe_run(self) -> str:
-        """Name of the pretraining run whose export the lengths and downstream parts fine-tune."""
-        return "recipe" if self.recipe_config is not None else f"rope-s{self.pretrain_seeds[0]}"
+        """Name of the pretraining run whose export the lengths part fine-tunes (the first recipe seed)."""
+        return self.recipe_runs[0]
+
+    @property
+    def recipe_runs(self) -> tuple[str, ...]:
+        """One pretraining run per recipe seed: "recipe" (seed 0, the name runs have always had),
+        "recipe-s<seed>"; without a recipe config, the RoPE ablation runs of those seeds stand in."""
+        if self.recipe_config is None:
+            return tuple(f"rope-s{seed}" for seed in self.recipe_seeds)
+        return tuple("recipe" if seed == 0 else f"recipe-s{seed}" for seed in self.recipe_seeds)
 
     def pretrain_runs(self, parts: tuple[str, ...]) -> list[PretrainRun]:
         runs: list[PretrainRun] = []
         variants = {"encodings": [("rope", "softmax"), ("sinusoidal", "softmax"), ("learned", "softmax")],
                     "linear": [("rope", "linear"), ("sinusoidal", "linear")]}
         needs_recipe = "lengths" in parts or "downstream" in parts
+        # Recipe runs the parts need: the lengths part only the first seed's, downstream every seed's.
+        wanted = set(self.recipe_runs if "downstream" in parts else self.recipe_runs[:1]) if needs_recipe else set()
         for part in ("encodings", "linear"):
             if part not in parts and not (part == "encodings" and needs_recipe and self.recipe_config is None):
                 continue
             for encoding, attention in variants[part]:
                 group = encoding if attention == "softmax" else f"linear+{encoding}"
                 table = () if encoding == "rope" else (f"model.max_position_embeddings={self.absolute_positions}",)
-                for seed in self.pretrain_seeds:
-                    if part not in parts and f"{group}-s{seed}" != self.recipe_run:
-                        continue  # only the recipe's stand-in
+                seeds = self.pretrain_seeds if part in parts else ()
+                if self.recipe_config is None and group == "rope":
+                    seeds = tuple(dict.fromkeys((*seeds, *self.recipe_seeds)))  # stand-ins of the recipe seeds
+                for seed in seeds:
+                    if part not in parts and f"{group}-s{seed}" not in wanted:
+                        continue  # only the recipe's stand-ins
+                    compared = part in parts and seed in self.pretrain_seeds  # else a stand-in only
                     runs.append(PretrainRun(
-                        name=f"{group.replace('+', '-')}-s{seed}", config=self.ablation_config, group=group, seed=seed,
+                        name=f"{group.replace('+', '-')}-s{seed}", config=self.ablation_config,
+                        group=group if compared else "recipe", seed=seed,
                         overrides=(*self.overrides, f"model.position_encoding={encoding}",
                                    f"model.attention={attention}", *table, f"seed={seed}")))
         if needs_recipe and self.recipe_config is not None:
-            runs.append(PretrainRun(name="recipe", config=self.recipe_config, group="recipe", seed=0,
-                                    overrides=self.overrides,
-                                    data="data" if self.recipe_prepare_args is None else "data-recipe"))
+            for seed, name in zip(self.recipe_seeds, self.recipe_runs):
+                if name in wanted:
+                    runs.append(PretrainRun(name=name, config=self.recipe_config, group="recipe", seed=seed,
+                                            overrides=(*self.overrides, f"seed={seed}"),
+                                            data="data" if self.recipe_prepare_args is None else "data-recipe"))
+        if "extension" in parts and self.extension is not None:
+            for variant in ("same-theta", "larger-theta"):
+                for seed in self.extension.seeds:
+                    # keep_last: the checkpoint before the extension stage is variant (c)'s model
+                    runs.append(PretrainRun(
+                        name=f"extension-{variant}-s{seed}", config=self.ablation_config, group=f"extension-{variant}",
+                        seed=seed, schedule=self.extension.schedule(variant),
+                        overrides=(*self.overrides, "model.position_encoding=rope", "model.attention=softmax",
+                                   "checkpoint.keep_last=20", f"seed={seed}")))
+        return runs
+
+    def eval_runs(self, parts: tuple[str, ...]) -> list[EvalRun]:
+        """The extension part's checkpoint evaluations: (a), (b) at their last checkpoint, (c) = (a) before
+        its extension stage."""
+        ext = self.extension
+        if "extension" not in parts or ext is None:
+            return []
+        runs = []
+        for seed in ext.seeds:
+            for variant, run, tag in (("same-theta", f"extension-same-theta-s{seed}", None),
+                                      ("larger-theta", f"extension-larger-theta-s{seed}", None),
+                                      ("no-extension", f"extension-same-theta-s{seed}", ext.base_end_tag)):
+                runs.append(EvalRun(run, variant, seed, tag, ext.eval_lens, ext.eval_tokens))
         return runs
 
     def finetune_runs(self, parts: tuple[str, ...]) -> list[FinetuneRun]:
@@ -151,9 +247,11 @@ class Preset:
         if "downstream" in parts:
             for task, protocol in self.tasks.items():
                 for budget in self.label_budgets:
-                    for init in ("pretrained", "random"):
+                    # The twin is a function of architecture, tokenizer and fine-tuning seed only: one
+                    # set of twins (named after the first recipe run) serves every pretraining seed.
+                    for recipe, init in [*((r, "pretrained") for r in self.recipe_runs), (self.recipe_run, "random")]:
                         for seed in self.finetune_seeds:
-                            runs.append(FinetuneRun(self.recipe_run, task, init, budget, protocol.max_length, seed,
+                            runs.append(FinetuneRun(recipe, task, init, budget, protocol.max_length, seed,
                                                     "downstream", protocol.args_for(budget)))
         if "lengths" in parts:
             for length in self.lengths:
@@ -177,7 +275,7 @@ def full_preset() -> Preset:
         recipe_config=_configs() / "recipe.yaml",
         pretrain_seeds=(0, 1, 2),
         finetune_seeds=(0, 1, 2),
-        lengths_seeds=(0,),
+        lengths_seeds=(0, 1, 2),
         label_budgets=(250, 1000, None),
         # Chosen on dev by the recipe probes: inews at 1000 labels collapses to the majority class with
         # fewer than ~5 epochs, at every length tried. The whole training split (5-8x the examples)
@@ -187,6 +285,14 @@ def full_preset() -> Preset:
         lengths=(128, 256, 512, 1024),
         lengths_budget=1000,
         lengths_args=("--epochs", "8", "--lr", "1e-3", "--batch-size", "16", "--max-eval-examples", "500"),
+        recipe_seeds=(0, 1),
+        # The ablation model and data; 128 -> 512 as the ablation schedule, then 40 steps at 2048
+        # (4x the longest base length); the larger base 160000 is ModernBERT's long-context one.
+        extension=Extension(
+            base=({"name": "short", "max_seq_len": 128, "global_batch_size": 32, "steps": 250},
+                  {"name": "long", "max_seq_len": 512, "global_batch_size": 8, "steps": 60}),
+            stage={"name": "extend", "max_seq_len": 2048, "global_batch_size": 2, "steps": 40},
+            larger_theta=160000.0, seeds=(0, 1), eval_lens=(512, 1024, 2048, 4096)),
     )
 
 
@@ -200,7 +306,7 @@ def quick_preset() -> Preset:
         recipe_config=None,
         pretrain_seeds=(0,),
         finetune_seeds=(0,),
-        lengths_seeds=(0,),
+        lengths_seeds=(0, 1),  # n=2: the mean / min-max plumbing of the full preset
         label_budgets=(32,),
         tasks={"movie-reviews": TaskProtocol(32, ("--epochs", "1", "--max-eval-examples", "32")),
                "inews": TaskProtocol(32, ("--epochs", "1", "--max-eval-examples", "32"))},
@@ -215,6 +321,10 @@ def quick_preset() -> Preset:
                    "logging.valid_batches=1", "checkpoint.every_steps=0", "optimizer.warmup_steps=1"),
         finetune_jobs=2,
         pretrain_jobs=2,
+        recipe_seeds=(0, 1),  # two stand-ins: the downstream part's pretraining-seed plumbing
+        extension=Extension(base=({"name": "short", "max_seq_len": 32, "global_batch_size": 4, "steps": 3},),
+                            stage={"name": "extend", "max_seq_len": 64, "global_batch_size": 2, "steps": 2},
+                            larger_theta=40000.0, seeds=(0,), eval_lens=(32, 64, 128), eval_tokens=512),
     )
 
 

@@ -2,8 +2,13 @@
 
 `collect(...)` returns one JSON-ready dict (written as OUT/report/results.json): per compared
 group of pretraining runs the validation curves and the final validation loss over seeds; per
-fine-tune setting the test accuracy / macro-F1 over seeds. Spread is always reported as mean, min,
-max and n: with three seeds a standard deviation says little.
+fine-tune setting the test accuracy / macro-F1 over seeds; per extension variant the masked-LM loss
+per evaluation length over seeds. Spread is always reported as mean, min, max and n: with two or
+three seeds a standard deviation says little.
+
+`merge(results, priors)` completes a report with earlier results.json files (runs that are not on this
+machine): a part or comparison group the current output directory has no finished run of is taken from
+the first prior that has it, and `sources` records where each came from.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from launcher.reproduce.plan import FinetuneRun, Preset, PretrainRun
+from launcher.reproduce.plan import EvalRun, FinetuneRun, Preset, PretrainRun
 from launcher.reproduce.runner import Layout, is_finished, trained_steps
 from launcher.run_dir.layout import RunDir
 from launcher.train.metrics import read_metrics
@@ -107,19 +112,96 @@ def collect(preset: Preset, layout: Layout, parts: tuple[str, ...]) -> dict:
         if part in parts:
             groups = {"encodings": ("rope", "sinusoidal", "learned"), "linear": ("linear+rope", "linear+sinusoidal")}
             results[part] = comparison([r for r in pretrain if r.group in groups[part]], layout)
-    recipe = [r for r in pretrain if r.name == preset.recipe_run]
-    if recipe:
-        results["recipe"] = pretrain_summary(recipe[0], layout)
+    recipe = {r.name: r for r in pretrain if r.name in preset.recipe_runs}
+    if preset.recipe_run in recipe:
+        results["recipe"] = pretrain_summary(recipe[preset.recipe_run], layout)
+        results["recipe_runs"] = {name: {"seed": run.seed, **pretrain_summary(run, layout)}
+                                  for name, run in recipe.items()}
     if "downstream" in parts:
-        table = finetune_table([r for r in finetune if r.part == "downstream"], layout,
-                               key=lambda r: (r.task, budget_label(r.budget), r.init))
-        for task in table.values():
-            for cell in task.values():
+        downstream = [r for r in finetune if r.part == "downstream"]
+        # "pretrained" pools every (pretraining seed, fine-tuning seed) pair; by_pretraining_run
+        # keeps each pretraining seed apart, so the gain's spread over pretraining seeds shows.
+        table = finetune_table(downstream, layout, key=lambda r: (r.task, budget_label(r.budget), r.init))
+        per_run = finetune_table([r for r in downstream if r.init == "pretrained"], layout,
+                                 key=lambda r: (r.task, budget_label(r.budget), r.pretrain))
+        for task_name, task in table.items():
+            for budget, cell in task.items():
                 if "pretrained" in cell and "random" in cell and cell["pretrained"]["accuracy"]["n"]:
-                    cell["gain_points"] = 100 * (cell["pretrained"]["accuracy"]["mean"]
-                                                 - cell["random"]["accuracy"]["mean"])
+                    twin = cell["random"]["accuracy"]["mean"]
+                    cell["gain_points"] = 100 * (cell["pretrained"]["accuracy"]["mean"] - twin)
+                    runs = per_run.get(task_name, {}).get(budget, {})
+                    cell["by_pretraining_run"] = {
+                        name: {"accuracy": run["accuracy"], "gain_points": 100 * (run["accuracy"]["mean"] - twin)}
+                        for name, run in runs.items()}
         results["downstream"] = table
     if "lengths" in parts:
         results["lengths"] = finetune_table([r for r in finetune if r.part == "lengths"], layout,
                                             key=lambda r: (str(r.max_length),))
+    if "extension" in parts and preset.extension is not None:
+        results["extension"] = extension_table(preset.eval_runs(parts), layout, preset)
     return results
+
+
+def extension_table(runs: list[EvalRun], layout: Layout, preset: Preset) -> dict:
+    """Per variant: the RoPE base, each seed's loss per length, and the loss spread per length."""
+    ext = preset.extension
+    table: dict = {"stages": {v: list(ext.schedule(v)) for v in ("same-theta", "larger-theta")},
+                   "base_end_tag": ext.base_end_tag, "variants": {}}
+    for run in runs:
+        path = layout.eval_report(run)
+        if not path.is_file():
+            continue
+        report = json.loads(path.read_text(encoding="utf-8"))
+        variant = table["variants"].setdefault(run.variant, {"rope_theta": report["rope_theta"], "seeds": {}})
+        variant["trained_max_seq_len"] = report["trained_max_seq_len"]
+        variant["seeds"][str(run.seed)] = {str(r["seq_len"]): {"loss": r["loss"], "accuracy": r["accuracy"]}
+                                           for r in report["results"]}
+    for variant in table["variants"].values():
+        lengths = sorted({int(n) for seed in variant["seeds"].values() for n in seed})
+        variant["loss"] = {str(n): spread([seed[str(n)]["loss"] for seed in variant["seeds"].values()
+                                           if str(n) in seed]) for n in lengths}
+        variant["accuracy"] = {str(n): spread([seed[str(n)]["accuracy"] for seed in variant["seeds"].values()
+                                               if str(n) in seed]) for n in lengths}
+    return table
+
+
+def _has_data(part: str, value) -> bool:
+    if part in ("encodings", "linear"):
+        return any(group.get("runs") for group in value.values())
+    if part == "extension":
+        return bool(value.get("variants"))
+    if part in ("recipe", "recipe_runs"):
+        return bool(value) and (part == "recipe_runs" or value.get("finished", False))
+    return bool(value)
+
+
+MERGED_PARTS = ("encodings", "linear", "recipe", "recipe_runs", "lengths", "downstream", "extension")
+
+
+def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
+    """`results` completed from earlier results.json files (label, content), first prior first.
+
+    Comparison parts merge per group (a group with a finished run here wins); the other parts are
+    taken whole from the first source that has them. results["sources"] maps each part (or
+    "part/group") to the label of where its numbers come from."""
+    merged = dict(results)
+    sources: dict[str, str] = {}
+    for part in MERGED_PARTS:
+        candidates = [(current, results.get(part))] + [(label, prior.get(part)) for label, prior in priors]
+        candidates = [(label, value) for label, value in candidates if value and _has_data(part, value)]
+        if not candidates:
+            merged.pop(part, None)
+            continue
+        if part in ("encodings", "linear"):
+            groups: dict = {}
+            for label, value in candidates:
+                for name, group in value.items():
+                    if name not in groups and group.get("runs"):
+                        groups[name] = group
+                        sources[f"{part}/{name}"] = label
+            merged[part] = groups
+        else:
+            sources[part], merged[part] = candidates[0]
+    merged["parts"] = [p for p in ("encodings", "linear", "lengths", "downstream", "extension") if p in merged]
+    merged["sources"] = sources
+    return merged

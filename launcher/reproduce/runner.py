@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import UserError
-from launcher.reproduce.plan import FinetuneRun, Preset, PretrainRun
+from launcher.reproduce.plan import EvalRun, FinetuneRun, Preset, PretrainRun
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.sidecar import complete_sidecar
 
@@ -40,6 +40,12 @@ class Layout:
 
     def finetune_report(self, run: FinetuneRun) -> Path:
         return self.out / "finetune" / f"{run.name}.json"
+
+    def eval_report(self, run: EvalRun) -> Path:
+        return self.out / "eval" / f"{run.name}.json"
+
+    def schedule(self, run: PretrainRun) -> Path:
+        return self.out / "schedules" / f"{run.name}.yaml"
 
     def log(self, job: str) -> Path:
         return self.out / "logs" / f"{job}.log"
@@ -98,12 +104,46 @@ class Runner:
             self.log(f"pretrain {run.name}: finished earlier ({trained_steps(run_dir)} steps)")
         else:
             overrides = [*run.overrides, f"data.data_dir={self.data_dir(run.data).resolve()}"]
+            if run.schedule is not None:
+                overrides.append(f"schedule.file={self._write_schedule(run).resolve()}")
             self._run(f"pretrain-{run.name}",
                       ["pretrain", "--num_gpus", str(self.preset.num_ranks), "--master_port", str(_free_port()),
                        "--config", str(run.config), "--run-dir", str(run_dir),
                        *[arg for item in overrides for arg in ("--set", item)]])
         if with_export and not (self.layout.export(run) / "config.json").is_file():
             self._run(f"export-{run.name}", ["export", str(run_dir), "--out", str(self.layout.export(run))])
+
+    def _write_schedule(self, run: PretrainRun) -> Path:
+        """OUT/schedules/<run>.yaml from the plan; an existing one must say the same (a resumed run
+        must not silently get another schedule)."""
+        import yaml
+
+        from launcher.io import atomic_write_text
+
+        path = self.layout.schedule(run)
+        text = yaml.safe_dump({"description": f"written by roformer reproduce for {run.name}",
+                               "stages": [dict(stage) for stage in run.schedule]}, sort_keys=False)
+        if path.is_file():
+            if path.read_text(encoding="utf-8") != text:
+                raise UserError(f"{path}: differs from the schedule this release plans for {run.name}; "
+                                f"move the run (and this file) aside to start it again")
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, text)
+        return path
+
+    def evaluate_all(self, runs: list[EvalRun]) -> None:
+        """Checkpoint MLM evaluations (one thread each, preset.finetune_jobs side by side); done = report exists."""
+        todo = [run for run in runs if not self.layout.eval_report(run).is_file()]
+        self._parallel(self.evaluate, todo, self.preset.finetune_jobs)
+
+    def evaluate(self, run: EvalRun) -> None:
+        pretrain = next(r for r in self.preset.pretrain_runs(("extension",)) if r.name == run.pretrain)
+        tag = [] if run.tag is None else ["--tag", run.tag]
+        self._run(f"eval-{run.name}",
+                  [str(self.layout.run_dir(run.pretrain)), "--data", str(self.data_dir(pretrain.data)),
+                   "--seq-lens", ",".join(map(str, run.seq_lens)), "--tokens", str(run.tokens), *tag,
+                   "--out", str(self.layout.eval_report(run))], module="launcher.reproduce.checkpoint_mlm")
 
     def finetune_all(self, runs: list[FinetuneRun]) -> None:
         todo = [run for run in runs if not self.layout.finetune_report(run).is_file()]
@@ -155,15 +195,15 @@ class Runner:
                    "--max-length", str(run.max_length), "--seed", str(run.seed), "--threads", "1", *budget,
                    *run.args, "--out", str(self.layout.finetune_report(run))])
 
-    def _run(self, job: str, args: list[str]) -> None:
+    def _run(self, job: str, args: list[str], module: str = "launcher.cli") -> None:
         log_path = self.layout.log(job)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         self.log(f"{job}: running (log: {log_path})")
         with open(log_path, "a", encoding="utf-8") as log_file:
-            log_file.write(f"\n$ roformer {' '.join(args)}\n")
+            log_file.write(f"\n$ {'roformer' if module == 'launcher.cli' else 'python -m ' + module} {' '.join(args)}\n")
             log_file.flush()
-            code = self._call([sys.executable, "-m", "launcher.cli", *args], log_file)
+            code = self._call([sys.executable, "-m", module, *args], log_file)
         seconds = time.perf_counter() - started
         if code != 0:
             tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]

@@ -71,6 +71,11 @@ class CheckpointSidecar:
     files: dict | None = None
     """Every other file of the checkpoint directory: name -> {"bytes": size, "sha256": hex digest},
     recorded at save time after the files were flushed to disk. None in format 1."""
+    rope_theta: float | None = None
+    """RoPE base in force at this checkpoint (the stage's rope_theta, launcher/config/schedule.py): what
+    export and evaluation must use. None for models without RoPE and in sidecars written before
+    per-stage theta existed: then model_config's rope_theta is the one (same format number: a reader
+    that predates the field ignores it)."""
     complete: bool = True
     """Written last: False or absent means the save did not finish."""
     format: int = SIDECAR_FORMAT
@@ -105,6 +110,14 @@ class CheckpointSidecar:
 # Annotations are strings (postponed evaluation): the JSON types each stands for.
 _FIELD_TYPES = {"str": str, "int": int, "bool": bool, "dict": dict, "float": (int, float)}
 _OPTIONAL_FIELDS = frozenset(f.name for f in dataclasses.fields(CheckpointSidecar) if f.type.endswith(" | None"))
+
+
+def effective_rope_theta(sidecar: CheckpointSidecar) -> float | None:
+    """The RoPE base the checkpoint's weights were last trained with (None: not a RoPE model)."""
+    if sidecar.rope_theta is not None:
+        return sidecar.rope_theta
+    return sidecar.model_config.get("rope_theta", 10000.0) if sidecar.model_config.get(
+        "position_encoding", "rope") == "rope" else None
 
 
 def write_sidecar(checkpoint_dir: Path, sidecar: CheckpointSidecar) -> None:

@@ -23,6 +23,7 @@ from launcher.train.engine import loss_scale
 from launcher.train.progress_recorder import ProgressRecorder
 from launcher.train.metrics import Metrics
 from launcher.mfu import step_model_flops
+from roformer.rope import set_rope_theta
 
 StageEndCallback = Callable[[str, ResolvedStage], None]
 """Called on rank 0 with (checkpoint tag, stage) after each stage-end checkpoint is complete."""
@@ -95,14 +96,17 @@ class Trainer:
         self.engine.set_train_micro_batch_size(stage.micro_batch_size)
         self.engine.set_train_batch_size(stage.global_batch_size)
         assert self.engine.gradient_accumulation_steps() == stage.grad_accum_steps
+        if stage.rope_theta is not None:  # per-stage RoPE base (context extension): same weights, new table
+            set_rope_theta(self.engine.module, stage.rope_theta)
         self.metrics.event("stage_start", step=self.state.step, stage=stage.index, name=stage.name,
                            max_seq_len=stage.max_seq_len, global_batch_size=stage.global_batch_size,
                            micro_batch_size=stage.micro_batch_size, grad_accum_steps=stage.grad_accum_steps,
-                           seconds=time.perf_counter() - start)
+                           rope_theta=stage.rope_theta, seconds=time.perf_counter() - start)
         self.metrics.message(f"stage {stage.index + 1}/{len(self.stages)} '{stage.name}' after step {self.state.step} "
                              f"(steps {self.state.step + 1}-{stage.end_step}): max_seq_len {stage.max_seq_len}, "
                              f"global batch {stage.global_batch_size} = {stage.micro_batch_size} x "
-                             f"{stage.grad_accum_steps} x {self.world_size}")
+                             f"{stage.grad_accum_steps} x {self.world_size}"
+                             + ("" if stage.rope_theta is None else f", rope_theta {stage.rope_theta:g}"))
         return stage
 
     def train_step(self, stage: ResolvedStage) -> dict:

@@ -25,10 +25,11 @@ def test_full_preset_compares_every_variant_over_at_least_three_seeds():
     groups: dict[str, set[int]] = {}
     for run in runs:
         groups.setdefault(run.group, set()).add(run.seed)
-    assert set(groups) == {"rope", "sinusoidal", "learned", "linear+rope", "linear+sinusoidal", "recipe"}
-    assert all(len(seeds) >= 3 for group, seeds in groups.items() if group != "recipe")
+    assert set(groups) == {"rope", "sinusoidal", "learned", "linear+rope", "linear+sinusoidal", "recipe",
+                           "extension-same-theta", "extension-larger-theta"}
+    assert all(len(seeds) >= 3 for group, seeds in groups.items() if group != "recipe" and "extension" not in group)
     # Same config and schedule for every ablation variant: only encoding, attention, table and seed differ.
-    ablation = [r for r in runs if r.group != "recipe"]
+    ablation = [r for r in runs if r.group != "recipe" and r.schedule is None]
     assert {r.config for r in ablation} == {preset.ablation_config}
     finetunes = preset.finetune_runs(PARTS)
     assert len({f.name for f in finetunes}) == len(finetunes)  # one report file per job
@@ -37,6 +38,17 @@ def test_full_preset_compares_every_variant_over_at_least_three_seeds():
         (t, b, i) for t in ("movie-reviews", "inews") for b in (250, 1000, None) for i in ("pretrained", "random")}
     assert {f.max_length for f in finetunes if f.part == "lengths"} == {128, 256, 512, 1024}
     assert len(preset.finetune_seeds) >= 3
+    # Table 5 with seeds: 3 fine-tuning seeds per length, all on the first recipe run's export.
+    for length in (128, 256, 512, 1024):
+        assert {f.seed for f in finetunes if f.part == "lengths" and f.max_length == length} == {0, 1, 2}
+    assert {f.pretrain for f in finetunes if f.part == "lengths"} == {"recipe"}
+    # Downstream: every pretraining seed of the recipe with every fine-tuning seed; one set of twins.
+    assert preset.recipe_runs == ("recipe", "recipe-s1")
+    pretrained = {(f.pretrain, f.seed) for f in downstream if f.init == "pretrained"}
+    assert pretrained == {(r, s) for r in ("recipe", "recipe-s1") for s in (0, 1, 2)}
+    assert {f.pretrain for f in downstream if f.init == "random"} == {"recipe"}
+    recipe = {r.name: r for r in runs if r.group == "recipe"}
+    assert set(recipe) == {"recipe", "recipe-s1"} and "seed=1" in recipe["recipe-s1"].overrides
     # The whole training split gets its own (shorter) epoch count; finetune's argparse keeps the last --epochs.
     for f in downstream:
         epochs = [f.args[i + 1] for i, flag in enumerate(f.args) if flag == "--epochs"]
@@ -45,7 +57,9 @@ def test_full_preset_compares_every_variant_over_at_least_three_seeds():
 
 def test_each_part_runs_alone_with_only_what_it_needs():
     preset = PRESETS["full"]()
-    assert [r.name for r in preset.pretrain_runs(("downstream",))] == ["recipe"]
+    assert [r.name for r in preset.pretrain_runs(("downstream",))] == ["recipe", "recipe-s1"]
+    assert [r.name for r in preset.pretrain_runs(("lengths",))] == ["recipe"]
+    assert preset.eval_runs(("encodings",)) == []
     assert {r.group for r in preset.pretrain_runs(("linear",))} == {"linear+rope", "linear+sinusoidal"}
     assert preset.finetune_runs(("encodings",)) == []
 
@@ -115,3 +129,97 @@ def test_a_stop_terminates_the_running_jobs(tmp_path):
     assert codes == [-15]  # SIGTERM, once; the queued job never ran
     with pytest.raises(UserError, match="stopped"):
         runner._call(sleeper, subprocess.DEVNULL)
+
+
+def test_extension_part_plans_two_thetas_and_the_checkpoint_before_the_extension():
+    preset = PRESETS["full"]()
+    runs = {r.name: r for r in preset.pretrain_runs(("extension",))}
+    assert set(runs) == {f"extension-{v}-s{s}" for v in ("same-theta", "larger-theta") for s in (0, 1)}
+    same, larger = runs["extension-same-theta-s0"].schedule, runs["extension-larger-theta-s0"].schedule
+    assert same[:-1] == larger[:-1]  # the same base stages ...
+    assert "rope_theta" not in same[-1] and larger[-1]["rope_theta"] > 10000  # ... then the two bases
+    assert same[-1]["max_seq_len"] == 2048 and max(s["max_seq_len"] for s in same[:-1]) == 512
+    evals = {e.name: e for e in preset.eval_runs(("extension",))}
+    assert len(evals) == 6 and evals["extension-no-extension-s1"].pretrain == "extension-same-theta-s1"
+    assert evals["extension-no-extension-s1"].tag == f"global_step{sum(s['steps'] for s in same[:-1])}"
+    assert evals["extension-larger-theta-s0"].seq_lens == (512, 1024, 2048, 4096)
+
+
+def test_extension_schedules_load_and_resolve(tmp_path):
+    from launcher.config.stages import resolve_stages
+    from launcher.reproduce.runner import Layout, Runner
+    from tests.support.helpers import write_yaml
+
+    preset = PRESETS["full"]()
+    runner = Runner(preset, Layout(tmp_path), log=lambda line: None)
+    for run in preset.pretrain_runs(("extension",)):
+        path = runner._write_schedule(run)
+        assert runner._write_schedule(run) == path  # the same plan again: accepted
+        cfg = load_run_config(preset.ablation_config, [*run.overrides, f"schedule.file={path}"])
+        stages = resolve_stages(cfg, preset.num_ranks)
+        assert stages[-1].rope_theta == (160000.0 if "larger" in run.name else 10000.0)
+    write_yaml(path, {"stages": [{"name": "x", "max_seq_len": 64, "global_batch_size": 2, "steps": 1}]})
+    with pytest.raises(UserError, match="differs from the schedule this release plans"):
+        runner._write_schedule(run)
+
+
+def _finished_group(loss: float) -> dict:
+    return {"runs": {"r": {"final_valid_loss": loss}}, "unfinished": [],
+            "final_valid_loss": {"mean": loss, "min": loss, "max": loss, "n": 1}}
+
+
+def test_merge_fills_missing_parts_and_groups_from_earlier_results():
+    from launcher.reproduce.results import merge
+
+    current = {"parts": ["encodings"], "encodings": {"sinusoidal": _finished_group(6.5),
+                                                    "rope": {"runs": {}, "unfinished": ["rope-s0"]}}}
+    ablations = {"parts": ["encodings", "linear"], "encodings": {"rope": _finished_group(6.4),
+                                                                "sinusoidal": _finished_group(7.6)},
+                 "linear": {"linear+rope": _finished_group(6.8)}}
+    recipe = {"parts": ["lengths"], "lengths": {"128": {"accuracy": {"n": 1}}}, "recipe": {"finished": True}}
+    merged = merge(current, [("old ablations", ablations), ("old recipe", recipe)], current="here")
+    assert merged["encodings"]["sinusoidal"]["final_valid_loss"]["mean"] == 6.5  # this run wins
+    assert merged["encodings"]["rope"]["final_valid_loss"]["mean"] == 6.4  # unfinished here: the earlier one
+    assert merged["sources"] == {"encodings/sinusoidal": "here", "encodings/rope": "old ablations",
+                                 "linear/linear+rope": "old ablations", "recipe": "old recipe",
+                                 "lengths": "old recipe"}
+    assert merged["parts"] == ["encodings", "linear", "lengths"]
+
+
+def test_merge_inputs_are_checked_and_reports_name_no_absolute_path(tmp_path):
+    from launcher.commands.reproduce import display_path, read_prior
+
+    bad = tmp_path / "results.json"
+    bad.write_text("{}")
+    with pytest.raises(UserError, match="not a reproduction results.json"):
+        read_prior(bad)
+    with pytest.raises(UserError, match="cannot read"):
+        read_prior(tmp_path / "missing.json")
+    assert display_path(REPO / "runs" / "x") == "runs/x"
+    assert not display_path(Path("/nonexistent-root/out")).startswith("/")
+    label, _ = read_prior(REPO / "docs" / "reproduction" / "results" / "results.json")
+    assert label.startswith("`docs/reproduction/results/results.json`")
+
+
+def test_report_states_seed_spreads_and_the_extension_verdicts(tmp_path):
+    from launcher.reproduce.claims_report import write_report
+
+    def stats(*values):
+        return {"mean": sum(values) / len(values), "min": min(values), "max": max(values), "n": len(values)}
+
+    cell = {"accuracy": stats(0.68, 0.69, 0.70), "macro_f1": stats(0.6, 0.61, 0.62), "truncated_share_test": 0.5,
+            "majority_baseline_accuracy": 0.3}
+    ext = PRESETS["full"]().extension
+    variants = {name: {"rope_theta": theta, "trained_max_seq_len": trained, "seeds": {},
+                       "loss": {str(n): stats(base + n / 4096, base + n / 4096 + 0.01) for n in ext.eval_lens}}
+                for name, theta, trained, base in (("no-extension", 10000.0, 512, 7.0),
+                                                   ("same-theta", 10000.0, 2048, 6.5),
+                                                   ("larger-theta", 160000.0, 2048, 6.0))}
+    results = {"lengths": {"128": cell, "1024": {**cell, "accuracy": stats(0.71, 0.72, 0.73)}},
+               "extension": {"stages": {"same-theta": list(ext.schedule("same-theta"))},
+                             "base_end_tag": ext.base_end_tag, "variants": variants}}
+    text = (write_report(results, tmp_path, ["header"])).read_text()
+    assert "128 -> 1024: accuracy 0.690 -> 0.720 (+3.0 points; n = 3 / 3 fine-tuning seeds): beyond the seed spread" in text
+    assert "| larger-theta | 160000 | 2048 |" in text
+    assert "at 4096 tokens, larger-theta vs same-theta: 7.005 vs 7.505 (every seed below every seed)" in text
+    assert (tmp_path / "extension.png").read_bytes()[:8] == PNG_MAGIC

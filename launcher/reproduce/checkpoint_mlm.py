@@ -1,0 +1,93 @@
+"""Masked-LM figures per length of a CHECKPOINT, with the RoPE base it was trained at last.
+
+`roformer eval-mlm` reads a transformers export; a checkpoint whose last stage raised RoPE's base
+(schedule `rope_theta`) cannot be exported (transformers' RoFormer fixes the base at 10000, see
+launcher/downstream/exporter.py), so the reproduction's `extension` part evaluates checkpoints with
+this module instead: the same text, masking and figures as eval-mlm (its helpers are reused), the
+model built from the sidecar's model_config with the sidecar's rope_theta.
+
+    python -m launcher.reproduce.checkpoint_mlm RUN_DIR --data DATA_DIR --seq-lens 512,1024 --out F.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import time
+from pathlib import Path
+
+from launcher.errors import UserError
+
+
+def evaluate_checkpoint(run_dir: Path, data_dir: Path, seq_lens: list[int], tokens: int = 32768,
+                        tokens_per_batch: int = 8192, seed: int = 0, tag: str | None = None) -> dict:
+    import torch
+
+    from data_pipeline import MaskingConfig, PretrainBatches, open_corpus
+    from launcher.downstream.checkpoint_weights import consolidate_fp32, resolve_checkpoint
+    from launcher.downstream.mlm_evaluation import _first_sequences, _masked_lm_figures
+    from launcher.downstream.model_card import run_stages, trained_length
+    from launcher.run_dir.sidecar import effective_rope_theta
+    from roformer import RoFormerConfig, RoFormerForMaskedLM
+
+    if not seq_lens or min(seq_lens) < 2:
+        raise UserError(f"--seq-lens: {seq_lens}: need lengths >= 2")
+    ref = resolve_checkpoint(run_dir, tag)
+    config = RoFormerConfig.from_dict(ref.sidecar.model_config, source=f"{ref.path}: model_config")
+    theta = effective_rope_theta(ref.sidecar)
+    if theta is not None:
+        config = dataclasses.replace(config, rope_theta=theta)
+    model = RoFormerForMaskedLM(config)
+    model.load_state_dict(consolidate_fp32(ref), strict=True)
+    model.eval()
+    corpus = open_corpus(Path(data_dir), split="valid", verify=True,
+                         expected_tokenizer_sha256=ref.sidecar.tokenizer_sha256)
+    trained = trained_length(ref.sidecar, run_stages(ref.run_dir, ref.sidecar.step))
+    results = []
+    with torch.no_grad():
+        for seq_len in seq_lens:
+            batches = PretrainBatches(corpus, rank=0, world_size=1, seed=seed, masking=MaskingConfig(mask_prob=0.15))
+            sequences = max(1, math.ceil(tokens / (seq_len - 1)))  # the same first tokens at every length
+            micro = max(1, min(tokens_per_batch // seq_len, sequences))
+            started = time.perf_counter()
+            figures = _masked_lm_figures(model, _first_sequences(batches, seq_len, micro, sequences))
+            figures.update(seq_len=seq_len, micro_batch_size=micro,
+                           longer_than_trained=None if trained is None else seq_len > trained,
+                           seconds=round(time.perf_counter() - started, 2))
+            results.append(figures)
+    return {"run": Path(run_dir).name, "tag": ref.tag, "step": ref.sidecar.step, "rope_theta": theta,
+            "trained_max_seq_len": trained, "tokens": tokens, "seed": seed, "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from launcher.io import atomic_write_json
+
+    parser = argparse.ArgumentParser(prog="python -m launcher.reproduce.checkpoint_mlm", description=__doc__)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--data", type=Path, required=True, help="prepared data dir the run trained on")
+    parser.add_argument("--seq-lens", required=True, help="comma-separated lengths, [CLS] included")
+    parser.add_argument("--tokens", type=int, default=32768, help="token budget per length")
+    parser.add_argument("--tag", default=None, help="checkpoint tag (default: the latest)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    try:
+        seq_lens = [int(x) for x in args.seq_lens.split(",") if x.strip()]
+    except ValueError:
+        print(f"error: --seq-lens: {args.seq_lens!r} is not a comma-separated list of integers", file=sys.stderr)
+        return 2
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
+    try:
+        report = evaluate_checkpoint(args.run_dir, args.data, seq_lens, tokens=args.tokens, tag=args.tag)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    atomic_write_json(args.out, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
