@@ -45,6 +45,9 @@ def plain_transformers_dir(out: Path, texts: list[str], head: bool = True, safet
     cls = transformers.RoFormerForMaskedLM if head else transformers.RoFormerModel
     model = cls(hf_config)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out), safe_serialization=safetensors)
+    model.save_pretrained(str(out))
+    if not safetensors:  # what transformers < 5 wrote with safe_serialization=False (5 writes safetensors only)
+        torch.save(model.state_dict(), out / "pytorch_model.bin")
+        (out / "model.safetensors").unlink()
     tokenizer.save_pretrained(str(out))
     return out
