@@ -231,8 +231,10 @@ def run_with_restarts(plan, policy: RestartPolicy, launch: Callable[[object], Jo
             watch = None
         if outcome is not None and (outcome.returncode == 0 or outcome.interrupted is not None):
             return outcome.returncode  # finished, or a stop asked of us (the console said which)
-        records = train_records(run_dir)
-        failed_at = records[-1]["step"] if records else 0
+        records, this_launch = train_records(run_dir), train_records(run_dir, offset)
+        from_step, from_tag = restart_point(run_dir)
+        # A launch that failed before its first step made no progress: it failed where it resumed.
+        failed_at = this_launch[-1]["step"] if this_launch else min(from_step, records[-1]["step"] if records else 0)
         if outcome is None:
             fault = Fault("preflight", f"the restart's checks failed: {preflight_error}", "preflight failed",
                           None, None, failed_at, BAD_INPUT_EXIT_CODE)
@@ -243,7 +245,6 @@ def run_with_restarts(plan, policy: RestartPolicy, launch: Callable[[object], Jo
             seen_at = outcome.failure.seen_at if outcome.failure is not None else outcome.ended_at
             stop_seconds = max(0.0, outcome.ended_at - seen_at)
             seen_wall = time.time() - (time.monotonic() - seen_at)
-        from_step, from_tag = restart_point(run_dir)
         decision = policy.decide(fault, faults, attempt - 1)
         faults.append(fault)
         next_plan = None

@@ -265,6 +265,16 @@ def test_loop_excludes_the_failed_node_and_gives_up_naming_the_stage_when_the_ba
     assert second.action == "gave up" and "stage 'short'" in second.reason
 
 
+def test_a_restart_failing_before_its_first_step_failed_where_it_resumed(tmp_path):
+    job = ScriptedJob(tmp_path / "run", [(9, 8, _killed()), (8, None, _killed()), (8, None, _killed())])
+    rc, said, slept, _ = _run(tmp_path, job, POLICY)
+    records = read_restarts(RunDir(tmp_path / "run"))
+    assert [(r.action, r.failed_at_step, r.steps_lost) for r in records] == \
+        [("restart", 9, 1), ("restart", 8, 0), ("gave up", 8, 0)]
+    assert rc == 137 and slept == [10, 20]
+    assert records[1].restart_seconds is None and records[1].seconds_lost is None  # it never took a step
+
+
 def test_a_stop_asked_of_roformer_pretrain_is_not_restarted(tmp_path):
     job = ScriptedJob(tmp_path / "run", [(4, 4, JobOutcome(143, None, signal.SIGTERM, time.monotonic()))])
     rc, said, slept, _ = _run(tmp_path, job, POLICY)
