@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None, process_start: float | None = None) -> i
     except user_errors() as err:
         print(f"pretrain (rank {os.environ.get('RANK', '?')}): error: {err}", file=sys.stderr, flush=True)
         return BAD_INPUT_EXIT_CODE
+    finally:
+        startup.release_run_dir()  # rank 0's own lock, when it took one (no `roformer pretrain` above it)
 
 
 @dataclass
@@ -94,6 +96,8 @@ def start(args: argparse.Namespace, process_start: float | None = None) -> Start
     rank, world_size = rank_and_world_size()
     stages = resolve_stages(cfg, world_size)
     run_dir = startup.prepare_run_dir(Path(args.run_dir))
+    if rank == 0:  # one job per run directory: refused before anything is written (launcher/run_dir/lock.py)
+        startup.claim_run_dir(run_dir)
     progress = ProgressRecorder(run_dir, rank, cfg.watchdog)  # heartbeats for the hang watchdog (rank guard)
     progress.start_up("checks and data")
     batches, valid_batches = startup.open_batches(cfg, stages, rank, world_size)

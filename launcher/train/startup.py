@@ -3,7 +3,9 @@ decision (launcher/train/resume.py: rank 0 checks, then shares it; the run's rec
 only once it is accepted), the distributed group, and the start-up report."""
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
+from launcher.run_dir.lock import LOCK_ID_ENV, acquire
 from launcher.train.stage_end_jobs import start_stage_end_job
 from launcher.train.checkpointer import ResumePoint
 from launcher.train.engine import loss_scale, precision
@@ -74,6 +77,27 @@ def prepare_run_dir(path: Path) -> RunDir:
     except OSError as err:
         raise UserError(f"--run-dir {root}: not writable ({err.strerror})") from None
     return run_dir
+
+
+_held_locks: list = []  # rank 0's own run-directory lock (at most one), released by release_run_dir
+
+
+def claim_run_dir(run_dir: RunDir) -> None:
+    """Rank 0: the run directory's lock (launcher/run_dir/lock.py). Under `roformer pretrain` the
+    launcher holds it and passed its id in LOCK_ID_ENV: rank 0 finds it there and writes nothing (the
+    launcher keeps it across restarts). A job started by plain mpirun / srun has no launcher: rank 0
+    takes the lock for its life. Either way another live job's lock is refused (RunDirInUse, one line
+    naming it), before this rank writes anything."""
+    lock = acquire(run_dir.root, command="rank 0", lock_id=os.environ.get(LOCK_ID_ENV) or None,
+                   note=lambda text: print(f"pretrain (rank 0): note: {text}", file=sys.stderr, flush=True))
+    if lock.owned:
+        _held_locks.append(lock)
+        atexit.register(lock.release)  # a benchmark drives `start` without `main`; release is idempotent
+
+
+def release_run_dir() -> None:
+    while _held_locks:
+        _held_locks.pop().release()
 
 
 def open_batches(cfg: RunConfig, stages: list[ResolvedStage], rank: int, world_size: int):

@@ -1,0 +1,276 @@
+"""One job per run directory: the lock file RUN_DIR/heartbeats/run.lock, its one writer and one reader.
+
+    with acquire(run_dir) as lock:        # UserError naming the holder when another live job has it
+        ... run the job ...               # a thread refreshes the file every `refresh_every` seconds
+
+Who holds it: `roformer pretrain` (launcher/commands/pretrain.py) for the whole job, across the
+restarts of its ranks, and hands its id to the ranks in LOCK_ID_ENV; rank 0 (launcher/train/startup.py)
+then only checks that the file still holds that id. A job started without `roformer pretrain` (plain
+mpirun / srun, docs/multinode.md) has no id: its rank 0 takes the lock itself. Read-only commands
+(`export`, `report`, `eval-mlm`) never look at it.
+
+The file is JSON (a `LockHolder`): host, pid, when the holder started and when it last refreshed the
+file. It is created atomically (written to a private file, then hard-linked to the lock's name:
+link(2) fails when the name exists, on NFS too), so a reader never sees half a record and two jobs
+starting together cannot both win. Judging a holder stale and taking its lock over happen under an
+flock(2) on `.run.lock.guard` beside it, so two newcomers cannot both take over one stale lock.
+
+A holder is stale (its lock is taken over, saying so) when it is gone: on this host, its pid is
+dead or belongs to another process (a different start time); on another host, the file has not
+been refreshed for `stale_after` seconds (default STALE_SECONDS, ten refresh intervals).
+
+Why in heartbeats/: like the rank heartbeats it is a liveness file, not a record of the run; a
+refused resume must leave every record (and RUN_DIR's own mtime) as it was, and heartbeats/ is the
+one place every launch rewrites anyway.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import json
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from launcher.errors import UserError
+from launcher.run_dir.layout import RunDir
+
+LOCK_ID_ENV = "ROFORMER_RUN_LOCK_ID"
+"""The id of the lock `roformer pretrain` holds, given to its ranks (forwarded to every node like every
+ROFORMER_* variable). Not named *TOKEN*: env forwarding drops credential-like names."""
+REFRESH_SECONDS = 30.0
+STALE_SECONDS = 600.0
+
+
+class RunDirInUse(UserError):
+    """Another live job holds the run directory's lock; the message names it."""
+
+
+@dataclass
+class LockHolder:
+    """The content of the lock file."""
+
+    lock_id: str
+    """Random id of this acquisition; the ranks of the holding job get it in LOCK_ID_ENV."""
+    command: str
+    """Who holds it: 'roformer pretrain' or 'rank 0' (a job started without roformer pretrain)."""
+    host: str
+    """socket.gethostname() of the holder."""
+    pid: int
+    """The holder's process id on `host`."""
+    pid_started: int | None
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): a reused pid differs."""
+    started_at: float
+    """time.time() when the lock was taken."""
+    refreshed_at: float
+    """time.time() of the latest refresh."""
+
+    def describe(self, now: float | None = None) -> str:
+        """"roformer pretrain (pid 4242 on node1, since 2026-11-25 03:50:12, refreshed 12 s ago)"."""
+        age = max(0.0, (time.time() if now is None else now) - self.refreshed_at)
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started_at))
+        return f"{self.command} (pid {self.pid} on {self.host}, since {since}, refreshed {age:.0f} s ago)"
+
+
+def lock_path(run_dir: Path) -> Path:
+    return RunDir(Path(run_dir)).heartbeats / "run.lock"
+
+
+def read_holder(run_dir: Path) -> LockHolder | None:
+    """The current holder, or None when there is no lock file."""
+    return _read(lock_path(run_dir))
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot; None when it does not exist (or no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])  # field 22; the name in (...) may hold spaces
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def stale_reason(holder: LockHolder, stale_after: float = STALE_SECONDS, now: float | None = None) -> str | None:
+    """Why `holder` is gone (its lock may be taken over), or None while it may still be running."""
+    now = time.time() if now is None else now
+    if holder.pid <= 0:
+        return "the file is not a lock record"
+    if holder.host == socket.gethostname():
+        started = process_start_ticks(holder.pid)
+        if started is None and not _pid_exists(holder.pid):
+            return f"pid {holder.pid} is not running on {holder.host}"
+        if started is not None and holder.pid_started is not None and started != holder.pid_started:
+            return f"pid {holder.pid} on {holder.host} is another process now"
+        return None
+    if now - holder.refreshed_at > stale_after:
+        return f"not refreshed for {now - holder.refreshed_at:.0f} s (bound {stale_after:g} s)"
+    return None
+
+
+def _is_this_process(holder: LockHolder) -> bool:
+    return (holder.host, holder.pid, holder.pid_started) == (socket.gethostname(), os.getpid(),
+                                                             process_start_ticks(os.getpid()))
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunLock:
+    """A held (or, for rank 0 under `roformer pretrain`, joined) run-directory lock."""
+
+    def __init__(self, path: Path, holder: LockHolder, owned: bool, took_over: LockHolder | None = None,
+                 refresh_every: float | None = REFRESH_SECONDS):
+        self.path, self.holder, self.owned, self.took_over = path, holder, owned, took_over
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if owned and refresh_every:
+            self._thread = threading.Thread(target=self._refresh_loop, args=(refresh_every,), name="run-lock",
+                                            daemon=True)
+            self._thread.start()
+
+    def refresh(self) -> bool:
+        """Rewrite refreshed_at; False (nothing written) when the file no longer holds this lock."""
+        if not self.owned:
+            return True
+        with _guard(self.path):
+            current = _read(self.path)
+            if current is None or current.lock_id != self.holder.lock_id:
+                return False
+            self.holder = dataclasses.replace(self.holder, refreshed_at=time.time())
+            tmp = self.path.with_name(f".{self.path.name}.{self.holder.lock_id}.tmp")
+            tmp.write_text(json.dumps(dataclasses.asdict(self.holder)), encoding="utf-8")
+            os.replace(tmp, self.path)  # atomic: readers see the old record or the new one
+        return True
+
+    def release(self) -> None:
+        """Remove the lock file if it still holds this lock (idempotent); a joined lock is left alone."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        if not self.owned:
+            return
+        self.owned = False
+        with contextlib.suppress(OSError), _guard(self.path):
+            current = _read(self.path)
+            if current is not None and current.lock_id == self.holder.lock_id:
+                self.path.unlink()
+
+    def __enter__(self) -> "RunLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def _refresh_loop(self, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                if not self.refresh():
+                    print(f"warning: {self.path} no longer holds this job's lock (taken over as stale?); "
+                          f"another job may now write this run directory", file=sys.stderr, flush=True)
+                    return
+            except OSError:
+                pass  # a shared filesystem hiccup: the next refresh tries again, the bound is 10 intervals
+
+
+def acquire(run_dir: Path, *, command: str = "roformer pretrain", lock_id: str | None = None,
+            stale_after: float = STALE_SECONDS, refresh_every: float | None = REFRESH_SECONDS,
+            note: Callable[[str], None] | None = None) -> RunLock:
+    """Take RUN_DIR's lock (creating RUN_DIR/heartbeats, and RUN_DIR when missing).
+
+    RunDirInUse naming the holder when another live job has it. `lock_id`: when the file already
+    holds this id (rank 0 of the job `roformer pretrain` holds it for), the lock is joined, not
+    taken: nothing is written, and release() leaves the file to its owner. A stale lock is taken
+    over, and `note` (default: stderr) gets one line naming the holder that was gone and why."""
+    root = Path(run_dir)
+    _make_dirs(root)
+    path = lock_path(root)
+    note = note or (lambda text: print(text, file=sys.stderr, flush=True))
+    with _guard(path):
+        current = _read(path)
+        if current is not None and lock_id is not None and current.lock_id == lock_id:
+            return RunLock(path, current, owned=False)
+        took_over = None
+        if current is not None and _is_this_process(current):
+            path.unlink()  # left by an earlier start in this very process (a test, a benchmark): ours
+        elif current is not None:
+            reason = stale_reason(current, stale_after)
+            if reason is None:
+                raise RunDirInUse(f"--run-dir {root}: in use by {current.describe()}; one job per run directory: "
+                                  f"wait for it to end or stop it (lock file {path})")
+            took_over = current
+            path.unlink(missing_ok=True)
+        now = time.time()
+        holder = LockHolder(lock_id=lock_id or secrets.token_hex(8), command=command, host=socket.gethostname(),
+                            pid=os.getpid(), pid_started=process_start_ticks(os.getpid()), started_at=now,
+                            refreshed_at=now)
+        if not _create(path, holder):  # someone without the guard (flock unsupported) was faster
+            raise RunDirInUse(f"--run-dir {root}: in use by {(_read(path) or holder).describe()}; one job per "
+                              f"run directory (lock file {path})")
+    if took_over is not None:
+        note(f"--run-dir {root}: took over the lock of {took_over.describe()}: {stale_reason(took_over, stale_after)}")
+    return RunLock(path, holder, owned=True, took_over=took_over, refresh_every=refresh_every)
+
+
+def _make_dirs(root: Path) -> None:
+    if root.exists() and not root.is_dir():
+        raise UserError(f"--run-dir {root}: exists and is not a directory")
+    try:
+        RunDir(root).heartbeats.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--run-dir {root}: cannot create {RunDir(root).heartbeats}: {err.strerror or err}") from None
+
+
+def _read(path: Path) -> LockHolder | None:
+    try:
+        return LockHolder(**json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError):
+        # Not ours or unreadable: an empty/garbled file cannot name a live holder, so it counts as gone.
+        return LockHolder(lock_id="?", command=f"unreadable lock file {path}", host="?", pid=0, pid_started=None,
+                          started_at=0.0, refreshed_at=0.0)
+
+
+def _create(path: Path, holder: LockHolder) -> bool:
+    """Write `holder` to `path` only if `path` does not exist, atomically (content complete when it appears)."""
+    tmp = path.with_name(f".{path.name}.{holder.lock_id}.tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(holder)), encoding="utf-8")
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _guard(path: Path) -> Iterator[None]:
+    """An exclusive flock on `.run.lock.guard` beside the lock while a holder is judged and replaced.
+    Where the filesystem refuses locks (ENOLCK, some NFS mounts), the atomic create alone decides."""
+    import fcntl
+
+    fd = os.open(path.with_name(f".{path.name}.guard"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as err:
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        yield
+    finally:
+        os.close(fd)  # closing drops the flock

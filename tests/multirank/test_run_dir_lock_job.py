@@ -1,0 +1,102 @@
+"""One job per run directory with real jobs (issue 20, section 3): a running `roformer pretrain` holds
+RUN_DIR's lock; a second `roformer pretrain` on it, and a rank 0 started without the launcher, are
+refused in one line naming the holder, exit 2, writing nothing; `export` and `report` work on the
+running run; a stale lock left by a dead process is taken over, saying so; the lock goes with the job."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from launcher.run_dir.layout import RunDir
+from launcher.run_dir.lock import LOCK_ID_ENV, lock_path, read_holder
+from tests.support.helpers import REPO, free_port, roformer, roformer_env, start_roformer, tiny_run_config
+
+# A schedule far longer than the test: the job runs until the test stops it (Ctrl-C), whatever the speed.
+ENDLESS = [{"name": "long", "max_seq_len": 16, "global_batch_size": 4, "steps": 100000}]
+
+
+def tree_state(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file and directory under root with (size, mtime_ns): any write shows."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in [root, *root.rglob("*")]}
+
+
+def job_processes(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The job's launcher and everything under it (DeepSpeed's runner is in a session of its own)."""
+    top = psutil.Process(proc.pid)
+    return [top, *top.children(recursive=True)]
+
+
+def test_a_running_job_keeps_its_run_directory_to_itself(tiny_data, tmp_path):
+    config = tiny_run_config(tmp_path / "config", tiny_data, stages=ENDLESS, checkpoint={"every_steps": 2})
+    run_dir, log = tmp_path / "run", tmp_path / "first.out"
+    # A lock left by a job that died (its pid is gone): the first job takes it over, saying so.
+    dead = subprocess.Popen([sys.executable, "-c", "import sys, os; from launcher.run_dir.lock import acquire; "
+                             "acquire(sys.argv[1]); os._exit(0)", str(run_dir)], cwd=REPO, env=roformer_env())
+    assert dead.wait() == 0 and read_holder(run_dir).pid == dead.pid
+    first = start_roformer("pretrain", "--num_gpus", "1", "--master_port", str(free_port()), "--config", str(config),
+                           "--run-dir", str(run_dir), env=roformer_env(), log=log)
+    try:
+        deadline = time.monotonic() + 300
+        while not RunDir(run_dir).latest.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert first.poll() is None and RunDir(run_dir).latest.exists(), log.read_text()[-3000:]
+        holder = read_holder(run_dir)
+        assert (holder.pid, holder.command) == (first.pid, "roformer pretrain")
+        took_over = f"roformer pretrain: note: --run-dir {run_dir}: took over the lock of roformer pretrain (pid {dead.pid} "
+        assert took_over in log.read_text()
+        assert log.read_text().count("took over the lock") == 1  # rank 0 joined its launcher's lock silently
+
+        # Read-only commands on the running run.
+        export = roformer("export", str(run_dir), "--out", str(tmp_path / "export"), timeout=300)
+        assert export.returncode == 0, export.stderr[-3000:]
+        assert json.loads((tmp_path / "export" / "export_info.json").read_text())["step"] >= 2
+        report = roformer("report", str(run_dir), "--out", str(tmp_path / "report"), timeout=300)
+        assert report.returncode == 0, report.stderr[-3000:]
+        assert (tmp_path / "report" / "report.md").is_file()
+
+        # The whole first job held still, so that any write of the second one would show.
+        frozen = job_processes(first)
+        for process in frozen:
+            process.send_signal(signal.SIGSTOP)
+        try:
+            before = tree_state(run_dir)
+            second = roformer("pretrain", "--num_gpus", "1", "--master_port", str(free_port()), "--config",
+                              str(config), "--run-dir", str(run_dir), timeout=120)
+            after = tree_state(run_dir)
+            rank0 = subprocess.run([sys.executable, "-m", "launcher.train.rank_entry", "--config", str(config),
+                                    "--run-dir", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                                   env={**roformer_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"),
+                                        LOCK_ID_ENV: "0123456789abcdef"})  # plain mpirun: no launcher's id
+            after_rank0 = tree_state(run_dir)
+        finally:
+            for process in frozen:
+                process.send_signal(signal.SIGCONT)
+        assert second.returncode == 2, second.stderr[-3000:]
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and second.stdout == "", second.stderr
+        assert re.fullmatch(rf"roformer pretrain: error: --run-dir {re.escape(str(run_dir))}: in use by roformer "
+                            rf"pretrain \(pid {first.pid} on {re.escape(os.uname().nodename)}, since "
+                            rf"\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d, refreshed \d+ s ago\); one job per run directory: "
+                            rf"wait for it to end or stop it \(lock file {re.escape(str(lock_path(run_dir)))}\)",
+                            lines[0]), lines[0]
+        assert after == before  # nothing written, not even the launcher's log
+        assert rank0.returncode == 2, rank0.stderr[-3000:]
+        assert rank0.stderr.strip().splitlines()[-1].startswith(
+            f"pretrain (rank 0): error: --run-dir {run_dir}: in use by roformer pretrain (pid {first.pid} ")
+        assert after_rank0 == before
+
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=300) == 128 + signal.SIGINT, log.read_text()[-3000:]
+    finally:
+        if first.poll() is None:
+            for process in job_processes(first):
+                process.kill()
+    assert not lock_path(run_dir).exists()  # the lock ended with its job
