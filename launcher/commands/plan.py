@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from launcher.errors import UserError
 from launcher.config.hostfile import read_hostfile
+from launcher.config.precision import train_precision
 from launcher.config.stage_end_evals import check_eval_specs
 
 if TYPE_CHECKING:  # the estimator imports torch (through roformer): not at `roformer plan --help`
@@ -33,10 +34,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exclude-nodes", default="", metavar="HOST[,HOST...]",
                         help="with --hostfile: the plan without these hosts, as `roformer pretrain "
                              "--exclude-failed-nodes` would restart without them (default: none)")
-    parser.add_argument("--device-memory", help="memory per rank for the FITS verdicts, e.g. 16GB (default: this "
-                        "machine's accelerator's)")
-    parser.add_argument("--device-name", help="price time with this device of the peak table, e.g. V100 (default: "
-                        "logging.peak_tflops, else this machine's accelerator)")
+    parser.add_argument("--device-memory", help="memory per rank for the FITS verdicts, e.g. 16GB (default: the run "
+                        "config's hardware.device, else this machine's accelerator's)")
+    parser.add_argument("--device-name", help="price the run on this device of the peak table, e.g. V100 (with "
+                        "--device-memory; default: the run config's hardware.device, else this machine's accelerator)")
     parser.add_argument("--peak-tflops", type=float, help="peak TFLOP/s per rank for the time estimate (default: "
                         "from --device-name, logging.peak_tflops or this machine's accelerator)")
     parser.add_argument("--mfu", type=float, default=0.4, help="assumed MFU for the time estimate (default 0.4)")
@@ -71,7 +72,6 @@ def deepspeed_logs_to_stderr():
 def plan(args: argparse.Namespace) -> int:
     # Imported here: the run config imports torch (through roformer), `roformer plan --help` must not wait.
     from launcher.config.deepspeed_json import resolve_ds_config
-    from launcher.config.preflight_checks import check_run
     from launcher.config.run_config import load_run_config
     from launcher.config.stages import format_plan, resolve_stages
 
@@ -98,21 +98,21 @@ def plan(args: argparse.Namespace) -> int:
             raise
         raise UserError(f"without {args.exclude_nodes}: world size {args.world_size} does not fit the schedule "
                         f"(a restart with --exclude-failed-nodes would be refused): {err}") from None
-    # The ranks' own start-up checks; DS_ACCELERATOR set here is what the ranks get (forwarded).
-    checked = check_run(cfg, stages, args.world_size, accelerator_is_the_ranks="DS_ACCELERATOR" in os.environ)
-    for note in checked.notes:
+    for note in plan_checks(cfg, stages, args.world_size):
         print(f"roformer plan: note: {note}", file=sys.stderr)
     ds_config = resolve_ds_config(cfg, stages[0], args.world_size)
     estimates = plan_estimates(args, cfg, ds_config, stages)
     if args.json:
         print(json.dumps({"world_size": args.world_size, "stages": [s.to_dict() for s in stages],
-                          "deepspeed": ds_config, "estimate": estimates.to_dict()}, indent=2))
+                          "deepspeed": ds_config,
+                          **({"estimate": estimates.to_dict()} if isinstance(estimates, PlanEstimates) else
+                             {"estimate": None, "estimate_note": estimates})}, indent=2))
         return 0
     print(format_plan(stages, args.world_size))
-    print(estimates.table())
+    print(estimates.table() if isinstance(estimates, PlanEstimates) else f"memory and time: not estimated: {estimates}")
     print(f"deepspeed config: {cfg.deepspeed.config} (ZeRO stage "
           f"{ds_config.get('zero_optimization', {}).get('stage', 0)}, "
-          f"{'fp16' if ds_config.get('fp16', {}).get('enabled') else 'bf16' if ds_config.get('bf16', {}).get('enabled') else 'fp32'})")
+          f"{train_precision(ds_config)})")
     return 0
 
 
@@ -128,53 +128,57 @@ class PlanEstimates:
     peak_tflops: float
     peak_source: str
     mfu: float
+    device: str = ""
+    """The device priced on and where it came from (launcher/config/target.py), e.g. 'V100 16 GiB (hardware.device)'."""
 
     def table(self) -> str:
         from launcher.config.estimate import format_estimates
 
-        return format_estimates(self.stages, self.setup, self.device_bytes, self.peak_tflops, self.peak_source,
+        return f"on {self.device}: " + format_estimates(self.stages, self.setup, self.device_bytes, self.peak_tflops, self.peak_source,
                                 self.mfu)
 
     def to_dict(self) -> dict:
         setup = self.setup
         return {"zero_stage": setup.zero_stage, "precision": setup.precision,
                 "activation_checkpointing": setup.activation_checkpointing, "cpu_ranks": setup.cpu_ranks,
-                "device_memory_bytes": self.device_bytes,
+                "device": self.device, "device_memory_bytes": self.device_bytes,
                 "peak_tflops": self.peak_tflops, "peak_source": self.peak_source, "mfu": self.mfu,
                 "all_fit": all(stage.fits for stage in self.stages),
                 "total_seconds": sum(stage.seconds for stage in self.stages),
                 "stages": [stage.to_dict() for stage in self.stages]}
 
 
-def plan_estimates(args: argparse.Namespace, cfg, ds_config: dict, stages) -> PlanEstimates:
-    """The estimates of every stage with the flags' device memory, peak and MFU."""
-    from deepspeed.accelerator import get_accelerator
+def plan_checks(cfg, stages, world_size: int) -> list[str]:
+    """The ranks' own start-up checks (launcher/config/preflight_checks.py; DS_ACCELERATOR set here is what
+    the ranks get: forwarded), as notes. Sizing a cluster comes before preparing its corpus: without
+    data.data_dir the model, schedule and DeepSpeed configs are checked and a note says the data was not."""
+    from pathlib import Path
 
-    from launcher.config.estimate import estimate_stages, parse_memory, setup_from_configs
-    from launcher.mfu import resolve_peak, table_peak_tflops
+    from launcher.config.preflight_checks import check_deepspeed_configs, check_run
+
+    here = "DS_ACCELERATOR" in os.environ
+    if not Path(cfg.data.data_dir).is_dir():
+        return [*check_deepspeed_configs(cfg, stages, world_size, here),
+                f"data.data_dir {cfg.data.data_dir} does not exist (yet): the data was not checked (its tokenizer "
+                f"against model.vocab_size, one global batch per stage); roformer pretrain checks it before starting"]
+    return check_run(cfg, stages, world_size, accelerator_is_the_ranks=here).notes
+
+
+def plan_estimates(args: argparse.Namespace, cfg, ds_config: dict, stages) -> PlanEstimates | str:
+    """The estimates of every stage on the flags' device, else the run config's target (hardware.device),
+    else this machine's (launcher/config/target.py); a note (str) when there is nothing to price on."""
+    from launcher.config.estimate import estimate_stages, setup_from_configs
+    from launcher.config.target import NoTarget, resolve_target
 
     if not 0 < args.mfu <= 1:
         raise UserError(f"--mfu: must be in (0, 1], got {args.mfu}")
-    # The ranks run on this machine's kind of accelerator unless a device of the peak table is named.
-    cpu_ranks = not args.device_name and get_accelerator().device_name() == "cpu"
-    setup = setup_from_configs(cfg.model, ds_config, args.world_size, cfg.schedule.activation_checkpointing, cpu_ranks)
-    try:
-        device_bytes = parse_memory(args.device_memory) if args.device_memory else None
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    if device_bytes is None:
-        device_bytes = int(get_accelerator().total_memory())
-    if args.peak_tflops:
-        peak, source = args.peak_tflops, "--peak-tflops"
-    elif args.device_name:
-        peak, source = table_peak_tflops(args.device_name, setup.precision), f"table: {args.device_name} {setup.precision}"
-        if peak is None:
-            raise UserError(f"--device-name: no {setup.precision} peak for {args.device_name!r} in the table "
-                            "(launcher/mfu.py); give --peak-tflops")
-    else:
-        resolved = resolve_peak(cfg.logging.peak_tflops, setup.precision)
-        if resolved.tflops is None:
-            raise UserError(f"no peak known for {resolved.device!r}; give --peak-tflops or --device-name")
-        peak, source = resolved.tflops, f"{resolved.source}: {resolved.device} {resolved.precision}"
-    return PlanEstimates(setup, estimate_stages(stages, setup, device_bytes, peak, args.mfu), device_bytes, peak,
-                         source, args.mfu)
+    precision = train_precision(ds_config, cfg.deepspeed.config)
+    target = resolve_target(cfg, precision, device_name=args.device_name, device_memory=args.device_memory,
+                            peak_tflops=args.peak_tflops)
+    if isinstance(target, NoTarget):
+        return target.note
+    setup = setup_from_configs(cfg.model, ds_config, args.world_size, cfg.schedule.activation_checkpointing,
+                               target.cpu_ranks)
+    estimates = estimate_stages(stages, setup, target.device_bytes, target.peak_tflops, args.mfu)
+    return PlanEstimates(setup, estimates, target.device_bytes, target.peak_tflops, target.peak_source, args.mfu,
+                         target.label)

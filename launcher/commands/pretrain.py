@@ -76,9 +76,12 @@ def plan_and_launch(args: argparse.Namespace) -> int:
     for note in check_inputs(plan):
         print(f"roformer pretrain: note: {note}", file=sys.stderr, flush=True)
     if args.dry_run:
+        from launcher.config.target import dry_run_estimate
         from launcher.launch.node_commands import describe_plan
 
         print(describe_plan(plan))
+        # Memory and time per rank on the run's target (hardware.device), as `roformer plan` prices it.
+        print(dry_run_estimate(plan.config_path, plan.overrides, plan.stages, plan.world_size))
         return 0
 
     from launcher.config.run_config import load_run_config

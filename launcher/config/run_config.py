@@ -24,6 +24,7 @@ from data_pipeline.masking import MaskingConfig
 from launcher.config.files import read_mapping
 from launcher.config.init_from import model_from_init_dir
 from launcher.config.schedule import Stage, load_schedule, stage_index_at
+from launcher.config.hardware_section import HardwareSection
 from launcher.config.restarts_section import RestartsSection
 from launcher.config.watchdog_section import WatchdogSection
 from launcher.errors import UserError
@@ -141,6 +142,9 @@ class RunConfig:
     restarts: RestartsSection = field(default_factory=RestartsSection)
     """Restarts after a fault and the preemption grace time (launcher.config.restarts_section); read by
     `roformer pretrain` only, so left out of to_dict (the run's recorded config)."""
+    hardware: HardwareSection = field(default_factory=HardwareSection)
+    """The accelerator the run is meant for, which `roformer plan` and the dry run price it on
+    (launcher.config.hardware_section); read by the launching machine only, so left out of to_dict."""
     source: str = ""
     """The file this config came from (for error messages)."""
 
@@ -149,6 +153,7 @@ class RunConfig:
         out = dataclasses.asdict(self)
         out.pop("source")
         out.pop("restarts")  # the launching machine's business: changing it is no new config version
+        out.pop("hardware")  # the same: what plan prices the run on, not what the ranks run
         out["schedule"].pop("stages")
         if not out["init_from"]:
             out.pop("init_from")  # runs that start from random weights record what they always did
@@ -164,6 +169,7 @@ SECTIONS: dict[str, type] = {
     "deepspeed": DeepSpeedSection,
     "watchdog": WatchdogSection,
     "restarts": RestartsSection,
+    "hardware": HardwareSection,
 }
 TOP_LEVEL_SCALARS = ("seed", "init_from")
 # Fields holding paths, resolved against the config file's directory.
@@ -311,6 +317,7 @@ def _validate(cfg: RunConfig) -> None:
         fail("logging.stage_end_evals", "must be a list of names")
     cfg.watchdog.check(fail)
     cfg.restarts.check(fail)
+    cfg.hardware.check(fail)
 
 
 def _init_from(value: Any, source: str, base_dir: Path) -> str:

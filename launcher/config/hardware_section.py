@@ -1,0 +1,59 @@
+"""The `hardware:` section of a run config: the accelerator the run is meant for.
+
+    hardware:
+      device: V100-16GB     # NAME-MEMORY; NAME as in the peak table of launcher/mfu.py
+
+`roformer plan` and `roformer pretrain --dry-run` price memory and time on this device by default
+(the FITS verdicts against its memory, the time against its table peak in the run's precision), so a
+login node without GPUs plans a GPU run as it will run, not as its own CPU would
+(launcher/config/target.py). Flags (`--device-name`, `--device-memory`, `--peak-tflops`) still win.
+Empty = the machine `plan` runs on. Only the launching machine reads this section: the ranks run on
+whatever they find, so it is not part of the run's recorded config.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+DEVICE_RE = re.compile(r"(?P<name>.+?)-(?P<memory>[0-9]*\.?[0-9]+\s*[KMGT]?I?B)", re.IGNORECASE)
+
+
+@dataclass
+class HardwareSection:
+    device: str = ""
+    """The accelerator of every rank, `NAME-MEMORY` (e.g. V100-16GB, V100-32GB, A100-80GB, H100-80GB): NAME
+    must be in the peak table of launcher/mfu.py (matched case-insensitively, as a product name would be),
+    MEMORY is its memory per device. Empty = the machine `roformer plan` runs on."""
+
+    @property
+    def name(self) -> str:
+        """The product name part ('V100'), '' when no device is declared."""
+        match = DEVICE_RE.fullmatch(self.device.strip())
+        return match.group("name") if match else ""
+
+    @property
+    def product_name(self) -> str:
+        """The name as a device reports it ('H100-PCIe' -> 'H100 PCIe'), for the peak table."""
+        return re.sub(r"[-_]+", " ", self.name)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Memory per device in bytes (GB and GiB both mean 2^30, as vendors size these devices)."""
+        from launcher.config.estimate import parse_memory
+
+        match = DEVICE_RE.fullmatch(self.device.strip())
+        return parse_memory(match.group("memory"), "hardware.device") if match else 0
+
+    def check(self, fail: Callable[[str, str], None]) -> None:
+        """fail(field, message) for a device that is not NAME-MEMORY or not in the peak table."""
+        if not self.device:
+            return
+        from launcher.mfu import PEAK_TFLOPS_TABLE
+
+        known = sorted({key.upper() for key, _ in PEAK_TFLOPS_TABLE})
+        if not DEVICE_RE.fullmatch(self.device.strip()):
+            fail("hardware.device", f"expected NAME-MEMORY, e.g. V100-16GB or H100-80GB, got {self.device!r}")
+        if not any(key in self.product_name.lower() for key, _ in PEAK_TFLOPS_TABLE):
+            fail("hardware.device", f"{self.name!r} is not in the peak table of launcher/mfu.py "
+                                    f"(known: {', '.join(known)}); add it there, or plan with --peak-tflops")

@@ -1,0 +1,132 @@
+"""The device `roformer plan` and `roformer pretrain --dry-run` price a run on, in this order:
+
+1. flags: `--device-name` / `--device-memory` / `--peak-tflops` (plan only);
+2. the run config's target, `hardware.device` (launcher/config/hardware_section.py), e.g. V100-16GB:
+   its memory for the FITS verdicts, its table peak (launcher/mfu.py) in the run's precision for the
+   time, accelerator ranks (SDPA's fused attention kernels);
+3. this machine's accelerator, as before: a GPU's memory and table peak, or on a CPU its RAM and a
+   timed matmul. But a run whose precision this machine's accelerator does not support (an fp16
+   config on a login node without GPUs) gets no estimate and one note instead: pricing a V100 job
+   with the login node's CPU (289 days at 0.4 TFLOP/s) is worse than no number.
+
+`logging.peak_tflops` (> 0) replaces the table's peak in 2 and 3.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.errors import UserError
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the estimates assume about each rank's device."""
+
+    label: str
+    """What it is and where it came from, e.g. 'V100-16GB (hardware.device)'."""
+    device_bytes: int
+    """Memory per rank for the FITS verdicts."""
+    peak_tflops: float
+    """Peak TFLOP/s per rank for the time estimate."""
+    peak_source: str
+    """Where the peak came from, as printed after the time."""
+    cpu_ranks: bool
+    """The ranks compute on CPUs (launcher/config/estimate.py's CPU terms)."""
+
+
+@dataclass(frozen=True)
+class NoTarget:
+    """Nothing honest to price on: the one-line note says why and what to give."""
+
+    note: str
+
+
+def resolve_target(cfg, precision: str, *, device_name: str | None = None, device_memory: str | None = None,
+                   peak_tflops: float | None = None) -> Target | NoTarget:
+    """The device of the estimates (see the module docstring); UserError naming the flag or field."""
+    from launcher.config.estimate import parse_memory
+
+    declared = cfg.hardware
+    memory = None
+    if device_memory:
+        try:
+            memory = parse_memory(device_memory)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+    if device_name or declared.device:
+        where = "--device-name" if device_name else f"{cfg.source}: hardware.device"
+        name = device_name or declared.product_name
+        if memory is None:
+            if not declared.device or device_name:
+                raise UserError(f"--device-name {device_name}: give --device-memory too (e.g. 16GB), or declare "
+                                f"the target in the run config: hardware: {{device: {device_name}-16GB}}")
+            memory = declared.memory_bytes
+        label = f"{name} {memory / 2 ** 30:.0f} GiB ({'flags' if device_name else 'hardware.device'})"
+        peak, source = _declared_peak(cfg, name, precision, where, peak_tflops)
+        return Target(label, memory, peak, source, cpu_ranks=False)
+    return _this_machine(cfg, precision, memory, peak_tflops)
+
+
+def _declared_peak(cfg, name: str, precision: str, where: str, peak_tflops: float | None) -> tuple[float, str]:
+    from launcher.mfu import table_peak_tflops
+
+    if peak_tflops:
+        return peak_tflops, "--peak-tflops"
+    if cfg.logging.peak_tflops > 0:
+        return cfg.logging.peak_tflops, "logging.peak_tflops"
+    peak = table_peak_tflops(name, precision)
+    if peak is None:
+        raise UserError(f"{where}: {name} has no {precision} peak in the table of launcher/mfu.py"
+                        f"{' (V100 has no bf16: use an fp16 DeepSpeed config)' if 'v100' in name.lower() else ''}; "
+                        "give --peak-tflops")
+    return peak, f"table: {name} {precision}"
+
+
+def _this_machine(cfg, precision: str, memory: int | None, peak_tflops: float | None) -> Target | NoTarget:
+    from deepspeed.accelerator import get_accelerator
+
+    from launcher.mfu import resolve_peak
+
+    accelerator = get_accelerator()
+    kind = accelerator.device_name()
+    supported = {"fp32": True, "fp16": accelerator.is_fp16_supported(), "bf16": accelerator.is_bf16_supported()}
+    if kind == "cpu" and not supported[precision] and memory is None and not peak_tflops:
+        return NoTarget(f"{cfg.source} declares no target (hardware.device) and this machine has no accelerator "
+                        f"for its {precision} run ({kind}): memory and time are not estimated; declare it, e.g. "
+                        f"hardware: {{device: V100-16GB}}, or give --device-name and --device-memory")
+    device_bytes = memory if memory is not None else int(accelerator.total_memory())
+    if peak_tflops:
+        peak, source, device = peak_tflops, "--peak-tflops", kind
+    else:
+        resolved = resolve_peak(cfg.logging.peak_tflops, precision)
+        if resolved.tflops is None:
+            raise UserError(f"no peak known for {resolved.device!r}; give --peak-tflops or --device-name, or "
+                            f"declare hardware.device in {cfg.source}")
+        peak, source, device = resolved.tflops, f"{resolved.source}: {resolved.device} {resolved.precision}", \
+            resolved.device
+    return Target(f"this machine: {device}", device_bytes, peak, source, cpu_ranks=kind == "cpu")
+
+
+def dry_run_estimate(config_path, overrides: list[str], stages, world_size: int, mfu: float = 0.4) -> str:
+    """The memory / time table `roformer pretrain --dry-run` prints (on the run's target by default, at
+    `roformer plan`'s default MFU), or the note saying why there is none."""
+    from launcher.config.deepspeed_json import resolve_ds_config
+    from launcher.config.estimate import estimate_stages, format_estimates, setup_from_configs
+    from launcher.config.precision import train_precision
+    from launcher.config.run_config import load_run_config
+
+    cfg = load_run_config(config_path, overrides)
+    ds_config = resolve_ds_config(cfg, stages[0], world_size)
+
+    precision = train_precision(ds_config, cfg.deepspeed.config)
+    target = resolve_target(cfg, precision)
+    if isinstance(target, NoTarget):
+        return f"memory and time: not estimated: {target.note}"
+    setup = setup_from_configs(cfg.model, ds_config, world_size, cfg.schedule.activation_checkpointing,
+                               target.cpu_ranks)
+    estimates = estimate_stages(stages, setup, target.device_bytes, target.peak_tflops, mfu)
+    return f"on {target.label}: " + format_estimates(estimates, setup, target.device_bytes, target.peak_tflops,
+                                                      target.peak_source, mfu)
+
+
+__all__ = ["Target", "NoTarget", "resolve_target", "dry_run_estimate"]

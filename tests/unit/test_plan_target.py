@@ -1,0 +1,126 @@
+"""A run config's target (`hardware.device`) as the default of `roformer plan` and `roformer pretrain
+--dry-run` on a machine without that accelerator (this one: CPU), the note instead of a CPU-priced
+estimate when a config names none, and `plan` before the data exists (launcher/config/target.py)."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import deepspeed.utils  # noqa: F401  DeepSpeed's stdout logger made now, not on a test's own (later closed) capture
+import pytest
+import yaml
+
+from launcher.cli import main as cli_main
+from launcher.config.run_config import load_run_config
+from launcher.errors import UserError
+from launcher.mfu import table_peak_tflops
+from tests.support.cpu_precision import pin_cpu_accelerator
+from tests.support.helpers import REPO, write_schedule, write_yaml
+
+REFERENCE = REPO / "configs" / "reference_v100.yaml"
+HOSTFILE = REPO / "hostfile"
+
+
+@pytest.fixture
+def login_node(monkeypatch, capsys):
+    """A CPU machine without fp16 (a typical login node), DS_ACCELERATOR unset as a GPU user has it."""
+    pin_cpu_accelerator(monkeypatch, fp16=False)
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = cli_main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def plan_json(run, *extra: str) -> tuple[dict, str]:
+    code, out, err = run("plan", "--config", str(REFERENCE), "--hostfile", str(HOSTFILE), "--json", *extra)
+    assert code == 0, err
+    return json.loads(out), err
+
+
+def test_the_reference_config_is_planned_on_its_v100_without_data(login_node, tmp_path):
+    """Shipped config and hostfile, no corpus prepared yet: the model and schedule are planned on the
+    declared V100 16 GB (its memory, its fp16 peak, fused attention), and a note says the data was not checked."""
+    missing = tmp_path / "not-prepared"
+    plan, err = plan_json(login_node, "--set", f"data.data_dir={missing}")
+    estimate = plan["estimate"]
+    assert estimate["device"] == "V100 16 GiB (hardware.device)"
+    assert estimate["device_memory_bytes"] == 16 * 2 ** 30 and not estimate["cpu_ranks"]
+    assert estimate["precision"] == "fp16" and estimate["peak_tflops"] == table_peak_tflops("V100", "fp16") == 125.0
+    assert estimate["peak_source"] == "table: V100 fp16" and estimate["all_fit"]
+    assert plan["world_size"] == 8 and len(plan["stages"]) == 6
+    assert f"note: data.data_dir {missing} does not exist (yet): the data was not checked" in err
+    # The same numbers as naming the device by flags.
+    flags, _ = plan_json(login_node, "--set", f"data.data_dir={missing}", "--device-name", "V100",
+                         "--device-memory", "16GB")
+    assert flags["estimate"]["stages"] == estimate["stages"]
+    assert flags["estimate"]["device"] == "V100 16 GiB (flags)"
+
+
+def test_the_dry_run_prices_the_target_too(login_node, tiny_data, tmp_path):
+    schedule = write_schedule(tmp_path / "schedule.yaml", [
+        {"name": "short", "max_seq_len": 32, "global_batch_size": 8, "steps": 2}])
+    code, out, err = login_node("pretrain", "--hostfile", str(HOSTFILE), "--config", str(REFERENCE),
+                                "--run-dir", str(tmp_path / "r"), "--dry-run", "--set", f"data.data_dir={tiny_data}",
+                                "--set", "model.vocab_size=900", "--set", f"schedule.file={schedule}")
+    assert code == 0, err
+    table = out.split("on V100 16 GiB (hardware.device): memory per rank (ZeRO-2, fp16, 8 ranks, device 16.00 GiB")[1]
+    assert "accelerator ranks: fused attention kernels" in table.splitlines()[0]
+    assert "at 40% MFU of 125 TFLOP/s per rank (table: V100 fp16)" in table
+    assert not (tmp_path / "r").exists()
+
+
+def test_no_target_on_a_machine_without_its_accelerator_is_a_note_not_a_cpu_price(login_node, tmp_path):
+    args = ("--set", f"data.data_dir={tmp_path / 'none'}", "--set", "hardware.device=''")
+    plan, _ = plan_json(login_node, *args)
+    assert plan["estimate"] is None
+    assert plan["estimate_note"].startswith(f"{REFERENCE} declares no target (hardware.device) and this machine "
+                                            "has no accelerator for its fp16 run (cpu)")
+    code, out, _ = login_node("plan", "--config", str(REFERENCE), "--hostfile", str(HOSTFILE), *args)
+    assert code == 0
+    lines = [line for line in out.splitlines() if "memory" in line or "time" in line]
+    assert lines == [f"memory and time: not estimated: {plan['estimate_note']}"]
+    assert "TFLOP/s" not in out and "measured" not in out
+
+
+def test_a_cpu_config_without_target_is_still_priced_on_this_machine(login_node, tiny_data, tmp_path):
+    from tests.support.helpers import tiny_run_config
+
+    config = tiny_run_config(tmp_path, tiny_data)
+    code, out, err = login_node("plan", "--config", str(config), "--world-size", "2", "--peak-tflops", "1")
+    assert code == 0, err
+    assert "on this machine: cpu: memory per rank (ZeRO-2, fp32, 2 ranks" in out and "CPU ranks" in out
+
+
+@pytest.mark.parametrize("device, message", [
+    ("V100", "hardware.device: expected NAME-MEMORY, e.g. V100-16GB or H100-80GB, got 'V100'"),
+    ("TPUv4-32GB", "hardware.device: 'TPUv4' is not in the peak table of launcher/mfu.py (known: A100, H100, "
+                   "H100 PCIE, V100)"),
+])
+def test_a_bad_target_is_named(tmp_path, device, message):
+    with pytest.raises(UserError, match=f"^{re.escape(f'{REFERENCE}: {message}')}"):
+        load_run_config(REFERENCE, [f"hardware.device={device}"])
+
+
+def test_a_target_without_the_runs_precision_is_refused(login_node, tmp_path):
+    config = yaml.safe_load(REFERENCE.read_text())
+    config["deepspeed"]["config"] = str(REPO / "ds_configs" / "cpu_bf16_zero2.json")
+    for section, key in (("schedule", "file"), ("data", "data_dir")):
+        config[section][key] = str((REFERENCE.parent / config[section][key]).resolve())
+    path = write_yaml(tmp_path / "bf16_on_v100.yaml", config)
+    code, _, err = login_node("plan", "--config", str(path), "--world-size", "8")
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (f"roformer plan: error: {path}: hardware.device: V100 has no bf16 peak in the table of "
+                           "launcher/mfu.py (V100 has no bf16: use an fp16 DeepSpeed config); give --peak-tflops")
+
+
+def test_hyphenated_product_names_and_the_recorded_config():
+    cfg = load_run_config(REFERENCE, ["hardware.device=H100-PCIe-80GB"])
+    assert cfg.hardware.product_name == "H100 PCIe" and cfg.hardware.memory_bytes == 80 * 2 ** 30
+    assert table_peak_tflops(cfg.hardware.product_name, "bf16") == 756.0  # the PCIe row, not the SXM one
+    assert "hardware" not in cfg.to_dict()  # what plan prices on, not what the ranks run
