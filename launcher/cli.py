@@ -82,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     command = "?"
     # SIGTERM unwinds like Ctrl-C, so every `finally` (temporary files, worker pools) runs.
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    # Ctrl-C as KeyboardInterrupt whatever this process inherited. A background job of a non-interactive
+    # shell (`cmd &` in a script, CI runners, tools running commands detached) starts with SIGINT
+    # *ignored*, and Python then installs no handler: a SIGINT sent to the command was silently dropped
+    # and the work went on to the end (what made the Ctrl-C test of `data prepare` fail when the test
+    # suite itself ran in the background).
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         args = build_parser(argv).parse_args(argv)
         command = args.command
@@ -103,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         return BAD_INPUT_EXIT_CODE
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def _stopped(command: str, signum: int, how: str) -> int:
