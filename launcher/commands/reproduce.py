@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         runner.evaluate_all([r for r in preset.eval_runs(parts) if r.pretrain in chosen])
     results = collect(preset, layout, parts)
     if priors:
-        results = merge(results, priors, current=f"runs under `{display_path(layout.out)}` (this invocation)")
+        results = merge(results, priors, current=f"runs under `{display_path(layout.out)}`")
     results["wall_seconds_this_invocation"] = round(time.time() - started, 1)
     results["environment"] = {"commit": _commit(), "python": platform.python_version(), "machine": platform.machine(),
                               "cpus": _cpus()}

@@ -109,9 +109,9 @@ def _lengths_section(table: dict, trained: int | None) -> list[str]:
             beyond = long["min"] > short["max"] or long["max"] < short["min"]
             lines += ["", f"- {lengths[0]} -> {lengths[-1]}: accuracy {short['mean']:.3f} -> {long['mean']:.3f} "
                       f"({100 * (long['mean'] - short['mean']):+.1f} points; n = {short['n']} / {long['n']} fine-tuning "
-                      f"seeds): " + ("beyond the seed spread (the ranges do not overlap)." if beyond else
-                                     "within the seed spread (the ranges overlap)" if min(short["n"], long["n"]) > 1
-                                     else "one seed: the seed spread is not measured.")]
+                      f"seeds): " + ("one seed: the seed spread is not measured." if min(short["n"], long["n"]) < 2
+                                     else "beyond the seed spread (the ranges do not overlap)." if beyond
+                                     else "within the seed spread (the ranges overlap).")]
     return lines + [""]
 
 

@@ -170,11 +170,15 @@ def _has_data(part: str, value) -> bool:
         return any(group.get("runs") for group in value.values())
     if part == "extension":
         return bool(value.get("variants"))
-    if part in ("recipe", "recipe_runs"):
-        return bool(value) and (part == "recipe_runs" or value.get("finished", False))
+    if part == "recipe":
+        return bool(value.get("finished"))
+    if part == "recipe_runs":
+        return any(run.get("finished") for run in value.values())
     return bool(value)
 
 
+GROUP_ORDER = ("rope", "learned", "sinusoidal", "sinusoidal_unscaled",
+               "linear+rope", "linear+sinusoidal", "linear+sinusoidal_unscaled")
 MERGED_PARTS = ("encodings", "linear", "recipe", "recipe_runs", "lengths", "downstream", "extension")
 
 
@@ -199,7 +203,8 @@ def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
                     if name not in groups and group.get("runs"):
                         groups[name] = group
                         sources[f"{part}/{name}"] = label
-            merged[part] = groups
+            order = {name: i for i, name in enumerate(GROUP_ORDER)}
+            merged[part] = dict(sorted(groups.items(), key=lambda item: order.get(item[0], len(order))))
         else:
             sources[part], merged[part] = candidates[0]
     merged["parts"] = [p for p in ("encodings", "linear", "lengths", "downstream", "extension") if p in merged]
