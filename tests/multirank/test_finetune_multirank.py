@@ -17,12 +17,12 @@ def test_movie_reviews_beats_the_majority_baseline(trainer_export, tasks_dir, tm
     assert rc == 0
     report = json.loads(out.read_text())
     base = report["majority_baseline"]
-    assert report["train_examples"] == 2000 and len(report["epochs"]) == 4
+    assert report["train_examples"] == 2000 and len(report["runs"][0]["epochs"]) == 4
     assert report["test"]["examples"] == 500 and report["dev"]["examples"] == 500
     assert min(report["train_label_counts"]) > 800  # the seeded subset keeps both classes
     assert report["test"]["accuracy"] >= base["test"]["accuracy"] + 0.06, report
     assert report["test"]["macro_f1"] >= base["test"]["macro_f1"] + 0.15, report
-    assert report["dev"]["macro_f1"] == max(e["dev"]["macro_f1"] for e in report["epochs"])  # best epoch kept
+    assert report["dev"]["macro_f1"] == max(e["dev"]["macro_f1"] for e in report["runs"][0]["epochs"])  # best epoch kept
 
 
 def test_inews_long_documents_are_truncated_and_run(trainer_export, tasks_dir, tmp_path):

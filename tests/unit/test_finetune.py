@@ -34,7 +34,7 @@ def test_labels_missing_in_a_split_are_named_and_nothing_is_overwritten(capsys, 
     out.write_text("earlier report")
     err = _fails(capsys, ["finetune", str(stored_export), "--task", "movie-reviews", "--task-data",
                           str(broken), "--out", str(out)])
-    assert f"{dev}:3: field 'label' missing (dev split" in err
+    assert f"{dev}: row 3, column 'label': empty or missing label" in err
     assert out.read_text() == "earlier report"
     shutil.copy2(tasks_dir / "movie-reviews" / "dev.jsonl", dev)
     (broken / "movie-reviews" / "test.jsonl").unlink()
@@ -70,6 +70,19 @@ def test_a_directory_saved_by_transformers_itself_works(stored_export, tasks_dir
     rc = cli_main(["finetune", str(foreign), "--task", "movie-reviews", "--task-data", str(tasks_dir),
                    "--max-train-examples", "32", "--epochs", "1", "--max-eval-examples", "16", "--out", str(out)])
     assert rc == 0 and json.loads(out.read_text())["test"]["examples"] == 16
+
+
+def test_a_bundled_task_with_a_label_outside_its_names_is_named(capsys, stored_export, tasks_dir, tmp_path):
+    """The bundled tasks read their JSONL like any own file; their integer labels must index label_names."""
+    broken = tmp_path / "tasks"
+    shutil.copytree(tasks_dir / "movie-reviews", broken / "movie-reviews")
+    train = broken / "movie-reviews" / "train.jsonl"
+    lines = train.read_text(encoding="utf-8").splitlines()
+    lines[0] = json.dumps({"text": json.loads(lines[0])["text"], "label": 2})
+    train.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    err = _fails(capsys, ["finetune", str(stored_export), "--task", "movie-reviews", "--task-data", str(broken)])
+    assert f"{train}: column 'label': label 2 is not an integer in [0, 2) (the task's label_names: negative, positive)" \
+        in err
 
 
 def test_dropout_override_keeps_the_weights_and_sets_every_dropout(stored_export):
