@@ -27,6 +27,7 @@ from pathlib import Path
 
 from launcher import ops_cache
 from launcher.defaults import PROGRESS_ENV
+from launcher.run_dir.lock import LOCK_ID_ENV
 from launcher.io import atomic_write_text
 from launcher.launch import env_forwarding
 from launcher.config.hostfile import is_local_only
@@ -52,27 +53,27 @@ class InitFromAction(argparse.Action):
 
 
 def run(args: argparse.Namespace) -> int:
+    plan = build_plan(args)  # flags, hostfile, config: refused before the run directory is touched
     if args.dry_run:  # starts nothing, writes nothing: no lock
-        return plan_and_launch(args)
-    with claim_run_dir(args.run_dir):
-        return plan_and_launch(args)
+        return plan_and_launch(args, plan)
+    with claim_run_dir(plan.run_dir) as lock:
+        return plan_and_launch(args, dataclasses.replace(plan, env={**plan.env, LOCK_ID_ENV: lock.holder.lock_id}))
 
 
-def claim_run_dir(run_dir: str):
+def claim_run_dir(run_dir: Path):
     """One job per run directory (launcher/run_dir/lock.py): a second job is refused here, in one line
     naming the holder, before anything is written. Held for the whole job, across restarts of its
-    ranks; its id reaches the ranks (rank 0 checks it) through this process's environment, which
-    every plan built from here on forwards (ROFORMER_* variables)."""
-    from launcher.run_dir.lock import LOCK_ID_ENV, acquire
+    ranks; its id reaches the ranks (rank 0 checks it) in the plan's environment, and through this
+    process's environment in every plan built again for a restart (ROFORMER_* variables are forwarded)."""
+    from launcher.run_dir.lock import acquire
 
-    lock = acquire(Path(run_dir).resolve(), command="roformer pretrain",
+    lock = acquire(run_dir, command="roformer pretrain",
                    note=lambda text: print(f"roformer pretrain: note: {text}", file=sys.stderr, flush=True))
     os.environ[LOCK_ID_ENV] = lock.holder.lock_id
     return lock
 
 
-def plan_and_launch(args: argparse.Namespace) -> int:
-    plan = build_plan(args)
+def plan_and_launch(args: argparse.Namespace, plan) -> int:
     for note in check_inputs(plan):
         print(f"roformer pretrain: note: {note}", file=sys.stderr, flush=True)
     if args.dry_run:

@@ -199,6 +199,18 @@ def acquire(run_dir: Path, *, command: str = "roformer pretrain", lock_id: str |
     _make_dirs(root)
     path = lock_path(root)
     note = note or (lambda text: print(text, file=sys.stderr, flush=True))
+    try:
+        lock = _take(root, path, command, lock_id, stale_after, refresh_every)
+    except OSError as err:  # e.g. a read-only filesystem: the guard file cannot be created
+        raise UserError(f"--run-dir {root}: not writable: {err.strerror or err}") from None
+    if lock.took_over is not None:
+        note(f"--run-dir {root}: took over the lock of {lock.took_over.describe()}: "
+             f"{stale_reason(lock.took_over, stale_after)}")
+    return lock
+
+
+def _take(root: Path, path: Path, command: str, lock_id: str | None, stale_after: float,
+          refresh_every: float | None) -> RunLock:
     with _guard(path):
         current = _read(path)
         if current is not None and lock_id is not None and current.lock_id == lock_id:
@@ -220,18 +232,22 @@ def acquire(run_dir: Path, *, command: str = "roformer pretrain", lock_id: str |
         if not _create(path, holder):  # someone without the guard (flock unsupported) was faster
             raise RunDirInUse(f"--run-dir {root}: in use by {(_read(path) or holder).describe()}; one job per "
                               f"run directory (lock file {path})")
-    if took_over is not None:
-        note(f"--run-dir {root}: took over the lock of {took_over.describe()}: {stale_reason(took_over, stale_after)}")
     return RunLock(path, holder, owned=True, took_over=took_over, refresh_every=refresh_every)
 
 
 def _make_dirs(root: Path) -> None:
+    """RUN_DIR and RUN_DIR/heartbeats, with the words of launcher.launch.preflight.check_run_dir."""
     if root.exists() and not root.is_dir():
         raise UserError(f"--run-dir {root}: exists and is not a directory")
+    if not root.is_dir():
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"--run-dir {root}: cannot create it: {err.strerror or err}") from None
     try:
-        RunDir(root).heartbeats.mkdir(parents=True, exist_ok=True)
+        RunDir(root).heartbeats.mkdir(exist_ok=True)
     except OSError as err:
-        raise UserError(f"--run-dir {root}: cannot create {RunDir(root).heartbeats}: {err.strerror or err}") from None
+        raise UserError(f"--run-dir {root}: not writable: {err.strerror or err}") from None
 
 
 def _read(path: Path) -> LockHolder | None:
