@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from launcher.config.files import read_mapping
+from launcher.config.precision import train_precision
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
@@ -32,11 +33,11 @@ def load_ds_json(path: str | Path, overrides: dict | None = None) -> dict:
         # gradients over ranks; "sum" would silently multiply every gradient by the world size.
         raise UserError(f"{path}: gradient_allreduce_op: only 'mean' is supported (the trainer normalises the "
                         f"loss by the global masked-token count), got {config['gradient_allreduce_op']!r}")
-    mixed = [k for k in ("fp16", "bf16") if (config.get(k) or {}).get("enabled")]
-    if mixed and (config.get("zero_optimization") or {}).get("stage", 0) == 0:
+    precision = train_precision(config, str(path))  # "auto", both spellings, ...: refused here, once
+    if precision != "fp32" and (config.get("zero_optimization") or {}).get("stage", 0) == 0:
         # ZeRO-0 keeps the fp32 master weights only inside the mixed-precision optimizer's own
         # format, which zero_to_fp32 cannot consolidate: such a run could not be exported in fp32.
-        raise UserError(f"{path}: zero_optimization.stage: 0 with {mixed[0]} cannot be exported in fp32; "
+        raise UserError(f"{path}: zero_optimization.stage: 0 with {precision} cannot be exported in fp32; "
                         f"use stage 1, 2 or 3")
     if "scheduler" in config:
         raise UserError(f"{path}: scheduler: the learning rate comes from the run config's optimizer section "

@@ -39,6 +39,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from launcher.config.precision import train_precision
 from roformer import RoFormerConfig
 from roformer.flops import hardware_training_flops, parameter_count
 
@@ -223,8 +224,7 @@ def setup_from_configs(model: RoFormerConfig, ds_config: dict, world_size: int, 
     """The TrainingSetup of a run config's model and its resolved DeepSpeed config, on CPU ranks or not."""
     zero = ds_config.get("zero_optimization", {})
     offload = zero.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
-    precision = "fp16" if ds_config.get("fp16", {}).get("enabled") else \
-        "bf16" if ds_config.get("bf16", {}).get("enabled") else "fp32"
+    precision = train_precision(ds_config)
     return TrainingSetup(model=model, world_size=world_size, zero_stage=int(zero.get("stage", 0)),
                          precision=precision, offload_optimizer=offload,
                          reduce_bucket_elements=int(zero.get("reduce_bucket_size", 5e8)),

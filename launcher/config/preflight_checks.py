@@ -72,18 +72,18 @@ def check_deepspeed_configs(cfg: RunConfig, stages: list[ResolvedStage], world_s
     from deepspeed.runtime.config import DeepSpeedConfig
 
     source = ds_config_source(cfg)
-    parsed = None
     for stage in stages:
         config = resolve_ds_config(cfg, stage, world_size)
         # The per-rank view: before a process group exists DeepSpeedConfig takes world size 1 (our
         # stage arithmetic, micro x accum x world = global, is checked in launcher/config/stages.py).
         config["train_batch_size"] = stage.micro_batch_size * stage.grad_accum_steps
         try:
-            parsed = DeepSpeedConfig(config)
+            DeepSpeedConfig(config)
         except Exception as err:  # pydantic ValidationError, AssertionError, DeepSpeedConfigError, ...
             raise UserError(f"{source}: rejected by DeepSpeed's DeepSpeedConfig: {_describe(err, config)}") from None
-    enabled = [p for p, on in (("fp16", parsed.float16_config.enabled), ("bf16", parsed.bfloat16_config.enabled)) if on]
-    return [note for p in enabled if (note := _check_precision(p, source, accelerator_is_the_ranks))]
+    precision = train_precision(config, source)  # every stage's config has the same precision sections
+    note = _check_precision(precision, source, accelerator_is_the_ranks) if precision != "fp32" else None
+    return [note] if note else []
 
 
 def _check_precision(precision: str, source: str, binding: bool) -> str | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from launcher.config.precision import train_precision
 from launcher.errors import UserError
 from launcher.report.curves import Curves, record_versions, records_in_effect
 from launcher.run_dir.records import RecordVersion, describe_init, read_init_record
@@ -69,9 +70,9 @@ class RunSummary:
     """Files that looked like reports but could not be read (named in the report)."""
     restarts: list[RestartRecord] = field(default_factory=list)
     """restarts.json: the faults `roformer pretrain --max-restarts` restarted after or gave up on."""
-
     started_from: str | None = None
     """init_from.json in one line (launcher.run_dir.records.describe_init); None: random initialisation."""
+
     @property
     def latest(self) -> CheckpointSidecar | None:
         return self.checkpoints[-1] if self.checkpoints else None
@@ -208,10 +209,14 @@ def _scores(test: object) -> dict | None:
 
 
 def _precision(ds_config: dict) -> str | None:
+    """The recorded DeepSpeed config's precision; None when there is none or it cannot be read (the
+    report then falls back to the newest checkpoint's sidecar)."""
     if not ds_config:
         return None
-    return "fp16" if (ds_config.get("fp16") or {}).get("enabled") else \
-        "bf16" if (ds_config.get("bf16") or {}).get("enabled") else "fp32"
+    try:
+        return train_precision(ds_config)
+    except UserError:
+        return None
 
 
 def _read_json(path: Path) -> dict:

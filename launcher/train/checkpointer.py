@@ -31,6 +31,7 @@ from launcher.run_dir.layout import DAMAGED_DIR, RunDir, sidecar_path, step_of_t
 from launcher.run_dir.sidecar import CheckpointSidecar, complete_sidecar, write_sidecar
 from launcher.train.engine import loss_scale, precision
 from launcher.train.rng import load_rng, save_rng, seed_everything
+from launcher.train.universal_folder import complete_for_every_stage
 from roformer.config import ConfigError, RoFormerConfig
 
 
@@ -118,9 +119,16 @@ class Checkpointer:
         return dict(sorted(records.items()))
 
     def load(self, point: ResumePoint, universal: bool, seed: int) -> None:
-        """Every state from `point` (through RUN_DIR/universal/<tag> when the world size changed)."""
+        """Every state from `point` (through RUN_DIR/universal/<tag> when the shape changed:
+        launcher/train/resume.py load_route)."""
         load_dir = self.run_dir.universal if universal else self.run_dir.checkpoints
+        own_scaler = _loss_scaler_state(self.engine.optimizer)
         path, client_state = self.engine.load_checkpoint(str(load_dir), tag=point.tag)
+        if point.sidecar.precision != precision(self.engine):
+            # DeepSpeed installs the checkpoint's loss scaler whatever the precision (a static scale of 1
+            # from fp32 / bf16 into an fp16 run; fp16's dynamic scaler into a bf16 / fp32 run): keep the
+            # engine's own, fresh from this run's config (resume.shape_notes says so).
+            _set_loss_scaler_state(self.engine.optimizer, own_scaler)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load {load_dir / point.tag}")
         saved_step = (client_state or {}).get("roformer_ds", {}).get("step")
@@ -132,8 +140,22 @@ class Checkpointer:
                                     "consumed_tokens": sidecar.consumed_tokens,
                                     "last_validation": sidecar.last_validation})
         self.data.load_state_dict(sidecar.data_state)
-        if universal or not load_rng(point.directory, self.rank):
+        if sidecar.world_size != self.world_size or not load_rng(point.directory, self.rank):
             seed_everything(seed * 1009 + self.rank + 7919 * sidecar.step)  # other world size: fresh streams
+
+
+# What DeepSpeed's ZeRO optimizers load from a checkpoint as their loss scaling (stage_1_and_2.py
+# _load_global_state, stage3.py _load_global_state_stage3).
+_LOSS_SCALER_ATTRIBUTES = ("loss_scaler", "dynamic_loss_scale", "overflow")
+
+
+def _loss_scaler_state(optimizer) -> dict:
+    return {name: getattr(optimizer, name) for name in _LOSS_SCALER_ATTRIBUTES if hasattr(optimizer, name)}
+
+
+def _set_loss_scaler_state(optimizer, state: dict) -> None:
+    for name, value in state.items():
+        setattr(optimizer, name, value)
 
 
 def find_resume_point(run_dir: RunDir) -> ResumePoint | None:
@@ -180,6 +202,7 @@ def convert_to_universal(point: ResumePoint, run_dir: RunDir) -> Path:
     """Rank 0 only: DeepSpeed's ds_to_universal into RUN_DIR/universal/<tag> (atomic rename; reused)."""
     final = run_dir.universal / point.tag
     if (final / "zero").is_dir():
+        complete_for_every_stage(final)  # a folder converted before the stages were completed: now
         return final
     partial = run_dir.universal / f".{point.tag}.partial"
     shutil.rmtree(partial, ignore_errors=True)
@@ -191,6 +214,7 @@ def convert_to_universal(point: ResumePoint, run_dir: RunDir) -> Path:
     if proc.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
         raise RuntimeError(f"ds_to_universal failed for {point.directory}:\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+    complete_for_every_stage(partial)  # loadable under every ZeRO stage, not only the one that saved it
     fsync_tree(partial)  # reused by later resumes: it must not come back half-written after a power loss
     os.replace(partial, final)
     fsync_dir(final.parent)
@@ -222,4 +246,3 @@ def remove_checkpoint(directory: Path) -> None:
     # Drop the marker first: a crash during rmtree leaves an incomplete (ignored) directory.
     sidecar_path(directory).unlink(missing_ok=True)
     shutil.rmtree(directory, ignore_errors=True)
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 import deepspeed
 import torch
 
+from launcher.config.precision import train_precision
 from launcher.config.run_config import RunConfig
 from launcher.train.rng import seed_everything
 from launcher.train.init_weights import InitialWeights
@@ -48,4 +49,5 @@ def loss_scale(engine) -> float:
 
 
 def precision(engine) -> str:
-    return "fp16" if engine.fp16_enabled() else "bf16" if engine.bfloat16_enabled() else "fp32"
+    """fp32, fp16 or bf16: what the DeepSpeed config the engine was built from trains in."""
+    return train_precision(engine.config)

@@ -6,8 +6,9 @@ The order (launcher/train/rank_entry.py):
   2. rank 0 `decide`s: foreign checkpoints; every checkpoint's sidecar; the newest complete
      checkpoint's files against the sizes and sha256 recorded at save time (a damaged one is noted
      and the next older one tried); then the chosen one against this run: model config, tokenizer,
-     data position (corpus, format), precision and ZeRO stage, world size (universal path). A
-     refusal is one line and exit code 2 right there, with the run directory exactly as it was;
+     data position (corpus, format), and its shape (ZeRO stage, precision, world size: `load_route`
+     picks DeepSpeed's own load or the universal checkpoint). A refusal is one line and exit code 2
+     right there, with the run directory exactly as it was;
   3. the process group starts and `share` hands rank 0's verdict to every rank;
   4. rank 0 `accept`s it: universal conversion, damaged checkpoints moved to checkpoints/damaged/
      (one line each, saying where the run resumes instead), the record files (a config that
@@ -25,6 +26,7 @@ from data_pipeline import check_state_format
 from data_pipeline.errors import DataError
 from launcher.run_dir.checkpoint_files import DamagedCheckpoint, checkpoint_dirs, classify, move_aside, verify_files
 from launcher.config.deepspeed_json import resolve_ds_config
+from launcher.config.precision import train_precision
 from launcher.config.preflight_checks import ds_config_source
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
@@ -33,8 +35,35 @@ from launcher.run_dir.layout import RunDir, sidecar_path
 from launcher.run_dir.records import describe_change, record_start
 from launcher.train.checkpointer import ResumePoint, check_compatible, check_foreign_checkpoints, convert_to_universal
 
-# ZeRO stages whose checkpoints DeepSpeed loads into each other (same partitioned optimizer files).
+# ZeRO stages whose checkpoints DeepSpeed loads into each other directly (same partitioned optimizer
+# files), at the same world size and precision; every other change of shape goes through the universal
+# checkpoint (DeepSpeed's ds_to_universal, completed for every stage by launcher/train/universal_folder.py).
 _INTERCHANGEABLE_ZERO_STAGES = frozenset({1, 2})
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """How DeepSpeed partitions and types a run's checkpoint files (besides the model itself)."""
+
+    zero_stage: int
+    """zero_optimization.stage: 0, 1, 2 or 3."""
+    precision: str
+    """fp32, fp16 or bf16 (launcher/config/precision.py)."""
+    world_size: int
+    """Data-parallel ranks."""
+
+    @classmethod
+    def of_config(cls, ds_config: dict, world_size: int, source: str) -> "RunShape":
+        stage = int((ds_config.get("zero_optimization") or {}).get("stage", 0))
+        return cls(stage, train_precision(ds_config, source), world_size)
+
+    @classmethod
+    def of_checkpoint(cls, point: ResumePoint) -> "RunShape":
+        saved = point.sidecar
+        return cls(saved.zero_stage, saved.precision, saved.world_size)
+
+    def __str__(self) -> str:
+        return f"ZeRO-{self.zero_stage}, {self.precision}, {self.world_size} rank{'s' if self.world_size > 1 else ''}"
 
 
 @dataclass
@@ -59,11 +88,13 @@ class ResumeDecision:
     ds_config: dict
     """The DeepSpeed config the engine starts with (batch sizes of the starting stage)."""
     universal: bool = False
-    """The world size changed: load through RUN_DIR/universal/<tag>."""
+    """The shape changed (`load_route`): load through RUN_DIR/universal/<tag>."""
     finished: bool = False
     """The point is at the end of the schedule: nothing to do."""
     damaged: list[Damaged] = field(default_factory=list)
     """Checkpoints to move aside once the resume is accepted."""
+    shape_notes: list[str] = field(default_factory=list)
+    """What a change of shape does (the route, the fp16 loss scaler), said once the resume is accepted."""
 
 
 def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches) -> ResumeDecision:
@@ -81,11 +112,14 @@ def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_s
         return ResumeDecision(point, {}, finished=True, damaged=damaged)
     check_tokenizer(point, batches.corpus)
     check_data_position(point, batches)
-    universal = point.sidecar.world_size != world_size
     start_stage = stages[cfg.schedule.stage_for_step(point.sidecar.step)[0]]
-    ds_config = resolve_ds_config(cfg, start_stage, world_size, load_universal=universal)
-    check_run_shape(point, ds_config, ds_config_source(cfg))
-    return ResumeDecision(point, ds_config, universal, damaged=damaged)
+    ds_config = resolve_ds_config(cfg, start_stage, world_size)
+    saved, now = RunShape.of_checkpoint(point), RunShape.of_config(ds_config, world_size, ds_config_source(cfg))
+    universal = load_route(point, saved, now, ds_config_source(cfg))
+    if universal:
+        ds_config = resolve_ds_config(cfg, start_stage, world_size, load_universal=True)
+    return ResumeDecision(point, ds_config, universal, damaged=damaged,
+                          shape_notes=shape_notes(point, saved, now, universal))
 
 
 def newest_intact(run_dir: RunDir) -> tuple[ResumePoint | None, list[Damaged]]:
@@ -125,21 +159,40 @@ def check_data_position(point: ResumePoint, batches) -> None:
                         f"{batches.corpus.data_dir}: {err}") from None
 
 
-def check_run_shape(point: ResumePoint, ds_config: dict, ds_path: str) -> None:
-    """Precision and ZeRO stage must be ones DeepSpeed can load the checkpoint's files into (refused
-    here, before DeepSpeed runs: it would fail with a bare AssertionError or a missing file)."""
-    saved, recorded = point.sidecar, sidecar_path(point.directory)
-    precision = ("fp16" if (ds_config.get("fp16") or {}).get("enabled") else
-                 "bf16" if (ds_config.get("bf16") or ds_config.get("bfloat16") or {}).get("enabled") else "fp32")
-    if precision != saved.precision:
-        raise UserError(f"{ds_path}: precision {precision}, but checkpoint {point.tag} was saved in {saved.precision} "
-                        f"(precision in {recorded}); its optimizer state cannot be loaded in another precision: "
-                        f"resume with a {saved.precision} DeepSpeed config or use a new run directory")
-    stage = int((ds_config.get("zero_optimization") or {}).get("stage", 0))
-    if stage != saved.zero_stage and not {stage, saved.zero_stage} <= _INTERCHANGEABLE_ZERO_STAGES:
-        raise UserError(f"{ds_path}: zero_optimization.stage {stage}, but checkpoint {point.tag} was saved with "
-                        f"ZeRO stage {saved.zero_stage} (zero_stage in {recorded}); only stages 1 and 2 load each "
-                        f"other's checkpoints: resume with stage {saved.zero_stage} or use a new run directory")
+def load_route(point: ResumePoint, saved: RunShape, now: RunShape, ds_path: str) -> bool:
+    """True: load through the universal checkpoint; False: DeepSpeed loads the checkpoint's own files.
+    UserError only where DeepSpeed cannot carry the checkpoint to this shape at all."""
+    if saved == now:
+        return False
+    if (saved.world_size, saved.precision) == (now.world_size, now.precision) and \
+            {saved.zero_stage, now.zero_stage} <= _INTERCHANGEABLE_ZERO_STAGES:
+        return False
+    if saved.zero_stage == now.zero_stage == 0:
+        # ZeRO-0 (fp32 only, see deepspeed_json.py) saves the whole optimizer state in one file that
+        # every rank reads: another world size loads it directly.
+        return False
+    if 0 in (saved.zero_stage, now.zero_stage):
+        raise UserError(f"{ds_path}: {now}, but checkpoint {point.tag} was saved with {saved} "
+                        f"({sidecar_path(point.directory)}); DeepSpeed carries a checkpoint to another ZeRO stage "
+                        f"or precision only through its universal checkpoint, which needs ZeRO stage 1, 2 or 3 on "
+                        f"both sides (ZeRO-0 keeps no partitioned optimizer state to convert): resume with "
+                        f"zero_optimization.stage {saved.zero_stage} in {saved.precision}, or use a new run directory")
+    return True
+
+
+def shape_notes(point: ResumePoint, saved: RunShape, now: RunShape, universal: bool) -> list[str]:
+    """One line on how the checkpoint is carried to the new shape, one on the fp16 loss scaler."""
+    if saved == now:
+        return []
+    route = f"through the universal checkpoint universal/{point.tag}" if universal else "directly"
+    notes = [f"checkpoint {point.tag} was saved with {saved}; this run is {now}: loaded {route}"]
+    if now.precision == "fp16" and saved.precision != "fp16":
+        notes.append(f"fp16 loss scaler: starts fresh (the checkpoint trained in {saved.precision}, "
+                     f"without loss scaling)")
+    elif saved.precision == "fp16" and now.precision != "fp16":
+        notes.append(f"fp16 loss scaler: the checkpoint's (scale {point.sidecar.loss_scale:g}) is dropped: "
+                     f"{now.precision} trains without loss scaling")
+    return notes
 
 
 def share(decision: ResumeDecision | None) -> ResumeDecision:
@@ -160,7 +213,7 @@ def accept(decision: ResumeDecision, run_dir: RunDir, cfg: RunConfig, stages: li
 
 def _accept_on_rank0(decision: ResumeDecision, run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage],
                      world_size: int) -> list[str]:
-    point, notes = decision.point, []
+    point, notes = decision.point, list(decision.shape_notes)
     if decision.universal:
         convert_to_universal(point, run_dir)
     for damaged in decision.damaged:

@@ -12,6 +12,10 @@
                                              under ZeRO-3) go to RUN_DIR/reference.safetensors, so an
                                              export can be compared with them, independently of the
                                              zero_to_fp32 consolidation under test
+    ROFORMER_TEST_SAVE_LOADED_WEIGHTS=1      right after a resume loaded its checkpoint, the engine's fp32
+                                             master weights ("master/<name>") and the module's weights in
+                                             the training precision ("module/<name>") go to
+                                             RUN_DIR/loaded-<tag>.safetensors
 Steps are 0-based global steps (the index of the step about to be taken).
 """
 from __future__ import annotations
@@ -74,6 +78,33 @@ def install_faults() -> None:
             return outcome
 
         trainer.Trainer.run = run_then_save_weights
+
+    if os.environ.get("ROFORMER_TEST_SAVE_LOADED_WEIGHTS") == "1":
+        original_load = checkpointer.Checkpointer.load
+
+        def load_then_save_weights(self, point, universal, seed):
+            original_load(self, point, universal, seed)
+            save_loaded_weights(self.engine, self.run_dir.root / f"loaded-{point.tag}.safetensors", rank)
+
+        checkpointer.Checkpointer.load = load_then_save_weights
+
+
+def save_loaded_weights(engine, path, rank: int) -> None:
+    """The fp32 master weights the optimizer holds and the module's (all ranks take part in the gathers)."""
+    import deepspeed
+    import torch.distributed
+    from deepspeed.utils import safe_get_full_fp32_param
+    from safetensors.torch import save_file
+
+    state = {f"master/{name}": safe_get_full_fp32_param(param).detach().clone().contiguous()
+             for name, param in engine.module.named_parameters()}
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None,
+                                           enabled=engine.zero_optimization_stage() == 3):
+        state.update({f"module/{name}": param.detach().clone().contiguous()
+                      for name, param in engine.module.named_parameters()})
+    if rank == 0:
+        save_file(state, str(path))
+    torch.distributed.barrier()
 
 
 def save_live_weights(engine, path, rank: int) -> None:
