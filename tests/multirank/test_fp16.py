@@ -4,7 +4,8 @@ report fp16 support (tests/support/fp16_cpu.py) so that the same real fp16 optim
 
 The shipped v100_fp16_zero2.json runs with two test overrides: torch's AdamW (FusedAdam would
 compile for minutes on CPU) and a loss scale that starts far too high with a short growth window,
-so overflows (skipped steps) happen at the start and again later, on both sides of a SIGTERM stop.
+so overflows (skipped steps) happen at the start and again later, on both sides of a SIGTERM stop
+(the stopped run is the session's `fp16_stopped_run`, tests/multirank/conftest.py, resumed here).
 The last test pins down what DeepSpeed's fp16 optimizer does on a step where the scale grows
 (docs/training.md, "fp16: the step where the loss scale grows").
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 
 import pytest
@@ -19,7 +21,7 @@ import pytest
 from launcher.run_dir.layout import RunDir
 from launcher.train.checkpointer import find_resume_point
 from launcher.train.metrics import read_metrics
-from tests.support.cpu_precision import real_cpu_precision
+from tests.support.fp16_cpu import fp16_rank_env
 from tests.support.helpers import (
     REPO,
     TEST_RANK_ENTRY,
@@ -27,27 +29,19 @@ from tests.support.helpers import (
     launch_command,
     rank_env,
     start_run,
-    tiny_run_config,
 )
-
-FP16_SHIM = {"ROFORMER_TEST_FP16_CPU": "1"}
-OVERRIDES = {"optimizer": {"params": {"torch_adam": True}},
-             "fp16": {"initial_scale_power": 24, "loss_scale_window": 2, "hysteresis": 1}}
 
 
 @pytest.fixture(scope="module")
-def fp16_run(tmp_path_factory, tiny_data):
-    root = tmp_path_factory.mktemp("fp16")
-    config = tiny_run_config(root, tiny_data, ds_config="v100_fp16_zero2.json",
-                             deepspeed={"overrides": OVERRIDES})
-    run_dir = root / "run"
-    fp16 = {} if real_cpu_precision()["fp16"] else FP16_SHIM
-    stopped = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGTERM_LAUNCHER_AT="7", **fp16)
-    assert stopped.wait(timeout=240) != 0
+def fp16_run(tmp_path_factory, fp16_stopped_run):
+    """The session's fp16 run stopped at step 7 (tests/multirank/conftest.py), copied and resumed to the end."""
+    config, stopped_dir = fp16_stopped_run
+    run_dir = tmp_path_factory.mktemp("fp16") / "run"
+    shutil.copytree(stopped_dir, run_dir)
     stop_point = find_resume_point(RunDir(run_dir))
     before = {r["step"]: r for r in read_metrics(run_dir, "train")}
-    resumed = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, **fp16)
-    assert resumed.wait(timeout=240) == 0, (root / "run.log").read_text()[-4000:]
+    resumed = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, **fp16_rank_env())
+    assert resumed.wait(timeout=240) == 0, (run_dir.parent / "run.log").read_text()[-4000:]
     return run_dir, stop_point, before
 
 

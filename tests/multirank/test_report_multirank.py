@@ -14,14 +14,11 @@ from launcher.cli import main as cli_main
 from launcher.report.hook import LOG_NAME, PlotHook
 from launcher.run_dir.layout import RunDir
 from tests.support.helpers import (
-    TEST_RANK_ENTRY,
     TINY_STAGES,
     TINY_TOTAL_STEPS,
     check_png,
     events,
     report_of,
-    start_run,
-    tiny_run_config,
 )
 
 TRAIN_BLUE, VALID_ORANGE, SKIP_RED = (31, 119, 180), (255, 127, 14), (214, 39, 40)  # tab:blue, orange, red
@@ -161,24 +158,13 @@ def test_plot_hook_returns_at_once_and_renders_in_the_background(trainer_run, co
         check_png(run.plots / name, colours=(TRAIN_BLUE,))
 
 
-def test_a_stopped_fp16_run_renders_its_loss_scale_on_the_way_out(tiny_data, tmp_path):
-    """A real fp16 run (CPU fp16 shim, a loss scale that overflows at once) stopped by SIGTERM: the
-    stop starts a detached render that outlives the run, the loss-scale figure shows the skipped
-    steps, and the report says the run stopped and where."""
-    overrides = {"optimizer": {"params": {"torch_adam": True}},
-                 "fp16": {"initial_scale_power": 24, "loss_scale_window": 2, "hysteresis": 1}}
-    config = tiny_run_config(tmp_path, tiny_data, ds_config="v100_fp16_zero2.json",
-                             deepspeed={"overrides": overrides})
-    run_dir = tmp_path / "run"
-    proc = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGTERM_LAUNCHER_AT="8",
-                     ROFORMER_TEST_FP16_CPU="1")
-    assert proc.wait(timeout=300) != 0
+def test_a_stopped_fp16_run_renders_its_loss_scale_on_the_way_out(fp16_stopped_run, tmp_path):
+    """A real fp16 run (a loss scale that overflows at once; tests/multirank/conftest.py) stopped by
+    SIGTERM: the stop starts a detached render that outlives the run (the fixture waits for its line),
+    the loss-scale figure shows the skipped steps, and the report says the run stopped and where."""
+    _, run_dir = fp16_stopped_run
     (stopped,) = events(run_dir, "stopped")
-    log = RunDir(run_dir).plots / LOG_NAME
-    deadline = time.time() + 180  # the render started at the stop outlives the run: wait for its line
-    while f"plots of step {stopped['step']} (stopped)" not in log.read_text():
-        assert time.time() < deadline, log.read_text()
-        time.sleep(2)
+    assert f"plots of step {stopped['step']} (stopped)" in (RunDir(run_dir).plots / LOG_NAME).read_text()
     check_png(RunDir(run_dir).plots / "loss_scale.png", colours=(TRAIN_BLUE,))
     check_png(RunDir(run_dir).plots / "loss_scale.png", colours=(SKIP_RED,), min_pixels=100)  # a few crosses
     text = report_of(run_dir, tmp_path / "out")

@@ -12,3 +12,11 @@ from tests.support.cpu_precision import pin_for_this_process
 
 def enable_fp16_on_cpu() -> None:
     pin_for_this_process(fp16=True)
+
+
+def fp16_rank_env() -> dict[str, str]:
+    """The environment a rank needs to train in fp16 here: nothing where DeepSpeed's CPU accelerator has
+    fp16 (the real path, unshimmed), ROFORMER_TEST_FP16_CPU=1 (tests/support/rank_wrapper.py) elsewhere."""
+    from tests.support.cpu_precision import real_cpu_precision
+
+    return {} if real_cpu_precision()["fp16"] else {"ROFORMER_TEST_FP16_CPU": "1"}
