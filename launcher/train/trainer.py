@@ -14,11 +14,11 @@ from typing import Callable
 import deepspeed.comm as dist
 import torch
 
-from data_pipeline.masking import IGNORE_INDEX
 from launcher.config.run_config import RunConfig
 from launcher.config.schedule import learning_rate
 from launcher.config.stages import ResolvedStage
 from launcher.train.checkpointer import Checkpointer
+from launcher.train.device_batches import host_counts, to_device
 from launcher.train.engine import loss_scale
 from launcher.train.progress_recorder import ProgressRecorder
 from launcher.train.metrics import Metrics
@@ -116,14 +116,16 @@ class Trainer:
                            opt.min_lr_ratio, stage.lr_scale)
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
-        micro = [self._to_device(self.batches.next_batch(stage.max_seq_len, stage.micro_batch_size))
-                 for _ in range(stage.grad_accum_steps)]
-        masked = [int((b["labels"] != IGNORE_INDEX).sum()) for b in micro]
-        flops = step_model_flops(self.cfg.model, [(*b["input_ids"].shape, m) for b, m in zip(micro, masked)])
+        host = [self.batches.next_batch(stage.max_seq_len, stage.micro_batch_size)
+                for _ in range(stage.grad_accum_steps)]
+        # Counted on the host, then copied (launcher/train/device_batches.py: no device sync per micro-batch).
+        masked, real = zip(*(host_counts(b) for b in host))
+        micro = [self._to_device(b) for b in host]
+        flops = step_model_flops(self.cfg.model, [(*b["input_ids"].shape, m) for b, m in zip(host, masked)])
         # One all-reduce before backward: masked tokens (the loss denominator), real tokens, stop flag,
         # model FLOPs (for the per-rank mean TFLOP/s and MFU).
-        counts = torch.tensor([sum(masked), sum(int(b["attention_mask"].sum()) for b in micro),
-                               float(self.stop_signalled), flops], dtype=torch.float64, device=self.engine.device)
+        counts = torch.tensor([sum(masked), sum(real), float(self.stop_signalled), flops], dtype=torch.float64,
+                              device=self.engine.device)
         dist.all_reduce(counts)
         global_masked, global_tokens, stops, global_flops = counts.tolist()
         self.stop_agreed = stops > 0
@@ -136,14 +138,15 @@ class Trainer:
             self.engine.step()
             sums += torch.stack([out.loss_sum.detach().double(), out.num_correct.double()])
         dist.all_reduce(sums)
+        loss_sum, correct = sums.tolist()  # waits for the device: the clock is read after the step's kernels
         seconds = time.perf_counter() - start
         samples = stage.global_batch_size
         self.state.consumed_samples += samples
         self.state.consumed_tokens += int(global_tokens)
         grad_norm = self.engine.get_global_grad_norm()
         # "step" counts steps completed, this one included (launcher/run_dir/metrics_format.py).
-        return {"step": self.state.step + 1, "stage": stage.index, "loss": sums[0].item() / max(global_masked, 1.0),
-                "mlm_accuracy": sums[1].item() / max(global_masked, 1.0), "lr": lr,
+        return {"step": self.state.step + 1, "stage": stage.index, "loss": loss_sum / max(global_masked, 1.0),
+                "mlm_accuracy": correct / max(global_masked, 1.0), "lr": lr,
                 "loss_scale": loss_scale(self.engine), "grad_norm": None if grad_norm is None else float(grad_norm),
                 "skipped_steps": int(self.engine.skipped_steps), "max_seq_len": stage.max_seq_len,
                 "global_batch_size": stage.global_batch_size, "masked_tokens": int(global_masked),
@@ -180,7 +183,7 @@ class Trainer:
         dist.barrier()
 
     def _to_device(self, batch: dict) -> dict:
-        return {k: v.to(self.engine.device, non_blocking=True) for k, v in batch.items()}
+        return to_device(batch, self.engine.device)
 
 
 def _every(interval: int, step: int) -> bool:
