@@ -78,7 +78,9 @@ def run_one(name: str, config: Path, every: int, kill_after: int, work: Path) ->
         while time.monotonic() < deadline and proc.poll() is None:
             records = read_restarts(RunDir(run_dir))
             trained = [r["step"] for r in read_metrics(run_dir, "train")]
-            if records and records[0].seconds_lost is not None and trained.count(kill_step) >= 2:
+            # The restart took its first step, and trained the lost steps again (a resumed rank 0 first drops
+            # the lines past its checkpoint from metrics.jsonl).
+            if records and records[0].seconds_lost is not None and max(trained, default=0) >= kill_step:
                 break
             time.sleep(1)
         if proc.poll() is None:

@@ -117,16 +117,18 @@ def fault_of(outcome: JobOutcome, failed_at_step: int) -> Fault:
                  f"runner exit code {outcome.returncode}", None, None, failed_at_step, outcome.returncode)
 
 
-def train_records(run_dir: RunDir, offset: int = 0) -> list[dict]:
-    """The train records of metrics.jsonl from byte `offset` on, in file order (a torn last line skipped)."""
-    return [r for r in _records(run_dir, offset) if r.get("kind") == "train"]
+def train_records(run_dir: RunDir, since: float = 0.0) -> list[dict]:
+    """The train records of metrics.jsonl in file order (a torn last line skipped); with `since` (time.time()
+    of a launch) only those the ranks of that launch wrote."""
+    return [r for r in _records(run_dir, since) if r.get("kind") == "train"]
 
 
-def _records(run_dir: RunDir, offset: int = 0) -> list[dict]:
+def _records(run_dir: RunDir, since: float = 0.0) -> list[dict]:
+    """The records of metrics.jsonl; with `since`, from the first event stamped at or after it (a resumed
+    rank 0 rewrites the file without the lines past its checkpoint, then stamps its events: so a byte offset
+    would not do)."""
     try:
-        with open(run_dir.metrics, "rb") as f:
-            f.seek(offset)
-            lines = f.read().decode("utf-8", errors="replace").splitlines()
+        lines = run_dir.metrics.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return []
     out = []
@@ -137,14 +139,11 @@ def _records(run_dir: RunDir, offset: int = 0) -> list[dict]:
             continue
         if isinstance(record, dict):
             out.append(record)
+    if since:
+        first = next((i for i, r in enumerate(out) if isinstance(r.get("time"), (int, float)) and r["time"] >= since),
+                     len(out))
+        out = out[first:]
     return out
-
-
-def metrics_size(run_dir: RunDir) -> int:
-    try:
-        return run_dir.metrics.stat().st_size
-    except OSError:
-        return 0
 
 
 def restart_point(run_dir: RunDir) -> tuple[int, str | None]:
@@ -168,9 +167,8 @@ class FirstStepWatch:
     """After a restart: when the job's first train record appears, fill in the restart record's
     restart_seconds (launch -> end of the first step) and seconds_lost."""
 
-    def __init__(self, run_dir: RunDir, index: int, record: RestartRecord, launched_wall: float, offset: int):
-        self.run_dir, self.index, self.record = run_dir, index, record
-        self.launched_wall, self.offset = launched_wall, offset
+    def __init__(self, run_dir: RunDir, index: int, record: RestartRecord, launched_wall: float):
+        self.run_dir, self.index, self.record, self.launched_wall = run_dir, index, record, launched_wall
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._poll, name="restart-first-step", daemon=True)
         self.thread.start()
@@ -183,7 +181,7 @@ class FirstStepWatch:
         """Look once; True once the record is complete."""
         if self.record.restart_seconds is not None:
             return True
-        records = _records(self.run_dir, self.offset)
+        records = _records(self.run_dir, self.launched_wall)
         first = next((r for r in records if r.get("kind") == "train"), None)
         if first is None:
             return False
@@ -216,9 +214,9 @@ def run_with_restarts(plan, policy: RestartPolicy, launch: Callable[[object], Jo
     attempt = 0
     while True:
         attempt += 1
-        offset, launched_wall = metrics_size(run_dir), time.time()
+        launched_wall = time.time()
         if watch is not None:
-            watch.launched_wall, watch.offset = launched_wall, offset
+            watch.launched_wall = launched_wall
         try:
             outcome = launch(plan)
         except UserError as err:
@@ -231,7 +229,7 @@ def run_with_restarts(plan, policy: RestartPolicy, launch: Callable[[object], Jo
             watch = None
         if outcome is not None and (outcome.returncode == 0 or outcome.interrupted is not None):
             return outcome.returncode  # finished, or a stop asked of us (the console said which)
-        records, this_launch = train_records(run_dir), train_records(run_dir, offset)
+        records, this_launch = train_records(run_dir), train_records(run_dir, launched_wall)
         from_step, from_tag = restart_point(run_dir)
         # A launch that failed before its first step made no progress: it failed where it resumed.
         failed_at = this_launch[-1]["step"] if this_launch else min(from_step, records[-1]["step"] if records else 0)
@@ -279,5 +277,5 @@ def run_with_restarts(plan, policy: RestartPolicy, launch: Callable[[object], Jo
             f"after: {fault.cause}")
         sleep(backoff)
         plan = next_plan
-        watch = FirstStepWatch(run_dir, len(read_restarts(run_dir)) - 1, record, time.time(), metrics_size(run_dir))
+        watch = FirstStepWatch(run_dir, len(read_restarts(run_dir)) - 1, record, time.time())
 

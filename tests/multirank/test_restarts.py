@@ -45,8 +45,8 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_as_an_uninterrupted_one(tin
     assert record.restart_seconds is not None and record.restart_seconds > 0
     assert record.seconds_lost == round(record.stop_seconds + record.backoff_seconds + record.restart_seconds
                                         + record.redo_seconds, 2)
-    steps = metrics_steps(run_dir)
-    assert sorted(set(steps)) == list(range(1, TINY_TOTAL_STEPS + 1)) and steps.count(9) == 2  # step 9 redone
+    # Step 9 was trained twice; the resumed rank 0 dropped the first one's line (metrics.jsonl reads as one run).
+    assert metrics_steps(run_dir) == list(range(1, TINY_TOTAL_STEPS + 1))
 
     ours = load_file(str(run_dir / "reference.safetensors"))
     theirs = load_file(str(tmp_path / "reference" / "reference.safetensors"))

@@ -173,6 +173,10 @@ class ScriptedJob:
 
         done = train_records(self.run_dir)
         start = 0 if not done else _checkpoint_step(self.run_dir)
+        if done:  # as a resumed rank 0 does: the lines past the checkpoint are dropped (a shorter file)
+            kept = [line for line in self.run_dir.metrics.read_text().splitlines()
+                    if json.loads(line).get("kind") != "train" or json.loads(line)["step"] <= start]
+            self.run_dir.metrics.write_text("".join(line + "\n" for line in kept))
         with open(self.run_dir.metrics, "a") as f:
             f.write(json.dumps({"kind": "event", "event": "startup", "time": time.time()}) + "\n")
             for step in range(start + 1, reach + 1):
