@@ -345,6 +345,11 @@ def supervise_job(plan: LaunchPlan, runner_env: dict[str, str], console: Console
         console.note("roformer pretrain: preempted, resumable: the ranks were stopped by a signal and wrote a "
                      "checkpoint; run the same command again to resume")
         return outcome(returncode)
+    if outcome(returncode).preempted:  # every process of a node got SIGTERM from outside: a scheduler
+        nodes = ", ".join(dict.fromkeys(monitor.signalled_nodes))
+        console.note(f"roformer pretrain: preempted, resumable: the job's processes on {nodes} got SIGTERM from "
+                     f"outside and the ranks checkpoint at their current step; {resume_hint(plan)}")
+        return outcome(ORDERLY_STOP_EXIT_CODE)
     console.note("roformer pretrain: error: " + failure_report(monitor, returncode, stopped_after_failure))
     if any(f.hung for f in failures):
         return outcome(HUNG_EXIT_CODE)
