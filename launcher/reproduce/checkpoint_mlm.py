@@ -25,7 +25,10 @@ def evaluate_checkpoint(run_dir: Path, data_dir: Path, seq_lens: list[int], toke
     import torch
 
     from data_pipeline import MaskingConfig, PretrainBatches, open_corpus
-    from launcher.downstream.checkpoint_weights import consolidate_fp32, resolve_checkpoint
+    from launcher.downstream.checkpoint_weights import (
+        consolidate_fp32,
+        resolve_checkpoint,
+    )
     from launcher.downstream.mlm_evaluation import _first_sequences, _masked_lm_figures
     from launcher.downstream.model_card import run_stages, trained_length
     from launcher.run_dir.sidecar import effective_rope_theta

@@ -2,7 +2,7 @@
 
 The tiny three-stage run (tests.support.helpers.TINY_STAGES) with the middle stage at rope_theta
 100 and the last back at the model's 10000 (a base far from 10000: the tiny model's attention is
-still nearly uniform at step 7, so a mild change such as 40000 moves its loss by only ~4e-7). Checked against the uninterrupted session run
+nearly uniform, so even this moves its loss by under 1e-6; the two runs are bit-identical before). Checked against the uninterrupted session run
 (`trainer_run`, the same schedule at 10000 throughout): equal losses up to the switch, different
 after it; a copy stopped (SIGTERM) inside the 40000 stage and resumed equals the uninterrupted run
 with the theta stage; the checkpoint at 40000 is refused by `export`, the last one (10000) exports
@@ -14,7 +14,9 @@ import pytest
 
 from launcher.downstream.exporter import export_checkpoint
 from launcher.errors import UserError
+from launcher.run_dir.layout import RunDir
 from launcher.run_dir.sidecar import read_sidecar
+from launcher.train.checkpointer import find_resume_point
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import (
     NO_DROPOUT,
@@ -36,7 +38,7 @@ TIMEOUT = 300
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_data):
-    """(uninterrupted run dir, stopped-and-resumed run dir, return code of the stopped attempt)."""
+    """(uninterrupted run dir, stopped-and-resumed run dir, (return code of the stopped attempt, its resume point))."""
     root = tmp_path_factory.mktemp("stage_theta")
     config = tiny_run_config(root, tiny_data, model=NO_DROPOUT, stages=STAGES)
     straight = root / "straight"
@@ -44,29 +46,31 @@ def runs(tmp_path_factory, tiny_data):
     resumed = root / "resumed"
     stopped = start_run(2, config, resumed, module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGTERM_LAUNCHER_AT=str(SWITCH + 1))
     code = stopped.wait(timeout=TIMEOUT)
+    point = find_resume_point(RunDir(resumed))  # read now: keep_last prunes it once the run goes on
     run_to_end(2, config, resumed, module=TEST_RANK_ENTRY)
-    return straight, resumed, code
+    return straight, resumed, (code, point)
 
 
 def test_the_switch_changes_the_function_exactly_at_the_stage_boundary(runs, trainer_run):
     straight, _, _ = runs
     ours, plain = train_losses(straight), train_losses(trainer_run)
-    for step in range(1, SWITCH + 1):  # same weights, data and base so far
-        assert abs(ours[step] - plain[step]) <= 1e-6, (step, ours[step], plain[step])
-    # The theta stage runs at the new base: its losses leave the reference's.
+    # Same weights, data and base so far: two fresh CPU runs are bit-identical (measured: 0.0 at every step).
+    before = [abs(ours[step] - plain[step]) for step in range(1, SWITCH + 1)]
+    assert max(before) <= 1e-9, before
+    # From the first step of the theta stage on, every loss leaves the reference's. The tiny model's
+    # attention is nearly uniform, so the change is small (measured 2e-7 .. 9e-7) but far from 0.
     after = [abs(ours[step] - plain[step]) for step in range(SWITCH + 1, SWITCH + TINY_STAGES[1]["steps"] + 1)]
-    assert max(after) > 5e-6, after
+    assert min(after) > 1e-8, after
     starts = {e["stage"]: e for e in events(straight, "stage_start")}
     assert [starts[i]["rope_theta"] for i in range(3)] == [10000.0, THETA, 10000.0]
 
 
 def test_resume_inside_the_theta_stage_equals_the_uninterrupted_run(runs):
-    straight, resumed, code = runs
+    straight, resumed, (code, point) = runs
     assert code != 0  # stopped by the SIGTERM
     resumes = [r for r in read_metrics(resumed, "event") if r["event"] == "resume"]
-    assert len(resumes) == 1
-    point = read_sidecar(resumed / "checkpoints" / resumes[0]["tag"])
-    assert point.stage_name == "long" and point.rope_theta == THETA and point.step > SWITCH
+    assert [r["tag"] for r in resumes] == [point.tag]
+    assert point.sidecar.stage_name == "long" and point.sidecar.rope_theta == THETA and point.sidecar.step > SWITCH
     expected, got = train_losses(straight), train_losses(resumed)
     assert sorted(got) == list(range(1, TINY_TOTAL_STEPS + 1))
     for step in range(1, TINY_TOTAL_STEPS + 1):

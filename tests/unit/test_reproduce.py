@@ -223,3 +223,14 @@ def test_report_states_seed_spreads_and_the_extension_verdicts(tmp_path):
     assert "| larger-theta | 160000 | 2048 |" in text
     assert "at 4096 tokens, larger-theta vs same-theta: 7.005 vs 7.505 (every seed below every seed)" in text
     assert (tmp_path / "extension.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_groups_select_the_runs_to_start_and_unknown_ones_are_named():
+    from launcher.commands.reproduce import select_groups
+
+    runs = PRESETS["full"]().pretrain_runs(("encodings", "linear"))
+    chosen = select_groups(runs, "sinusoidal,linear+sinusoidal")
+    assert {r.name for r in chosen} == {f"{g}-s{s}" for g in ("sinusoidal", "linear-sinusoidal") for s in (0, 1, 2)}
+    assert select_groups(runs, "") == runs
+    with pytest.raises(UserError, match="--groups: no run of the chosen parts is in group.s. fig9"):
+        select_groups(runs, "fig9")
