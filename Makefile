@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-fast reproduce clean
+.PHONY: setup demo test test-fast reproduce gpu-check clean
 
 setup:
 	bash scripts/setup.sh
@@ -29,6 +29,11 @@ test-fast: setup
 # make reproduce REPRODUCE_ARGS="--parts encodings"; the harness check: REPRODUCE_ARGS=--quick.
 reproduce: setup
 	$(PY) -m launcher.cli reproduce --out runs/reproduce $(REPRODUCE_ARGS)
+
+# On a CUDA machine: numerics, fp16 pretraining + resume + export, speed and memory (docs/gpu.md). DeepSpeed
+# must find CUDA there, so the DS_ACCELERATOR=cpu exported above for the CPU targets is dropped.
+gpu-check: setup
+	env -u DS_ACCELERATOR $(PY) -m launcher.cli gpu-check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf runs build *.egg-info

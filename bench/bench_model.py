@@ -41,23 +41,13 @@ import transformers  # noqa: E402
 from roformer import IGNORE_INDEX, RoFormerConfig, RoFormerForMaskedLM, save_pretrained  # noqa: E402
 from roformer.flops import forward_flops, training_flops  # noqa: E402
 from roformer.rope import RotaryEmbedding  # noqa: E402
+from launcher.gpu_check.side_by_side import (MASK_RATE, adamw, make_batch, medians, round_robin,  # noqa: E402
+                                             training_step)
 
 SHAPE = dict(vocab_size=30000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
              hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
-MASK_RATE = 0.15
 PEAK_MATMUL_SIZE = 2048
 RESULTS = Path(__file__).resolve().parent / "results" / "model.json"
-
-
-def make_batch(vocab_size: int, batch_size: int, seq_len: int, seed: int = 0):
-    """Full-length rows (as packed pretraining rows), MASK_RATE of positions carry a label."""
-    generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(5, vocab_size, (batch_size, seq_len), generator=generator)
-    attention_mask = torch.ones_like(input_ids)
-    labels = torch.full_like(input_ids, IGNORE_INDEX)
-    masked = torch.rand(batch_size, seq_len, generator=generator) < MASK_RATE
-    labels[masked] = input_ids[masked]
-    return input_ids, attention_mask, labels
 
 
 def matmul_probe(size: int = PEAK_MATMUL_SIZE, repeats: int = 3) -> Callable[[], float]:
@@ -74,12 +64,6 @@ def matmul_probe(size: int = PEAK_MATMUL_SIZE, repeats: int = 3) -> Callable[[],
             best = min(best, time.perf_counter() - start)
         return 2.0 * size ** 3 / best / 1e9
     return probe
-
-
-def timed(step: Callable[[], None]) -> tuple[float, float]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    step()
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def rope_step_seconds(apply_rotary: Callable, config: RoFormerConfig, batch_size: int, seq_len: int,
@@ -143,28 +127,14 @@ def load_baseline_package(revision: str, workdir: Path):
     return module
 
 
-def training_step(model, optimizer, batch: dict) -> Callable[[], None]:
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        model(**batch).loss.backward()
-        optimizer.step()
-    return step
-
-
-def adamw(model) -> torch.optim.AdamW:
-    """The trainer's optimizer (ds_configs/*.json: torch AdamW, betas 0.9/0.999, eps 1e-6, weight decay 0.01)."""
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
-
-
 def run(batch_size: int, seq_len: int, iters: int, workdir: Path, baseline_rev: str | None) -> dict:
     torch.manual_seed(0)
     config = RoFormerConfig(**SHAPE)
     ours = RoFormerForMaskedLM(config).train()
     export = save_pretrained(ours, workdir / "export", overwrite=True)
     theirs = transformers.RoFormerForMaskedLM.from_pretrained(export).train()
-    input_ids, attention_mask, labels = make_batch(config.vocab_size, batch_size, seq_len)
-    batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
-    num_masked = int((labels != IGNORE_INDEX).sum())
+    batch = make_batch(config.vocab_size, batch_size, seq_len)
+    num_masked = int((batch["labels"] != IGNORE_INDEX).sum())
     tokens = batch_size * seq_len
     steps = {"ours": training_step(ours, adamw(ours), batch),
              "transformers": training_step(theirs, adamw(theirs), batch)}
@@ -177,20 +147,9 @@ def run(batch_size: int, seq_len: int, iters: int, workdir: Path, baseline_rev: 
         rotaries["baseline"] = sys.modules["roformer_baseline.rope"].apply_rotary
 
     probe = matmul_probe()
-    for _ in range(2):  # warm-up: allocator, oneDNN primitives, optimizer state
-        probe()
-        for step in steps.values():
-            step()
-    samples: dict[str, list[float]] = {"matmul_gflops": [], "load_1min": []}
-    for name in steps:
-        samples[f"{name}_wall_s"], samples[f"{name}_cpu_s"] = [], []
-    for _ in range(iters):
-        samples["matmul_gflops"].append(probe())
-        for name, step in steps.items():
-            wall, cpu = timed(step)
-            samples[f"{name}_wall_s"].append(wall), samples[f"{name}_cpu_s"].append(cpu)
-        samples["load_1min"].append(os.getloadavg()[0])
-    median = {name: statistics.median(values) for name, values in samples.items()}
+    # Rounds: the matmul peak and the load between the models, each model's step wall / CPU time.
+    samples = round_robin(steps, iters, between={"matmul_gflops": probe, "load_1min": lambda: os.getloadavg()[0]})
+    median = medians(samples)
     needed = training_flops(config, batch_size, seq_len, num_masked)
     peak = median["matmul_gflops"]
 

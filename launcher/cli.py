@@ -33,6 +33,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "finetune": ("launcher.commands.finetune", "fine-tune and evaluate an export on a labelled classification task"),
     "report": ("launcher.commands.report", "one-page report.md and PNG plots of a run (running or stopped)"),
     "reproduce": ("launcher.commands.reproduce", "reproduce the paper's claims at small scale: runs, plots, report"),
+    "gpu-check": ("launcher.commands.gpu_check", "prove a CUDA machine: numerics vs fp32 and transformers, fp16 "
+                  "pretraining + resume + export, speed, memory vs plan"),
 }
 
 

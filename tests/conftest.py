@@ -8,6 +8,7 @@ Folders say what a test needs, and set its markers (setup.cfg) here, never by ha
   tests/unit/       no multi-rank job: `pytest tests/unit` is the fast loop
   tests/multirank/  starts real multi-rank DeepSpeed jobs (or uses a fixture that does): `multiprocess`
   tests/cluster/    the two-node network-namespace cluster, MPI and Slurm: `multiprocess` + `cluster`
+  tests/gpu/        the parts of `roformer gpu-check` on CUDA devices: `gpu` (skipped, saying so, without CUDA)
   tests/support/    helpers, rank wrappers and the namespace cluster, no tests
 """
 from __future__ import annotations
@@ -29,7 +30,14 @@ from tests.support.helpers import (
 )
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-FOLDER_MARKERS = {"unit": (), "multirank": ("multiprocess",), "cluster": ("multiprocess", "cluster")}
+FOLDER_MARKERS = {"unit": (), "multirank": ("multiprocess",), "cluster": ("multiprocess", "cluster"),
+                  "gpu": ("gpu",)}
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -41,6 +49,8 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"{item.nodeid}: tests live in tests/{{{','.join(FOLDER_MARKERS)}}}/")
         for name in FOLDER_MARKERS[folder]:
             item.add_marker(getattr(pytest.mark, name))
+        if folder == "gpu" and not _cuda_available():
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device (roformer gpu-check); none here"))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,61 @@
+"""`roformer gpu-check`: prove a CUDA machine runs this project (launcher/gpu_check/, docs/gpu.md).
+
+    roformer gpu-check [--parts numerics,pretraining,speed,memory] [--out runs/gpu-check/report.json]
+
+One JSON report (--out) and a console table. Exit 0 when every check passed, 1 when one failed or a
+part could not run, 2 on a machine without a usable CUDA device (one line saying so) or bad flags.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from launcher.errors import UserError
+
+PARTS = ("numerics", "pretraining", "speed", "memory")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated parts to run (default: all: {','.join(PARTS)})")
+    parser.add_argument("--out", type=Path, default=Path("runs/gpu-check/report.json"),
+                        help="the JSON report (default: runs/gpu-check/report.json); the work files go beside it")
+    parser.add_argument("--iters", type=int, default=10, help="timed rounds of the speed part (default: 10)")
+
+
+def parse_parts(text: str) -> list[str]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [part for part in parts if part not in PARTS]
+    if unknown or not parts:
+        raise UserError(f"--parts: unknown part(s) {', '.join(unknown) or '(none given)'} (known: {', '.join(PARTS)})")
+    return parts
+
+
+def cuda_refusal() -> str | None:
+    """The one line to print where no CUDA device is usable, else None."""
+    import torch
+
+    from launcher.gpu_check.report import no_cuda_line
+
+    return None if torch.cuda.is_available() else no_cuda_line(torch.__version__, torch.version.cuda)
+
+
+def run(args: argparse.Namespace) -> int:
+    parts = parse_parts(args.parts)
+    if args.iters < 1:
+        raise UserError(f"--iters: must be >= 1, got {args.iters}")
+    refusal = cuda_refusal()
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
+    from launcher.gpu_check.runner import run_parts
+    from launcher.io import atomic_write_json
+
+    work = args.out.parent / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    report = run_parts(parts, work, args.iters, say=lambda text: print(text, file=sys.stderr, flush=True))
+    atomic_write_json(args.out, report.to_dict())
+    print(report.table())
+    print(f"gpu-check: report in {args.out}")
+    return 0 if report.passed else 1
