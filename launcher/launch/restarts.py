@@ -29,6 +29,7 @@ from launcher.run_dir.sidecar import complete_sidecar
 NOT_REPEATABLE_KINDS = ("preempted", "preflight")  # not a property of the step: never "the same error twice"
 EXCLUDABLE_KINDS = ("rank", "node", "hung")  # a fault that names the node it happened on
 FIRST_STEP_POLL_SECONDS = 1.0
+STARTUP_EVENT = "startup"  # rank 0's metrics.jsonl event when it is ready for its first step (launcher/train/startup.py)
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,9 @@ def train_records(run_dir: RunDir, since: float = 0.0) -> list[dict]:
 
 
 def _records(run_dir: RunDir, since: float = 0.0) -> list[dict]:
-    """The records of metrics.jsonl; with `since`, from the first event stamped at or after it (a resumed
-    rank 0 rewrites the file without the lines past its checkpoint, then stamps its events: so a byte offset
-    would not do)."""
+    """The records of metrics.jsonl; with `since`, from the first `startup` event stamped at or after it on
+    (a resumed rank 0 rewrites the file without the lines past its checkpoint, a fresh format event first,
+    before its `startup` event: so neither a byte offset nor the first time stamp would do)."""
     try:
         lines = run_dir.metrics.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
@@ -140,8 +141,8 @@ def _records(run_dir: RunDir, since: float = 0.0) -> list[dict]:
         if isinstance(record, dict):
             out.append(record)
     if since:
-        first = next((i for i, r in enumerate(out) if isinstance(r.get("time"), (int, float)) and r["time"] >= since),
-                     len(out))
+        first = next((i for i, r in enumerate(out) if r.get("event") == STARTUP_EVENT
+                      and isinstance(r.get("time"), (int, float)) and r["time"] >= since), len(out))
         out = out[first:]
     return out
 
@@ -185,8 +186,7 @@ class FirstStepWatch:
         first = next((r for r in records if r.get("kind") == "train"), None)
         if first is None:
             return False
-        started = next((r for r in records if r.get("event") == "startup" and "time" in r), None)
-        ready = started["time"] if started else time.time()
+        ready = records[0]["time"]  # the launch's startup event
         seconds = max(0.0, ready - self.launched_wall) + float(first.get("step_time_s") or 0.0)
         lost = self.record.stop_seconds + self.record.backoff_seconds + seconds + self.record.redo_seconds
         self.record = update_restart(self.run_dir, self.index, restart_seconds=round(seconds, 2),

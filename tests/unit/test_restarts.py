@@ -173,14 +173,15 @@ class ScriptedJob:
 
         done = train_records(self.run_dir)
         start = 0 if not done else _checkpoint_step(self.run_dir)
-        if done:  # as a resumed rank 0 does: the lines past the checkpoint are dropped (a shorter file)
+        if done:  # as a resumed rank 0 does: the lines past the checkpoint dropped, a fresh format event first
             kept = [line for line in self.run_dir.metrics.read_text().splitlines()
                     if json.loads(line).get("kind") != "train" or json.loads(line)["step"] <= start]
-            self.run_dir.metrics.write_text("".join(line + "\n" for line in kept))
+            fresh = json.dumps({"kind": "event", "event": "metrics_format", "version": 2, "time": time.time()})
+            self.run_dir.metrics.write_text("".join(line + "\n" for line in [fresh, *kept]))
         with open(self.run_dir.metrics, "a") as f:
             f.write(json.dumps({"kind": "event", "event": "startup", "time": time.time()}) + "\n")
             for step in range(start + 1, reach + 1):
-                f.write(json.dumps({"kind": "train", "step": step, "step_time_s": 0.5}) + "\n")
+                f.write(json.dumps({"kind": "train", "step": step, "step_time_s": 0.25 if done else 0.5}) + "\n")
         if checkpoint is not None:
             _write_complete_checkpoint(self.run_dir, checkpoint)
         return outcome
@@ -233,6 +234,7 @@ def test_loop_restarts_from_the_newest_checkpoint_and_records_the_cost(tmp_path)
             record.steps_lost, record.redo_seconds, record.backoff_seconds) == \
         ("restart", "rank", "node2", 9, 8, 1, 0.5, 10)
     assert record.stop_seconds >= 2.0  # the failure was seen 2 s before the job had ended
+    assert 0.25 <= record.restart_seconds < 0.45  # the restart's own first step (0.25 s), not the run's first
     assert record.restart_seconds is not None and record.seconds_lost == pytest.approx(
         record.stop_seconds + 10 + record.restart_seconds + 0.5, abs=0.02)
 
