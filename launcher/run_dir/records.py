@@ -4,7 +4,7 @@ A run starts by writing version 1: config.yaml (the resolved run config), ds_con
 (the DeepSpeed config the engine started with) and stages.json (the stages at its world size). A
 resume that is accepted (launcher/train/resume.py checks everything first, so a refused one writes
 nothing) and whose records differ writes version N+1 of the files that differ only, e.g.
-config.2.yaml or ds_config.resolved.2.json (launcher.run_dir.versioned); the originals are never
+config.2.yaml or ds_config.resolved.2.json (launcher.run_dir.layout.versioned); the originals are never
 replaced. `config_versions.json` lists every version: the step it took effect at, the checkpoint it
 resumed from, and which file of each kind was in effect. Run directories from before the index
 existed read as one version 1 of the base files.
