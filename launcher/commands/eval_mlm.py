@@ -11,7 +11,7 @@ from launcher.errors import UserError
 from launcher.io import atomic_write_json
 
 DATA_TOKENS = 32768
-"""--tokens default for a prepared split: enough for stable figures at a few seconds per length on CPU."""
+"""--tokens default: enough for steady figures at a few seconds per length on CPU."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -28,9 +28,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated sequence lengths in tokens, [CLS] included; any length works "
                              "(RoPE has no limit), lengths past the trained one are marked")
     parser.add_argument("--split", default="valid", help="split of the data dir to evaluate on")
-    parser.add_argument("--tokens", type=int, default=None,
-                        help=f"token budget per length: the same first N tokens at every length (default: "
-                             f"{DATA_TOKENS} of a --data split, all the text of --input)")
+    parser.add_argument("--tokens", type=int, default=DATA_TOKENS,
+                        help="token budget per length: the same first N tokens of the split or --input text at "
+                             "every length; 0 = all of it")
     parser.add_argument("--tokens-per-batch", type=int, default=8192,
                         help="tokens per forward pass (micro-batch = this // length sequences); bounds memory")
     parser.add_argument("--seed", type=int, default=0, help="masking seed (which tokens are masked, and how)")
@@ -48,9 +48,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--seq-lens: {args.seq_lens!r} is not a comma-separated list of integers") from None
     if args.text_column is not None and not args.input:
         raise UserError("--text-column: applies to --input files only (a --data dir is tokenized already)")
-    tokens = args.tokens if args.tokens is not None or args.input else DATA_TOKENS
     cfg = MLMEvalConfig(export_dir=args.export_dir, data_dir=args.data, seq_lens=seq_lens, split=args.split,
-                        tokens=tokens, inputs=tuple(args.input), text_column=args.text_column, tokens_per_batch=args.tokens_per_batch, seed=args.seed,
+                        tokens=args.tokens, inputs=tuple(args.input), text_column=args.text_column,
+                        tokens_per_batch=args.tokens_per_batch, seed=args.seed,
                         mask_prob=args.mask_prob, threads=args.threads)
     report = evaluate_mlm(cfg)
     text = json.dumps(report, indent=2)

@@ -9,7 +9,7 @@ Output: masked-token loss (mean cross-entropy, nats), accuracy and perplexity = 
 Own text (`--input FILE...`, txt / jsonl / parquet, `--text-column`): the files are read by
 data_pipeline's own readers and tokenized with the export's tokenizer into a temporary prepared
 directory (`data_pipeline.prepare` with the export as `--tokenizer`, no de-duplication, no held-out
-split), which is then evaluated exactly as a prepared split; by default all of its text.
+split), which is then evaluated exactly as a prepared split (`--tokens 0`: all of its text).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class MLMEvalConfig:
     data_dir: Path | None  # prepared data dir (`roformer data prepare`), or its split directory; None with inputs
     seq_lens: list[int]  # sequence lengths (tokens incl. [CLS]); each >= 2
     split: str = "valid"  # split of the data dir; the held-out one by default
-    tokens: int | None = 32768  # token budget per length: the same text at every length (None: all of it)
+    tokens: int = 32768  # token budget per length: the same text at every length (0: all of it)
     inputs: tuple = ()  # own text files (txt / jsonl / parquet) instead of data_dir
     text_column: str | None = None  # JSONL field / parquet column of the text in `inputs` (None: "text")
     tokens_per_batch: int = 8192  # micro-batch = max(1, tokens_per_batch // seq_len) sequences
@@ -46,8 +46,8 @@ class MLMEvalConfig:
                 raise UserError(f"--seq-lens: {n} is too short ([CLS] plus at least one token)")
         if bool(self.inputs) == (self.data_dir is not None):
             raise UserError("eval-mlm: give either --data DATA_DIR or --input FILE...")
-        if (self.tokens is not None and self.tokens < 1) or self.tokens_per_batch < 1:
-            raise UserError("--tokens / --tokens-per-batch: must be positive")
+        if self.tokens < 0 or self.tokens_per_batch < 1:
+            raise UserError("--tokens / --tokens-per-batch: must be positive (--tokens 0: all the text)")
         if not 0.0 < self.mask_prob < 1.0:
             raise UserError(f"--mask-prob: {self.mask_prob} must be in (0, 1)")
 
@@ -106,7 +106,7 @@ def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
         batches = PretrainBatches(corpus, rank=0, world_size=1, seed=cfg.seed, masking=masking)
         # Each sequence covers seq_len - 1 stream tokens after its [CLS]: this many sequences cover
         # the first `tokens` tokens of the split (or all of it) at every length.
-        tokens = batches.stream.epoch_length if cfg.tokens is None else cfg.tokens
+        tokens = cfg.tokens or batches.stream.epoch_length
         sequences = max(1, math.ceil(tokens / (seq_len - 1)))
         micro = max(1, min(cfg.tokens_per_batch // seq_len, sequences))
         started = time.perf_counter()

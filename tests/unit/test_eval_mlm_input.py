@@ -31,7 +31,7 @@ def own_text(tmp_path_factory):
 def _eval(capsys, argv, tmp_path) -> dict:
     out = tmp_path / "report.json"
     capsys.readouterr()
-    assert cli_main(["eval-mlm", *argv, "--seq-lens", SEQ_LENS, "--out", str(out)]) == 0
+    assert cli_main(["eval-mlm", *argv, "--seq-lens", SEQ_LENS, "--tokens", "0", "--out", str(out)]) == 0
     return json.loads(out.read_text())
 
 
@@ -53,7 +53,7 @@ def test_every_format_gives_the_same_figures(capsys, stored_export, own_text, tm
     for row in report["results"]:
         assert 0 < row["loss"] < 20 and 0 <= row["accuracy"] <= 1
         assert math.isclose(row["perplexity"], math.exp(row["loss"]), rel_tol=1e-3)
-        # All of the text by default: every document's tokens and its closing [SEP], once.
+        # All of the text (--tokens 0): every document's tokens and its closing [SEP], once.
         assert row["tokens"] - row["sequences"] >= sum(len(t.split()) for t in texts)
 
 
@@ -63,8 +63,7 @@ def test_same_figures_as_the_prepared_split_of_the_same_text(capsys, stored_expo
     capsys.readouterr()
     assert cli_main(["data", "prepare", "--input", str(root / "notes.txt"), "--out", str(tmp_path / "data"),
                      "--tokenizer", str(stored_export), "--valid-fraction", "0", "--no-dedup"]) == 0
-    prepared = _eval(capsys, [str(stored_export), "--data", str(tmp_path / "data"), "--split", "train",
-                              "--tokens", "1000000"], tmp_path)
+    prepared = _eval(capsys, [str(stored_export), "--data", str(tmp_path / "data"), "--split", "train"], tmp_path)
     direct = _eval(capsys, [str(stored_export), "--input", str(root / "notes.txt")], tmp_path)
     assert [r["loss"] for r in prepared["results"]] == [r["loss"] for r in direct["results"]]
 
