@@ -13,6 +13,7 @@ seconds it cost; `roformer report` shows them.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from launcher.run_dir.sidecar import complete_sidecar
 NOT_REPEATABLE_KINDS = ("preempted", "preflight")  # not a property of the step: never "the same error twice"
 EXCLUDABLE_KINDS = ("rank", "node", "hung")  # a fault that names the node it happened on
 FIRST_STEP_POLL_SECONDS = 1.0
+_DURATION_RE = re.compile(r"\b\d+(\.\d+)? s\b")
 STARTUP_EVENT = "startup"  # rank 0's metrics.jsonl event when it is ready for its first step (launcher/train/startup.py)
 
 
@@ -51,8 +53,14 @@ class Fault:
 
     def same_error(self, other: "Fault") -> bool:
         """The same failure at the same step: a deterministic fault, which a restart would only repeat."""
-        return (self.kind not in NOT_REPEATABLE_KINDS and self.kind == other.kind and self.status == other.status
+        return (self.kind not in NOT_REPEATABLE_KINDS and self.kind == other.kind
+                and _without_durations(self.status) == _without_durations(other.status)
                 and self.failed_at_step == other.failed_at_step)
+
+
+def _without_durations(status: str) -> str:
+    """A hang verdict says how long the rank was overdue ('for 26 s (bound 20 s)'): not part of the error."""
+    return _DURATION_RE.sub("N s", status)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,9 @@ def test_same_error_twice_at_the_same_step_is_not_retried_and_is_named():
                                "a bad batch, a config error) is not retried")
     assert POLICY.decide(fault(step=10), [first], 1).restart  # a later step: progress was made
     assert POLICY.decide(fault(status="exit code 1", step=9), [first], 1).restart  # another error
+    hang = "stopped making progress in train step 15 for {} s (bound 20 s): its node cannot reach rank 0's host"
+    assert not POLICY.decide(fault(kind="hung", status=hang.format(26), step=14),
+                             [fault(kind="hung", status=hang.format(31), step=14)], 1).restart  # how long: not the error
     preempted = fault(kind="preempted", status="preempted", node=None, rank=None)
     assert POLICY.decide(preempted, [preempted], 1).restart  # a scheduler may preempt twice at one step
 
