@@ -123,7 +123,14 @@ class Checkpointer:
         launcher/train/resume.py load_route)."""
         load_dir = self.run_dir.universal if universal else self.run_dir.checkpoints
         own_scaler = _loss_scaler_state(self.engine.optimizer)
+        own_decay = [group["weight_decay"] for group in self.engine.optimizer.param_groups]
         path, client_state = self.engine.load_checkpoint(str(load_dir), tag=point.tag)
+        if universal:
+            # DeepSpeed's ZeRO-3 universal load gives every parameter group the FIRST saved group's
+            # hyper-parameters (stage3.py load_hp_checkpoint_state_from_checkpoint_dir_stage3): biases and
+            # LayerNorm would get weight decay. Each group's decay is the engine's (engine.py build_engine).
+            for group, decay in zip(self.engine.optimizer.param_groups, own_decay):
+                group["weight_decay"] = decay
         if point.sidecar.precision != precision(self.engine):
             # DeepSpeed installs the checkpoint's loss scaler whatever the precision (a static scale of 1
             # from fp32 / bf16 into an fp16 run; fp16's dynamic scaler into a bf16 / fp32 run): keep the

@@ -47,6 +47,7 @@ from tests.support.helpers import (
 TIMEOUT = 420
 STAGE_3 = {"overrides": {"zero_optimization": {"stage": 3}}}
 STAGE_1 = {"overrides": {"zero_optimization": {"stage": 1}}}
+KEEP_ALL = {"keep_last": 20}  # every checkpoint stays, to be compared with what a later start loaded from it
 
 
 def run(num_ranks: int, config: Path, run_dir: Path, kill_before: int | None = None, **env: str) -> int:
@@ -66,7 +67,7 @@ def interrupted(tmp_path_factory, tiny_data) -> tuple[Path, Path]:
     """(root with the run configs, a run killed before step 7: newest checkpoint global_step6)."""
     root = tmp_path_factory.mktemp("shapes")
     run_dir = root / "first"
-    config = tiny_run_config(root, tiny_data, model=NO_DROPOUT)
+    config = tiny_run_config(root, tiny_data, model=NO_DROPOUT, checkpoint=KEEP_ALL)
     assert run(2, config, run_dir, kill_before=7) != 0
     assert (run_dir / "checkpoints" / "global_step6" / "sidecar.json").is_file(), log_tail(run_dir)
     return root, run_dir
@@ -80,7 +81,8 @@ def chain(interrupted, tiny_data, name: str, second: tuple[int, dict], third: tu
     run_dir = root / name
     shutil.copytree(first, run_dir)
     for index, ((ranks, sections), kill_before) in enumerate(((second, 11), (third, None))):
-        config = tiny_run_config(root, tiny_data, name=f"{name}-{index}.yaml", model=NO_DROPOUT, **sections)
+        config = tiny_run_config(root, tiny_data, name=f"{name}-{index}.yaml", model=NO_DROPOUT, checkpoint=KEEP_ALL,
+                                 **sections)
         code = run(ranks, config, run_dir, kill_before=kill_before, **(env or {}))
         assert (code != 0) if kill_before else (code == 0), log_tail(run_dir)
     return run_dir
