@@ -57,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:  # starts nothing, writes nothing: no lock
         return plan_and_launch(args, plan)
     with claim_run_dir(plan.run_dir) as lock:
-        return plan_and_launch(args, dataclasses.replace(plan, env={**plan.env, LOCK_ID_ENV: lock.holder.lock_id}))
+        try:
+            return plan_and_launch(args, dataclasses.replace(plan, env={**plan.env, LOCK_ID_ENV: lock.holder.lock_id}))
+        finally:
+            os.environ.pop(LOCK_ID_ENV, None)  # the job is over: no later command of this process inherits it
 
 
 def claim_run_dir(run_dir: Path):

@@ -39,6 +39,11 @@ class DamagedCheckpoint(UserError):
     """A checkpoint whose sidecar or files are not what its save wrote; the message names the file."""
 
 
+class CheckpointWriteError(UserError):
+    """A checkpoint could not be written (full disk, quota, I/O error): its partial directory was
+    removed, the previous checkpoint and `latest` are as they were; the message says so in one line."""
+
+
 @dataclass
 class CheckpointState:
     """What `classify` found in one checkpoint directory."""
@@ -179,3 +184,48 @@ def move_aside(run_dir: RunDir, directory: Path) -> Path:
     fsync_dir(run_dir.damaged)
     fsync_dir(directory.parent)
     return dest
+
+
+# --------------------------------------------------------------------------- a save that failed
+
+
+FULL_BELOW_BYTES = 1 << 20
+"""A failed write with less than this free on its filesystem is reported as a full disk."""
+
+
+def write_failure(rank: int, err: BaseException, directory: Path) -> str:
+    """One line for a failed write of `rank` into `directory`: an OSError's strerror and file, else the
+    error's first line. torch.save's zip writer does not pass the errno on (a full disk reads
+    "[enforce fail at inline_container.cc:672] . unexpected pos 11648 vs 11542"), so the free space of
+    the filesystem, taken now, says whether it was full."""
+    import shutil
+
+    if isinstance(err, OSError) and err.strerror:
+        text = f"{err.strerror}{f' ({err.filename})' if err.filename else ''}"
+    else:
+        text = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:300]}"
+    try:
+        free = shutil.disk_usage(directory if directory.exists() else directory.parent).free
+    except OSError:
+        free = None
+    if free is not None and free < FULL_BELOW_BYTES:
+        text = f"the filesystem is full ({free / 1e3:,.0f} kB free): {text}"
+    return f"rank {rank}: {text}"
+
+
+def abandoned_save_message(run_dir: RunDir, tag: str, failure: str) -> str:
+    """What a save that was given up says: what failed, the free space, what is left to resume from."""
+    import shutil
+
+    try:
+        free = f"; {shutil.disk_usage(run_dir.checkpoints).free / 1e6:,.1f} MB free there now"
+    except OSError:
+        free = ""
+    try:
+        latest = run_dir.latest.read_text().strip()
+        left = f"checkpoints/latest still names {latest}, untouched: free space, then run the same command to resume"
+    except OSError:
+        left = "there is no earlier complete checkpoint: free space, then run the same command to start again"
+    return (f"checkpoint {tag} could not be written to {run_dir.checkpoints} ({failure}{free}); its partial files "
+            f"were removed and {left}")
+

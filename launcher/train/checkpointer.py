@@ -24,7 +24,8 @@ from typing import Protocol
 import deepspeed.comm as dist
 
 from launcher.config.stages import ResolvedStage
-from launcher.run_dir.checkpoint_files import file_shares, move_aside, record_files
+from launcher.run_dir.checkpoint_files import (CheckpointWriteError, abandoned_save_message, file_shares, move_aside,
+                                               record_files, write_failure)
 from launcher.errors import UserError
 from launcher.io import atomic_write_text, fsync_dir, fsync_tree
 from launcher.run_dir.layout import DAMAGED_DIR, RunDir, sidecar_path, step_of_tag, tag_for_step
@@ -91,19 +92,62 @@ class Checkpointer:
             skipped_steps=int(self.engine.skipped_steps), zero_stage=self.engine.zero_optimization_stage(),
             precision=precision(self.engine), total_steps=self.total_steps, tokenizer_sha256=self.tokenizer_sha256,
             rope_theta=stage.rope_theta)
-        self.engine.save_checkpoint(str(self.run_dir.checkpoints), tag=tag,
-                                    client_state={"roformer_ds": sidecar.to_dict()}, save_latest=False)
-        save_rng(directory, self.rank)
-        dist.barrier()
-        sidecar.files = self._record_files(directory)
+        failure = self._agree(self._write_files(directory, tag, sidecar))  # also the barrier after the writes
+        if failure is None:
+            sidecar.files = self._record_files(directory)
+            failure = self._agree(self._mark_complete(directory, tag, sidecar) if self.rank == 0 else None)
+        if failure is not None:
+            self._abandon(directory, tag, failure)  # raises CheckpointWriteError on every rank
         if self.rank == 0:
-            fsync_dir(directory)
-            fsync_dir(self.run_dir.checkpoints)
-            write_sidecar(directory, sidecar)  # the completion marker, only now
-            atomic_write_text(self.run_dir.latest, tag)
             prune(self.run_dir, self.keep_last)
         dist.barrier()
         return tag
+
+    # A save that cannot be written (a full disk, a quota, an I/O error) must not kill the ranks one by
+    # one inside DeepSpeed, leave a partial directory or move `latest`: every rank reports how its own
+    # writes went, all agree (_agree), and on any failure the partial checkpoint is removed and the job
+    # ends with one line; the previous checkpoint and `latest` are never touched by a save.
+
+    def _write_files(self, directory: Path, tag: str, sidecar: CheckpointSidecar) -> str | None:
+        """This rank's DeepSpeed files and RNG state; None, or what failed (one line)."""
+        try:
+            self.engine.save_checkpoint(str(self.run_dir.checkpoints), tag=tag,
+                                        client_state={"roformer_ds": sidecar.to_dict()}, save_latest=False)
+        except (OSError, RuntimeError) as err:  # torch.save reports ENOSPC as a RuntimeError of its zip writer
+            # DeepSpeed's save ends with a barrier the ranks whose writes succeeded are waiting in; its other
+            # collectives all come before the first write.
+            dist.barrier()
+            return write_failure(self.rank, err, directory)
+        try:
+            save_rng(directory, self.rank)
+        except (OSError, RuntimeError) as err:
+            return write_failure(self.rank, err, directory)
+        return None
+
+    def _mark_complete(self, directory: Path, tag: str, sidecar: CheckpointSidecar) -> str | None:
+        """Rank 0: fsync, the sidecar (the completion marker, only now), then `latest`; None, or what failed."""
+        try:
+            fsync_dir(directory)
+            fsync_dir(self.run_dir.checkpoints)
+            write_sidecar(directory, sidecar)
+            atomic_write_text(self.run_dir.latest, tag)
+        except OSError as err:
+            return write_failure(self.rank, err, directory)
+        return None
+
+    def _agree(self, failure: str | None) -> str | None:
+        """All ranks: the first rank's failure (the same text on every rank), or None when none failed."""
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, failure)
+        return next((f for f in gathered if f is not None), None)
+
+    def _abandon(self, directory: Path, tag: str, failure: str) -> None:
+        """All ranks: rank 0 removes the partial checkpoint (sidecar first), then every rank raises."""
+        if self.rank == 0:
+            remove_checkpoint(directory)
+            fsync_dir(self.run_dir.checkpoints)
+        dist.barrier()
+        raise CheckpointWriteError(abandoned_save_message(self.run_dir, tag, failure))
 
     def _record_files(self, directory: Path) -> dict[str, dict]:
         """All ranks: rank 0 splits the written files into shares of about equal bytes, each rank
@@ -253,3 +297,4 @@ def remove_checkpoint(directory: Path) -> None:
     # Drop the marker first: a crash during rmtree leaves an incomplete (ignored) directory.
     sidecar_path(directory).unlink(missing_ok=True)
     shutil.rmtree(directory, ignore_errors=True)
+
