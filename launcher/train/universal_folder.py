@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -59,7 +60,10 @@ def _model_states_under_both_names(folder: Path) -> None:
         if not target.exists():
             tmp = folder / f".{name}.tmp"
             tmp.unlink(missing_ok=True)
-            os.link(present[0], tmp)  # the same bytes under the other stage's name (no copy)
+            try:
+                os.link(present[0], tmp)  # the same bytes under the other stage's name (no copy)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(present[0], tmp)
             os.replace(tmp, target)
 
 
@@ -95,7 +99,6 @@ def _complete_parameter(directory: Path, shape: torch.Size, step: object) -> Non
 
 
 def _load(path: Path):
-    from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT  # noqa: F401 (imports DeepSpeed's classes)
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
