@@ -26,17 +26,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export_dir", type=Path, help="export directory (roformer export --out) or any "
                                                       "transformers RoFormer directory with a tokenizer")
     task = parser.add_argument_group("the task (one of --task, --task-spec, --train)")
-    task.add_argument("--task", help=f"a bundled task: {', '.join(TASKS)}")
+    task.add_argument("--task", help=f"a bundled task: {', '.join(TASKS)} (default: none)")
     task.add_argument("--task-data", type=Path, default=None,
                       help="bundled task files root (default: $ROFORMER_DATA_DIR/tasks or ~/.cache/roformer-ds/data/tasks)")
     task.add_argument("--task-spec", type=Path, help="a task spec YAML file (files, columns, task type, settings; "
-                                                     "docs/finetune.md)")
-    task.add_argument("--train", type=Path, help="your labelled training file: .csv, .tsv, .jsonl/.json or .parquet")
-    task.add_argument("--dev", type=Path, help="your dev file (model selection); or give --dev-fraction")
-    task.add_argument("--test", type=Path, help="your test file (optional: without it, dev is the held-out split)")
-    task.add_argument("--dev-fraction", type=float, help="hold out this share of --train as dev (no --dev file)")
+                                                     "docs/finetune.md; default: none)")
+    task.add_argument("--train", type=Path, help="your labelled training file: .csv, .tsv, .jsonl/.json or .parquet (default: none)")
+    task.add_argument("--dev", type=Path, help="your dev file (model selection; default: none, then give --dev-fraction)")
+    task.add_argument("--test", type=Path, help="your test file (default: none; dev is then the held-out split)")
+    task.add_argument("--dev-fraction", type=float, help="hold out this share of --train as dev, instead of a --dev file (default: none)")
     task.add_argument("--text-column", default=None, help="text column of your files (default: text)")
-    task.add_argument("--text-pair-column", default=None, help="second text column: a text-pair task")
+    task.add_argument("--text-pair-column", default=None, help="second text column: a text-pair task (default: none, single texts)")
     task.add_argument("--label-column", default=None, help="label column (default: label)")
     task.add_argument("--task-type", choices=("classification", "regression"), default=None,
                       help="default: inferred from train's labels (fractional numbers: regression)")
@@ -54,7 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     seeds = parser.add_mutually_exclusive_group()
     seeds.add_argument("--seeds", default=None, help="comma-separated seeds, one fine-tune each; the report gives "
                                                     "mean, min, max and n of every metric (default: 0)")
-    seeds.add_argument("--seed", type=int, default=None, help="one seed (same as --seeds N)")
+    seeds.add_argument("--seed", type=int, default=None, help="one seed, the same as --seeds N (default: 0)")
     parser.add_argument("--init", choices=INITS, default="pretrained",
                         help="encoder weights: the export's (pretrained) or its random-init twin: same architecture "
                              "and tokenizer, freshly initialised (default: pretrained)")
@@ -63,12 +63,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "side (the JSON report gets a 'random_init' entry)")
     parser.add_argument("--dropout", type=float, default=None,
                         help="hidden and attention dropout while fine-tuning (default: the export's config)")
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON report to this file")
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON report to this file (default: none; the console shows a table only)")
     parser.add_argument("--save-model", type=Path, default=None,
                         help="save the best model (best seed, best epoch) as a transformers directory with its "
-                             "tokenizer, for pipeline('text-classification', model=DIR); must not exist yet")
+                             "tokenizer, for pipeline('text-classification', model=DIR); must not exist yet (default: none)")
     parser.add_argument("--predictions", type=Path, default=None,
-                        help="write the held-out predictions (.csv, .tsv or .jsonl: row, prediction, label)")
+                        help="write the held-out predictions (.csv, .tsv or .jsonl: row, prediction, label; default: none)")
 
 
 def task_spec_from_args(args: argparse.Namespace):
