@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm  # noqa: E402
 from launcher.downstream.export_reader import trained_max_seq_len  # noqa: E402
 from launcher.downstream.fine_tuning import FinetuneConfig, finetune  # noqa: E402
+from launcher.downstream.tasks import bundled_spec  # noqa: E402
 from roformer import RoFormerForMaskedLM  # noqa: E402
 from roformer.hf_interop import read_hf_directory, write_pretrained_files  # noqa: E402
 
@@ -44,7 +45,7 @@ def random_twin(export_dir: Path, out: Path, seed: int = 0) -> Path:
 
 
 def summary(report: dict) -> dict:
-    return {"dev": report["dev"], "test": report["test"], "best_epoch": report["best_epoch"],
+    return {"dev": report["dev"], "test": report["test"], "best_epoch": report["runs"][0]["best_epoch"],
             "majority_baseline_test": report["majority_baseline"]["test"], "truncated_share": report["truncated_share"],
             "train_examples": report["train_examples"], "seconds": report["seconds"]}
 
@@ -75,7 +76,7 @@ def main() -> int:
             runs.append(("inews", 512))
         for task, max_length in runs:
             for label, directory in (("pretrained", args.export_dir), ("random_init", twin)):
-                cfg = FinetuneConfig(export_dir=directory, task=task, max_length=max_length, epochs=args.epochs,
+                cfg = FinetuneConfig(export_dir=directory, task=bundled_spec(task), max_length=max_length, epochs=args.epochs,
                                      lr=args.lr, max_train_examples=args.max_train_examples, threads=args.threads,
                                      batch_size=32 if max_length <= 128 else 16)
                 results.setdefault("finetune", {}).setdefault(f"{task}@{max_length}", {})[label] = summary(finetune(cfg))

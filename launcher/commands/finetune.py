@@ -39,7 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     task.add_argument("--text-pair-column", default=None, help="second text column: a text-pair task (default: none, single texts)")
     task.add_argument("--label-column", default=None, help="label column (default: label)")
     task.add_argument("--task-type", choices=("classification", "regression"), default=None,
-                      help="default: inferred from train's labels (fractional numbers: regression)")
+                      help="default: inferred from train's labels (floating-point numbers: regression)")
 
     defaults = FinetuneConfig.__dataclass_fields__
     for name, help_text in _HELP.items():

@@ -155,7 +155,7 @@ def _run_seed(cfg: FinetuneConfig, seed: int, data, encoded: dict, tokenizer, se
     if len(tokenizer) > model.config.vocab_size:
         raise UserError(f"{cfg.export_dir}: tokenizer has {len(tokenizer)} ids, the model only {model.config.vocab_size}")
 
-    history, best = [], None
+    history, best, train_seconds = [], None, 0.0
     steps_per_epoch = math.ceil(len(train["labels"]) / cfg.batch_size)
     optimizer, scheduler = _optimizer(model, cfg, total_steps=steps_per_epoch * cfg.epochs)
     shuffle = torch.Generator().manual_seed(seed + 1)
@@ -164,8 +164,10 @@ def _run_seed(cfg: FinetuneConfig, seed: int, data, encoded: dict, tokenizer, se
                disable=not progress, dynamic_ncols=True, leave=True)
     try:
         for epoch in range(1, cfg.epochs + 1):
+            epoch_started = time.perf_counter()
             train_loss = _train_epoch(model, train, tokenizer.pad_token_id, cfg.batch_size, optimizer, scheduler,
                                       shuffle, data.task_type, bar)
+            train_seconds += time.perf_counter() - epoch_started
             dev = scores(data.task_type, encoded["dev"]["labels"], _predict(model, encoded["dev"], tokenizer.pad_token_id,
                          cfg.eval_batch_size, data.task_type), data.num_labels)
             history.append({"epoch": epoch, "train_loss": round(train_loss, 5), "dev": dev})
@@ -185,6 +187,8 @@ def _run_seed(cfg: FinetuneConfig, seed: int, data, encoded: dict, tokenizer, se
     test = scores(data.task_type, encoded["test"]["labels"], predictions, data.num_labels) if "test" in encoded else None
     report = {"seed": seed, "best_epoch": best_epoch, "dev": best_dev, "test": test, "epochs": history,
               "train_examples": len(train["labels"]), "train_labels": train["labels"],
+              # the optimisation loop alone (no dev scoring): what bench/bench_finetune.py compares
+              "train_examples_per_second": round(len(train["labels"]) * cfg.epochs / max(train_seconds, 1e-9), 2),
               "seconds": round(time.perf_counter() - started, 1)}
     return SeedResult(report, predictions, best_state if cfg.keep_best_state else None)
 

@@ -171,17 +171,18 @@ def _texts(path: Path, table: dict, spec: TaskSpec) -> tuple[list[str], list[str
 
 
 def _is_float_column(values: list) -> bool:
+    """Floating-point labels (as the file's reader typed them: 0.5, 3.0): regression, as in run_glue.py."""
     numbers = [v for v in values if v is not None]
-    return bool(numbers) and all(isinstance(v, float) for v in numbers) and \
-        any(not float(v).is_integer() for v in numbers)
+    return bool(numbers) and all(isinstance(v, float) for v in numbers)
 
 
 def _task_type(spec: TaskSpec, path: Path, labels: list) -> str:
-    inferred = "regression" if _is_float_column(labels) else "classification"
+    floats = _is_float_column(labels)
     if spec.task_type is None:
-        return inferred
-    if spec.task_type == "classification" and inferred == "regression":
-        row = next(i for i, v in enumerate(labels, start=1) if isinstance(v, float) and not v.is_integer())
+        return "regression" if floats else "classification"
+    fractional = [i for i, v in enumerate(labels, start=1) if isinstance(v, float) and not v.is_integer()]
+    if spec.task_type == "classification" and floats and fractional:
+        row = fractional[0]
         raise UserError(f"{path}: row {row}, column {spec.label_column!r}: {labels[row - 1]!r} is a fractional "
                         "number, but the task type is classification (use --task-type regression, or whole/string labels)")
     return spec.task_type
