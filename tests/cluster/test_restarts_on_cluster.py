@@ -3,7 +3,8 @@
 node2's cable pulled (the hang watchdog ends the job; the cable goes back during the backoff), and SIGTERM
 to every process of the job on both nodes (a scheduler preempting it: the ranks checkpoint at the current
 step). The run finishes by itself, each fault is in RUN_DIR/restarts.json, no process is left, and as no
-node was dropped its final weights equal an uninterrupted run's within 1e-6.
+node was dropped its final weights equal an uninterrupted run's within 1e-6 (dropout off, as in the
+exact-resume tests).
 """
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ WIDE_STEPS = 30  # total 6 + 4 + 30 = 40 steps, checkpoints every 4 steps and at
 TOTAL = 6 + 4 + WIDE_STEPS
 FLAGS = ["--entry-module", "tests.support.rank_wrapper", "--set", "watchdog.min_step_seconds=20",
          "--set", "watchdog.phase_seconds=30", "--set", "restarts.backoff_seconds=10",
-         "--set", "restarts.max_backoff_seconds=20"]
+         "--set", "restarts.max_backoff_seconds=20",
+         # Dropout off, as in the exact-resume tests (tests/multirank/test_resume.py): the weights compare exactly.
+         "--set", "model.hidden_dropout_prob=0.0", "--set", "model.attention_probs_dropout_prob=0.0"]
 FAULT_TIMEOUT = 300
 
 

@@ -2,7 +2,7 @@
 
 A rank SIGKILLed once mid-run (tests/support/rank_wrapper.py, ROFORMER_TEST_SIGKILL_ONCE_AT): the job is
 stopped, started again from the newest checkpoint and finishes by itself, with final weights equal to an
-uninterrupted run's within 1e-6; the restart is in RUN_DIR/restarts.json and in `roformer report`'s
+uninterrupted run's within 1e-6 (dropout off, as in the exact-resume tests); the restart is in RUN_DIR/restarts.json and in `roformer report`'s
 restarts table. A rank killed at the same step every time: restarted once, then not again, named.
 """
 from __future__ import annotations
@@ -12,7 +12,15 @@ from safetensors.numpy import load_file
 
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.restarts import read_restarts
-from tests.support.helpers import TINY_TOTAL_STEPS, free_port, metrics_steps, roformer, roformer_env, tiny_run_config
+from tests.support.helpers import (
+    NO_DROPOUT,
+    TINY_TOTAL_STEPS,
+    free_port,
+    metrics_steps,
+    roformer,
+    roformer_env,
+    tiny_run_config,
+)
 
 WRAPPER = "tests.support.rank_wrapper"
 KILL = "1:9"  # rank 1, before the step after 9 completed: the newest checkpoint is global_step8
@@ -25,7 +33,8 @@ def _pretrain(config, run_dir, *flags, timeout=600, **env):
 
 
 def test_a_killed_rank_is_restarted_and_the_run_ends_as_an_uninterrupted_one(tiny_data, tmp_path):
-    config = tiny_run_config(tmp_path / "config", tiny_data)
+    # Dropout off, as in the exact-resume tests (tests/multirank/test_resume.py): resumes compare exactly.
+    config = tiny_run_config(tmp_path / "config", tiny_data, model=NO_DROPOUT)
     reference = _pretrain(config, tmp_path / "reference")
     assert reference.returncode == 0, (reference.stdout + reference.stderr)[-3000:]
     assert not RunDir(tmp_path / "reference").restarts.exists()
