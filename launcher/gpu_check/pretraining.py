@@ -83,10 +83,11 @@ def train_records(run_dir: Path) -> tuple[list[dict], list[dict], int | None]:
     return train, after, int(rows[resumes[-1]]["step"])
 
 
-def stop_after(config: Path, run_dir: Path, step: int, log: Path, env: dict[str, str], timeout: float = 1800) -> int:
+def stop_after(config: Path, run_dir: Path, gpus: int, step: int, log: Path, env: dict[str, str],
+               timeout: float = 1800) -> int:
     """Start the run, SIGTERM `roformer pretrain` once metrics.jsonl shows `step`; its exit code."""
     with log.open("a", encoding="utf-8") as out:
-        process = subprocess.Popen([sys.executable, "-m", "launcher.cli", "pretrain", "--num_gpus", str(gpus_of(env)),
+        process = subprocess.Popen([sys.executable, "-m", "launcher.cli", "pretrain", "--num_gpus", str(gpus),
                                     "--config", str(config), "--run-dir", str(run_dir)], stdout=out,
                                    stderr=subprocess.STDOUT, cwd=REPO, env=env, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
@@ -104,13 +105,9 @@ def stop_after(config: Path, run_dir: Path, step: int, log: Path, env: dict[str,
             return process.wait()
 
 
-def gpus_of(env: dict[str, str]) -> int:
-    return int(env["ROFORMER_GPU_CHECK_GPUS"])
-
-
 def check_pretraining(work: Path, gpus: int) -> list[Check]:
     work.mkdir(parents=True, exist_ok=True)
-    env = {**cuda_environment(), "ROFORMER_GPU_CHECK_GPUS": str(gpus)}
+    env = cuda_environment()
     data = work / "data"
     if not (data / "manifest.json").is_file():
         log = work / "data.log"
@@ -124,7 +121,7 @@ def check_pretraining(work: Path, gpus: int) -> list[Check]:
     expect(roformer(["pretrain", "--num_gpus", str(gpus), "--config", str(config), "--run-dir", str(whole)], log, env),
            0, "roformer pretrain (uninterrupted)", log)
     log = work / "stopped.log"
-    expect(stop_after(config, stopped, STOP_AFTER_STEP, log, env), 143, "roformer pretrain stopped by SIGTERM", log)
+    expect(stop_after(config, stopped, gpus, STOP_AFTER_STEP, log, env), 143, "roformer pretrain stopped by SIGTERM", log)
     expect(roformer(["pretrain", "--num_gpus", str(gpus), "--config", str(config), "--run-dir", str(stopped)], log,
                     env), 0, "roformer pretrain (resume)", log)
     records, _, _ = train_records(whole)
