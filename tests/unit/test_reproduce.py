@@ -234,3 +234,31 @@ def test_groups_select_the_runs_to_start_and_unknown_ones_are_named():
     assert select_groups(runs, "") == runs
     with pytest.raises(UserError, match="--groups: no run of the chosen parts is in group.s. fig9"):
         select_groups(runs, "fig9")
+
+
+def test_downstream_pools_pretraining_seeds_and_keeps_each_ones_gain(tmp_path):
+    """The full preset's seed structure on written fine-tune reports (no job runs): 2 recipe runs x 3
+    fine-tuning seeds against one set of twins; lengths with 3 fine-tuning seeds."""
+    import json
+
+    from launcher.reproduce.results import collect
+    from launcher.reproduce.runner import Layout
+
+    preset, layout = PRESETS["full"](), Layout(tmp_path)
+    base = {"recipe": 0.70, "recipe-s1": 0.66}
+    for run in preset.finetune_runs(("downstream", "lengths")):
+        accuracy = (0.60 if run.init == "random" else base[run.pretrain]) + 0.01 * run.seed
+        report = {"test": {"accuracy": accuracy, "macro_f1": accuracy - 0.05}, "dev": {"accuracy": accuracy},
+                  "majority_baseline": {"test": {"accuracy": 0.5}}, "train_examples": run.budget or 5000,
+                  "truncated_share": {"test": 0.5}, "seconds": 1.0}
+        path = layout.finetune_report(run)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report))
+    results = collect(preset, layout, ("lengths", "downstream"))
+    cell = results["downstream"]["inews"]["1000"]
+    assert cell["pretrained"]["accuracy"]["n"] == 6 and cell["random"]["accuracy"]["n"] == 3
+    assert cell["pretrained"]["accuracy"]["min"] == pytest.approx(0.66)
+    assert cell["gain_points"] == pytest.approx(100 * (0.69 - 0.61))  # pooled mean minus the twins' mean
+    gains = {name: run["gain_points"] for name, run in cell["by_pretraining_run"].items()}
+    assert gains == {"recipe": pytest.approx(10.0), "recipe-s1": pytest.approx(6.0)}
+    assert all(results["lengths"][n]["accuracy"]["n"] == 3 for n in ("128", "256", "512", "1024"))
