@@ -70,6 +70,15 @@ def error_line(capsys) -> str:
 
 def three_entry_points(config, tmp_path, monkeypatch, capsys) -> dict[str, str]:
     """The error each entry point prints (prefix removed); each must exit with 2."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setattr("sys.argv", ["roformer"])
+    assert cli_main(["plan", "--config", str(config), "--world-size", "2"]) == 2
+    plan = error_line(capsys).removeprefix("roformer plan: error: ")
+    return {"plan": plan, **dry_run_and_rank(config, tmp_path, monkeypatch, capsys)}
+
+
+def dry_run_and_rank(config, tmp_path, monkeypatch, capsys) -> dict[str, str]:
+    """The error `pretrain --dry-run` and a rank print (prefix removed); each must exit with 2."""
     import deepspeed.comm
 
     from launcher.train import rank_entry
@@ -77,8 +86,6 @@ def three_entry_points(config, tmp_path, monkeypatch, capsys) -> dict[str, str]:
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     monkeypatch.setattr("sys.argv", ["roformer"])
     errors = {}
-    assert cli_main(["plan", "--config", str(config), "--world-size", "2"]) == 2
-    errors["plan"] = error_line(capsys).removeprefix("roformer plan: error: ")
     run_dir = tmp_path / "run"
     assert cli_main(["pretrain", "--num_gpus", "2", "--config", str(config), "--run-dir", str(run_dir),
                      "--dry-run"]) == 2
@@ -93,7 +100,7 @@ def three_entry_points(config, tmp_path, monkeypatch, capsys) -> dict[str, str]:
     return errors
 
 
-@pytest.mark.parametrize("case", ["missing data dir", "no manifest", "vocab larger than the tokenizer",
+@pytest.mark.parametrize("case", ["no manifest", "vocab larger than the tokenizer",
                                   "vocab smaller than the tokenizer", "max_seq_len 1", "ZeRO stage 7",
                                   "fp16 on a cpu accelerator without fp16", "bf16 on a cpu accelerator without bf16"])
 def test_plan_dry_run_and_rank_refuse_alike(case, tiny_data, tmp_path, monkeypatch, capsys):
@@ -113,6 +120,21 @@ def plan_and_dry_run_pass(config, tmp_path, monkeypatch, capsys):
                      "--dry-run"]) == 0
     err = capsys.readouterr().err
     assert "error" not in err and "does not support" not in err, err
+
+
+def test_a_missing_data_dir_is_a_note_for_plan_and_refused_by_dry_run_and_rank(tiny_data, tmp_path, monkeypatch,
+                                                                              capsys):
+    """Sizing a cluster comes before preparing its corpus: plan checks the rest and says the data was
+    not checked; `pretrain --dry-run` and every rank refuse with the same line."""
+    sections, message = bad_inputs(tiny_data, tmp_path)["missing data dir"]
+    config = write_config(tmp_path, tiny_data, sections)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    assert cli_main(["plan", "--config", str(config), "--world-size", "2"]) == 0
+    notes = capsys.readouterr().err.strip().splitlines()
+    assert any(line.startswith(f"roformer plan: note: data.data_dir {tmp_path / 'absent'} does not exist (yet): "
+                               "the data was not checked") for line in notes), notes
+    errors = dry_run_and_rank(config, tmp_path, monkeypatch, capsys)
+    assert message in errors["dry-run"] and errors["rank"] == errors["dry-run"], errors
 
 
 def test_the_good_config_passes_plan_and_dry_run(tiny_data, tmp_path, monkeypatch, capsys):
