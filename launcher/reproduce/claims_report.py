@@ -86,9 +86,10 @@ def _extension_section(ext: dict) -> list[str]:
     for better, other in pairs:
         a, b = (variants.get(x, {}).get("loss", {}).get(longest, {}) for x in (better, other))
         if a.get("n") and b.get("n"):
-            separated = a["max"] < b["min"]
-            lines.append(f"- at {longest} tokens, {better} vs {other}: {a['mean']:.3f} vs {b['mean']:.3f} "
-                         f"({'every seed below every seed' if separated else 'seed ranges overlap' if a['mean'] < b['mean'] else 'NOT lower'}).")
+            verdict = ("NOT lower" if a["mean"] >= b["mean"] else
+                       "lower; one seed, no spread measured" if min(a["n"], b["n"]) < 2 else
+                       "every seed below every seed" if a["max"] < b["min"] else "lower on the mean; seed ranges overlap")
+            lines.append(f"- at {longest} tokens, {better} vs {other}: {a['mean']:.3f} vs {b['mean']:.3f} ({verdict}).")
     return lines + [""]
 
 

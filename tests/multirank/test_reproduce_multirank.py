@@ -16,7 +16,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_quick_reproduction_writes_the_report_and_resumes(tmp_path):
     out = tmp_path / "repro"
-    first = roformer("reproduce", "--quick", "--out", str(out), timeout=900)
+    first = roformer("reproduce", "--quick", "--out", str(out), timeout=1800)
     assert first.returncode == 0, first.stdout + first.stderr
     report = out / "report"
     text = (report / "report.md").read_text()
@@ -51,7 +51,7 @@ def test_quick_reproduction_writes_the_report_and_resumes(tmp_path):
     assert len(list((out / "finetune").glob("*.json"))) == 6
     assert len(list((out / "eval").glob("*.json"))) == 3
 
-    second = roformer("reproduce", "--quick", "--out", str(out), timeout=900)
+    second = roformer("reproduce", "--quick", "--out", str(out), timeout=1800)
     assert second.returncode == 0, second.stdout + second.stderr
     assert second.stdout.count("finished earlier") == 7
     assert "pretrain-" not in second.stdout and "6 of 6 reports exist" in second.stdout
