@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 import deepspeed.comm as dist
+import torch
 
 from launcher.config.stages import ResolvedStage
 from launcher.run_dir.checkpoint_files import (CheckpointWriteError, abandoned_save_message, file_shares, move_aside,
@@ -175,6 +176,7 @@ class Checkpointer:
             # LayerNorm would get weight decay. Each group's decay is the engine's (engine.py build_engine).
             for group, decay in zip(self.engine.optimizer.param_groups, own_decay):
                 group["weight_decay"] = decay
+            _own_step_counters(self.engine.optimizer)
         if point.sidecar.precision != precision(self.engine):
             # DeepSpeed installs the checkpoint's loss scaler whatever the precision (a static scale of 1
             # from fp32 / bf16 into an fp16 run; fp16's dynamic scaler into a bf16 / fp32 run): keep the
@@ -207,6 +209,16 @@ def _loss_scaler_state(optimizer) -> dict:
 def _set_loss_scaler_state(optimizer, state: dict) -> None:
     for name, value in state.items():
         setattr(optimizer, name, value)
+
+
+def _own_step_counters(optimizer) -> None:
+    """DeepSpeed's ZeRO-3 universal load puts ONE step tensor into the Adam state of every parameter
+    group; torch's Adam(W) increments it in place once per group and step, so bias correction would run
+    ahead (losses 1e-5 off the uninterrupted run one step later). Each state gets its own counter."""
+    base = getattr(optimizer, "optimizer", optimizer)
+    for state in base.state.values():
+        if torch.is_tensor(state.get("step")):
+            state["step"] = state["step"].clone()
 
 
 def find_resume_point(run_dir: RunDir) -> ResumePoint | None:
@@ -297,4 +309,3 @@ def remove_checkpoint(directory: Path) -> None:
     # Drop the marker first: a crash during rmtree leaves an incomplete (ignored) directory.
     sidecar_path(directory).unlink(missing_ok=True)
     shutil.rmtree(directory, ignore_errors=True)
-
