@@ -66,7 +66,10 @@ def measure_matmul_tflops(size: int = CPU_MATMUL_SIZE, seconds: float = CPU_MEAS
     """Best fp32 TFLOP/s of (size x size) @ (size x size) on this process's CPU threads."""
     import torch
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    # A generator of its own: ranks measure this after restoring a checkpoint's RNG state, and a draw
+    # from the global one would shift every later dropout mask (a resumed run would not match).
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(size, size, generator=generator), torch.randn(size, size, generator=generator)
     torch.mm(a, b)  # warm-up (allocations, thread pool)
     best, deadline = float("inf"), time.perf_counter() + seconds
     while True:

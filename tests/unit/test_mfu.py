@@ -55,3 +55,16 @@ def test_run_config_peak_wins_and_cpu_peak_is_measured():
     measured = resolve_peak(0.0, "bf16")  # the tests run on the CPU accelerator
     assert measured.source == "measured" and measured.precision == "fp32"
     assert 1e-4 < measured.tflops < 100  # a real timing: above 0.1 GFLOP/s, below any CPU's reach
+
+
+def test_measuring_the_cpu_peak_leaves_the_global_rng_alone():
+    """Ranks measure the peak after restoring a checkpoint's RNG state: the dropout masks that follow
+    must be those of the uninterrupted run (found by gpu-check's resume part on a CPU run with dropout)."""
+    import torch
+
+    from launcher.mfu import measure_matmul_tflops
+
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    assert measure_matmul_tflops(size=64, seconds=0.01) > 0
+    assert torch.equal(torch.get_rng_state(), before)
