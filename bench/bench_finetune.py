@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/bench_finetune.py [EXPORT] [--train-examples 1024] [--rounds 3] [--threads 1]
 
+(transformers' Trainer needs `accelerate`: `.venv/bin/pip install -e '.[bench]'`.)
+
 Both fine-tune the same transformers-format directory on the same labelled CSV (real movie-review
 sentences with word labels, written to a temporary directory from the set-up step's task files)
 with the same settings: max length 128, batch 32, AdamW lr 1e-3 with 10% linear warmup and linear
