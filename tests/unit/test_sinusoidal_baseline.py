@@ -26,7 +26,7 @@ def _embeddings(config: RoFormerConfig) -> Embeddings:
 
 
 def _rms(x: torch.Tensor) -> float:
-    return float(x.double().pow(2).mean().sqrt())
+    return float(x.detach().double().pow(2).mean().sqrt())
 
 
 def _summed_inputs(embeddings: Embeddings, ids: torch.Tensor) -> torch.Tensor:
