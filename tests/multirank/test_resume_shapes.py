@@ -11,7 +11,8 @@ before step 11 (newest checkpoint global_step10), then resumed on a third shape 
 At every load (the rank wrapper's ROFORMER_TEST_SAVE_LOADED_WEIGHTS) the engine's fp32 master weights
 equal the checkpoint's exactly (as DeepSpeed's zero_to_fp32 reads them from the checkpoint files),
 and its module weights are those, cast to the training precision. Losses stay finite to the end;
-where the precision does not change they are compared with the uninterrupted run (trainer_run).
+where the precision does not change they equal the uninterrupted run's (trainer_run) within 1e-6
+(measured: ZeRO chain 4.5e-7, world-size chain 1.1e-7, from summation order only).
 
 The bf16 leg of the precision chain uses DeepSpeed's older spelling `bfloat16` (a copy of
 ds_configs/cpu_bf16_zero2.json): the resume reads it as bf16 (launcher/config/precision.py).
@@ -184,5 +185,5 @@ def test_world_size_2_to_1_to_2(interrupted, tiny_data, trainer_run):
     check_loaded_weights(run_dir, "global_step6", torch.float32)
     check_loaded_weights(run_dir, "global_step10", torch.float32)
     # One rank takes 2 micro-batches where two ranks took one each: the gradient is summed in another
-    # order, so the losses agree to float rounding, not bit for bit.
-    check_losses(run_dir, trainer_run, tolerance=1e-4)
+    # order, so the losses agree to float rounding, not bit for bit (measured: 1.1e-7 at most).
+    check_losses(run_dir, trainer_run, tolerance=1e-6)
