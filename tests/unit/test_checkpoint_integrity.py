@@ -221,6 +221,7 @@ class FileWritingEngine:
 
     skipped_steps = 0
     optimizer = None
+    config = {"zero_optimization": {"stage": 2}}  # the DeepSpeed config it was built from: fp32 (engine.precision)
 
     def __init__(self, source: Path):
         self.source = source
