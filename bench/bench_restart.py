@@ -8,7 +8,7 @@ Each config runs as the real command on this machine (2 local ranks, `roformer p
 (tests/support/rank_wrapper.py), whose ROFORMER_TEST_SIGKILL_ONCE_AT makes rank 1 SIGKILL itself once,
 `--kill-after` steps after a checkpoint, and notes when. Once the restarted job has trained the lost steps
 again the bench stops it with SIGTERM (the rest of the schedule measures nothing). From RUN_DIR/restarts.json
-(launcher/run_dir/restarts.py) and metrics.jsonl:
+(launcher/run_dir/restart_records.py) and metrics.jsonl:
 - detection: the kill -> `roformer pretrain` seeing the failure (the guard's line),
 - stop: -> every process of the job ended (the others get up to 30 s to end by themselves),
 - restart: the new launch -> the end of its first step (start-up, rendezvous, engine, checkpoint load),
@@ -58,7 +58,7 @@ def tiny_config(root: Path) -> tuple[Path, int]:
 
 def run_one(name: str, config: Path, every: int, kill_after: int, work: Path) -> dict:
     from launcher.run_dir.layout import RunDir
-    from launcher.run_dir.restarts import read_restarts
+    from launcher.run_dir.restart_records import read_restarts
     from launcher.train.metrics import read_metrics
     from tests.support.helpers import free_port, roformer_env
 

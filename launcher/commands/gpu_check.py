@@ -36,7 +36,7 @@ def cuda_refusal() -> str | None:
     """The one line to print where no CUDA device is usable, else None."""
     import torch
 
-    from launcher.gpu_check.report import no_cuda_line
+    from launcher.gpu_check.check_report import no_cuda_line
 
     return None if torch.cuda.is_available() else no_cuda_line(torch.__version__, torch.version.cuda)
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if refusal:
         print(refusal, file=sys.stderr)
         return 2
-    from launcher.gpu_check.runner import run_parts
+    from launcher.gpu_check.run_checks import run_parts
     from launcher.io import atomic_write_json
 
     work = args.out.parent / "work"

@@ -11,7 +11,7 @@ variables forwarded to the ranks (launcher.launch.launch_plan), the ranks' own s
 data and the DeepSpeed config (launcher.config.preflight_checks), then ssh reachability and the shared
 run directory (launcher.launch.preflight). While it runs, launcher.launch.supervise names the node and rank of a
 failure and makes sure the whole job stops. With --max-restarts N (or the run config's `restarts:`),
-launcher.launch.restarts then starts it again from the newest intact checkpoint (docs/unattended.md).
+launcher.launch.restart_loop then starts it again from the newest intact checkpoint (docs/unattended.md).
 Multi-node set-up: docs/multinode.md.
 """
 from __future__ import annotations
@@ -89,7 +89,7 @@ def plan_and_launch(args: argparse.Namespace, plan) -> int:
         return 0
 
     from launcher.config.run_config import load_run_config
-    from launcher.launch.restarts import RestartPolicy, run_with_restarts
+    from launcher.launch.restart_loop import RestartPolicy, run_with_restarts
 
     section = load_run_config(plan.config_path, plan.overrides).restarts
     policy = RestartPolicy.from_args(args, section)

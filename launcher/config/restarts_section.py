@@ -1,5 +1,5 @@
 """The `restarts:` section of a run config: what `roformer pretrain` does on its own after a fault
-(launcher.launch.restarts runs the policy; docs/unattended.md).
+(launcher.launch.restart_loop runs the policy; docs/unattended.md).
 
     restarts:
       max_restarts: 3              # 0 = stop at the first failure, as without this section

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from launcher.gpu_check.report import Check, tolerance_check
+from launcher.gpu_check.check_report import Check, tolerance_check
 from launcher.gpu_check.side_by_side import make_batch
 from roformer import RoFormerConfig, RoFormerForMaskedLM, save_pretrained
 from roformer.hf_interop import to_hf_state_dict

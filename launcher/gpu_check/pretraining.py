@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.gpu_check.report import Check, overflow_check, resume_checks
+from launcher.gpu_check.check_report import Check, overflow_check, resume_checks
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ({"name": "short", "max_seq_len": 64, "steps": 240}, {"name": "long", "max_seq_len": 128, "steps": 80})

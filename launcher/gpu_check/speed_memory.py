@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from launcher.gpu_check.report import Check, SpeedRow, memory_check
+from launcher.gpu_check.check_report import Check, SpeedRow, memory_check
 from launcher.gpu_check.side_by_side import adamw, make_batch, medians, round_robin, training_step
 from launcher.mfu import table_peak_tflops
 from roformer import IGNORE_INDEX, RoFormerConfig, RoFormerForMaskedLM, save_pretrained

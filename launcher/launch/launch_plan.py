@@ -204,7 +204,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
 def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None,
                drop_hosts: tuple[str, ...] = ()) -> LaunchPlan:
     """Check every flag, the hostfile, the config and the batch arithmetic; raise UserError naming the problem.
-    `drop_hosts`: hostfile hosts left out (nodes excluded after a failure, launcher.launch.restarts)."""
+    `drop_hosts`: hostfile hosts left out (nodes excluded after a failure, launcher.launch.restart_loop)."""
     environ = dict(os.environ if environ is None else environ)
     if args.master_port < 1 or args.master_port > 65535:
         raise UserError(f"--master_port {args.master_port}: not a TCP port (1-65535)")

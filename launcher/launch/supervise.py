@@ -245,7 +245,7 @@ def signal_name(signum: int) -> str:
 
 @dataclass
 class JobOutcome:
-    """How one launch of the job ended (what the restart policy, launcher.launch.restarts, judges)."""
+    """How one launch of the job ended (what the restart policy, launcher.launch.restart_loop, judges)."""
 
     returncode: int
     """What `roformer pretrain` exits with for this launch (0, 124 hung, 128+N stopped by signal N, ...)."""

@@ -19,7 +19,7 @@ from launcher.errors import UserError
 from launcher.report.curves import Curves, record_versions, records_in_effect
 from launcher.run_dir.records import RecordVersion, describe_init, read_init_record
 from launcher.run_dir.layout import RunDir, step_of_tag
-from launcher.run_dir.restarts import RestartRecord, read_restarts
+from launcher.run_dir.restart_records import RestartRecord, read_restarts
 from launcher.run_dir.sidecar import CheckpointSidecar, complete_sidecar
 
 # metrics.jsonl events that begin or end a process's training (launcher/train/rank_entry.py).

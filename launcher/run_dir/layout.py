@@ -20,7 +20,7 @@
       plots/, report.md           PNGs rendered at every stage end and by `roformer report` (+ its page)
       .deepspeed_env, launch/     what `roformer pretrain` gave the ranks (env file, hostfile copy)
       logs/launcher.log           everything the job printed, appended by each `roformer pretrain`
-      restarts.json               every restart `roformer pretrain --max-restarts` made, and why (launcher/run_dir/restarts.py)
+      restarts.json               every restart `roformer pretrain --max-restarts` made, and why (launcher/run_dir/restart_records.py)
 """
 from __future__ import annotations
 

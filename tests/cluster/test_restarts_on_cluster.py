@@ -17,7 +17,7 @@ import psutil
 from safetensors.numpy import load_file
 
 from launcher.run_dir.layout import RunDir
-from launcher.run_dir.restarts import read_restarts
+from launcher.run_dir.restart_records import read_restarts
 from tests.support.helpers import metrics_steps, roformer, start_roformer
 from tests.support.netns.jobs import (
     assert_nothing_left,

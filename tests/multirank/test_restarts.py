@@ -11,7 +11,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from launcher.run_dir.layout import RunDir
-from launcher.run_dir.restarts import read_restarts
+from launcher.run_dir.restart_records import read_restarts
 from tests.support.helpers import (
     NO_DROPOUT,
     TINY_TOTAL_STEPS,

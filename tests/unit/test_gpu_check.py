@@ -1,5 +1,5 @@
 """`roformer gpu-check` without a GPU: the refusal (one line, exit 2), and everything it decides and prints
-from measurements (launcher/gpu_check/report.py): tolerance verdicts, the resume and overflow checks on
+from measurements (launcher/gpu_check/check_report.py): tolerance verdicts, the resume and overflow checks on
 metrics rows, measured memory against `roformer plan`'s estimate, the JSON report and the console table.
 The GPU parts themselves are tests/gpu/ (marked `gpu`; skipped, saying why, without CUDA)."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 
 from launcher.cli import main as cli_main
 from launcher.config.estimate import estimate_memory, setup_from_configs
-from launcher.gpu_check import report as gpu_report
-from launcher.gpu_check.report import (Check, GpuCheckReport, SpeedRow, memory_check, overflow_check, resume_checks,
+from launcher.gpu_check import check_report as gpu_report
+from launcher.gpu_check.check_report import (Check, GpuCheckReport, SpeedRow, memory_check, overflow_check, resume_checks,
                                        tolerance_check)
 from launcher.gpu_check.side_by_side import round_robin
 from tests.support.helpers import REPO

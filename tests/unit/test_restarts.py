@@ -1,4 +1,4 @@
-"""The restart policy of `roformer pretrain --max-restarts` (launcher/launch/restarts.py) without a job:
+"""The restart policy of `roformer pretrain --max-restarts` (launcher/launch/restart_loop.py) without a job:
 what is retried and what is not, the backoff, node exclusion keeping every stage's global batch (or
 refused naming the stage), the loop driven by scripted launches, RUN_DIR/restarts.json round trips,
 the `restarts:` config section and the report's restarts table and plot marks."""
@@ -14,10 +14,10 @@ import pytest
 
 from launcher.config.restarts_section import RestartsSection
 from launcher.errors import UserError
-from launcher.launch.restarts import Fault, RestartPolicy, fault_of, run_with_restarts
+from launcher.launch.restart_loop import Fault, RestartPolicy, fault_of, run_with_restarts
 from launcher.launch.supervise import Failure, JobOutcome
 from launcher.run_dir.layout import RunDir
-from launcher.run_dir.restarts import RestartRecord, append_restart, read_restarts, update_restart
+from launcher.run_dir.restart_records import RestartRecord, append_restart, read_restarts, update_restart
 from tests.support.helpers import REPO, run_config_dict, write_schedule, write_yaml
 
 
@@ -172,7 +172,7 @@ class ScriptedJob:
     def __call__(self, plan):
         self.plans.append(plan)
         reach, checkpoint, outcome = self.attempts.pop(0)
-        from launcher.launch.restarts import train_records
+        from launcher.launch.restart_loop import train_records
 
         done = train_records(self.run_dir)
         start = 0 if not done else _checkpoint_step(self.run_dir)
@@ -191,7 +191,7 @@ class ScriptedJob:
 
 
 def _checkpoint_step(run_dir: RunDir) -> int:
-    from launcher.launch.restarts import restart_point
+    from launcher.launch.restart_loop import restart_point
 
     return restart_point(run_dir)[0]
 

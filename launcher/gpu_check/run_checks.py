@@ -5,7 +5,7 @@ import time
 import traceback
 from pathlib import Path
 
-from launcher.gpu_check.report import GpuCheckReport
+from launcher.gpu_check.check_report import GpuCheckReport
 
 PARTS = ("numerics", "pretraining", "speed", "memory")
 

@@ -7,7 +7,7 @@ ranks resume by themselves from the newest intact checkpoint (launcher/train/res
 is none; a smaller world through the universal checkpoint). Not retried: bad input (exit code 2, a config
 or data error), the same error twice at the same step (a deterministic bug or a bad batch), a stop asked
 of `roformer pretrain` itself (Ctrl-C, SIGTERM: preempted, resumable), and anything once N restarts are
-spent. Every fault is recorded in RUN_DIR/restarts.json (launcher/run_dir/restarts.py) with the steps and
+spent. Every fault is recorded in RUN_DIR/restarts.json (launcher/run_dir/restart_records.py) with the steps and
 seconds it cost; `roformer report` shows them.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from launcher.errors import UserError
 from launcher.launch.supervise import JobOutcome
 from launcher.run_dir.checkpoint_files import checkpoint_dirs
 from launcher.run_dir.layout import RunDir, step_of_tag
-from launcher.run_dir.restarts import RestartRecord, append_restart, read_restarts, update_restart
+from launcher.run_dir.restart_records import RestartRecord, append_restart, read_restarts, update_restart
 from launcher.run_dir.sidecar import complete_sidecar
 
 NOT_REPEATABLE_KINDS = ("preempted", "preflight")  # not a property of the step: never "the same error twice"

@@ -1,5 +1,5 @@
 """RUN_DIR/restarts.json: every restart `roformer pretrain` made by itself after a fault, and the fault
-that ended the run when it did not restart (launcher.launch.restarts decides; docs/unattended.md).
+that ended the run when it did not restart (launcher.launch.restart_loop decides; docs/unattended.md).
 
     {"restarts": [{"attempt": 1, "action": "restart", "time": "2026-11-25T04:10:02+0000",
                    "cause": "rank 1 (local rank 0) on node node2: killed by SIGKILL", "kind": "rank", ...}]}
