@@ -1,7 +1,7 @@
 """`roformer reproduce --out DIR [--quick] [--parts ...]`: the paper's claims at small scale.
 
 Runs ordinary `roformer data prepare / pretrain / export / finetune` jobs (see
-launcher/reproduce/plan.py for the parts and the output layout), then writes DIR/report/
+launcher/reproduce/reproduction_plan.py for the parts and the output layout), then writes DIR/report/
 (report.md, PNG plots, results.json). Re-running the same command resumes: finished runs are
 skipped, an interrupted pretraining run resumes from its newest checkpoint.
 """
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from launcher.errors import UserError
-from launcher.reproduce.plan import PARTS, PRESETS, PROJECT_ROOT
+from launcher.reproduce.reproduction_plan import PARTS, PRESETS, PROJECT_ROOT
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +61,7 @@ def select_groups(runs: list, text: str) -> list:
 def run(args: argparse.Namespace) -> int:
     from launcher.reproduce.claims_report import write_report
     from launcher.reproduce.results import collect, merge
-    from launcher.reproduce.runner import Layout, Runner
+    from launcher.reproduce.job_runner import Layout, Runner
 
     parts = parse_parts(args.parts)
     preset = PRESETS["quick" if args.quick else "full"]()

@@ -15,10 +15,9 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
-from pathlib import Path
 
-from launcher.reproduce.plan import EvalRun, FinetuneRun, Preset, PretrainRun
-from launcher.reproduce.runner import Layout, is_finished, trained_steps
+from launcher.reproduce.reproduction_plan import EvalRun, FinetuneRun, Preset, PretrainRun
+from launcher.reproduce.job_runner import Layout, is_finished, trained_steps
 from launcher.run_dir.layout import RunDir
 from launcher.train.metrics import read_metrics
 

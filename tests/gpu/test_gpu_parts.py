@@ -3,7 +3,6 @@ devices. Marked `gpu` by folder (tests/conftest.py) and skipped, saying why, whe
 they are never counted as coverage on a CPU machine."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from launcher.gpu_check.numerics import check_numerics

@@ -12,7 +12,7 @@ import pytest
 from launcher.commands.reproduce import parse_parts
 from launcher.config.run_config import load_run_config
 from launcher.errors import UserError
-from launcher.reproduce.plan import PARTS, PRESETS
+from launcher.reproduce.reproduction_plan import PARTS, PRESETS
 from tests.support.helpers import roformer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,7 +88,7 @@ def test_bad_arguments_fail_before_any_job(tmp_path):
 
 
 def _runner(tmp_path):
-    from launcher.reproduce.runner import Layout, Runner
+    from launcher.reproduce.job_runner import Layout, Runner
 
     return Runner(PRESETS["quick"](), Layout(tmp_path), log=lambda line: None)
 
@@ -147,7 +147,7 @@ def test_extension_part_plans_two_thetas_and_the_checkpoint_before_the_extension
 
 def test_extension_schedules_load_and_resolve(tmp_path):
     from launcher.config.stages import resolve_stages
-    from launcher.reproduce.runner import Layout, Runner
+    from launcher.reproduce.job_runner import Layout, Runner
     from tests.support.helpers import write_yaml
 
     preset = PRESETS["full"]()
@@ -242,7 +242,7 @@ def test_downstream_pools_pretraining_seeds_and_keeps_each_ones_gain(tmp_path):
     import json
 
     from launcher.reproduce.results import collect
-    from launcher.reproduce.runner import Layout
+    from launcher.reproduce.job_runner import Layout
 
     preset, layout = PRESETS["full"](), Layout(tmp_path)
     base = {"recipe": 0.70, "recipe-s1": 0.66}

@@ -27,7 +27,7 @@ Parts (each can run alone; `lengths` and `downstream` share the recipe's pretrai
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 PARTS = ("encodings", "linear", "lengths", "downstream", "extension")

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import UserError
-from launcher.reproduce.plan import EvalRun, FinetuneRun, Preset, PretrainRun
+from launcher.reproduce.reproduction_plan import EvalRun, FinetuneRun, Preset, PretrainRun
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.sidecar import complete_sidecar
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Paths under the reproduction's output directory (see launcher/reproduce/plan.py)."""
+    """Paths under the reproduction's output directory (see launcher/reproduce/reproduction_plan.py)."""
 
     out: Path
 
