@@ -18,8 +18,9 @@ setup:
 demo: setup
 	bash scripts/demo.sh
 
+# The whole suite; tests/cluster runs beside the rest (scripts/run_tests.sh says why).
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	PY=$(PY) bash scripts/run_tests.sh $(PYTEST_ARGS)
 
 # The fast loop: tests/unit starts no multi-rank DeepSpeed job (folders and markers: tests/conftest.py).
 test-fast: setup

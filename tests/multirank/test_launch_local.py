@@ -81,7 +81,7 @@ def test_ctrl_c_names_the_signal_stops_cleanly_and_says_how_to_resume(tiny_data,
     point = find_resume_point(RunDir(run_dir))
     assert point is not None and 3 <= point.sidecar.step < TINY_TOTAL_STEPS
     assert "roformer pretrain: Ctrl-C (SIGINT) received: the ranks finish their step, write a checkpoint" in output
-    assert re.search(r"^stop requested \(SIGTERM\): finishing step \d+, then a checkpoint$", output, flags=re.M)
+    assert re.search(r"^stop requested \(SIGTERM\): finishing step \d+, then a checkpoint \(within [\d.]+ s\)$", output, flags=re.M)
     assert output.rstrip().splitlines()[-1] == (
         f"roformer pretrain: stopped by Ctrl-C (SIGINT); the newest complete checkpoint is {point.tag}: run the "
         "same command again to resume from it")
