@@ -112,7 +112,11 @@ def test_a_run_with_three_faults_finishes_by_itself_with_the_weights_of_an_unint
     records = read_restarts(RunDir(run_dir))
     assert [r.action for r in records] == ["restart"] * 3, records
     killed, hung, preempted = records
-    assert (killed.kind, killed.node, killed.rank, killed.restarted_from_step) == ("rank", "node2", 1, 4)
+    assert (killed.kind, killed.node, killed.rank) == ("rank", "node2", 1)
+    # The kill lands at step 5 or, on a busy machine, a step or two later (past the stage-end checkpoint at
+    # 6): the restart starts from a checkpoint the run had when it failed (the newest intact one: test_restarts).
+    assert killed.failed_at_step >= 5 and 4 <= killed.restarted_from_step <= killed.failed_at_step, killed
+    assert killed.steps_lost == killed.failed_at_step - killed.restarted_from_step, killed
     assert killed.cause == "rank 1 (local rank 0) on node node2: killed by SIGKILL"
     assert (hung.kind, hung.node, hung.rank) == ("hung", "node2", 1) and hung.failed_at_step >= 14
     assert preempted.failed_at_step >= 26
