@@ -39,6 +39,7 @@ from launcher.downstream.model_card import render_model_card, run_stages, traine
 from launcher.errors import UserError
 from launcher.io import file_sha256, fsync_dir
 from launcher.run_dir.layout import SIDECAR_NAME, RunDir, sidecar_path
+from launcher.run_dir.lock import pid_alive
 from launcher.run_dir.records import describe_init, files_in_effect, read_init_record
 
 if TYPE_CHECKING:  # torch is imported where it is used: `roformer export --help` must not wait for it
@@ -59,7 +60,10 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
                       verify: bool = True, max_positions: int | None = None) -> Path:
     """Write the export of RUN_DIR's checkpoint `tag` (default latest) to `out`; returns `out`.
     `max_positions`: transformers' RoPE table size (None: see default_max_positions)."""
-    from launcher.downstream.checkpoint_weights import consolidate_fp32, resolve_checkpoint
+    from launcher.downstream.checkpoint_weights import (
+        consolidate_fp32,
+        resolve_checkpoint,
+    )
     from roformer import RoFormerConfig, RoFormerForMaskedLM
     from roformer.hf_interop import check_exportable, write_pretrained_files
 
@@ -339,15 +343,7 @@ def _remove_stale_temps(out: Path) -> None:
     """Temporary dirs left by an export that was killed (its pid no longer runs)."""
     for stale in out.parent.glob(f".{out.name}.tmp-*"):
         pid = stale.name[len(f".{out.name}.tmp-"):].split("-", 1)[0]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True

@@ -84,7 +84,7 @@ def _prepare_inputs(cfg: MLMEvalConfig, out: Path) -> Path:
 
 
 def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
-    from data_pipeline import MaskingConfig, PretrainBatches, open_corpus, tokenizer_hash
+    from data_pipeline import MaskingConfig, open_corpus, tokenizer_hash
     from data_pipeline.errors import DataError
     from data_pipeline.tokenizer import resolve_model_path
 
@@ -101,20 +101,8 @@ def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
     masking = MaskingConfig(mask_prob=cfg.mask_prob)
     trained_len = trained_max_seq_len(cfg.export_dir)
 
-    results = []
-    for seq_len in cfg.seq_lens:
-        batches = PretrainBatches(corpus, rank=0, world_size=1, seed=cfg.seed, masking=masking)
-        # Each sequence covers seq_len - 1 stream tokens after its [CLS]: this many sequences cover
-        # the first `tokens` tokens of the split (or all of it) at every length.
-        tokens = cfg.tokens or batches.stream.epoch_length
-        sequences = max(1, math.ceil(tokens / (seq_len - 1)))
-        micro = max(1, min(cfg.tokens_per_batch // seq_len, sequences))
-        started = time.perf_counter()
-        figures = _masked_lm_figures(model, _first_sequences(batches, seq_len, micro, sequences))
-        figures.update(seq_len=seq_len, micro_batch_size=micro,
-                       longer_than_trained=None if trained_len is None else seq_len > trained_len,
-                       seconds=round(time.perf_counter() - started, 2))
-        results.append(figures)
+    results = figures_per_length(model, corpus, cfg.seq_lens, tokens=cfg.tokens, tokens_per_batch=cfg.tokens_per_batch,
+                                 seed=cfg.seed, masking=masking, trained_len=trained_len)
     return {
         "export": str(Path(cfg.export_dir).resolve()),
         "data": str(data_dir.resolve()),
@@ -123,6 +111,29 @@ def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("export_dir", "data_dir", "inputs")},
         "results": results,
     }
+
+
+
+def figures_per_length(model, corpus, seq_lens: list[int], *, tokens: int, tokens_per_batch: int, seed: int, masking,
+                       trained_len: int | None) -> list[dict]:
+    """Masked-LM figures of `model` at each length on the same first `tokens` tokens of `corpus` (0: all of it),
+    masked the same way (seeded); each marked when longer than `trained_len`."""
+    from data_pipeline import PretrainBatches
+
+    results = []
+    for seq_len in seq_lens:
+        batches = PretrainBatches(corpus, rank=0, world_size=1, seed=seed, masking=masking)
+        # Each sequence covers seq_len - 1 stream tokens after its [CLS]: this many sequences cover
+        # the first `tokens` tokens of the split (or all of it) at every length.
+        sequences = max(1, math.ceil((tokens or batches.stream.epoch_length) / (seq_len - 1)))
+        micro = max(1, min(tokens_per_batch // seq_len, sequences))
+        started = time.perf_counter()
+        figures = _masked_lm_figures(model, _first_sequences(batches, seq_len, micro, sequences))
+        figures.update(seq_len=seq_len, micro_batch_size=micro,
+                       longer_than_trained=None if trained_len is None else seq_len > trained_len,
+                       seconds=round(time.perf_counter() - started, 2))
+        results.append(figures)
+    return results
 
 
 def _first_sequences(batches, seq_len: int, micro: int, sequences: int):

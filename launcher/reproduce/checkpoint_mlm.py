@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
-import time
 from pathlib import Path
 
 from launcher.errors import UserError
@@ -22,14 +20,13 @@ from launcher.errors import UserError
 
 def evaluate_checkpoint(run_dir: Path, data_dir: Path, seq_lens: list[int], tokens: int = 32768,
                         tokens_per_batch: int = 8192, seed: int = 0, tag: str | None = None) -> dict:
-    import torch
 
-    from data_pipeline import MaskingConfig, PretrainBatches, open_corpus
+    from data_pipeline import MaskingConfig, open_corpus
     from launcher.downstream.checkpoint_weights import (
         consolidate_fp32,
         resolve_checkpoint,
     )
-    from launcher.downstream.mlm_evaluation import _first_sequences, _masked_lm_figures
+    from launcher.downstream.mlm_evaluation import figures_per_length
     from launcher.downstream.model_card import run_stages, trained_length
     from launcher.run_dir.sidecar import effective_rope_theta
     from roformer import RoFormerConfig, RoFormerForMaskedLM
@@ -47,18 +44,8 @@ def evaluate_checkpoint(run_dir: Path, data_dir: Path, seq_lens: list[int], toke
     corpus = open_corpus(Path(data_dir), split="valid", verify=True,
                          expected_tokenizer_sha256=ref.sidecar.tokenizer_sha256)
     trained = trained_length(ref.sidecar, run_stages(ref.run_dir, ref.sidecar.step))
-    results = []
-    with torch.no_grad():
-        for seq_len in seq_lens:
-            batches = PretrainBatches(corpus, rank=0, world_size=1, seed=seed, masking=MaskingConfig(mask_prob=0.15))
-            sequences = max(1, math.ceil(tokens / (seq_len - 1)))  # the same first tokens at every length
-            micro = max(1, min(tokens_per_batch // seq_len, sequences))
-            started = time.perf_counter()
-            figures = _masked_lm_figures(model, _first_sequences(batches, seq_len, micro, sequences))
-            figures.update(seq_len=seq_len, micro_batch_size=micro,
-                           longer_than_trained=None if trained is None else seq_len > trained,
-                           seconds=round(time.perf_counter() - started, 2))
-            results.append(figures)
+    results = figures_per_length(model, corpus, seq_lens, tokens=tokens, tokens_per_batch=tokens_per_batch, seed=seed,
+                                 masking=MaskingConfig(mask_prob=0.15), trained_len=trained)
     return {"run": Path(run_dir).name, "tag": ref.tag, "step": ref.sidecar.step, "rope_theta": theta,
             "trained_max_seq_len": trained, "tokens": tokens, "seed": seed, "results": results}
 

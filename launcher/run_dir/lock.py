@@ -104,7 +104,7 @@ def stale_reason(holder: LockHolder, stale_after: float = STALE_SECONDS, now: fl
         return "the file is not a lock record"
     if holder.host == socket.gethostname():
         started = process_start_ticks(holder.pid)
-        if started is None and not _pid_exists(holder.pid):
+        if started is None and not pid_alive(holder.pid):
             return f"pid {holder.pid} is not running on {holder.host}"
         if started is not None and holder.pid_started is not None and started != holder.pid_started:
             return f"pid {holder.pid} on {holder.host} is another process now"
@@ -119,7 +119,8 @@ def _is_this_process(holder: LockHolder) -> bool:
                                                              process_start_ticks(os.getpid()))
 
 
-def _pid_exists(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """A process with this pid exists on this host (one we may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
