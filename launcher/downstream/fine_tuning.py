@@ -121,13 +121,19 @@ def run_finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr
     evals = {"dev": data.dev, **({"test": data.test} if data.test is not None else {})}
     if cfg.max_eval_examples:
         evals = {s: split.subset(list(range(min(len(split), cfg.max_eval_examples)))) for s, split in evals.items()}
-    encoded = {"train": _encode(tokenizer, data.train, cfg.max_length),
+    # Only the training rows some seed draws are tokenized: a 1000-label subset of a long-document
+    # split is a fraction of the whole, and tokenizing (twice: full and cut) dominated small jobs.
+    rows_of_seed = {seed: _training_rows(len(data.train), cfg.max_train_examples, seed) for seed in cfg.seeds}
+    drawn = sorted(set().union(*rows_of_seed.values()))
+    encoded = {"train": _encode(tokenizer, data.train.subset(drawn), cfg.max_length),
                **{s: _encode(tokenizer, split, cfg.max_length) for s, split in evals.items()}}
     if encoded["train"]["unk_share"] > 0.05:
         log(f"finetune {data.spec.name}: warning: {encoded['train']['unk_share']:.0%} of the training tokens are "
             f"[UNK]; the tokenizer of {cfg.export_dir} does not cover this task's text")
 
-    results = [_run_seed(cfg, seed, data, encoded, tokenizer, select, log, progress) for seed in cfg.seeds]
+    position = {row: i for i, row in enumerate(drawn)}
+    results = [_run_seed(cfg, seed, data, _pick(encoded["train"], [position[r] for r in rows_of_seed[seed]]),
+                         encoded, tokenizer, select, log, progress) for seed in cfg.seeds]
     chosen = results[0]
     for result in results[1:]:
         if better(data.task_type, select, result.report["dev"][select], chosen.report["dev"][select]):
@@ -137,8 +143,19 @@ def run_finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr
     return report, chosen, data, tokenizer, evals
 
 
-def _run_seed(cfg: FinetuneConfig, seed: int, data, encoded: dict, tokenizer, select: str, log,
+def _training_rows(size: int, max_examples: int | None, seed: int) -> list[int]:
+    """The train split's rows one seed trains on, in file order: all, or a seeded random subset."""
+    import torch
+
+    if max_examples is None or max_examples >= size:
+        return list(range(size))
+    order = torch.randperm(size, generator=torch.Generator().manual_seed(seed)).tolist()
+    return sorted(order[:max_examples])
+
+
+def _run_seed(cfg: FinetuneConfig, seed: int, data, train: dict, encoded: dict, tokenizer, select: str, log,
               progress: bool) -> SeedResult:
+    """One seed's fine-tune on `train` (its encoded training rows); `encoded` holds dev (and test)."""
     import torch
     from tqdm import tqdm
 
@@ -146,10 +163,6 @@ def _run_seed(cfg: FinetuneConfig, seed: int, data, encoded: dict, tokenizer, se
     from launcher.downstream.task_metrics import better, scores
 
     started = time.perf_counter()
-    train = encoded["train"]
-    if cfg.max_train_examples is not None and cfg.max_train_examples < len(train["labels"]):
-        order = torch.randperm(len(train["labels"]), generator=torch.Generator().manual_seed(seed)).tolist()
-        train = _pick(train, sorted(order[: cfg.max_train_examples]))
     torch.manual_seed(seed)
     model = load_classifier(cfg.export_dir, data.num_labels, random_init=cfg.init == "random", dropout=cfg.dropout)
     if len(tokenizer) > model.config.vocab_size:
