@@ -103,6 +103,10 @@ class LoggingSection:
     when `roformer pretrain` writes to a terminal, else a plain line every `progress_every` steps."""
     progress_every: int = 0
     """Steps between plain progress lines when the output is not a terminal (0 = about 20 per run)."""
+    plots: bool = True
+    """Keep RUN_DIR/plots/ current from the run itself (a background render at every stage end and at
+    the end). false: none while training (each render costs a few CPU-seconds beside the ranks);
+    `roformer report RUN_DIR` draws them whenever asked."""
     peak_tflops: float = 0.0
     """Peak TFLOP/s of one rank's device that MFU is measured against (0 = from the table of known
     accelerators in launcher/mfu.py, or measured by a timed matmul at start-up on CPU)."""

@@ -64,7 +64,7 @@ class StartedRank:
     metrics: Metrics
     progress: ProgressRecorder
     plots: PlotHook | None
-    """Rank 0's RUN_DIR/plots renderer (None on the other ranks)."""
+    """Rank 0's RUN_DIR/plots renderer (None on the other ranks and with `logging.plots: false`)."""
     run_dir: RunDir
 
 
@@ -138,7 +138,7 @@ def start(args: argparse.Namespace, process_start: float | None = None) -> Start
     startup.report_peak(metrics, cfg, engine)
     for note in notes:  # damaged checkpoints set aside, a new config version (printed already)
         metrics.event("resume_note", step=state.step, message=note)
-    plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 else None
+    plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 and cfg.logging.plots else None
     trainer = Trainer(cfg, stages, engine, batches, valid_batches, state, checkpointer, metrics,
                       on_stage_end=startup.stage_end_callback(cfg, run_dir, plots), progress=progress)
     return StartedRank(trainer, metrics, progress, plots, run_dir)

@@ -29,7 +29,7 @@ def fp16_stopped_run(tmp_path_factory, tiny_data):
     plots/render.log), so a copy never catches a plot half-written."""
     root = tmp_path_factory.mktemp("fp16_stopped")
     config = tiny_run_config(root, tiny_data, ds_config="v100_fp16_zero2.json",
-                             deepspeed={"overrides": FP16_OVERRIDES})
+                             deepspeed={"overrides": FP16_OVERRIDES}, logging={"plots": True})
     run_dir = root / "run"
     proc = start_run(2, config, run_dir, module=TEST_RANK_ENTRY,
                      ROFORMER_TEST_SIGTERM_LAUNCHER_AT=str(FP16_STOP_AT_STEP), **fp16_rank_env())
