@@ -18,7 +18,7 @@ setup:
 demo: setup
 	bash scripts/demo.sh
 
-# The whole suite; tests/cluster runs beside the rest (scripts/run_tests.sh says why).
+# The whole suite; tests/cluster and tests/unit run beside the rest (scripts/run_tests.sh says why).
 test: setup
 	PY=$(PY) bash scripts/run_tests.sh $(PYTEST_ARGS)
 
