@@ -202,7 +202,8 @@ def test_roformer_pretrain_launcher_slurm_inside_an_allocation(config, hostfile,
     # The ranks ran as the allocation's two tasks, and the allocation completed.
     jobs = [job for job in slurm.job_records() if job["JobId"] not in jobs_before]
     assert len(jobs) == 1, jobs
-    assert (jobs[0]["JobState"], jobs[0]["NumTasks"], jobs[0]["ExitCode"]) == ("COMPLETED", "2", "0:0"), jobs
+    job = slurm.finished_job(jobs[0]["JobId"])
+    assert (job["JobState"], job["NumTasks"], job["ExitCode"]) == ("COMPLETED", "2", "0:0"), job
     assert slurm.jobs() == [] and _processes_of(run_dir) == []
 
 

@@ -159,6 +159,18 @@ class SlurmCluster:
             return []
         return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in result.stdout.splitlines() if line.strip()]
 
+    def finished_job(self, job_id: str, timeout: float = 60.0) -> dict[str, str]:
+        """The job's record once it has left pending / running / completing: `salloc` can return while
+        the controller still runs the job's epilogue (state COMPLETING) on a busy machine."""
+        deadline = time.monotonic() + timeout
+        while True:
+            record = next((job for job in self.job_records() if job["JobId"] == job_id), None)
+            if record is None or record["JobState"] not in ("PENDING", "RUNNING", "COMPLETING"):
+                return record
+            if time.monotonic() > deadline:
+                return record
+            time.sleep(0.5)
+
     def daemon_log(self, name: str) -> str:
         path = self.dir / "log" / f"{name}.log"
         return path.read_text(errors="replace") if path.is_file() else ""
