@@ -113,7 +113,6 @@ def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
     }
 
 
-
 def figures_per_length(model, corpus, seq_lens: list[int], *, tokens: int, tokens_per_batch: int, seed: int, masking,
                        trained_len: int | None) -> list[dict]:
     """Masked-LM figures of `model` at each length on the same first `tokens` tokens of `corpus` (0: all of it),

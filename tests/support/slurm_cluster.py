@@ -165,9 +165,8 @@ class SlurmCluster:
         deadline = time.monotonic() + timeout
         while True:
             record = next((job for job in self.job_records() if job["JobId"] == job_id), None)
-            if record is None or record["JobState"] not in ("PENDING", "RUNNING", "COMPLETING"):
-                return record
-            if time.monotonic() > deadline:
+            if record is None or record["JobState"] not in ("PENDING", "RUNNING", "COMPLETING") \
+                    or time.monotonic() > deadline:
                 return record
             time.sleep(0.5)
 
