@@ -4,6 +4,7 @@ Every field is validated in `__post_init__`; errors name the field (DataError, s
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -16,16 +17,42 @@ SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS
 NUM_SPECIAL_IDS = 5  # ids below this are never masked and never drawn as random replacements
 MIN_SEQ_LEN = 2  # a packed sequence is [CLS] plus at least one token
 
+DEFAULT_SOURCE = "default"
+"""Name of the one source of plain `--input` files (and of every manifest from before named sources)."""
+SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""A source name: used as a YAML key in stage mixtures and shown in tables, so plain characters only."""
+
 FORMATS = ("auto", "txt", "jsonl", "parquet")
 TXT_MODES = ("line", "paragraph")
+
+
+def check_source_name(name: object, where: str = "source") -> str:
+    """`name` if it is a valid source name, else DataError naming `where`."""
+    if not isinstance(name, str) or not SOURCE_NAME.fullmatch(name):
+        raise DataError(f"{where}: source name {name!r} must be 1-64 letters, digits, '_', '.' or '-', "
+                        f"starting with a letter or digit")
+    return name
+
+
+@dataclass
+class SourceSpec:
+    """One named source of a prepared dataset: its own shards and validation split."""
+
+    name: str
+    """Mixture key (schedule stages' `mixture`), manifest and report name."""
+    inputs: list[str]
+    """Files, directories or globs, as `InputConfig.inputs`."""
 
 
 @dataclass
 class InputConfig:
     """How raw documents are found and read."""
 
-    inputs: list[str]
-    """Files, directories (searched recursively for known extensions) or glob patterns."""
+    inputs: list[str] = field(default_factory=list)
+    """Files, directories (searched recursively for known extensions) or glob patterns: the source
+    named DEFAULT_SOURCE (listed first when there are named sources too)."""
+    sources: list[SourceSpec] = field(default_factory=list)
+    """Named sources (`--source NAME=PATH,...`, `--default-corpus en,zh`), after `inputs`' source."""
     text_format: str = "auto"
     """`auto` (from the extension: .txt[.gz], .jsonl/.json[.gz], .parquet) or one of txt/jsonl/parquet."""
     txt_mode: str = "line"
@@ -36,14 +63,31 @@ class InputConfig:
     """Skip (count and log) bad lines and empty files instead of failing at the first one."""
 
     def __post_init__(self) -> None:
-        if not self.inputs:
+        if not self.inputs and not self.sources:
             raise DataError("inputs: at least one input file, directory or glob is required")
+        seen = set()
+        for spec in self.named_sources():
+            check_source_name(spec.name, f"--source {spec.name}")
+            if spec.name in seen:
+                raise DataError(f"--source {spec.name}: source name given twice (each source needs its own name"
+                                f"{'; plain --input files are the source ' + repr(DEFAULT_SOURCE) if spec.name == DEFAULT_SOURCE else ''})")
+            seen.add(spec.name)
+            if not spec.inputs:
+                raise DataError(f"--source {spec.name}: no input files, directories or globs")
         if self.text_format not in FORMATS:
             raise DataError(f"text_format: {self.text_format!r} is not one of {', '.join(FORMATS)}")
         if self.txt_mode not in TXT_MODES:
             raise DataError(f"txt_mode: {self.txt_mode!r} is not one of {', '.join(TXT_MODES)}")
         if not self.text_field:
             raise DataError("text_field: must be a non-empty field name")
+
+    def named_sources(self) -> list[SourceSpec]:
+        """Every source in order: plain `inputs` (as DEFAULT_SOURCE) first, then `sources`."""
+        return ([SourceSpec(DEFAULT_SOURCE, list(self.inputs))] if self.inputs else []) + list(self.sources)
+
+    def all_inputs(self) -> list[str]:
+        """Every source's inputs, in source order."""
+        return [spec for source in self.named_sources() for spec in source.inputs]
 
 
 @dataclass
@@ -59,7 +103,7 @@ class CleaningConfig:
     valid_fraction: float = 0.01
     """Fraction of documents assigned to the validation split by a hash of their text."""
     max_documents: int | None = None
-    """Read at most this many documents (in input order); None = all. For quick demos."""
+    """Read at most this many documents of each source (in input order); None = all. For quick demos."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.valid_fraction < 1.0:

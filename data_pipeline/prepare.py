@@ -8,6 +8,12 @@ Two streaming passes, each parallel over input files in `workers` processes:
      (so a duplicate can never sit on both sides of the split).
   2. tokenize: re-read the files (same deterministic order), encode the kept documents and stream
      them into shards.
+Named sources (`InputConfig.named_sources`: plain inputs are the source `default`): one tokenizer over
+all of them; each source's files are scanned in turn (a document cap applies per source), a source's
+shards hold only its documents (shards are still numbered shard_00000... per split, sources in order,
+each shard entry naming its `source`), and the manifest's `sources` lists each source's files and
+its documents/tokens per split. De-duplication is global: a document already in an earlier source
+is dropped from a later one.
 Nothing is held per document except the digests, so tens of GB need time, not memory. Everything is
 written under `<out>/.partial-<pid>/` and moved into place at the end, manifest last. Each long
 phase (reading, tokenizer training, encoding) reports its progress with an ETA (data_pipeline/progress.py).
@@ -29,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig, TokenizerConfig
+from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig, SourceSpec, TokenizerConfig
 from data_pipeline.errors import DataError
 from data_pipeline.inputs import (FileCheck, check_file, clean_text, estimated_text_bytes, file_format,
                                   iter_raw_documents, resolve_inputs)
@@ -61,7 +67,8 @@ class FileScan:
     """Pass-1 line check, reused by pass 2 (which must skip the same lines)."""
     cpu_seconds: float = 0.0
     """CPU time the worker spent on this file (robust to other load on the machine)."""
-    """With a document cap: (document index, end offset in the sample file) of sampled documents."""
+    source: int = 0
+    """Index of the file's source in `InputConfig.named_sources()`."""
 
 
 @dataclass
@@ -79,6 +86,10 @@ class PrepareReport:
                  f"{s['duplicates_removed']} duplicates removed, "
                  f"train {s['train_documents']} docs / {s['train_tokens']} tokens, "
                  f"valid {s['valid_documents']} docs / {s['valid_tokens']} tokens"]
+        for source in s.get("sources", []) if len(s.get("sources", [])) > 1 else []:
+            lines.append(f"  source {source['name']}: train {source['train']['documents']} docs / "
+                         f"{source['train']['tokens']} tokens, valid {source['valid']['documents']} docs / "
+                         f"{source['valid']['tokens']} tokens")
         if s["skipped"]:
             lines.append(f"lenient mode skipped: {dict(s['skipped'])}")
             lines.extend(f"  {e}" for e in s["skipped_examples"])
@@ -89,8 +100,9 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
     """Run both passes and write `cfg.out_dir`; raises DataError on bad input before writing it."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     started = time.perf_counter()
-    files = resolve_inputs(cfg.input.inputs)
-    formats = [file_format(p, cfg.input.text_format) for p in files]
+    specs = cfg.input.named_sources()
+    source_files = _resolve_sources(specs)
+    formats = [[file_format(p, cfg.input.text_format) for p in files] for files in source_files]
     out_dir = cfg.out_dir
     if (out_dir / MANIFEST).exists() and not cfg.overwrite:
         raise DataError(f"{out_dir}: already holds prepared data (use --overwrite to replace it)")
@@ -103,8 +115,9 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
         with _pool(cfg.workers, counter) as pool:
             phases = {}
             mark = time.perf_counter()
-            scans, total_bytes = _scan_all(cfg, files, formats, pool, partial / "samples", log, counter)
+            scans, total_bytes = _scan_all(cfg, source_files, formats, pool, partial / "samples", log, counter)
             assignments, dedup_stats = _assign_documents(scans, cfg)
+            _check_sources(specs, scans, assignments)
             _check_splits(scans, assignments, cfg)
             phases["scan_seconds"], mark = time.perf_counter() - mark, time.perf_counter()
             model_path = _make_tokenizer(cfg, partial, pool_threads=cfg.workers, log=log)
@@ -120,18 +133,19 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
             with counted_phase("encoding", kept_bytes, counter, log):
                 written = list(pool.imap(_tokenize_group, token_tasks))
             phases["tokenize_seconds"] = time.perf_counter() - mark
-        splits = _rename_shards(partial, written)
+        splits = _rename_shards(partial, written, [specs[scans[members[0]].source].name for members in groups])
         phases["scan_cpu_seconds"] = sum(s.cpu_seconds for s in scans)
         phases["tokenize_cpu_seconds"] = sum(w["cpu_seconds"] for w in written)
+        named = _source_entries(specs, scans, splits)
         stats = {**_stats(scans, dedup_stats, splits, total_bytes),
-                 **{k: round(v, 3) for k, v in phases.items()}}
+                 **{k: round(v, 3) for k, v in phases.items()},
+                 "sources": [{k: v for k, v in n.items() if k != "files"} for n in named]}
         manifest = {
             "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "dtype": dtype.name,
             "tokenizer": {"path": f"tokenizer/{model_path.name}", "sha256": tokenizer_hash(model_path),
                           "vocab_size": vocab_size, "model_type": _model_type(sp)},
             "special_tokens": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4},
-            "sources": [{"path": str(s.path), "bytes": s.path.stat().st_size, "documents": s.documents}
-                        for s in scans],
+            "sources": named,
             "options": cfg.options_for_manifest(), "stats": stats, "splits": splits}
         _publish(partial, out_dir, manifest)
     finally:
@@ -147,11 +161,11 @@ def train_tokenizer_only(input_cfg: InputConfig, tok_cfg: TokenizerConfig, out_d
     log = log or (lambda msg: print(msg, file=sys.stderr))
     cfg = PrepareConfig(input=input_cfg, out_dir=out_dir, tokenizer=tok_cfg, workers=workers,
                         cleaning=CleaningConfig(valid_fraction=0.0, max_documents=max_documents))
-    files = resolve_inputs(input_cfg.inputs)
-    formats = [file_format(p, input_cfg.text_format) for p in files]
+    source_files = _resolve_sources(input_cfg.named_sources())
+    formats = [[file_format(p, input_cfg.text_format) for p in files] for files in source_files]
     counter = _progress_counter()
     with tempfile.TemporaryDirectory(prefix="roformer-tok-") as tmp, _pool(workers, counter) as pool:
-        _scan_all(cfg, files, formats, pool, Path(tmp), log, counter)
+        _scan_all(cfg, source_files, formats, pool, Path(tmp), log, counter)
         staged = Path(tmp) / "tokenizer"
         train_sentencepiece(sorted(Path(tmp).glob("*.txt")), staged, tok_cfg, threads=workers, log=log)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -160,23 +174,47 @@ def train_tokenizer_only(input_cfg: InputConfig, tok_cfg: TokenizerConfig, out_d
     return out_dir / SPM_FILE
 
 
-def _scan_all(cfg: PrepareConfig, files: list[Path], formats: list[str], pool, samples_dir: Path,
-              log, counter) -> tuple[list[FileScan], int]:
-    """Pass 1 over the files in order. With a document cap, files go out one wave of `workers` at a
-    time and scanning stops once the cap is reached, so a small demo subset reads little."""
-    with counted_phase("reading", sum(estimated_text_bytes(p) for p in files), counter, log):
-        return _scan_files(cfg, files, formats, pool, samples_dir, log)
+def _resolve_sources(specs: list[SourceSpec]) -> list[list[Path]]:
+    """Each source's files (resolve_inputs); a file named by two sources is refused."""
+    owner: dict[Path, str] = {}
+    resolved = []
+    for spec in specs:
+        files = resolve_inputs(spec.inputs)
+        for path in files:
+            other = owner.setdefault(path.resolve(), spec.name)
+            if other != spec.name:
+                raise DataError(f"{path}: named by both source {other!r} and source {spec.name!r} "
+                                f"(a file belongs to one source)")
+        resolved.append(files)
+    return resolved
+
+
+def _scan_all(cfg: PrepareConfig, source_files: list[list[Path]], formats: list[list[str]], pool,
+              samples_dir: Path, log, counter) -> tuple[list[FileScan], int]:
+    """Pass 1 over each source's files in order. With a document cap (per source), files go out one
+    wave of `workers` at a time and a source's scanning stops once its cap is reached, so a small demo
+    subset reads little."""
+    scans, total_bytes = [], 0
+    with counted_phase("reading", sum(estimated_text_bytes(p) for files in source_files for p in files), counter, log):
+        for source, (files, fmts) in enumerate(zip(source_files, formats)):
+            found, size = _scan_files(cfg, files, fmts, pool, samples_dir, log, first=len(scans))
+            for scan in found:
+                scan.source = source
+            scans.extend(found)
+            total_bytes += size
+    return scans, total_bytes
 
 
 def _scan_files(cfg: PrepareConfig, files: list[Path], formats: list[str], pool, samples_dir: Path,
-                log) -> tuple[list[FileScan], int]:
+                log, first: int = 0) -> tuple[list[FileScan], int]:
+    """One source's files; sample files are numbered from `first` (their index among all files)."""
     total_bytes = sum(estimated_text_bytes(p) for p in files)
     cap = cfg.cleaning.max_documents
     # With a cap the text actually read is unknown up front: sample everything read, then cut it
     # back to the documents inside the cap (input_sentence_size bounds the trainer either way).
     sample_prob = 1.0 if cap else min(1.0, cfg.tokenizer.sample_bytes / max(total_bytes, 1))
     log(f"scanning {len(files)} files ({total_bytes / 1e6:.1f} MB) with {cfg.workers} workers")
-    tasks = [(p, fmt, cfg, sample_prob, samples_dir / f"{i:05d}.txt")
+    tasks = [(p, fmt, cfg, sample_prob, samples_dir / f"{first + i:05d}.txt")
              for i, (p, fmt) in enumerate(zip(files, formats))]
     if cap is None:
         return list(pool.imap(_scan_file, tasks)), total_bytes
@@ -190,7 +228,7 @@ def _scan_files(cfg: PrepareConfig, files: list[Path], formats: list[str], pool,
         inside = min(scan.documents, remaining)
         remaining -= inside
         cut = next((end for doc, end in reversed(scan.sample_marks) if doc < inside), 0)
-        os.truncate(samples_dir / f"{i:05d}.txt", cut)
+        os.truncate(samples_dir / f"{first + i:05d}.txt", cut)
     return scans, sum(estimated_text_bytes(s.path) for s in scans)
 
 
@@ -307,12 +345,14 @@ def _scan_file(task) -> FileScan:
 
 
 def _assign_documents(scans: list[FileScan], cfg: PrepareConfig) -> tuple[list[np.ndarray], dict]:
-    """Per file, per document: DROP (duplicate or over the cap), TRAIN or VALID."""
+    """Per file, per document: DROP (duplicate or over its source's cap), TRAIN or VALID."""
     seen: set[bytes] = set()
-    remaining = cfg.cleaning.max_documents
     valid_threshold = np.uint64(int(cfg.cleaning.valid_fraction * 2**64) if cfg.cleaning.valid_fraction else 0)
     assignments, duplicates, over_cap = [], 0, 0
+    remaining, source = cfg.cleaning.max_documents, 0
     for scan in scans:
+        if scan.source != source:  # the cap counts each source's documents
+            remaining, source = cfg.cleaning.max_documents, scan.source
         n = scan.documents
         split_key = np.frombuffer(scan.digests, dtype="<u8").reshape(n, 2)[:, 0] if n else np.zeros(0, "<u8")
         assign = np.where(split_key < valid_threshold, VALID, TRAIN).astype(np.int8)
@@ -332,6 +372,18 @@ def _assign_documents(scans: list[FileScan], cfg: PrepareConfig) -> tuple[list[n
                 seen.add(digest)
         assignments.append(assign)
     return assignments, {"duplicates_removed": duplicates, "over_max_documents": over_cap}
+
+
+def _check_sources(specs: list[SourceSpec], scans: list[FileScan], assignments: list[np.ndarray]) -> None:
+    """Every source must give the train split documents, or a stage could never draw from it."""
+    for index, spec in enumerate(specs):
+        members = [i for i, scan in enumerate(scans) if scan.source == index]
+        train = sum(int((assignments[i] == TRAIN).sum()) for i in members)
+        if train == 0:
+            read = sum(scans[i].documents for i in members)
+            duplicates = sum(int((assignments[i] == DROP).sum()) for i in members)
+            raise DataError(f"--source {spec.name} ({', '.join(spec.inputs)}): no documents for the train split "
+                            f"({read} read, {duplicates} dropped as duplicates or over the cap)")
 
 
 def _check_splits(scans: list[FileScan], assignments: list[np.ndarray], cfg: PrepareConfig) -> None:
@@ -378,7 +430,7 @@ def _group_files(scans: list[FileScan], assignments: list[np.ndarray], cfg: Prep
     groups: list[list[int]] = []
     size = budget
     for i in used:
-        if size >= budget:
+        if size >= budget or scans[i].source != scans[groups[-1][0]].source:  # a shard holds one source
             groups.append([])
             size = 0
         groups[-1].append(i)
@@ -431,21 +483,36 @@ def _encode_into(sp, texts: list[str], splits: list[int], writers: dict) -> None
         writers[split_id].add(np.asarray(ids))
 
 
-def _rename_shards(partial: Path, written: list[dict]) -> dict:
-    """Number shards shard_00000... per split in input order (group order, then roll-over order)."""
+def _rename_shards(partial: Path, written: list[dict], group_sources: list[str]) -> dict:
+    """Number shards shard_00000... per split in input order (group order, then roll-over order);
+    each entry names the source its documents come from."""
     splits = {}
     for name in SPLITS:
         entries = []
-        for group_result in written:
+        for group_result, source in zip(written, group_sources):
             for entry in group_result[name]:
                 new = f"shard_{len(entries):05d}"
                 for ext in (".bin", ".idx"):
                     os.replace(partial / name / f"{entry['name']}{ext}", partial / name / f"{new}{ext}")
-                entries.append({**entry, "name": new})
+                entries.append({**entry, "name": new, "source": source})
         (partial / name).mkdir(exist_ok=True)
         splits[name] = {"documents": sum(e["documents"] for e in entries),
                         "tokens": sum(e["tokens"] for e in entries), "shards": entries}
     return splits
+
+
+def _source_entries(specs: list[SourceSpec], scans: list[FileScan], splits: dict) -> list[dict]:
+    """The manifest's `sources`: per source its files, and its documents and tokens per split."""
+    entries = []
+    for index, spec in enumerate(specs):
+        counts = {}
+        for split in SPLITS:
+            shards = [e for e in splits[split]["shards"] if e["source"] == spec.name]
+            counts[split] = {"documents": sum(e["documents"] for e in shards), "tokens": sum(e["tokens"] for e in shards)}
+        files = [{"path": str(s.path), "bytes": s.path.stat().st_size, "documents": s.documents}
+                 for s in scans if s.source == index]
+        entries.append({"name": spec.name, "files": files, **counts})
+    return entries
 
 
 def _stats(scans: list[FileScan], dedup: dict, splits: dict, total_bytes: int) -> dict:

@@ -8,6 +8,10 @@ so document d, token t is element offsets[d] + t of a memory map: O(1) seek, not
 (`bin_mtime_ns`, `idx_mtime_ns`) of both files, plus the tokenizer hash, sources and options;
 `open_corpus` checks all of it and names the bad shard.
 
+Named sources: every shard holds the documents of one source (its manifest entry's `source`; absent in
+manifests from before named sources, which hold the one source DEFAULT_SOURCE), and the manifest's
+`sources` lists each source's name, files and documents/tokens per split (`manifest_sources`).
+
 Hash once: the shards are hashed when they are written. `open_corpus(verify=True)` re-hashes only a
 shard whose size or mtime differs from the manifest's (replaced, rewritten, copied without keeping
 times, or a manifest from before the times were recorded); an unchanged shard costs two stat calls.
@@ -23,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_pipeline.config import DEFAULT_SOURCE
 from data_pipeline.durable import fsync_dir, fsync_tree
 from data_pipeline.errors import DataError
 from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
@@ -103,6 +108,8 @@ class Shard:
     documents: int
     tokens: int
     dtype: np.dtype
+    source: str = DEFAULT_SOURCE
+    """Name of the source whose documents the shard holds."""
 
     def __post_init__(self) -> None:
         self._tokens_map = None
@@ -154,11 +161,36 @@ class Corpus:
                                                       for s in self.shards]
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
+    @property
+    def source_names(self) -> list[str]:
+        """Every source of the prepared data, in manifest order (also those without shards in this split)."""
+        return [source["name"] for source in manifest_sources(self.manifest)]
+
+    def source_corpus(self, name: str) -> "Corpus":
+        """This split restricted to one source's shards (none when the source has no documents in it)."""
+        if name not in self.source_names:
+            raise DataError(f"{self.data_dir / MANIFEST}: no source {name!r} (has {', '.join(self.source_names)})")
+        return Corpus(self.data_dir, self.split, [s for s in self.shards if s.source == name], self.vocab_size,
+                      self.tokenizer_sha256, self.manifest)
+
     def word_starts(self) -> np.ndarray:
         """(V,) bool table for whole-word masking (see tokenizer.word_start_table)."""
         from data_pipeline.tokenizer import open_tokenizer, word_start_table
 
         return word_start_table(open_tokenizer(resolve_model_path(self.data_dir / "tokenizer")))
+
+
+def manifest_sources(manifest: dict) -> list[dict]:
+    """The named sources of a manifest: [{name, files, train: {documents, tokens}, valid: {...}}, ...].
+
+    A manifest from before named sources (its `sources` lists input files) is one source,
+    DEFAULT_SOURCE, holding every shard."""
+    sources = manifest.get("sources") or []
+    if sources and all(isinstance(s, dict) and "name" in s for s in sources):
+        return sources
+    counts = {split: {"documents": manifest["splits"].get(split, {}).get("documents", 0),
+                      "tokens": manifest["splits"].get(split, {}).get("tokens", 0)} for split in SPLITS}
+    return [{"name": DEFAULT_SOURCE, "files": sources, **counts}]
 
 
 def read_manifest(data_dir: Path) -> dict:
@@ -199,7 +231,8 @@ def open_corpus(data_dir: Path, split: str = "train", verify: bool = True,
     dtype = np.dtype(manifest["dtype"])
     shards = []
     for entry in manifest["splits"][split]["shards"]:
-        shard = Shard(data_dir / split / entry["name"], entry["documents"], entry["tokens"], dtype)
+        shard = Shard(data_dir / split / entry["name"], entry["documents"], entry["tokens"], dtype,
+                      entry.get("source", DEFAULT_SOURCE))
         _check_shard(shard, entry, verify)
         shards.append(shard)
     if not shards:

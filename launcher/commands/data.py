@@ -38,11 +38,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", nargs="+", default=[],
-                   help="files, directories or globs (default: none; give --input, --default-corpus or both)")
+                   help="files, directories or globs: the source named 'default' (default: none; give --input, "
+                        "--source, --default-corpus or several)")
+    p.add_argument("--source", action="append", default=[], metavar="NAME=PATH[,PATH...]",
+                   help="a named source (repeatable): files, directories or globs as --input takes them; each "
+                        "source gets its own shards and validation split, and stages' `mixture` weighs them")
     p.add_argument("--default-corpus", nargs="?", const="en,zh", default=None, metavar="NAMES",
-                   help="add bundled corpora installed by scripts/setup.sh, comma-separated: en (linux-doc), zh "
-                        "(People's Daily), wordnet (WordNet glosses), task-train (the downstream tasks' TRAINING "
-                        "text, never dev/test) (default when given without a value: en,zh)")
+                   help="add bundled corpora installed by scripts/setup.sh, comma-separated, each a source of that "
+                        "name: en (linux-doc), zh (People's Daily), wordnet (WordNet glosses), task-train (the "
+                        "downstream tasks' TRAINING text, never dev/test) (default when given without a value: en,zh)")
     p.add_argument("--data-cache", type=Path, default=None,
                    help="set-up data cache for --default-corpus "
                         "(default: $ROFORMER_DATA_DIR or ~/.cache/roformer-ds/data)")
@@ -81,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
     from data_pipeline.prepare import prepare, train_tokenizer_only
 
     reading = {"txt_mode": args.txt_mode, "text_field": args.text_field}
-    input_cfg = InputConfig(inputs=_inputs(args), text_format=args.format, lenient=args.lenient,
-                            **{key: value for key, value in reading.items() if value is not None})
+    input_cfg = InputConfig(inputs=list(args.input), sources=_sources(args), text_format=args.format,
+                            lenient=args.lenient, **{key: value for key, value in reading.items() if value is not None})
     _check_reading_options(args, input_cfg)
     given = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in TRAINING_OPTIONS}
     given = {flag: value for flag, value in given.items() if value is not None}
@@ -105,14 +109,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inputs(args: argparse.Namespace) -> list[str]:
-    inputs = list(args.input)
+def _sources(args: argparse.Namespace) -> list:
+    """Named sources: each --source NAME=PATH[,PATH...], then each --default-corpus name (plain --input
+    files are the source 'default', added by InputConfig); empty -> InputConfig names the missing field."""
+    from data_pipeline.config import SourceSpec, check_source_name
+
+    sources = []
+    for value in args.source:
+        name, sep, paths = value.partition("=")
+        if not sep:
+            raise UserError(f"--source {value}: expected NAME=PATH[,PATH...]")
+        check_source_name(name.strip(), f"--source {value}")
+        sources.append(SourceSpec(name.strip(), [p for p in (x.strip() for x in paths.split(",")) if p]))
     if args.default_corpus:
         from data_pipeline.sources import default_corpus_files, default_data_cache
 
-        languages = tuple(x.strip() for x in args.default_corpus.split(",") if x.strip())
-        inputs += [str(p) for p in default_corpus_files(args.data_cache or default_data_cache(), languages)]
-    return inputs  # empty -> InputConfig names the missing field
+        cache = args.data_cache or default_data_cache()
+        for name in (x.strip() for x in args.default_corpus.split(",") if x.strip()):
+            sources.append(SourceSpec(name, [str(p) for p in default_corpus_files(cache, (name,))]))
+    return sources
 
 
 def _refuse_training_options(tokenizer: Path, flags: list[str]) -> None:
@@ -132,7 +147,7 @@ def _check_reading_options(args: argparse.Namespace, input_cfg) -> None:
 
     if args.text_field is None and args.txt_mode is None:
         return
-    formats = {file_format(path, input_cfg.text_format): path for path in resolve_inputs(input_cfg.inputs)}
+    formats = {file_format(path, input_cfg.text_format): path for path in resolve_inputs(input_cfg.all_inputs())}
     how = f"--format {args.format}" if args.format != "auto" else "by extension"
     for flag, value, applies_to in (("--text-field", args.text_field, ("jsonl", "parquet")),
                                     ("--txt-mode", args.txt_mode, ("txt",))):

@@ -43,7 +43,8 @@ def test_manifest_describes_the_shards(tmp_path_factory):
     data_dir = prepared_dir(tmp_path_factory)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     assert manifest["dtype"] == "uint16" and manifest["tokenizer"]["vocab_size"] == 900
-    assert len(manifest["sources"]) == 4
+    assert [s["name"] for s in manifest["sources"]] == ["default"]  # plain inputs: one source
+    assert len(manifest["sources"][0]["files"]) == 4
     stats = manifest["stats"]
     assert stats["duplicates_removed"] >= 5  # the five copied paragraphs, plus real repeats
     assert stats["train_documents"] + stats["valid_documents"] == stats["documents_read"] - stats["duplicates_removed"]
@@ -147,5 +148,6 @@ def test_default_corpus_option_uses_the_installed_files(tmp_path, tmp_path_facto
     assert roformer(["data", "prepare", "--default-corpus", "en", "--data-cache", str(cache), "--out", str(out),
                      "--tokenizer", str(data_dir), "--valid-fraction", "0"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert [s["path"] for s in manifest["sources"]] == [str(sources.corpus_dir(cache) / sources.ENGLISH_DIR / "part.jsonl")]
+    assert [(s["name"], [f["path"] for f in s["files"]]) for s in manifest["sources"]] == [
+        ("en", [str(sources.corpus_dir(cache) / sources.ENGLISH_DIR / "part.jsonl")])]
     assert manifest["stats"]["train_documents"] == len(set(english_paragraphs(3)))
