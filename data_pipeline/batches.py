@@ -13,10 +13,21 @@ spans (seq_len - 1 per stage), so skipping the other ranks' sequences costs noth
     next seq_len.
 Masking uses a counter-based RNG keyed by (seed, global sequence index): no RNG state to save, and
 the same masks whatever the rank layout.
+
+Named sources (data_pipeline/prepare.py). Each source has its own stream (its documents' own
+per-epoch order, its own lanes, its own span history). Global sequence n is drawn from a source by a
+counter-based draw: u_n, uniform in [0, 1) from (seed, MIX_KEY, n // 4096), picks the source whose
+interval of the cumulative shares holds it (`set_mixture`; a share of 0 is an empty interval, never
+drawn). The source's m-th sequence reads lane m mod K_s of that source, as above. So the global
+stream depends on n and the mixture in force only, never on the rank layout or how sequences are
+grouped into batches; the state adds each source's sequence count and span history (its position),
+enough to resume exactly wherever the mixture changed. With one source every sequence is drawn from
+it and m = n: the stream is exactly the pooled one above.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -31,6 +42,12 @@ STATE_FORMAT = 2
 STATE_ORDER = "global order (per-epoch permutation of all documents, read through lanes)"
 _OLD_FORMATS = {1: "shard-window order (shards permuted per epoch, documents shuffled in 1024-document windows)"}
 _MASK_KEY = 0x4D41534B
+_MIX_KEY = 0x4D4958  # the source draws' RNG stream, apart from masking's and the document order's
+_DRAW_BLOCK = 4096  # draws generated per RNG call (sequence n uses block n // _DRAW_BLOCK)
+
+MixtureSpec = Mapping[str, float] | Iterable[tuple[str, float]] | None
+"""{source: weight} or (source, weight) pairs; weights >= 0, normalised; a source not named gets 0;
+None = the sources in proportion to their train tokens."""
 
 
 def check_state_format(state: dict) -> None:
@@ -63,11 +80,75 @@ class PretrainBatches:
         self.corpus, self.rank, self.world_size, self.seed = corpus, rank, world_size, int(seed)
         self.masking = masking or MaskingConfig()
         self.stream = TokenStream(corpus, self.seed, shuffle=shuffle, lanes=lanes, max_epochs=max_epochs)
+        """The whole split's stream: validation reads it, and it is the training stream of one source."""
         self._word_starts = corpus.word_starts() if self.masking.whole_word else None
         self.sequences_consumed = 0
-        """Global count of sequences handed out (all ranks together); also the masking key."""
+        """Global count of sequences handed out (all ranks together); also the masking and draw key."""
         self.spans = SpanHistory()
         """Units per sequence (seq_len - 1) since which sequence: where every lane has got to."""
+        self.source_names = corpus.source_names
+        """The data's named sources in manifest order (one, 'default', for plain --input data)."""
+        self._stream_options = {"shuffle": shuffle, "lanes": lanes, "max_epochs": max_epochs}
+        self._source_streams: list[TokenStream] | None = [self.stream] if len(self.source_names) == 1 else None
+        self.source_sequences = np.zeros(len(self.source_names), dtype=np.int64)
+        """Global count of sequences drawn from each source."""
+        self.source_spans = [SpanHistory() for _ in self.source_names]
+        """Each source's span history over its own sequences."""
+        self.source_tokens = [corpus.source_corpus(name).tokens for name in self.source_names]
+        """Tokens of each source in this split: the default mixture's weights."""
+        self.last_tokens_by_source: dict[str, int] = {}
+        """Non-padding tokens of the last global batch (all ranks) per source, counted on the host."""
+        self._draw_block: tuple[int, np.ndarray] | None = None
+        self.set_mixture(None)
+
+    @property
+    def source_streams(self) -> list[TokenStream]:
+        """Each source's stream (built on first use: validation readers never need them)."""
+        if self._source_streams is None:
+            self._source_streams = [
+                TokenStream(self.corpus.source_corpus(name), self.seed, order_key=zlib.crc32(name.encode()),
+                            **self._stream_options) if tokens else None
+                for name, tokens in zip(self.source_names, self.source_tokens)]
+        return self._source_streams
+
+    def set_mixture(self, mixture: MixtureSpec) -> None:
+        """The share of each source in the sequences drawn from now on (a stage's `mixture`).
+
+        None: in proportion to each source's train tokens. DataError (one line) for an unknown source,
+        a negative weight, all weights 0, or a weight on a source with no documents in this split.
+        """
+        if mixture is None:
+            weights = np.asarray(self.source_tokens, dtype=np.float64)
+        else:
+            given = dict(mixture)
+            unknown = [name for name in given if name not in self.source_names]
+            if unknown:
+                raise DataError(f"mixture: unknown source {unknown[0]!r} (the data at {self.corpus.data_dir} has "
+                                f"{', '.join(self.source_names)})")
+            weights = np.asarray([float(given.get(name, 0.0)) for name in self.source_names], dtype=np.float64)
+            if (weights < 0).any() or not np.isfinite(weights).all() or not weights.sum() > 0:
+                raise DataError(f"mixture: weights {given} must be >= 0 with at least one > 0")
+            empty = [name for name, w, t in zip(self.source_names, weights, self.source_tokens) if w > 0 and not t]
+            if empty:
+                raise DataError(f"mixture: source {empty[0]!r} has no documents in the {self.corpus.split} split")
+        self.shares = weights / weights.sum()
+        """Share of each source (in source_names order) in the sequences drawn now."""
+        edges = np.cumsum(self.shares)
+        edges[int(np.flatnonzero(self.shares > 0)[-1]):] = 2.0  # rounding never reaches a 0-share tail
+        self._edges = edges
+
+    def _draws(self, first: int, count: int) -> np.ndarray:
+        """(count,) source index of global sequences first .. first + count - 1."""
+        if len(self.source_names) == 1:
+            return np.zeros(count, dtype=np.int64)
+        n = np.arange(first, first + count, dtype=np.int64)
+        u = np.empty(count, dtype=np.float64)
+        for block in np.unique(n // _DRAW_BLOCK):
+            if self._draw_block is None or self._draw_block[0] != block:
+                self._draw_block = (int(block), np.random.default_rng([self.seed, _MIX_KEY, int(block)]).random(_DRAW_BLOCK))
+            inside = n // _DRAW_BLOCK == block
+            u[inside] = self._draw_block[1][n[inside] % _DRAW_BLOCK]
+        return np.searchsorted(self._edges, u, side="right").astype(np.int64)
 
     @property
     def position(self) -> int:
@@ -103,23 +184,44 @@ class PretrainBatches:
             raise DataError(f"micro_batch_size: {micro_batch_size} must be >= 1")
         if self._stream_over():
             return None
-        span = seq_len - 1
+        span, count = seq_len - 1, self.world_size * micro_batch_size
         self.spans.record(self.sequences_consumed, span)
-        first = self.sequences_consumed + self.rank * micro_batch_size
-        n = np.arange(first, first + micro_batch_size, dtype=np.int64)
-        lanes = n % self.stream.lanes
-        offsets = self.spans.lane_offsets(lanes, n, self.stream.lanes)
-        rows = [self.stream.read_lane(int(lane), int(offset), span) for lane, offset in zip(lanes, offsets)]
-        self.sequences_consumed += self.world_size * micro_batch_size
+        # The whole global batch is drawn on every rank (cheap arithmetic): each sequence's source and
+        # its index m among that source's sequences; rank r reads only its own slice.
+        draws = self._draws(self.sequences_consumed, count)
+        m = np.empty(count, dtype=np.int64)
+        lanes, offsets, lengths = (np.empty(count, dtype=np.int64) for _ in range(3))
+        tokens_by_source = {}
+        for s in np.unique(draws):
+            stream, history, mine = self.source_streams[s], self.source_spans[s], draws == s
+            history.record(int(self.source_sequences[s]), span)
+            m[mine] = self.source_sequences[s] + np.arange(int(mine.sum()))
+            lanes[mine] = m[mine] % stream.lanes
+            offsets[mine] = history.lane_offsets(lanes[mine], m[mine], stream.lanes)
+            ends = None if stream.lane_ends is None else stream.lane_ends[lanes[mine]]
+            lengths[mine] = span if ends is None else np.clip(ends - offsets[mine], 0, span)
+            tokens_by_source[int(s)] = int((lengths[mine] + (lengths[mine] > 0)).sum())  # [CLS] + units
+            self.source_sequences[s] += int(mine.sum())
+        self.last_tokens_by_source = {name: tokens_by_source.get(s, 0) for s, name in enumerate(self.source_names)}
+        first = self.rank * micro_batch_size
+        rows = [self.source_streams[draws[i]].read_lane(int(lanes[i]), int(offsets[i]), span)
+                for i in range(first, first + micro_batch_size)]
+        first += self.sequences_consumed
+        self.sequences_consumed += count
         return self._build(rows, first, seq_len)
 
     def _stream_over(self) -> bool:
-        """True when every lane of a max_epochs stream is used up (the same answer on every rank)."""
-        ends = self.stream.lane_ends
-        if ends is None:
+        """True when every lane of every drawn source's max_epochs stream is used up (the same answer on
+        every rank); a used-up source drawn before then gives an all-padding row."""
+        if self.stream.lane_ends is None:
             return False
-        lanes = np.arange(self.stream.lanes)
-        return bool((self.spans.lane_offsets(lanes, self.sequences_consumed, self.stream.lanes) >= ends).all())
+        for s in np.flatnonzero(self.shares > 0):
+            stream = self.source_streams[s]
+            lanes = np.arange(stream.lanes)
+            offsets = self.source_spans[s].lane_offsets(lanes, int(self.source_sequences[s]), stream.lanes)
+            if not (offsets >= stream.lane_ends).all():
+                return False
+        return True
 
     def iter_eval_batches(self, seq_len: int, micro_batch_size: int,
                           max_batches: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
@@ -162,11 +264,25 @@ class PretrainBatches:
                 "labels": torch.from_numpy(labels)}
 
     def state_dict(self) -> dict:
-        """JSON-serializable global state; the same on every rank."""
-        return {"format": STATE_FORMAT, "sequences_consumed": self.sequences_consumed,
-                "tokens_consumed": self.tokens_consumed, "spans": [list(s) for s in self.spans.segments],
-                "seed": self.seed, "shuffle": self.stream.shuffle, "lanes": self.stream.lanes,
-                "corpus": self.corpus.fingerprint}
+        """JSON-serializable global state; the same on every rank. With several sources it adds
+        `sources` (each source's sequence count, span history and lanes: its position) and `mixture`
+        (the shares in force; informative, each stage's switch sets its own). One source's position is
+        the global one, so its state is exactly that of data without named sources."""
+        state = {"format": STATE_FORMAT, "sequences_consumed": self.sequences_consumed,
+                 "tokens_consumed": self.tokens_consumed, "spans": [list(s) for s in self.spans.segments],
+                 "seed": self.seed, "shuffle": self.stream.shuffle, "lanes": self.stream.lanes,
+                 "corpus": self.corpus.fingerprint}
+        if len(self.source_names) > 1:
+            state["sources"] = {name: {"sequences": int(self.source_sequences[s]),
+                                       "spans": [list(x) for x in self.source_spans[s].segments],
+                                       "lanes": self._source_lanes(s)}
+                                for s, name in enumerate(self.source_names)}
+            state["mixture"] = {name: float(share) for name, share in zip(self.source_names, self.shares)}
+        return state
+
+    def _source_lanes(self, s: int) -> int:
+        stream = self.source_streams[s]
+        return 0 if stream is None else stream.lanes
 
     def check_state(self, state: dict) -> None:
         """DataError unless this reader can resume `state` exactly (format, stream definition, shape)."""
@@ -188,9 +304,45 @@ class PretrainBatches:
         if state.get("tokens_consumed") != tokens:
             raise DataError(f"data state: tokens_consumed {state.get('tokens_consumed')!r} does not match "
                             f"its spans and sequences_consumed ({tokens})")
+        self._source_positions(state)
+
+    def _source_positions(self, state: dict) -> list[tuple[int, SpanHistory]]:
+        """Each source's (sequences, span history) in a checked state. A state without `sources` (saved
+        before named sources) is the one source's: the global position."""
+        sources = state.get("sources")
+        if sources is None:
+            if len(self.source_names) > 1:
+                raise DataError(f"data state: no per-source positions, but the data has sources "
+                                f"{', '.join(self.source_names)} (a state of another corpus)")
+            return [(int(state["sequences_consumed"]), SpanHistory([list(s) for s in state["spans"]]))]
+        if not isinstance(sources, dict) or list(sources) != self.source_names:
+            names = list(sources) if isinstance(sources, dict) else sources
+            raise DataError(f"data state: sources {names!r} differ from the data's {self.source_names}")
+        positions = []
+        for s, name in enumerate(self.source_names):
+            entry = sources[name]
+            sequences = entry.get("sequences") if isinstance(entry, dict) else None
+            if not isinstance(sequences, int) or sequences < 0 or not isinstance(entry.get("spans"), list):
+                raise DataError(f"data state: sources.{name} {entry!r} is not {{sequences, spans, lanes}}")
+            if entry.get("lanes") != self._source_lanes(s):
+                raise DataError(f"data state: sources.{name}.lanes {entry.get('lanes')!r} differs from this "
+                                f"reader's {self._source_lanes(s)} (resuming would not continue the same stream)")
+            history = SpanHistory([list(x) if isinstance(x, (list, tuple)) else x for x in entry["spans"]])
+            try:
+                history.check(sequences)
+            except DataError as err:
+                raise DataError(f"{err} (sources.{name})") from None
+            positions.append((sequences, history))
+        if sum(p[0] for p in positions) != state["sequences_consumed"]:
+            raise DataError(f"data state: the sources' sequences add up to {sum(p[0] for p in positions)}, "
+                            f"not sequences_consumed {state['sequences_consumed']}")
+        return positions
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the saved global point (O(1)); checks the stream definition is the same."""
         self.check_state(state)
+        positions = self._source_positions(state)
         self.spans = SpanHistory([list(s) for s in state["spans"]])
         self.sequences_consumed = int(state["sequences_consumed"])
+        self.source_sequences = np.asarray([p[0] for p in positions], dtype=np.int64)
+        self.source_spans = [p[1] for p in positions]

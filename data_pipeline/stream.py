@@ -46,8 +46,11 @@ class TokenStream:
     """Reads the epoch streams D_e and the lanes cut from them; stateless apart from caches."""
 
     def __init__(self, corpus: Corpus, seed: int, shuffle: bool = True, lanes: int | None = None,
-                 max_epochs: int | None = None):
+                 max_epochs: int | None = None, order_key: int | None = None):
+        """order_key: added to the seed of the document order (one named source's own order); None
+        for the whole corpus."""
         self.corpus, self.seed, self.shuffle, self.max_epochs = corpus, int(seed), shuffle, max_epochs
+        self._order_seed = [self.seed, _DOCUMENT_ORDER_KEY] + ([] if order_key is None else [int(order_key)])
         # Units (tokens + the closing [SEP]) of every document, documents numbered shard by shard.
         self._doc_units = np.concatenate([np.diff(np.asarray(s.offsets)).astype(np.int32) + 1
                                           for s in corpus.shards])
@@ -119,7 +122,7 @@ class TokenStream:
             return cached
         perm = np.arange(self.documents, dtype=np.int32)
         if self.shuffle:
-            np.random.default_rng([self.seed, _DOCUMENT_ORDER_KEY, epoch]).shuffle(perm)
+            np.random.default_rng([*self._order_seed, epoch]).shuffle(perm)
         block_units = np.add.reduceat(self._doc_units[perm], np.arange(0, self.documents, _BLOCK), dtype=np.int64)
         block_starts = np.zeros(len(block_units), dtype=np.int64)
         np.cumsum(block_units[:-1], out=block_starts[1:])
