@@ -221,6 +221,16 @@ class PretrainBatches:
         self.sequences_consumed += count
         return self._build(rows, first, seq_len)
 
+    def next_batches(self, seq_len: int, micro_batch_size: int, count: int) -> tuple[list, dict[str, int]]:
+        """`count` successive micro-batches (one optimizer step's gradient accumulation) and the
+        non-padding tokens they drew from each source over all ranks ({source: tokens}, every source)."""
+        batches, drawn = [], dict.fromkeys(self.source_names, 0)
+        for _ in range(count):
+            batches.append(self.next_batch(seq_len, micro_batch_size))
+            for name, tokens in self.last_tokens_by_source.items():
+                drawn[name] += tokens
+        return batches, drawn
+
     def _stream_over(self) -> bool:
         """True when every lane of every drawn source's max_epochs stream is used up (the same answer on
         every rank); a used-up source drawn before then gives an all-padding row."""

@@ -102,13 +102,16 @@ def plan(args: argparse.Namespace) -> int:
         print(f"roformer plan: note: {note}", file=sys.stderr)
     ds_config = resolve_ds_config(cfg, stages[0], args.world_size)
     estimates = plan_estimates(args, cfg, ds_config, stages)
+    sources = plan_sources(cfg, stages)
     if args.json:
         print(json.dumps({"world_size": args.world_size, "stages": [s.to_dict() for s in stages],
-                          "deepspeed": ds_config,
+                          "deepspeed": ds_config, "data_sources": sources.to_dict() if sources else None,
                           **({"estimate": estimates.to_dict()} if isinstance(estimates, PlanEstimates) else
                              {"estimate": None, "estimate_note": estimates})}, indent=2))
         return 0
     print(format_plan(stages, args.world_size))
+    if sources is not None:
+        print(sources.table())
     print(estimates.table() if isinstance(estimates, PlanEstimates) else f"memory and time: not estimated: {estimates}")
     print(f"deepspeed config: {cfg.deepspeed.config} (ZeRO stage "
           f"{ds_config.get('zero_optimization', {}).get('stage', 0)}, "
@@ -162,6 +165,20 @@ def plan_checks(cfg, stages, world_size: int) -> list[str]:
                 f"data.data_dir {cfg.data.data_dir} does not exist (yet): the data was not checked (its tokenizer "
                 f"against model.vocab_size, one global batch per stage); roformer pretrain checks it before starting"]
     return check_run(cfg, stages, world_size, accelerator_is_the_ranks=here).notes
+
+
+def plan_sources(cfg, stages):
+    """Tokens per stage and source and the passes over each source (launcher/config/source_plan.py);
+    None when the data is not there yet (plan_checks said so)."""
+    from pathlib import Path
+
+    from data_pipeline import read_manifest
+    from data_pipeline.shards import manifest_sources
+    from launcher.config.source_plan import source_plan
+
+    if not (Path(cfg.data.data_dir) / "manifest.json").is_file():
+        return None
+    return source_plan(stages, manifest_sources(read_manifest(Path(cfg.data.data_dir))))
 
 
 def plan_estimates(args: argparse.Namespace, cfg, ds_config: dict, stages) -> PlanEstimates | str:

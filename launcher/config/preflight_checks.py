@@ -9,6 +9,7 @@ the engine exists): what plan passes, a rank accepts.
      `model.vocab_size` must equal the tokenizer's vocabulary;
   3. one epoch of the train split holds at least one global batch of every stage.
   4. with `init_from`, the data was tokenized with that model's tokenizer (launcher/config/init_from.py).
+  5. every stage's `mixture` names sources of the prepared data (and only ones with train documents).
 
 The schedule's own rules (e.g. `max_seq_len >= 2`) are checked when the run config is loaded
 (launcher/config/schedule.py). Each failure is one line naming the file and the field.
@@ -19,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_pipeline import PretrainBatches, open_corpus
+from data_pipeline import DataError, PretrainBatches, open_corpus
 from launcher.config.deepspeed_json import resolve_ds_config
 from launcher.config.precision import train_precision
 from launcher.config.init_from import check_init_tokenizer
@@ -56,7 +57,28 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, r
                                     masking=cfg.data.masking) for corpus in (train_corpus, valid_corpus))
     for stage in stages:
         train.check_min_size(stage.max_seq_len, stage.global_batch_size)
+    check_mixtures(cfg, stages, train)
     return CheckedRun(train, valid, notes)
+
+
+def check_mixtures(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainBatches) -> None:
+    """Each stage's mixture against the data's named sources (one line naming file, stage and field)."""
+    names = train.source_names
+    for stage in stages:
+        if stage.mixture is None:
+            continue
+        where = f"{cfg.schedule.file}: stage {stage.index + 1} ({stage.name}): mixture"
+        unknown = [source for source, _ in stage.mixture if source not in names]
+        if unknown:
+            known = (f"it has one source, {names[0]!r} (prepared without --source: name {names[0]!r} or prepare "
+                     f"with `roformer data prepare --source NAME=PATH ...`)" if len(names) == 1
+                     else f"its sources: {', '.join(names)}")
+            raise UserError(f"{where}.{unknown[0]}: no source {unknown[0]!r} in {cfg.data.data_dir}; {known}")
+        try:
+            train.set_mixture(stage.mixture)
+        except DataError as err:
+            raise UserError(f"{where}: {err}") from None
+    train.set_mixture(None)  # the trainer sets each stage's at its switch
 
 
 def ds_config_source(cfg: RunConfig) -> str:

@@ -101,6 +101,7 @@ class Trainer:
             set_rope_theta(self.engine.module, stage.rope_theta)
         # The training stream only: validation keeps the run config's rate, so its losses compare across stages.
         self.batches.set_mask_prob(stage.mask_prob)
+        self.batches.set_mixture(stage.mixture)  # None: the sources in proportion to their size
         self.metrics.event("stage_start", step=self.state.step, stage=stage.index, name=stage.name,
                            max_seq_len=stage.max_seq_len, global_batch_size=stage.global_batch_size,
                            micro_batch_size=stage.micro_batch_size, grad_accum_steps=stage.grad_accum_steps,
@@ -121,8 +122,8 @@ class Trainer:
         lr = self.cfg.learning_rate(self.state.step, stage.lr_scale)
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
-        host = [self.batches.next_batch(stage.max_seq_len, stage.micro_batch_size)
-                for _ in range(stage.grad_accum_steps)]
+        host, tokens_by_source = self.batches.next_batches(stage.max_seq_len, stage.micro_batch_size,
+                                                           stage.grad_accum_steps)  # by source: all ranks, host
         # Counted on the host, then copied (launcher/train/device_batches.py: no device sync per micro-batch).
         masked, real = zip(*(host_counts(b) for b in host))
         micro = [self._to_device(b) for b in host]
@@ -156,7 +157,8 @@ class Trainer:
                 "skipped_steps": int(self.engine.skipped_steps), "max_seq_len": stage.max_seq_len,
                 "global_batch_size": stage.global_batch_size, "masked_tokens": int(global_masked),
                 "tokens_per_s": global_tokens / seconds, "samples_per_s": samples / seconds,
-                "step_time_s": seconds, "model_flops_per_rank": global_flops / self.world_size}
+                "step_time_s": seconds, "model_flops_per_rank": global_flops / self.world_size,
+                "tokens_by_source": tokens_by_source}
 
     @torch.no_grad()
     def validate(self, stage: ResolvedStage) -> None:
