@@ -11,7 +11,7 @@ import json
 import math
 import sys
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,8 @@ class StageSpan:
     steps: int
     micro_batch_size: int | None = None
     grad_accum_steps: int | None = None
+    mixture: tuple[tuple[str, float], ...] | None = None
+    """(source, share) pairs of the stage's mixture; None = the sources in proportion to their size."""
 
     @property
     def end_step(self) -> int:
@@ -123,6 +125,8 @@ class Curves:
     """`kind: event` records in file order (startup, stage_start, checkpoint, resume, finished, ...)."""
     skipped_lines: int
     """Lines of metrics.jsonl that were not a JSON object (cut by a kill, or damaged)."""
+    tokens_by_source: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Stage index -> {source: tokens drawn} summed over the train records' `tokens_by_source`."""
 
     def boundaries(self) -> list[Boundary]:
         """The start of every stage the records reach, the first one included."""
@@ -163,6 +167,9 @@ class Records:
     events: list[dict]
     skipped: int
     """Lines that were not a JSON object (cut by a kill, or damaged)."""
+    tokens_by_source: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Stage index -> {source: tokens drawn}: the sum of the train records' `tokens_by_source` (a
+    resumed run's file holds each step once: launcher/train/metrics.py cuts the lost future)."""
 
     def step_offset(self) -> int:
         """Added to a train/valid record's `step` to count steps completed: 0, or 1 for a file written
@@ -190,6 +197,11 @@ def read_records(path: Path) -> Records:
                 records.present.update(f for f in OPTIONAL_FIELDS if f in record)
                 if isinstance(record.get("stage"), int):
                     records.stage_firsts.setdefault(record["stage"], record)
+                    drawn = record.get("tokens_by_source")
+                    if isinstance(drawn, dict):
+                        sums = records.tokens_by_source.setdefault(record["stage"], {})
+                        for source, tokens in drawn.items():
+                            sums[source] = sums.get(source, 0.0) + _number(tokens)
             elif record.get("kind") == "valid" and isinstance(record.get("step"), int):
                 records.valid.append(record)
             elif record.get("kind") == "event":
@@ -209,7 +221,7 @@ def load_curves(run_dir: Path) -> Curves:
                        tokens=train.tokens_at(valid_steps).astype(float))
     stages_file = records_in_effect(layout)["stages"]
     return Curves(train=train, valid=valid, stages=read_stages(stages_file, records.stage_firsts, records.events),
-                  events=records.events, skipped_lines=records.skipped)
+                  events=records.events, skipped_lines=records.skipped, tokens_by_source=records.tokens_by_source)
 
 
 def record_versions(layout: RunDir) -> list[RecordVersion]:
@@ -236,7 +248,9 @@ def read_stages(stages_file: Path, stage_firsts: dict[int, dict] | None = None,
         return [StageSpan(index=int(s["index"]), name=str(s["name"]), max_seq_len=int(s["max_seq_len"]),
                           global_batch_size=int(s["global_batch_size"]), first_step=int(s["first_step"]),
                           steps=int(s["steps"]), micro_batch_size=s.get("micro_batch_size"),
-                          grad_accum_steps=s.get("grad_accum_steps")) for s in raw["stages"]]
+                          grad_accum_steps=s.get("grad_accum_steps"),
+                          mixture=None if not s.get("mixture") else tuple((str(k), float(v)) for k, v in s["mixture"].items()))
+                for s in raw["stages"]]
     except (OSError, ValueError, KeyError, TypeError):
         pass
     names = {e.get("stage"): e.get("name") for e in events if e.get("event") == "stage_start"}

@@ -1,6 +1,7 @@
 """report.md: one page on a run, written next to its plots/ (links are relative, so the folder moves).
 
-Sections: status line, what ran, stages with their throughput, the curves, checkpoints, evaluations.
+Sections: status line, what ran, stages with their throughput, the data mixture (planned vs drawn
+share per stage and source, when the data has several sources), the curves, checkpoints, evaluations.
 Everything comes from launcher.report.curves / run_summary; a missing piece is said, not guessed.
 """
 from __future__ import annotations
@@ -34,6 +35,8 @@ def write_report_text(curves: Curves, summary: RunSummary, plots: list[Path], re
              _where(curves, summary),
              "## What ran", _what_ran(summary),
              "## Stages and throughput", _stage_table(curves, summary),
+             *(["## Data mixture", mixture] if (mixture := mixture_section(
+                 curves, (summary.config.get("data") or {}).get("data_dir"))) else []),
              "## Curves", _figures(plots, report_path, [n for n in CAPTIONS if n not in EVAL_PLOTS]),
              "## Checkpoints", _checkpoint_table(summary),
              *(["## Restarts", _restart_table(summary)] if summary.restarts else []),
@@ -112,6 +115,50 @@ def _stage_table(curves: Curves, summary: RunSummary) -> str:
     extra += ["median MFU"] if curves.optional("mfu") else []
     return _table(["#", "stage", "length x batch", "micro x accum x ranks", "steps done", "median tokens/s",
                    "median step time", *extra, "tokens"], rows)
+
+
+def mixture_section(curves: Curves, data_dir: str | None) -> str:
+    """Markdown: one table per stage that drew tokens or sets a mixture; "" when there is nothing to show."""
+    several = any(len(drawn) > 1 for drawn in curves.tokens_by_source.values())
+    if not several and not any(stage.mixture for stage in curves.stages):
+        return ""
+    by_size = _size_shares(data_dir)
+    parts = []
+    for stage in curves.stages:
+        drawn = curves.tokens_by_source.get(stage.index, {})
+        planned = dict(stage.mixture) if stage.mixture else by_size
+        if not drawn and not stage.mixture:
+            continue
+        total = sum(drawn.values())
+        names = list(dict.fromkeys([*(planned or {}), *drawn]))
+        rows = []
+        for name in names:
+            plan = "-" if planned is None else f"{100 * planned.get(name, 0.0):.1f}%"
+            got = f"{100 * drawn.get(name, 0.0) / total:.1f}%" if total else "-"
+            rows.append((f"`{name}`", plan, got, f"{drawn.get(name, 0):,.0f}"))
+        how = "stage mixture" if stage.mixture else "sources by size" + ("" if by_size else " (manifest not readable)")
+        parts.append(f"### {stage.index + 1}. `{stage.name}` ({how})\n\n"
+                     + _table(["source", "planned share", "drawn share", "tokens drawn"], rows))
+    if not parts:
+        return ""
+    return "\n\n".join(["Tokens drawn per source (train records' `tokens_by_source`, all ranks) against the "
+                        "stage's planned shares; the draw is random per sequence, so short stages scatter "
+                        "around the plan.", *parts])
+
+
+def _size_shares(data_dir: str | None) -> dict[str, float] | None:
+    """{source: share of the train tokens} from the data's manifest, None when it cannot be read."""
+    from data_pipeline import DataError, read_manifest
+    from data_pipeline.shards import manifest_sources
+
+    if not data_dir:
+        return None
+    try:
+        sources = manifest_sources(read_manifest(Path(data_dir)))
+    except (DataError, OSError, KeyError, TypeError):
+        return None
+    total = sum(s["train"]["tokens"] for s in sources)
+    return {s["name"]: s["train"]["tokens"] / total for s in sources} if total else None
 
 
 def _checkpoint_table(summary: RunSummary) -> str:
