@@ -116,6 +116,16 @@ def test_checkpoints_sidecars_latest_and_retention(run):
     assert {"rng_rank0.pt", "rng_rank1.pt", "mp_rank_00_model_states.pt"} <= {p.name for p in (root / "global_step16").iterdir()}
 
 
+def test_tokens_by_source_are_every_rank_s_tokens_counted_on_the_host(run):
+    """Each train record's tokens_by_source (counted on the host from the global draw, no all-reduce)
+    equals the non-padding tokens all ranks trained on (all-reduced): their sum is consumed_tokens."""
+    train = read_metrics(run, "train")
+    assert all(list(r["tokens_by_source"]) == ["default"] for r in train)  # plain --input data: one source
+    assert all(r["tokens_by_source"]["default"] == r["max_seq_len"] * r["global_batch_size"] for r in train)
+    sidecar = find_resume_point(RunDir(run)).sidecar
+    assert sum(r["tokens_by_source"]["default"] for r in train) == sidecar.consumed_tokens
+
+
 def test_validation_runs_periodically_and_at_stage_ends(run):
     valid = read_metrics(run, "valid")
     # valid_every 5 (after steps 5, 10, 15) and stage ends (after 6, 10, 16)

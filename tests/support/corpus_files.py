@@ -82,3 +82,23 @@ def prepared_dir(tmp_factory, name: str = "main", **overrides) -> Path:
     prepare(cfg, log=lambda msg: None)
     _CACHE[name] = out
     return out
+
+
+def named_sources_dir(tmp_factory) -> Path:
+    """`raw_corpus` prepared as two named sources, `en` (the three English files) and `zh` (the Chinese
+    one), with `prepared_dir`'s tokenizer (vocab 900, as the tiny model configs): the data of a stage
+    `mixture`. Built once per pytest process."""
+    from data_pipeline.config import SourceSpec
+
+    if "named_sources" in _CACHE:
+        return _CACHE["named_sources"]
+    tokenizer = prepared_dir(tmp_factory)
+    raw = raw_corpus(tmp_factory.mktemp("raw"))
+    out = tmp_factory.mktemp("prepared_named_sources")
+    sources = [SourceSpec("en", [str(p) for p in raw if "_en" in p.name]),
+               SourceSpec("zh", [str(p) for p in raw if "_zh" in p.name])]
+    cfg = PrepareConfig(input=InputConfig(sources=sources), out_dir=out, existing_tokenizer=tokenizer,
+                        shard_tokens=6000, cleaning=CleaningConfig(valid_fraction=0.05))
+    prepare(cfg, log=lambda msg: None)
+    _CACHE["named_sources"] = out
+    return out

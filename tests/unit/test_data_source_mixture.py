@@ -23,7 +23,7 @@ from data_pipeline import DataError, PretrainBatches, open_corpus
 from data_pipeline.config import NUM_SPECIAL_IDS
 from data_pipeline.tokenizer import load_sentencepiece
 from launcher.cli import main as roformer
-from tests.support.corpus_files import prepared_dir, write_jsonl
+from tests.support.corpus_files import named_sources_dir, prepared_dir, write_jsonl
 from tests.unit.test_data_batches import assert_same, original_ids
 
 ALPHABETS = {"en": "abcdef", "zh": "ghijkl", "code": "mnopqr"}
@@ -291,19 +291,22 @@ def test_plan_shows_tokens_per_stage_and_source_and_notes_many_passes(tmp_path, 
 
 
 @pytest.mark.parametrize("data, message", [
-    ("named", "stage 2 (b): mixture.fr: no source 'fr' in {data}; its sources: en, zh, code"),
+    ("named", "stage 2 (b): mixture.fr: no source 'fr' in {data}; its sources: en, zh"),
     ("one source", "stage 2 (b): mixture.fr: no source 'fr' in {data}; it has one source, 'default'"),
 ])
-def test_an_unknown_source_is_refused_by_plan_naming_file_stage_and_field(data, message, tmp_path, data_dir,
-                                                                         tmp_path_factory, monkeypatch, capsys):
-    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    path = data_dir if data == "named" else prepared_dir(tmp_path_factory)
-    stages = [{"name": "a", "max_seq_len": 32, "global_batch_size": 8, "steps": 2},
+def test_an_unknown_source_is_refused_by_plan_dry_run_and_rank_alike(data, message, tmp_path, tmp_path_factory,
+                                                                     monkeypatch, capsys):
+    from tests.unit.test_preflight_checks import three_entry_points
+
+    path = named_sources_dir(tmp_path_factory) if data == "named" else prepared_dir(tmp_path_factory)
+    stages = [{"name": "a", "max_seq_len": 32, "global_batch_size": 8, "steps": 2, "mixture": {"en": 1}},
               {"name": "b", "max_seq_len": 32, "global_batch_size": 8, "steps": 2, "mixture": {"fr": 1}}]
+    if data == "one source":
+        stages[0].pop("mixture")
     config, schedule = run_config(tmp_path, path, stages)
-    assert roformer(["plan", "--config", str(config), "--world-size", "2"]) == 2
-    line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith(f"roformer plan: error: {schedule}: ") and message.format(data=path) in line, line
+    errors = three_entry_points(config, tmp_path, monkeypatch, capsys)
+    assert errors["plan"].startswith(f"{schedule}: ") and message.format(data=path) in errors["plan"], errors
+    assert errors["dry-run"] == errors["plan"] and errors["rank"] == errors["plan"], errors
 
 
 def test_report_compares_planned_and_drawn_shares_per_stage(tmp_path, data_dir):
