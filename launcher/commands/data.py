@@ -18,7 +18,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     prep.add_argument("--workers", type=int, default=1, help="parallel worker processes")
     prep.add_argument("--valid-fraction", type=float, default=0.01, help="share of documents for validation")
     prep.add_argument("--max-documents", type=int, default=None,
-                      help="read at most N documents, e.g. for demo subsets (default: all)")
+                      help="read at most N documents of each source, e.g. for demo subsets (default: all)")
     prep.add_argument("--nfkc", action="store_true", help="apply Unicode NFKC normalization")
     prep.add_argument("--keep-control-chars", action="store_true", help="do not strip control characters")
     prep.add_argument("--no-dedup", action="store_true", help="keep exact duplicate documents")
