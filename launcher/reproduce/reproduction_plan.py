@@ -24,13 +24,18 @@ Parts (each can run alone; `lengths` and `downstream` share the recipe's pretrai
               short lengths, then a short last stage at a long length with (a) the same RoPE base,
               (b) a larger one, against (c) no extension stage (the same run's checkpoint before it);
               masked-LM loss at lengths up to twice the extension length.
+- recipes     issue 28's recipe fields at the ablation scale: the RoPE ablation run (linear decay, 15%
+              masked throughout; the encodings part's `rope` runs) against (a) the same run with a
+              warmup-stable-decay learning rate (1-sqrt over the last stage) and (b) its mask rate
+              annealed per stage (30% -> 15%), at equal steps, data and seeds. Compared on the runs'
+              own validation, which always masks at the run config's fixed 15% on the same tokens.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-PARTS = ("encodings", "linear", "lengths", "downstream", "extension")
+PARTS = ("encodings", "linear", "lengths", "downstream", "extension", "recipes")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -121,6 +126,26 @@ class Extension:
 
 
 @dataclass(frozen=True)
+class RecipeAblation:
+    """The recipes part: two one-factor changes of the RoPE ablation run (its config and schedule)."""
+
+    mask_probs: tuple[float, ...]
+    """mask_prob of each stage of the preset's ablation schedule in the annealed variant."""
+    seeds: tuple[int, ...]
+    decay_shape: str = "1-sqrt"
+    """The WSD variant's decay shape; its window is the last stage (optimizer.decay_steps unset)."""
+
+    def annealed_schedule(self, schedule_file: Path) -> tuple[dict, ...]:
+        """The stages of `schedule_file` with this part's mask rate per stage."""
+        import yaml
+
+        stages = yaml.safe_load(schedule_file.read_text(encoding="utf-8"))["stages"]
+        if len(stages) != len(self.mask_probs):
+            raise ValueError(f"{schedule_file}: {len(stages)} stages, but {len(self.mask_probs)} mask rates planned")
+        return tuple({**stage, "mask_prob": rate} for stage, rate in zip(stages, self.mask_probs))
+
+
+@dataclass(frozen=True)
 class TaskProtocol:
     """How one task is fine-tuned in the downstream part (the same for the export and its twin)."""
 
@@ -172,6 +197,19 @@ class Preset:
     """Pretraining seeds of the recipe (the downstream part fine-tunes each one's export)."""
     extension: Extension | None = None
     """The extension part (None: the preset has none)."""
+    recipes: RecipeAblation | None = None
+    """The recipes part (None: the preset has none)."""
+
+    @property
+    def ablation_schedule(self) -> Path:
+        """The schedule file every ablation run trains (a preset's schedule.file override, else the config's)."""
+        for item in reversed(self.overrides):
+            if item.startswith("schedule.file="):
+                return Path(item.partition("=")[2])
+        from launcher.config.files import read_mapping
+
+        schedule = Path(read_mapping(self.ablation_config, "run config")["schedule"]["file"])
+        return schedule if schedule.is_absolute() else self.ablation_config.parent / schedule
 
     @property
     def recipe_run(self) -> str:
@@ -226,6 +264,24 @@ class Preset:
                         seed=seed, schedule=self.extension.schedule(variant),
                         overrides=(*self.overrides, "model.position_encoding=rope", "model.attention=softmax",
                                    "checkpoint.keep_last=20", f"seed={seed}")))
+        if "recipes" in parts and self.recipes is not None:
+            runs += self._recipe_ablation_runs({run.name for run in runs})
+        return runs
+
+    def _recipe_ablation_runs(self, planned: set[str]) -> list[PretrainRun]:
+        """The recipes part's runs: the RoPE ablation runs (unless another part plans them) and its two variants."""
+        rope = (*self.overrides, "model.position_encoding=rope", "model.attention=softmax")
+        annealed = self.recipes.annealed_schedule(self.ablation_schedule)
+        runs = []
+        for seed in self.recipes.seeds:
+            if f"rope-s{seed}" not in planned:  # the same run as the encodings part's rope group
+                runs.append(PretrainRun(name=f"rope-s{seed}", config=self.ablation_config, group="rope", seed=seed,
+                                        overrides=(*rope, f"seed={seed}")))
+            runs.append(PretrainRun(name=f"wsd-s{seed}", config=self.ablation_config, group="wsd", seed=seed,
+                                    overrides=(*rope, "optimizer.decay=wsd",
+                                               f"optimizer.decay_shape={self.recipes.decay_shape}", f"seed={seed}")))
+            runs.append(PretrainRun(name=f"mask-annealed-s{seed}", config=self.ablation_config, group="mask-annealed",
+                                    seed=seed, schedule=annealed, overrides=(*rope, f"seed={seed}")))
         return runs
 
     def eval_runs(self, parts: tuple[str, ...]) -> list[EvalRun]:
@@ -293,6 +349,8 @@ def full_preset() -> Preset:
                   {"name": "long", "max_seq_len": 512, "global_batch_size": 8, "steps": 60}),
             stage={"name": "extend", "max_seq_len": 2048, "global_batch_size": 2, "steps": 40},
             larger_theta=160000.0, seeds=(0, 1), eval_lens=(512, 1024, 2048, 4096)),
+        # The ablation schedule's short / long / medium stages at 30% / 20% / 15% masked.
+        recipes=RecipeAblation(mask_probs=(0.3, 0.2, 0.15), seeds=(0, 1, 2)),
     )
 
 
@@ -327,6 +385,7 @@ def quick_preset() -> Preset:
         extension=Extension(base=({"name": "short", "max_seq_len": 32, "global_batch_size": 4, "steps": 3},),
                             stage={"name": "extend", "max_seq_len": 64, "global_batch_size": 2, "steps": 2},
                             larger_theta=40000.0, seeds=(0,), eval_lens=(32, 64, 128), eval_tokens=512),
+        recipes=RecipeAblation(mask_probs=(0.3, 0.15), seeds=(0,)),  # quick_schedule.yaml's two stages
     )
 
 

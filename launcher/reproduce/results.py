@@ -12,6 +12,7 @@ the first prior that has it, and `sources` records where each came from.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections import defaultdict
@@ -138,7 +139,20 @@ def collect(preset: Preset, layout: Layout, parts: tuple[str, ...]) -> dict:
                                             key=lambda r: (str(r.max_length),))
     if "extension" in parts and preset.extension is not None:
         results["extension"] = extension_table(preset.eval_runs(parts), layout, preset)
+    if "recipes" in parts and preset.recipes is not None:
+        results["recipes"] = recipe_comparison(pretrain, preset, layout)
     return results
+
+
+RECIPE_BASELINE = "linear"
+"""The recipes part's name for the RoPE ablation run it compares against (linear decay, 15% throughout)."""
+
+
+def recipe_comparison(pretrain: list[PretrainRun], preset: Preset, layout: Layout) -> dict:
+    """The recipes part's groups: the RoPE ablation runs (as "linear"), "wsd" and "mask-annealed"."""
+    baseline = {f"rope-s{seed}" for seed in preset.recipes.seeds}
+    runs = [dataclasses.replace(r, group=RECIPE_BASELINE) for r in pretrain if r.name in baseline]
+    return comparison(runs + [r for r in pretrain if r.group in ("wsd", "mask-annealed")], layout)
 
 
 def extension_table(runs: list[EvalRun], layout: Layout, preset: Preset) -> dict:
@@ -164,8 +178,12 @@ def extension_table(runs: list[EvalRun], layout: Layout, preset: Preset) -> dict
     return table
 
 
+COMPARED_PARTS = ("encodings", "linear", "recipes")
+"""Parts whose results are comparison groups of pretraining runs (merged group by group)."""
+
+
 def _has_data(part: str, value) -> bool:
-    if part in ("encodings", "linear"):
+    if part in COMPARED_PARTS:
         return any(group.get("runs") for group in value.values())
     if part == "extension":
         return bool(value.get("variants"))
@@ -177,8 +195,8 @@ def _has_data(part: str, value) -> bool:
 
 
 GROUP_ORDER = ("rope", "learned", "sinusoidal", "sinusoidal_unscaled",
-               "linear+rope", "linear+sinusoidal", "linear+sinusoidal_unscaled")
-MERGED_PARTS = ("encodings", "linear", "recipe", "recipe_runs", "lengths", "downstream", "extension")
+               "linear+rope", "linear+sinusoidal", "linear+sinusoidal_unscaled", RECIPE_BASELINE, "wsd", "mask-annealed")
+MERGED_PARTS = ("encodings", "linear", "recipe", "recipe_runs", "lengths", "downstream", "extension", "recipes")
 
 
 def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
@@ -195,7 +213,7 @@ def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
         if not candidates:
             merged.pop(part, None)
             continue
-        if part in ("encodings", "linear"):
+        if part in COMPARED_PARTS:
             groups: dict = {}
             for label, value in candidates:
                 for name, group in value.items():
@@ -206,6 +224,6 @@ def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
             merged[part] = dict(sorted(groups.items(), key=lambda item: order.get(item[0], len(order))))
         else:
             sources[part], merged[part] = candidates[0]
-    merged["parts"] = [p for p in ("encodings", "linear", "lengths", "downstream", "extension") if p in merged]
+    merged["parts"] = [p for p in ("encodings", "linear", "lengths", "downstream", "extension", "recipes") if p in merged]
     merged["sources"] = sources
     return merged
