@@ -173,7 +173,10 @@ def test_every_shipped_recipe_loads_with_three_phases(path):
     stages = cfg.schedule.stages
     assert cfg.optimizer.decay == "wsd" and cfg.optimizer.decay_shape == "1-sqrt"
     assert len(stages) == 3 and stages[0].mask_prob > stages[-1].mask_prob  # the mask rate anneals
-    assert stages[1].max_seq_len > stages[0].max_seq_len and stages[1].rope_theta > cfg.model.rope_theta
+    assert stages[1].max_seq_len > stages[0].max_seq_len
+    # Context extension raises the base to the model's, where the decay stays: the last checkpoint exports.
+    thetas = [s.rope_theta for s in resolve_stages(cfg, 8 if "v100" in path.name else 2)]
+    assert thetas[0] < thetas[1] == thetas[2] == cfg.model.rope_theta == 10000.0
     assert stages[-1].mixture is not None and stages[-1].mixture != stages[0].mixture  # the mixture moves
     assert cfg.decay_steps == stages[-1].steps and cfg.learning_rate(cfg.schedule.total_steps - 1) == \
         pytest.approx(cfg.optimizer.lr * cfg.optimizer.min_lr_ratio)
