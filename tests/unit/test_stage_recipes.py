@@ -11,7 +11,7 @@ from data_pipeline import DataError, PretrainBatches, open_corpus
 from data_pipeline.config import NUM_SPECIAL_IDS
 from launcher.cli import main as cli_main
 from launcher.config.run_config import load_run_config
-from launcher.config.schedule import learning_rate, load_schedule
+from launcher.config.schedule import learning_rate, load_schedule, run_learning_rate
 from launcher.config.stages import format_plan, resolve_stages
 from launcher.errors import UserError
 from launcher.run_dir.sidecar import CheckpointSidecar
@@ -142,6 +142,9 @@ def test_wsd_window_defaults_to_the_last_stage_and_shape_to_1_sqrt(tmp_path):
     assert cfg.decay_steps == 10 and cfg.learning_rate(29) == cfg.optimizer.lr
     assert cfg.learning_rate(34) == pytest.approx(cfg.optimizer.lr * (0.1 + 0.9 * (1 - math.sqrt(0.5))))
     assert cfg.to_dict()["optimizer"]["decay_steps"] == 0  # recorded as written (0 = the last stage's)
+    # The curve from a recorded config.yaml's optimizer mapping (how a branch compares it with its source's).
+    recorded = cfg.to_dict()["optimizer"]
+    assert [run_learning_rate(s, recorded, [30, 10]) for s in range(40)] == [cfg.learning_rate(s) for s in range(40)]
     linear = load_run_config(recipe_config(tmp_path, [STAGE]))
     assert "decay_steps" not in linear.to_dict()["optimizer"]  # other decays record what they always did
 
