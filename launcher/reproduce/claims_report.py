@@ -44,6 +44,25 @@ def _verdict(groups: dict, better: str, other: str) -> str | None:
             f"(gap {gap:+.3f}); the claim {verdict}.")
 
 
+def _shipped_recipe_section(table: dict) -> list[str]:
+    """The three-phase recipe against recipe.yaml (equal tokens) and the random-init twin, per task."""
+    losses = {name: run.get("final_valid_loss") for name, run in table.get("pretraining", {}).items()}
+    loss_text = ", ".join(f"{name} {loss:.3f}" for name, loss in losses.items() if loss is not None) or "n/a"
+    lines = ["## The shipped three-phase recipe against the recipe (equal tokens)", "",
+             "`configs/reproduce/recipe_three_phase.yaml`: the recipe's model, corpus, lengths, batches and steps, "
+             "trained at 30% masked and RoPE base 2500, then 512 tokens at 10000, then a WSD (1-sqrt) decay at 15%. "
+             f"Final validation loss at the fixed 15% mask rate on the same tokens: {loss_text}. Test accuracy at "
+             f"{table['budget']} labels, mean (min-max, n) over fine-tuning seeds.", "",
+             "| task | three-phase | recipe | random-init twin | three-phase minus recipe (points) |",
+             "|---|---|---|---|---|"]
+    for task, cells in table["tasks"].items():
+        gap = cells.get("three_phase_minus_recipe_points")
+        lines.append(f"| {task} | " + " | ".join(_fmt(cells.get(name, {}).get("accuracy", {})) for name in
+                                                 ("three-phase", "recipe", "random-init twin"))
+                     + f" | {'n/a' if gap is None else f'{gap:+.1f}'} |")
+    return lines + [""]
+
+
 def _recipes_section(groups: dict) -> list[str]:
     """The recipes part: WSD vs linear decay and the annealed vs the fixed mask rate, on one picture."""
     claim = ("Claims (issue 28): at equal steps a warmup-stable-decay learning rate (1-sqrt over the last stage) "
@@ -181,6 +200,8 @@ def write_report(results: dict, out: Path, header: list[str]) -> Path:
         plots.loss_curves(results["recipes"], "MLM validation loss at a fixed 15% mask rate: WSD and an annealed mask rate",
                           out / "recipes.png")
         lines += _recipes_section(results["recipes"])
+    if results.get("recipe_comparison", {}).get("tasks"):
+        lines += _shipped_recipe_section(results["recipe_comparison"])
     if results.get("sources"):
         lines += ["## Where each part's numbers come from", "",
                   "| part | source |", "|---|---|", *[f"| {part} | {label} |" for part, label in results["sources"].items()],

@@ -29,6 +29,11 @@ Parts (each can run alone; `lengths` and `downstream` share the recipe's pretrai
               warmup-stable-decay learning rate (1-sqrt over the last stage) and (b) its mask rate
               annealed per stage (30% -> 15%), at equal steps, data and seeds. Compared on the runs'
               own validation, which always masks at the run config's fixed 15% on the same tokens.
+              With a recipe config (full preset) also the shipped-recipe comparison: the recipe's model,
+              corpus and steps trained as a three-phase recipe (`recipe-three-phase`: mask rate 0.3 ->
+              0.15, RoPE base raised 2500 -> 10000, WSD) against the recipe run and its random-init twin,
+              fine-tuned on every task at one label budget (the recipe's fine-tunes are the downstream
+              part's, run once).
 """
 from __future__ import annotations
 
@@ -146,6 +151,18 @@ class RecipeAblation:
 
 
 @dataclass(frozen=True)
+class RecipeComparison:
+    """The recipes part's shipped-recipe comparison: a three-phase run at the recipe's scale (equal tokens)
+    against the recipe run and its random-init twin, fine-tuned on each task at one label budget."""
+
+    config: Path
+    """Run config of the three-phase run (the recipe's model, corpus, lengths, batches and steps)."""
+    budget: int
+    """Labelled training examples of the fine-tunes."""
+    name: str = "recipe-three-phase"
+
+
+@dataclass(frozen=True)
 class TaskProtocol:
     """How one task is fine-tuned in the downstream part (the same for the export and its twin)."""
 
@@ -199,6 +216,16 @@ class Preset:
     """The extension part (None: the preset has none)."""
     recipes: RecipeAblation | None = None
     """The recipes part (None: the preset has none)."""
+    recipe_comparison: RecipeComparison | None = None
+    """The recipes part's comparison with the recipe run (None: none; needs recipe_config)."""
+
+    def compares_recipe(self, parts: tuple[str, ...]) -> bool:
+        return "recipes" in parts and self.recipe_comparison is not None and self.recipe_config is not None
+
+    @property
+    def exported_runs(self) -> set[str]:
+        """Pretraining runs whose export is fine-tuned: the recipe runs and the three-phase comparison run."""
+        return {*self.recipe_runs, *((self.recipe_comparison.name,) if self.recipe_comparison else ())}
 
     @property
     def ablation_schedule(self) -> Path:
@@ -228,7 +255,7 @@ class Preset:
         runs: list[PretrainRun] = []
         variants = {"encodings": [("rope", "softmax"), ("sinusoidal", "softmax"), ("learned", "softmax")],
                     "linear": [("rope", "linear"), ("sinusoidal", "linear")]}
-        needs_recipe = "lengths" in parts or "downstream" in parts
+        needs_recipe = "lengths" in parts or "downstream" in parts or self.compares_recipe(parts)
         # Recipe runs the parts need: the lengths part only the first seed's, downstream every seed's.
         wanted = set(self.recipe_runs if "downstream" in parts else self.recipe_runs[:1]) if needs_recipe else set()
         for part in ("encodings", "linear"):
@@ -266,6 +293,10 @@ class Preset:
                                    "checkpoint.keep_last=20", f"seed={seed}")))
         if "recipes" in parts and self.recipes is not None:
             runs += self._recipe_ablation_runs({run.name for run in runs})
+        if self.compares_recipe(parts):
+            runs.append(PretrainRun(name=self.recipe_comparison.name, config=self.recipe_comparison.config,
+                                    group=self.recipe_comparison.name, seed=0, overrides=(*self.overrides, "seed=0"),
+                                    data="data" if self.recipe_prepare_args is None else "data-recipe"))
         return runs
 
     def _recipe_ablation_runs(self, planned: set[str]) -> list[PretrainRun]:
@@ -314,6 +345,22 @@ class Preset:
                 for seed in self.lengths_seeds:
                     runs.append(FinetuneRun(self.recipe_run, "inews", "pretrained", self.lengths_budget, length, seed,
                                             "lengths", self.lengths_args))
+        runs += self.recipe_comparison_finetunes(parts)
+        return list({run.name: run for run in runs}.values())  # the comparison's recipe fine-tunes are downstream's
+
+    def recipe_comparison_finetunes(self, parts: tuple[str, ...]) -> list[FinetuneRun]:
+        """The three-phase export, the recipe's (seed 0) and the twin on every task at the comparison's budget,
+        each fine-tuning seed; the latter two named as the downstream part's (one report serves both)."""
+        if not self.compares_recipe(parts):
+            return []
+        budget, runs = self.recipe_comparison.budget, []
+        for task, protocol in self.tasks.items():
+            for seed in self.finetune_seeds:
+                runs.append(FinetuneRun(self.recipe_comparison.name, task, "pretrained", budget, protocol.max_length,
+                                        seed, "recipes", protocol.args_for(budget)))
+                for init in ("pretrained", "random"):
+                    runs.append(FinetuneRun(self.recipe_run, task, init, budget, protocol.max_length, seed,
+                                            "downstream", protocol.args_for(budget)))
         return runs
 
 
@@ -351,6 +398,7 @@ def full_preset() -> Preset:
             larger_theta=160000.0, seeds=(0, 1), eval_lens=(512, 1024, 2048, 4096)),
         # The ablation schedule's short / long / medium stages at 30% / 20% / 15% masked.
         recipes=RecipeAblation(mask_probs=(0.3, 0.2, 0.15), seeds=(0, 1, 2)),
+        recipe_comparison=RecipeComparison(config=_configs() / "recipe_three_phase.yaml", budget=1000),
     )
 
 

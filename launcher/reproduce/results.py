@@ -141,7 +141,26 @@ def collect(preset: Preset, layout: Layout, parts: tuple[str, ...]) -> dict:
         results["extension"] = extension_table(preset.eval_runs(parts), layout, preset)
     if "recipes" in parts and preset.recipes is not None:
         results["recipes"] = recipe_comparison(pretrain, preset, layout)
+    if preset.compares_recipe(parts):
+        results["recipe_comparison"] = shipped_recipe_table(preset, layout)
     return results
+
+
+def shipped_recipe_table(preset: Preset, layout: Layout) -> dict:
+    """The three-phase run against the recipe run and the twin: fine-tune figures per task and the two
+    pretraining runs' summaries (their validation masks 15% on the same tokens: comparable)."""
+    three_phase = preset.recipe_comparison.name
+    label = {three_phase: "three-phase", preset.recipe_run: "recipe"}
+    finetunes = preset.recipe_comparison_finetunes(("recipes",))
+    table = finetune_table(finetunes, layout, key=lambda r: (r.task, label[r.pretrain] if r.init == "pretrained"
+                                                             else "random-init twin"))
+    for cells in table.values():
+        if "three-phase" in cells and "recipe" in cells:
+            cells["three_phase_minus_recipe_points"] = 100 * (cells["three-phase"]["accuracy"]["mean"]
+                                                              - cells["recipe"]["accuracy"]["mean"])
+    runs = {r.name: r for r in preset.pretrain_runs(("recipes",)) if r.name in label}
+    return {"budget": preset.recipe_comparison.budget, "tasks": table,
+            "pretraining": {label[name]: pretrain_summary(run, layout) for name, run in runs.items()}}
 
 
 RECIPE_BASELINE = "linear"
@@ -191,12 +210,15 @@ def _has_data(part: str, value) -> bool:
         return bool(value.get("finished"))
     if part == "recipe_runs":
         return any(run.get("finished") for run in value.values())
+    if part == "recipe_comparison":
+        return bool(value.get("tasks"))
     return bool(value)
 
 
 GROUP_ORDER = ("rope", "learned", "sinusoidal", "sinusoidal_unscaled",
                "linear+rope", "linear+sinusoidal", "linear+sinusoidal_unscaled", RECIPE_BASELINE, "wsd", "mask-annealed")
-MERGED_PARTS = ("encodings", "linear", "recipe", "recipe_runs", "lengths", "downstream", "extension", "recipes")
+MERGED_PARTS = ("encodings", "linear", "recipe", "recipe_runs", "lengths", "downstream", "extension", "recipes",
+                "recipe_comparison")
 
 
 def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
