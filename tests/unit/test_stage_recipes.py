@@ -2,6 +2,7 @@
 (launcher/config/schedule.py, launcher/config/run_config.py, configs/recipes/)."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -196,4 +197,10 @@ def test_the_v100_recipe_is_planned_on_its_v100(monkeypatch, capsys, tmp_path):
     assert code == 0
     assert "on V100 16 GiB (hardware.device)" in out and "DOES NOT FIT" not in out
     assert "mask_prob per stage: pretrain 0.3, extend 0.3, decay 0.15" in out
-    assert "mixture per stage:" in out
+    assert "mixture per stage: pretrain zh 0.75, en 0.25; extend zh 0.75, en 0.25; decay zh 0.5, en 0.5" in out
+    assert cli_main(["plan", "--config", str(RECIPES / "reference_v100_wsd.yaml"), "--world-size", "8", "--json",
+                     "--set", f"data.data_dir={tmp_path / 'not-prepared'}"]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    assert [(s["mask_prob"], s["mixture"], s["rope_theta"]) for s in stages] == [
+        (0.3, {"zh": 0.75, "en": 0.25}, 2500.0), (0.3, {"zh": 0.75, "en": 0.25}, 10000.0),
+        (0.15, {"zh": 0.5, "en": 0.5}, 10000.0)]
