@@ -23,7 +23,14 @@ from data_pipeline.errors import DataError
 from data_pipeline.masking import MaskingConfig
 from launcher.config.files import read_mapping
 from launcher.config.init_from import model_from_init_dir
-from launcher.config.schedule import DECAY_SHAPES, Stage, learning_rate, load_schedule, stage_index_at
+from launcher.config.schedule import (
+    DECAY_SHAPES,
+    Stage,
+    load_schedule,
+    run_learning_rate,
+    stage_index_at,
+    wsd_decay_steps,
+)
 from launcher.config.hardware_section import HardwareSection
 from launcher.config.restarts_section import RestartsSection
 from launcher.config.watchdog_section import WatchdogSection
@@ -163,13 +170,11 @@ class RunConfig:
         """The WSD decay window in steps (optimizer.decay_steps, else the last stage's steps); 0 for other decays."""
         if self.optimizer.decay != "wsd":
             return 0
-        return self.optimizer.decay_steps or self.schedule.stages[-1].steps
+        return wsd_decay_steps(self.optimizer.decay_steps, [stage.steps for stage in self.schedule.stages])
 
     def learning_rate(self, step: int, lr_scale: float = 1.0) -> float:
         """The LR of optimizer step `step` (0-based) under this config's optimizer section and schedule."""
-        opt = self.optimizer
-        return learning_rate(step, self.schedule.total_steps, opt.lr, opt.warmup_steps, opt.decay, opt.min_lr_ratio,
-                             lr_scale, decay_steps=self.decay_steps, decay_shape=opt.decay_shape or "1-sqrt")
+        return run_learning_rate(step, self.optimizer, [stage.steps for stage in self.schedule.stages], lr_scale)
 
     def to_dict(self) -> dict[str, Any]:
         """The YAML form (loads back with run_config_from_dict)."""

@@ -24,6 +24,7 @@ Steps are counted from 0 over the whole run; stage i covers [first_step_i, first
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,6 +149,21 @@ def stage_index_at(stage_steps: list[int], step: int) -> tuple[int, int]:
         first += steps
     last = len(stage_steps) - 1
     return last, step - (first - stage_steps[last])
+
+
+def run_learning_rate(step: int, optimizer, stage_steps: Sequence[int], lr_scale: float = 1.0) -> float:
+    """LR of optimizer step `step` of a run: `optimizer` is its optimizer section (run_config.OptimizerSection,
+    or the mapping a recorded config.yaml holds: lr, warmup_steps, decay, min_lr_ratio, and for 'wsd'
+    decay_steps / decay_shape, absent = defaults), `stage_steps` the steps of each stage."""
+    get = optimizer.get if isinstance(optimizer, Mapping) else (lambda key, default=None: getattr(optimizer, key, default))
+    return learning_rate(step, sum(stage_steps), get("lr"), get("warmup_steps"), get("decay"), get("min_lr_ratio"),
+                         lr_scale, decay_steps=wsd_decay_steps(get("decay_steps", 0), stage_steps),
+                         decay_shape=get("decay_shape", "") or "1-sqrt")
+
+
+def wsd_decay_steps(decay_steps: int | None, stage_steps: Sequence[int]) -> int:
+    """The WSD decay window in steps: optimizer.decay_steps, or (0 / None) the last stage's steps."""
+    return decay_steps or stage_steps[-1]
 
 
 def learning_rate(step: int, total_steps: int, peak: float, warmup_steps: int, decay: str,

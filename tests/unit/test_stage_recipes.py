@@ -2,6 +2,7 @@
 (launcher/config/schedule.py, launcher/config/run_config.py, configs/recipes/)."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -11,7 +12,7 @@ from data_pipeline import DataError, PretrainBatches, open_corpus
 from data_pipeline.config import NUM_SPECIAL_IDS
 from launcher.cli import main as cli_main
 from launcher.config.run_config import load_run_config
-from launcher.config.schedule import learning_rate, load_schedule
+from launcher.config.schedule import learning_rate, load_schedule, run_learning_rate
 from launcher.config.stages import format_plan, resolve_stages
 from launcher.errors import UserError
 from launcher.run_dir.sidecar import CheckpointSidecar
@@ -142,6 +143,9 @@ def test_wsd_window_defaults_to_the_last_stage_and_shape_to_1_sqrt(tmp_path):
     assert cfg.decay_steps == 10 and cfg.learning_rate(29) == cfg.optimizer.lr
     assert cfg.learning_rate(34) == pytest.approx(cfg.optimizer.lr * (0.1 + 0.9 * (1 - math.sqrt(0.5))))
     assert cfg.to_dict()["optimizer"]["decay_steps"] == 0  # recorded as written (0 = the last stage's)
+    # The curve from a recorded config.yaml's optimizer mapping (how a branch compares it with its source's).
+    recorded = cfg.to_dict()["optimizer"]
+    assert [run_learning_rate(s, recorded, [30, 10]) for s in range(40)] == [cfg.learning_rate(s) for s in range(40)]
     linear = load_run_config(recipe_config(tmp_path, [STAGE]))
     assert "decay_steps" not in linear.to_dict()["optimizer"]  # other decays record what they always did
 
@@ -173,7 +177,10 @@ def test_every_shipped_recipe_loads_with_three_phases(path):
     stages = cfg.schedule.stages
     assert cfg.optimizer.decay == "wsd" and cfg.optimizer.decay_shape == "1-sqrt"
     assert len(stages) == 3 and stages[0].mask_prob > stages[-1].mask_prob  # the mask rate anneals
-    assert stages[1].max_seq_len > stages[0].max_seq_len and stages[1].rope_theta > cfg.model.rope_theta
+    assert stages[1].max_seq_len > stages[0].max_seq_len
+    # Context extension raises the base to the model's, where the decay stays: the last checkpoint exports.
+    thetas = [s.rope_theta for s in resolve_stages(cfg, 8 if "v100" in path.name else 2)]
+    assert thetas[0] < thetas[1] == thetas[2] == cfg.model.rope_theta == 10000.0
     assert stages[-1].mixture is not None and stages[-1].mixture != stages[0].mixture  # the mixture moves
     assert cfg.decay_steps == stages[-1].steps and cfg.learning_rate(cfg.schedule.total_steps - 1) == \
         pytest.approx(cfg.optimizer.lr * cfg.optimizer.min_lr_ratio)
@@ -190,4 +197,10 @@ def test_the_v100_recipe_is_planned_on_its_v100(monkeypatch, capsys, tmp_path):
     assert code == 0
     assert "on V100 16 GiB (hardware.device)" in out and "DOES NOT FIT" not in out
     assert "mask_prob per stage: pretrain 0.3, extend 0.3, decay 0.15" in out
-    assert "mixture per stage:" in out
+    assert "mixture per stage: pretrain zh 0.75, en 0.25; extend zh 0.75, en 0.25; decay zh 0.5, en 0.5" in out
+    assert cli_main(["plan", "--config", str(RECIPES / "reference_v100_wsd.yaml"), "--world-size", "8", "--json",
+                     "--set", f"data.data_dir={tmp_path / 'not-prepared'}"]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    assert [(s["mask_prob"], s["mixture"], s["rope_theta"]) for s in stages] == [
+        (0.3, {"zh": 0.75, "en": 0.25}, 2500.0), (0.3, {"zh": 0.75, "en": 0.25}, 10000.0),
+        (0.15, {"zh": 0.5, "en": 0.5}, 10000.0)]
