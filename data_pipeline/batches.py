@@ -149,7 +149,8 @@ class PretrainBatches:
         u = np.empty(count, dtype=np.float64)
         for block in np.unique(n // _DRAW_BLOCK):
             if self._draw_block is None or self._draw_block[0] != block:
-                self._draw_block = (int(block), np.random.default_rng([self.seed, _MIX_KEY, int(block)]).random(_DRAW_BLOCK))
+                rng = np.random.default_rng([self.seed, _MIX_KEY, int(block)])
+                self._draw_block = (int(block), rng.random(_DRAW_BLOCK))
             inside = n // _DRAW_BLOCK == block
             u[inside] = self._draw_block[1][n[inside] % _DRAW_BLOCK]
         return np.searchsorted(self._edges, u, side="right").astype(np.int64)

@@ -69,8 +69,8 @@ class InputConfig:
         for spec in self.named_sources():
             check_source_name(spec.name, f"--source {spec.name}")
             if spec.name in seen:
-                raise DataError(f"--source {spec.name}: source name given twice (each source needs its own name"
-                                f"{'; plain --input files are the source ' + repr(DEFAULT_SOURCE) if spec.name == DEFAULT_SOURCE else ''})")
+                plain = f"; plain --input files are the source {DEFAULT_SOURCE!r}" if spec.name == DEFAULT_SOURCE else ""
+                raise DataError(f"--source {spec.name}: source name given twice (each source needs its own name{plain})")
             seen.add(spec.name)
             if not spec.inputs:
                 raise DataError(f"--source {spec.name}: no input files, directories or globs")

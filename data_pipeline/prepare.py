@@ -35,10 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig, SourceSpec, TokenizerConfig
+from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig, TokenizerConfig
 from data_pipeline.errors import DataError
 from data_pipeline.inputs import (FileCheck, check_file, clean_text, estimated_text_bytes, file_format,
-                                  iter_raw_documents, resolve_inputs)
+                                  iter_raw_documents)
+from data_pipeline.named_sources import check_sources, resolve_sources, source_entries
 from data_pipeline.progress import advance, counted_phase, install_counter
 from data_pipeline.shards import (FORMAT_NAME, FORMAT_VERSION, MANIFEST, SPLITS, ShardWriter,
                                   file_sha256, token_dtype, write_manifest)
@@ -101,7 +102,7 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
     log = log or (lambda msg: print(msg, file=sys.stderr))
     started = time.perf_counter()
     specs = cfg.input.named_sources()
-    source_files = _resolve_sources(specs)
+    source_files = resolve_sources(specs)
     formats = [[file_format(p, cfg.input.text_format) for p in files] for files in source_files]
     out_dir = cfg.out_dir
     if (out_dir / MANIFEST).exists() and not cfg.overwrite:
@@ -117,7 +118,8 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
             mark = time.perf_counter()
             scans, total_bytes = _scan_all(cfg, source_files, formats, pool, partial / "samples", log, counter)
             assignments, dedup_stats = _assign_documents(scans, cfg)
-            _check_sources(specs, scans, assignments)
+            check_sources(specs, [(s.source, s.documents, int((a == TRAIN).sum()), int((a == DROP).sum()))
+                                  for s, a in zip(scans, assignments)])
             _check_splits(scans, assignments, cfg)
             phases["scan_seconds"], mark = time.perf_counter() - mark, time.perf_counter()
             model_path = _make_tokenizer(cfg, partial, pool_threads=cfg.workers, log=log)
@@ -136,7 +138,7 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
         splits = _rename_shards(partial, written, [specs[scans[members[0]].source].name for members in groups])
         phases["scan_cpu_seconds"] = sum(s.cpu_seconds for s in scans)
         phases["tokenize_cpu_seconds"] = sum(w["cpu_seconds"] for w in written)
-        named = _source_entries(specs, scans, splits)
+        named = source_entries(specs, [(s.source, s.path, s.documents) for s in scans], splits)
         stats = {**_stats(scans, dedup_stats, splits, total_bytes),
                  **{k: round(v, 3) for k, v in phases.items()},
                  "sources": [{k: v for k, v in n.items() if k != "files"} for n in named]}
@@ -161,7 +163,7 @@ def train_tokenizer_only(input_cfg: InputConfig, tok_cfg: TokenizerConfig, out_d
     log = log or (lambda msg: print(msg, file=sys.stderr))
     cfg = PrepareConfig(input=input_cfg, out_dir=out_dir, tokenizer=tok_cfg, workers=workers,
                         cleaning=CleaningConfig(valid_fraction=0.0, max_documents=max_documents))
-    source_files = _resolve_sources(input_cfg.named_sources())
+    source_files = resolve_sources(input_cfg.named_sources())
     formats = [[file_format(p, input_cfg.text_format) for p in files] for files in source_files]
     counter = _progress_counter()
     with tempfile.TemporaryDirectory(prefix="roformer-tok-") as tmp, _pool(workers, counter) as pool:
@@ -172,21 +174,6 @@ def train_tokenizer_only(input_cfg: InputConfig, tok_cfg: TokenizerConfig, out_d
         for f in staged.iterdir():
             os.replace(f, out_dir / f.name)
     return out_dir / SPM_FILE
-
-
-def _resolve_sources(specs: list[SourceSpec]) -> list[list[Path]]:
-    """Each source's files (resolve_inputs); a file named by two sources is refused."""
-    owner: dict[Path, str] = {}
-    resolved = []
-    for spec in specs:
-        files = resolve_inputs(spec.inputs)
-        for path in files:
-            other = owner.setdefault(path.resolve(), spec.name)
-            if other != spec.name:
-                raise DataError(f"{path}: named by both source {other!r} and source {spec.name!r} "
-                                f"(a file belongs to one source)")
-        resolved.append(files)
-    return resolved
 
 
 def _scan_all(cfg: PrepareConfig, source_files: list[list[Path]], formats: list[list[str]], pool,
@@ -374,18 +361,6 @@ def _assign_documents(scans: list[FileScan], cfg: PrepareConfig) -> tuple[list[n
     return assignments, {"duplicates_removed": duplicates, "over_max_documents": over_cap}
 
 
-def _check_sources(specs: list[SourceSpec], scans: list[FileScan], assignments: list[np.ndarray]) -> None:
-    """Every source must give the train split documents, or a stage could never draw from it."""
-    for index, spec in enumerate(specs):
-        members = [i for i, scan in enumerate(scans) if scan.source == index]
-        train = sum(int((assignments[i] == TRAIN).sum()) for i in members)
-        if train == 0:
-            read = sum(scans[i].documents for i in members)
-            duplicates = sum(int((assignments[i] == DROP).sum()) for i in members)
-            raise DataError(f"--source {spec.name} ({', '.join(spec.inputs)}): no documents for the train split "
-                            f"({read} read, {duplicates} dropped as duplicates or over the cap)")
-
-
 def _check_splits(scans: list[FileScan], assignments: list[np.ndarray], cfg: PrepareConfig) -> None:
     """Pretraining needs documents on both sides: fail now, not when a run opens the empty split.
     A valid_fraction of 0 asks for no validation split and gets none."""
@@ -499,20 +474,6 @@ def _rename_shards(partial: Path, written: list[dict], group_sources: list[str])
         splits[name] = {"documents": sum(e["documents"] for e in entries),
                         "tokens": sum(e["tokens"] for e in entries), "shards": entries}
     return splits
-
-
-def _source_entries(specs: list[SourceSpec], scans: list[FileScan], splits: dict) -> list[dict]:
-    """The manifest's `sources`: per source its files, and its documents and tokens per split."""
-    entries = []
-    for index, spec in enumerate(specs):
-        counts = {}
-        for split in SPLITS:
-            shards = [e for e in splits[split]["shards"] if e["source"] == spec.name]
-            counts[split] = {"documents": sum(e["documents"] for e in shards), "tokens": sum(e["tokens"] for e in shards)}
-        files = [{"path": str(s.path), "bytes": s.path.stat().st_size, "documents": s.documents}
-                 for s in scans if s.source == index]
-        entries.append({"name": spec.name, "files": files, **counts})
-    return entries
 
 
 def _stats(scans: list[FileScan], dedup: dict, splits: dict, total_bytes: int) -> dict:

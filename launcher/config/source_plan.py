@@ -46,9 +46,9 @@ class SourcePlan:
         return drawn / epoch if epoch else (float("inf") if drawn else 0.0)
 
     def notes(self) -> list[str]:
-        return [f"source {s['name']!r} would be read {self.passes(s['name']):.1f} times over (> {MAX_PASSES:g} passes): "
-                f"more data for it, or a smaller share, repeats less" for s in self.sources
-                if self.passes(s["name"]) > MAX_PASSES]
+        return [f"source {s['name']!r} would be read {self.passes(s['name']):.1f} times over "
+                f"(> {MAX_PASSES:g} passes): more data for it, or a smaller share, repeats less"
+                for s in self.sources if self.passes(s["name"]) > MAX_PASSES]
 
     def table(self) -> str:
         names = [s["name"] for s in self.sources]
@@ -58,8 +58,8 @@ class SourcePlan:
             rows.append(f"{index + 1:>2}  {stage[:15]:<16}" + "".join(f"{cells.get(name, '-'):>22}" for name in names))
         rows.append(f"{'':>2}  {'passes':<16}" + "".join(f"{self.passes(name):>22.2f}" for name in names))
         sizes = ", ".join(f"{s['name']} {s['train']['tokens']:,}" for s in self.sources)
-        return f"tokens drawn per stage and source (share of the stage); train tokens: {sizes}\n" + "\n".join(rows) + "".join(
-            f"\nnote: {note}" for note in self.notes())
+        title = f"tokens drawn per stage and source (share of the stage); train tokens: {sizes}"
+        return "\n".join([title, *rows, *(f"note: {note}" for note in self.notes())])
 
     def to_dict(self) -> dict:
         return {"sources": [{"name": s["name"], "train_tokens": s["train"]["tokens"], "passes": self.passes(s["name"])}

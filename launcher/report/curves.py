@@ -249,7 +249,7 @@ def read_stages(stages_file: Path, stage_firsts: dict[int, dict] | None = None,
                           global_batch_size=int(s["global_batch_size"]), first_step=int(s["first_step"]),
                           steps=int(s["steps"]), micro_batch_size=s.get("micro_batch_size"),
                           grad_accum_steps=s.get("grad_accum_steps"),
-                          mixture=None if not s.get("mixture") else tuple((str(k), float(v)) for k, v in s["mixture"].items()))
+                          mixture=tuple((str(k), float(v)) for k, v in s["mixture"].items()) if s.get("mixture") else None)
                 for s in raw["stages"]]
     except (OSError, ValueError, KeyError, TypeError):
         pass
