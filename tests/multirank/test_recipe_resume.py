@@ -1,12 +1,12 @@
-"""A recipe run (per-stage mask rate, warmup-stable-decay) in a real 2-rank run: applied at each stage
-switch, recorded, and exact across a stop inside stage 2.
+"""A recipe run (per-stage mask rate, data mixture, warmup-stable-decay) in a real 2-rank run: applied
+at each stage switch, recorded, and exact across a stop inside stage 2.
 
-The tiny three-stage run (tests.support.helpers.TINY_STAGES) with the first stage at mask_prob 0.3, the
-second at 0.25 and the last at the run config's 0.15, under `optimizer.decay: wsd` (1-sqrt over the
-last stage). One uninterrupted run and one copy stopped (SIGTERM) inside stage 2 and resumed: equal
-losses (<= 1e-6) and equal final weights. Against the session's `trainer_run` (the same data stream at
-0.15 throughout) the masked-token counts show the rate each stage trained at. RECIPE_STAGES is the one
-place to extend the recipe (e.g. with a mixture per stage).
+The tiny three-stage run (tests.support.helpers.TINY_STAGES) on two named sources (`en`, `zh`:
+tests.support.corpus_files.named_sources_dir) with the first stage at mask_prob 0.3 and both sources
+equally, the second at 0.25 and the sources by size, the last at the run config's 0.15 on `en` alone,
+under `optimizer.decay: wsd` (1-sqrt over the last stage). One uninterrupted run and one copy stopped
+(SIGTERM) inside stage 2 and resumed: equal losses (<= 1e-6), equal tokens drawn per source and equal
+final weights. RECIPE_STAGES is the one place to extend the recipe.
 """
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from launcher.config.preflight_checks import check_run
 from launcher.config.run_config import load_run_config
+from launcher.config.stages import resolve_stages
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.sidecar import read_sidecar
 from launcher.train.checkpointer import find_resume_point
 from launcher.train.metrics import read_metrics
+from tests.support.corpus_files import named_sources_dir
 from tests.support.helpers import (
     NO_DROPOUT,
     TEST_RANK_ENTRY,
@@ -31,7 +34,9 @@ from tests.support.helpers import (
     train_losses,
 )
 
-RECIPE_STAGES = [{**TINY_STAGES[0], "mask_prob": 0.3}, {**TINY_STAGES[1], "mask_prob": 0.25}, TINY_STAGES[2]]
+RECIPE_STAGES = [{**TINY_STAGES[0], "mask_prob": 0.3, "mixture": {"en": 1, "zh": 1}},
+                 {**TINY_STAGES[1], "mask_prob": 0.25},
+                 {**TINY_STAGES[2], "mixture": {"en": 1, "zh": 0}}]
 MASK_PROBS = [0.3, 0.25, 0.15]  # the last stage: data.masking's default
 WSD = {"decay": "wsd", "decay_shape": "1-sqrt"}  # decay_steps: the last stage's 6 steps
 SWITCH = TINY_STAGES[0]["steps"]  # steps completed when stage 2 starts
@@ -39,10 +44,10 @@ TIMEOUT = 300
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_data):
+def runs(tmp_path_factory):
     """(config, uninterrupted run dir, stopped-and-resumed run dir, (stopped attempt's return code, its resume point))."""
     root = tmp_path_factory.mktemp("recipe_resume")
-    config = tiny_run_config(root, tiny_data, model=NO_DROPOUT, stages=RECIPE_STAGES, optimizer=WSD)
+    config = tiny_run_config(root, named_sources_dir(tmp_path_factory), model=NO_DROPOUT, stages=RECIPE_STAGES, optimizer=WSD)
     straight = root / "straight"
     run_to_end(2, config, straight, module=TEST_RANK_ENTRY, ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1")
     resumed = root / "resumed"
@@ -68,20 +73,46 @@ def test_resume_inside_stage_2_ends_with_the_uninterrupted_weights(runs):
     assert worst <= 1e-6, worst
 
 
-def test_each_stage_trains_at_its_mask_rate_and_records_it(runs, trainer_run):
-    _, straight, _, _ = runs
+def replayed_steps(config) -> list[tuple[int, dict[str, int]]]:
+    """(masked tokens, tokens per source) of every step of the recipe, replayed from the data pipeline
+    alone: both ranks' readers, each stage's mask rate and mixture set as the trainer sets them."""
+    cfg = load_run_config(config)
+    stages = resolve_stages(cfg, 2)
+    readers = [check_run(cfg, stages, 2, rank=rank).train for rank in range(2)]
+    steps = []
+    for stage in stages:
+        for reader in readers:
+            reader.set_mask_prob(stage.mask_prob)
+            reader.set_mixture(stage.mixture)
+        for _ in range(stage.steps):
+            per_rank = [reader.next_batches(stage.max_seq_len, stage.micro_batch_size, stage.grad_accum_steps)
+                        for reader in readers]
+            masked = sum(int((b["labels"] != -100).sum()) for batches, _ in per_rank for b in batches)
+            steps.append((masked, per_rank[0][1]))
+    return steps
+
+
+def test_each_stage_trains_at_its_mask_rate_and_mixture_and_records_them(runs):
+    config, straight, resumed, _ = runs
     ours = {r["step"]: r for r in read_metrics(straight, "train")}
-    plain = {r["step"]: r for r in read_metrics(trainer_run, "train")}  # the same stream at 0.15 throughout
-    first = 1
+    again = {r["step"]: r for r in read_metrics(resumed, "train")}
+    # Every step trained on exactly what the data pipeline gives at that stage's rate and mixture.
+    replay = replayed_steps(config)
+    assert [(ours[s]["masked_tokens"], ours[s]["tokens_by_source"]) for s in sorted(ours)] == replay
+    assert all(ours[s]["tokens_by_source"] == again[s]["tokens_by_source"] for s in ours)
+    first = 0
     for stage, rate in zip(RECIPE_STAGES, MASK_PROBS):
-        steps = range(first, first + stage["steps"])
-        masked = sum(ours[s]["masked_tokens"] for s in steps) / sum(plain[s]["masked_tokens"] for s in steps)
-        assert masked == pytest.approx(rate / 0.15, rel=0.05), (stage["name"], masked)
+        steps = replay[first:first + stage["steps"]]
+        drawn = {name: sum(tokens[name] for _, tokens in steps) for name in ("en", "zh")}
+        share = sum(masked for masked, _ in steps) / sum(drawn.values())
+        assert 0.7 * rate <= share <= 1.05 * rate, (stage["name"], share, rate)  # [CLS]/[SEP] never selected
+        assert drawn["en"] > 0 and (drawn["zh"] == 0) == (stage.get("mixture", {}).get("zh") == 0), (stage["name"], drawn)
         first += stage["steps"]
-    # The last stage is back at the run config's rate: the very masks of the plain run.
-    assert all(ours[s]["masked_tokens"] == plain[s]["masked_tokens"] for s in range(first - TINY_STAGES[2]["steps"], first))
-    assert [e["mask_prob"] for e in events(straight, "stage_start")] == MASK_PROBS
-    assert read_sidecar(straight / "checkpoints" / f"global_step{TINY_TOTAL_STEPS}").mask_prob == 0.15
+    starts = events(straight, "stage_start")
+    assert [e["mask_prob"] for e in starts] == MASK_PROBS
+    assert starts[0]["mixture"] == {"en": 0.5, "zh": 0.5} and starts[2]["mixture"] == {"en": 1.0, "zh": 0.0}
+    final = read_sidecar(straight / "checkpoints" / f"global_step{TINY_TOTAL_STEPS}")
+    assert final.mask_prob == 0.15 and final.mixture == {"en": 1.0, "zh": 0.0}
 
 
 def test_the_learning_rate_is_warmup_stable_decay_to_the_floor(runs):
