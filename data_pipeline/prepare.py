@@ -36,9 +36,9 @@ from data_pipeline.inputs import (FileCheck, check_file, clean_text, estimated_t
 from data_pipeline.progress import advance, counted_phase, install_counter
 from data_pipeline.shards import (FORMAT_NAME, FORMAT_VERSION, MANIFEST, SPLITS, ShardWriter,
                                   file_sha256, token_dtype, write_manifest)
-from data_pipeline.tokenizer import (SPM_FILE, FastTokenizer, check_special_ids, open_tokenizer,
-                                     resolve_model_path, tokenizer_files, tokenizer_hash, train_sentencepiece,
-                                     write_hf_tokenizer_files)
+from data_pipeline.tokenizer import (SPM_FILE, FastTokenizer, TransformersTokenizer, open_tokenizer,
+                                     resolve_model_path, tokenizer_files, tokenizer_hash, tokenizer_special_ids,
+                                     train_sentencepiece, write_hf_tokenizer_files)
 
 DROP, TRAIN, VALID = 0, 1, 2
 _MAX_EXAMPLES = 20
@@ -94,6 +94,8 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
     out_dir = cfg.out_dir
     if (out_dir / MANIFEST).exists() and not cfg.overwrite:
         raise DataError(f"{out_dir}: already holds prepared data (use --overwrite to replace it)")
+    if cfg.existing_tokenizer is not None:  # loadable, with all its special tokens: checked before any work
+        tokenizer_special_ids(resolve_model_path(cfg.existing_tokenizer))
     out_dir_existed = out_dir.exists()
     partial = out_dir / f".partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
@@ -111,6 +113,8 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
             phases["tokenizer_seconds"], mark = time.perf_counter() - mark, time.perf_counter()
             sp = open_tokenizer(model_path)
             vocab_size = sp.get_piece_size()
+            special = tokenizer_special_ids(model_path, sp)
+            special.check_vocabulary(vocab_size, str(model_path))
             dtype = token_dtype(vocab_size)
             log(f"tokenizing with vocab {vocab_size} into shards ({dtype})")
             groups = _group_files(scans, assignments, cfg)
@@ -129,7 +133,8 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
             "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "dtype": dtype.name,
             "tokenizer": {"path": f"tokenizer/{model_path.name}", "sha256": tokenizer_hash(model_path),
                           "vocab_size": vocab_size, "model_type": _model_type(sp)},
-            "special_tokens": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4},
+            "special_tokens": {sp.id_to_piece(i): i for i in special.as_dict().values()},
+            "special_ids": special.as_dict(),
             "sources": [{"path": str(s.path), "bytes": s.path.stat().st_size, "documents": s.documents}
                         for s in scans],
             "options": cfg.options_for_manifest(), "stats": stats, "splits": splits}
@@ -353,10 +358,9 @@ def _make_tokenizer(cfg: PrepareConfig, partial: Path, pool_threads: int, log) -
     tok_dir = partial / "tokenizer"
     if cfg.existing_tokenizer is not None:
         source = resolve_model_path(cfg.existing_tokenizer)
-        check_special_ids(source)
         tok_dir.mkdir(parents=True, exist_ok=True)
         log(f"reusing tokenizer {source}")
-        if source.name != SPM_FILE:  # a transformers tokenizer.json: copied as it is, it stays the source of truth
+        if source.name != SPM_FILE:  # a transformers tokenizer (tokenizer.json / vocab.txt): copied as it is
             for name in tokenizer_files(source.parent):
                 shutil.copyfile(source.parent / name, tok_dir / name)
             return tok_dir / source.name
@@ -463,7 +467,7 @@ def _stats(scans: list[FileScan], dedup: dict, splits: dict, total_bytes: int) -
 
 
 def _model_type(sp) -> str:
-    if isinstance(sp, FastTokenizer):
+    if isinstance(sp, (FastTokenizer, TransformersTokenizer)):
         return sp.model_type
     from sentencepiece import sentencepiece_model_pb2 as pb
 
