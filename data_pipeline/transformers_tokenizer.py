@@ -72,11 +72,18 @@ class TransformersTokenizer:
         return np.array([p.startswith(("\u2581", "\u0120")) for p in pieces], dtype=bool)
 
     def special_ids(self) -> SpecialIds:
-        """The ids of the tokenizer's own special tokens (DataError naming one it lacks)."""
+        """The ids of the tokenizer's own special tokens (DataError naming one it lacks). transformers
+        appends a special token missing from vocab.txt as a new id past the vocabulary, which no
+        model of that vocabulary has a row for: refused."""
+        listed = None
+        if (self.directory / VOCAB_TXT).is_file():
+            listed = set((self.directory / VOCAB_TXT).read_text(encoding="utf-8").splitlines())
         ids = {}
         for role in ROLES:
             token = getattr(self.auto, role, None)
             token_id = self._vocab.get(str(token)) if token is not None else None
+            if listed is not None and str(token) not in listed:
+                token_id = None
             if token_id is None:
                 what = f"has no {role}" if token is None else f"{role} {str(token)!r} is not in its vocabulary"
                 raise DataError(f"{self.directory}: the tokenizer {what} (the data pipeline needs "
