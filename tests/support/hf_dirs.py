@@ -92,18 +92,13 @@ def bert_english_tokenizer_dir(out: Path, texts: list[str], pieces: int = 600) -
     return out
 
 
-def roformer_chinese_dir(out: Path, texts: list[str], words: int = 300, seed: int = 0,
-                         safetensors: bool = False) -> Path:
-    """A directory laid out as junnyu/roformer_chinese_base, small: config.json (RoFormer with
-    embedding_size, max_position_embeddings 1536, rotary_value false, BERT's ids), pytorch_model.bin
-    (random weights; model.safetensors with `safetensors`), vocab.txt in BERT's layout with every
+def roformer_chinese_tokenizer_dir(out: Path, texts: list[str], words: int = 300) -> list[str]:
+    """junnyu/roformer_chinese_base's tokenizer files, small: vocab.txt in BERT's layout with every
     character of `texts` and its `words` most frequent jieba words, tokenizer_config.json naming
-    RoFormerTokenizer, special_tokens_map.json."""
+    RoFormerTokenizer, special_tokens_map.json. Returns the vocabulary."""
     from collections import Counter
 
     import rjieba
-    import torch
-    import transformers
 
     counts: Counter = Counter()
     chars: Counter = Counter()
@@ -113,6 +108,19 @@ def roformer_chinese_dir(out: Path, texts: list[str], words: int = 300, seed: in
     ascii_pieces = [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"]
     vocab = _write_vocab(out, [*sorted(chars), *ascii_pieces, *(w for w, _ in counts.most_common(words))])
     _write_json(out / "tokenizer_config.json", {"do_lower_case": True, "tokenizer_class": "RoFormerTokenizer"})
+    return vocab
+
+
+def roformer_chinese_dir(out: Path, texts: list[str], words: int = 300, seed: int = 0,
+                         safetensors: bool = False) -> Path:
+    """A directory laid out as junnyu/roformer_chinese_base, small: config.json (RoFormer with
+    embedding_size, max_position_embeddings 1536, rotary_value false, BERT's ids), pytorch_model.bin
+    (random weights; model.safetensors with `safetensors`) and the tokenizer files
+    (roformer_chinese_tokenizer_dir)."""
+    import torch
+    import transformers
+
+    vocab = roformer_chinese_tokenizer_dir(out, texts, words)
     config = {"architectures": ["RoFormerForMaskedLM"], "attention_probs_dropout_prob": 0.0, "embedding_size": 32,
               "hidden_act": "gelu", "hidden_dropout_prob": 0.0, "hidden_size": 32, "initializer_range": 0.02,
               "intermediate_size": 64, "layer_norm_eps": 1e-12, "max_position_embeddings": 1536,
