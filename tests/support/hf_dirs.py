@@ -1,9 +1,11 @@
 """Directories written by plain transformers / tokenizers, with no project code: the "any RoFormer
 directory" that `roformer pretrain --init-from` and `roformer data prepare --tokenizer` accept.
 
-The tokenizer is a WordPiece (BERT-style normalisation and pre-tokenisation) trained by the
-`tokenizers` library on real English text, its special tokens at the pipeline's fixed ids
-([PAD]=0 .. [MASK]=4, as a user would arrange with `special_tokens=[...]` first in the trainer).
+`plain_transformers_dir`: a WordPiece tokenizer.json (BERT-style normalisation and pre-tokenisation)
+trained by the `tokenizers` library on real English text, its special tokens at ids 0-4 (`special_tokens=
+[...]` first in the trainer). `roformer_chinese_dir` / `bert_english_tokenizer_dir`: laid out as the hub's
+junnyu/roformer_chinese_base (vocab.txt, RoFormerTokenizer with jieba, pytorch_model.bin) and a BERT
+English checkpoint's tokenizer (vocab.txt, BertTokenizer), special tokens at BERT's ids (100-103), small.
 """
 from __future__ import annotations
 

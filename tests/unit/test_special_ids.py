@@ -18,7 +18,7 @@ from data_pipeline.prepare import prepare
 from data_pipeline.special_ids import DEFAULT, SpecialIds
 from launcher.cli import main as cli_main
 from tests.support.corpus_files import chinese_paragraphs, english_paragraphs, write_jsonl
-from tests.support.hf_dirs import BERT_IDS, bert_english_tokenizer_dir, roformer_chinese_dir
+from tests.support.hf_dirs import BERT_IDS, bert_english_tokenizer_dir, roformer_chinese_tokenizer_dir
 
 BERT = SpecialIds(**BERT_IDS)
 
@@ -108,7 +108,9 @@ def test_a_manifest_with_bad_special_ids_is_named():
 @pytest.fixture(scope="module")
 def chinese_dir(tmp_path_factory):
     texts = list(dict.fromkeys(chinese_paragraphs(1)))
-    return texts, roformer_chinese_dir(tmp_path_factory.mktemp("zh") / "roformer", texts)
+    out = tmp_path_factory.mktemp("zh") / "roformer"
+    roformer_chinese_tokenizer_dir(out, texts)  # the tokenizer files of junnyu/roformer_chinese_base, small
+    return texts, out
 
 
 def _refused(capsys, tmp_path, tokenizer_dir, corpus) -> str:
@@ -127,7 +129,6 @@ def test_bad_tokenizer_directories_are_refused_in_one_line(capsys, tmp_path, chi
     broken = tmp_path / "broken"
     shutil.copytree(source, broken)
     (broken / "tokenizer_config.json").unlink()
-    (broken / "config.json").unlink()
     assert "tokenizer files missing: tokenizer_config.json" in _refused(capsys, tmp_path, broken, corpus)
     shutil.copyfile(source / "tokenizer_config.json", broken / "tokenizer_config.json")
     (broken / "vocab.txt").unlink()
@@ -150,3 +151,13 @@ def test_literal_special_tokens_in_a_document_stay_text(tmp_path, chinese_dir):
                           cleaning=CleaningConfig(valid_fraction=0.0)), log=lambda message: None)
     for document in _documents(tmp_path / "data", splits=("train",)):
         assert not set(document) & {0, 101, 102, 103}
+
+
+def test_data_prepared_before_special_ids_reads_as_the_fixed_ids(stored_run):
+    """tests/fixtures/old_run_dir.tar.xz: a manifest without `special_ids` packs and masks with 0-4."""
+    data_dir = stored_run.parent / "data"
+    assert "special_ids" not in json.loads((data_dir / "manifest.json").read_text())
+    corpus = open_corpus(data_dir, "train")
+    assert corpus.special_ids == DEFAULT
+    batch = PretrainBatches(corpus, seed=0).next_batch(seq_len=32, micro_batch_size=4)
+    assert (batch["input_ids"][:, 0] == 2).all()
