@@ -15,6 +15,7 @@ phase (reading, tokenizer training, encoding) reports its progress with an ETA (
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import multiprocessing
 import os
@@ -393,7 +394,7 @@ def _group_files(scans: list[FileScan], assignments: list[np.ndarray], cfg: Prep
 def _tokenize_group(task) -> dict:
     group, members, cfg, model_path, partial, dtype_str = task
     cpu_start = time.process_time()
-    sp = open_tokenizer(model_path)
+    sp = _process_tokenizer(model_path)
     dtype = np.dtype(dtype_str)
     writers = {TRAIN: ShardWriter(partial / "train", f"g{group:05d}", dtype, cfg.shard_tokens),
                VALID: ShardWriter(partial / "valid", f"g{group:05d}", dtype, cfg.shard_tokens)}
@@ -426,6 +427,13 @@ def _tokenize_group(task) -> dict:
         result[name] = shards
     result["cpu_seconds"] = time.process_time() - cpu_start
     return result
+
+
+@functools.lru_cache(maxsize=2)
+def _process_tokenizer(model_path: Path):
+    """One tokenizer per worker process for all its groups (an AutoTokenizer of a 50,000-word vocab.txt
+    takes a second to load)."""
+    return open_tokenizer(model_path)
 
 
 def _encode_into(sp, texts: list[str], splits: list[int], writers: dict) -> None:

@@ -115,7 +115,8 @@ def chinese_dir(tmp_path_factory):
 
 def _refused(capsys, tmp_path, tokenizer_dir, corpus) -> str:
     capsys.readouterr()
-    argv = ["data", "prepare", "--input", str(corpus), "--out", str(tmp_path / "data"), "--tokenizer", str(tokenizer_dir)]
+    argv = ["data", "prepare", "--input", str(corpus), "--out", str(tmp_path / "data"),
+            "--tokenizer", str(tokenizer_dir)]
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
