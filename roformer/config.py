@@ -30,7 +30,7 @@ class RoFormerConfig:
     """Architecture of a RoFormer encoder (defaults = the small demo model)."""
 
     vocab_size: int = 8000
-    """Number of token ids, including the tokenizer's special tokens (ours: [PAD]=0 .. [MASK]=4; BERT's vocab.txt: 0, 100-103)."""
+    """Number of token ids, including the tokenizer's special tokens (ours at 0-4, BERT's at 0 and 100-103)."""
     hidden_size: int = 256
     """Width of the transformer layers."""
     num_hidden_layers: int = 4
