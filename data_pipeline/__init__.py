@@ -20,6 +20,7 @@ _EXPORTS = {
     "Corpus": "data_pipeline.shards",
     "open_corpus": "data_pipeline.shards",
     "read_manifest": "data_pipeline.shards",
+    "SpecialIds": "data_pipeline.special_ids",
     "copy_hf_tokenizer_files": "data_pipeline.tokenizer",
     "load_tokenizer": "data_pipeline.tokenizer",
     "tokenizer_hash": "data_pipeline.tokenizer",

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import numpy as np
 import torch
 
-from data_pipeline.config import CLS_ID, MIN_SEQ_LEN, PAD_ID
+from data_pipeline.config import MIN_SEQ_LEN
 from data_pipeline.errors import DataError
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, mask_tokens
 from data_pipeline.shards import Corpus
@@ -86,6 +86,8 @@ class PretrainBatches:
         self.stream = TokenStream(corpus, self.seed, shuffle=shuffle, lanes=lanes, max_epochs=max_epochs)
         """The whole split's stream: validation reads it, and it is the training stream of one source."""
         self._word_starts = corpus.word_starts() if self.masking.whole_word else None
+        self.special = corpus.special_ids
+        """The corpus's special ids (manifest): [CLS] first, [PAD] after the end, never masked."""
         self.sequences_consumed = 0
         """Global count of sequences handed out (all ranks together); also the masking and draw key."""
         self.spans = SpanHistory()
@@ -268,16 +270,16 @@ class PretrainBatches:
 
     def _build(self, rows: list[np.ndarray], first_index: int, seq_len: int) -> dict[str, torch.Tensor]:
         """Pack `rows` (units after [CLS]; row i is global sequence first_index + i) and mask them."""
-        input_ids = np.full((len(rows), seq_len), PAD_ID, dtype=np.int64)  # (B, T)
+        input_ids = np.full((len(rows), seq_len), self.special.pad_token, dtype=np.int64)  # (B, T)
         labels = np.full((len(rows), seq_len), IGNORE_INDEX, dtype=np.int64)  # (B, T)
         attention = np.zeros((len(rows), seq_len), dtype=np.int64)  # (B, T)
         for row, units in enumerate(rows):
             if len(units) == 0:
                 continue  # past the end of the stream: an all-padding row, ignored by the loss
-            seq = np.concatenate([[CLS_ID], units])
+            seq = np.concatenate([[self.special.cls_token], units])
             rng = np.random.default_rng([self.seed, _MASK_KEY, first_index + row])
             corrupted, seq_labels = mask_tokens(seq, rng, self.masking, self.corpus.vocab_size,
-                                                self._word_starts)
+                                                self._word_starts, self.special)
             n = len(seq)
             input_ids[row, :n] = corrupted
             labels[row, :n] = seq_labels

@@ -10,11 +10,12 @@ from pathlib import Path
 
 from data_pipeline.errors import DataError
 
-# Fixed special ids shared by every tokenizer we train (docs/INTERFACES.md).
+# Special ids of every tokenizer we train (SentencePiece); other tokenizers have theirs wherever they are,
+# recorded in the data manifest (data_pipeline/special_ids.py, docs/INTERFACES.md).
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]",
                   "sep_token": "[SEP]", "mask_token": "[MASK]"}
-NUM_SPECIAL_IDS = 5  # ids below this are never masked and never drawn as random replacements
+NUM_SPECIAL_IDS = 5  # the special pieces at the start of our SentencePiece vocabularies
 MIN_SEQ_LEN = 2  # a packed sequence is [CLS] plus at least one token
 
 DEFAULT_SOURCE = "default"

@@ -7,9 +7,9 @@ pipeline asks a tokenizer for its size, the piece of an id and the ids of plain 
 [SEP]: packing adds those, stream.py / batches.py); `FastTokenizer` answers exactly that, as
 `sentencepiece.SentencePieceProcessor` does for our own tokenizers.
 
-Special tokens: the pipeline's ids are fixed ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4,
-docs/INTERFACES.md): packing writes them and masking never picks ids below 5. A tokenizer whose
-special tokens sit elsewhere is refused by `check_special_ids`, naming the token and both ids.
+Special tokens: wherever the tokenizer has them (`special_ids`, read from special_tokens_map.json /
+tokenizer_config.json); `roformer data prepare` writes them into the manifest, and packing and masking
+use those (data_pipeline/special_ids.py). Their text inside a document is encoded as plain text.
 """
 from __future__ import annotations
 
@@ -18,14 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from data_pipeline.config import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID
+from data_pipeline.config import SPECIAL_TOKENS
 from data_pipeline.errors import DataError
+from data_pipeline.special_ids import SpecialIds
 
 TOKENIZER_JSON = "tokenizer.json"
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 """Files transformers writes beside tokenizer.json; copied along when present."""
-FIXED_IDS = {"pad_token": PAD_ID, "unk_token": UNK_ID, "cls_token": CLS_ID, "sep_token": SEP_ID,
-             "mask_token": MASK_ID}
 
 
 class FastTokenizer:
@@ -39,6 +38,7 @@ class FastTokenizer:
             self.backend = Tokenizer.from_file(str(self.path))
         except Exception as err:  # tokenizers raises a bare Exception for a malformed file
             raise DataError(f"{self.path}: not a transformers fast tokenizer ({err})") from None
+        self.backend.encode_special_tokens = True  # a literal "[MASK]" in a document is text, not the mask id
 
     def get_piece_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
@@ -90,14 +90,13 @@ def special_token_names(directory: Path) -> dict[str, str]:
     return names
 
 
-def check_special_ids(path: Path) -> None:
-    """DataError naming the token unless each special token of the tokenizer has the pipeline's id."""
+def special_ids(path: Path) -> SpecialIds:
+    """The ids of the special tokens of the tokenizer.json at `path` (DataError naming one it lacks)."""
     tokenizer = FastTokenizer(path)
+    ids = {}
     for role, token in special_token_names(path.parent).items():
-        want = FIXED_IDS[role]
-        have = tokenizer.piece_to_id(token)
-        if have != want:
-            where = "is not in its vocabulary" if have is None else f"has id {have}"
-            raise DataError(f"{path}: {role} {token!r} {where}; the data pipeline needs {token!r} at id {want} "
-                            "([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4): tokenizers with other special ids are "
-                            "not supported")
+        ids[role] = tokenizer.piece_to_id(token)
+        if ids[role] is None:
+            raise DataError(f"{path}: {role} {token!r} is not in its vocabulary (the data pipeline needs "
+                            f"{', '.join(SPECIAL_TOKENS)}; name them in special_tokens_map.json)")
+    return SpecialIds(**ids)

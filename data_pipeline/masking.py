@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data_pipeline.config import MASK_ID, NUM_SPECIAL_IDS
 from data_pipeline.errors import DataError
+from data_pipeline.special_ids import DEFAULT, SpecialIds
 
 IGNORE_INDEX = -100
 
@@ -35,9 +35,11 @@ class MaskingConfig:
 
 
 def mask_tokens(ids: np.ndarray, rng: np.random.Generator, cfg: MaskingConfig, vocab_size: int,
-                word_starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(T,) ids -> (corrupted ids, labels with IGNORE_INDEX except at chosen positions)."""
-    maskable = ids >= NUM_SPECIAL_IDS
+                word_starts: np.ndarray | None = None,
+                special: SpecialIds = DEFAULT) -> tuple[np.ndarray, np.ndarray]:
+    """(T,) ids -> (corrupted ids, labels with IGNORE_INDEX except at chosen positions). Special ids
+    (the corpus's, `special`) are never chosen, and random replacements are never special."""
+    maskable = ~special.is_special(ids)
     candidates = np.flatnonzero(maskable)
     labels = np.full(ids.shape, IGNORE_INDEX, dtype=np.int64)
     corrupted = ids.copy()
@@ -55,8 +57,8 @@ def mask_tokens(ids: np.ndarray, rng: np.random.Generator, cfg: MaskingConfig, v
     action = rng.random(len(chosen))
     to_mask = action < cfg.replace_with_mask
     to_random = (~to_mask) & (action < cfg.replace_with_mask + cfg.replace_with_random)
-    corrupted[chosen[to_mask]] = MASK_ID
-    corrupted[chosen[to_random]] = rng.integers(NUM_SPECIAL_IDS, vocab_size, size=int(to_random.sum()))
+    corrupted[chosen[to_mask]] = special.mask_token
+    corrupted[chosen[to_random]] = special.ordinary(vocab_size, int(to_random.sum()), rng)
     return corrupted, labels
 
 

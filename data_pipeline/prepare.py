@@ -21,6 +21,7 @@ phase (reading, tokenizer training, encoding) reports its progress with an ETA (
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import multiprocessing
 import os
@@ -43,9 +44,9 @@ from data_pipeline.named_sources import check_sources, resolve_sources, source_e
 from data_pipeline.progress import advance, counted_phase, install_counter
 from data_pipeline.shards import (FORMAT_NAME, FORMAT_VERSION, MANIFEST, SPLITS, ShardWriter,
                                   file_sha256, token_dtype, write_manifest)
-from data_pipeline.tokenizer import (SPM_FILE, FastTokenizer, check_special_ids, open_tokenizer,
-                                     resolve_model_path, tokenizer_files, tokenizer_hash, train_sentencepiece,
-                                     write_hf_tokenizer_files)
+from data_pipeline.tokenizer import (SPM_FILE, FastTokenizer, TransformersTokenizer, open_tokenizer,
+                                     resolve_model_path, tokenizer_files, tokenizer_hash, tokenizer_special_ids,
+                                     train_sentencepiece, write_hf_tokenizer_files)
 
 DROP, TRAIN, VALID = 0, 1, 2
 _MAX_EXAMPLES = 20
@@ -107,6 +108,8 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
     out_dir = cfg.out_dir
     if (out_dir / MANIFEST).exists() and not cfg.overwrite:
         raise DataError(f"{out_dir}: already holds prepared data (use --overwrite to replace it)")
+    if cfg.existing_tokenizer is not None:  # loadable, with all its special tokens: checked before any work
+        tokenizer_special_ids(resolve_model_path(cfg.existing_tokenizer))
     out_dir_existed = out_dir.exists()
     partial = out_dir / f".partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
@@ -126,6 +129,8 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
             phases["tokenizer_seconds"], mark = time.perf_counter() - mark, time.perf_counter()
             sp = open_tokenizer(model_path)
             vocab_size = sp.get_piece_size()
+            special = tokenizer_special_ids(model_path, sp)
+            special.check_vocabulary(vocab_size, str(model_path))
             dtype = token_dtype(vocab_size)
             log(f"tokenizing with vocab {vocab_size} into shards ({dtype})")
             groups = _group_files(scans, assignments, cfg)
@@ -146,7 +151,8 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
             "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "dtype": dtype.name,
             "tokenizer": {"path": f"tokenizer/{model_path.name}", "sha256": tokenizer_hash(model_path),
                           "vocab_size": vocab_size, "model_type": _model_type(sp)},
-            "special_tokens": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4},
+            "special_tokens": {sp.id_to_piece(i): i for i in special.as_dict().values()},
+            "special_ids": special.as_dict(),
             "sources": named,
             "options": cfg.options_for_manifest(), "stats": stats, "splits": splits}
         _publish(partial, out_dir, manifest)
@@ -380,10 +386,9 @@ def _make_tokenizer(cfg: PrepareConfig, partial: Path, pool_threads: int, log) -
     tok_dir = partial / "tokenizer"
     if cfg.existing_tokenizer is not None:
         source = resolve_model_path(cfg.existing_tokenizer)
-        check_special_ids(source)
         tok_dir.mkdir(parents=True, exist_ok=True)
         log(f"reusing tokenizer {source}")
-        if source.name != SPM_FILE:  # a transformers tokenizer.json: copied as it is, it stays the source of truth
+        if source.name != SPM_FILE:  # a transformers tokenizer (tokenizer.json / vocab.txt): copied as it is
             for name in tokenizer_files(source.parent):
                 shutil.copyfile(source.parent / name, tok_dir / name)
             return tok_dir / source.name
@@ -416,7 +421,7 @@ def _group_files(scans: list[FileScan], assignments: list[np.ndarray], cfg: Prep
 def _tokenize_group(task) -> dict:
     group, members, cfg, model_path, partial, dtype_str = task
     cpu_start = time.process_time()
-    sp = open_tokenizer(model_path)
+    sp = _process_tokenizer(model_path)
     dtype = np.dtype(dtype_str)
     writers = {TRAIN: ShardWriter(partial / "train", f"g{group:05d}", dtype, cfg.shard_tokens),
                VALID: ShardWriter(partial / "valid", f"g{group:05d}", dtype, cfg.shard_tokens)}
@@ -449,6 +454,13 @@ def _tokenize_group(task) -> dict:
         result[name] = shards
     result["cpu_seconds"] = time.process_time() - cpu_start
     return result
+
+
+@functools.lru_cache(maxsize=2)
+def _process_tokenizer(model_path: Path):
+    """One tokenizer per worker process for all its groups (an AutoTokenizer of a 50,000-word vocab.txt
+    takes a second to load)."""
+    return open_tokenizer(model_path)
 
 
 def _encode_into(sp, texts: list[str], splits: list[int], writers: dict) -> None:
@@ -491,7 +503,7 @@ def _stats(scans: list[FileScan], dedup: dict, splits: dict, total_bytes: int) -
 
 
 def _model_type(sp) -> str:
-    if isinstance(sp, FastTokenizer):
+    if isinstance(sp, (FastTokenizer, TransformersTokenizer)):
         return sp.model_type
     from sentencepiece import sentencepiece_model_pb2 as pb
 

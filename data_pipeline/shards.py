@@ -30,6 +30,7 @@ import numpy as np
 from data_pipeline.config import DEFAULT_SOURCE
 from data_pipeline.durable import fsync_dir, fsync_tree
 from data_pipeline.errors import DataError
+from data_pipeline.special_ids import SpecialIds
 from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
 
 MANIFEST = "manifest.json"
@@ -173,6 +174,11 @@ class Corpus:
         return Corpus(self.data_dir, self.split, [s for s in self.shards if s.source == name], self.vocab_size,
                       self.tokenizer_sha256, self.manifest)
 
+    @property
+    def special_ids(self) -> SpecialIds:
+        """The tokenizer's special ids recorded in the manifest (fixed 0-4 for older manifests)."""
+        return SpecialIds.from_manifest(self.manifest, str(self.data_dir / MANIFEST))
+
     def word_starts(self) -> np.ndarray:
         """(V,) bool table for whole-word masking (see tokenizer.word_start_table)."""
         from data_pipeline.tokenizer import open_tokenizer, word_start_table
@@ -228,6 +234,8 @@ def open_corpus(data_dir: Path, split: str = "train", verify: bool = True,
     if expected_tokenizer_sha256 is not None and expected_tokenizer_sha256 != tok["sha256"]:
         raise DataError(f"{data_dir / MANIFEST}: shards were built with tokenizer {tok['sha256'][:12]}, "
                         f"the run uses {expected_tokenizer_sha256[:12]}")
+    SpecialIds.from_manifest(manifest, str(data_dir / MANIFEST)).check_vocabulary(
+        tok["vocab_size"], str(data_dir / MANIFEST))
     dtype = np.dtype(manifest["dtype"])
     shards = []
     for entry in manifest["splits"][split]["shards"]:

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from data_pipeline.config import SEP_ID
 from data_pipeline.errors import DataError
 from data_pipeline.shards import Corpus
 
@@ -51,6 +50,7 @@ class TokenStream:
         for the whole corpus."""
         self.corpus, self.seed, self.shuffle, self.max_epochs = corpus, int(seed), shuffle, max_epochs
         self._order_seed = [self.seed, _DOCUMENT_ORDER_KEY] + ([] if order_key is None else [int(order_key)])
+        self.sep_id = corpus.special_ids.sep_token
         # Units (tokens + the closing [SEP]) of every document, documents numbered shard by shard.
         self._doc_units = np.concatenate([np.diff(np.asarray(s.offsets)).astype(np.int32) + 1
                                           for s in corpus.shards])
@@ -77,7 +77,7 @@ class TokenStream:
         while filled < count:
             epoch, within = divmod(offset + filled, period)
             if within == period - 1:  # the [SEP] closing this lane's part of the epoch
-                out[filled] = SEP_ID
+                out[filled] = self.sep_id
                 filled += 1
                 continue
             filled += self.fill_from_epoch(epoch, int(self.lane_starts[lane]) + within,
@@ -99,7 +99,7 @@ class TokenStream:
             out[filled:filled + n] = tokens[into:into + n]
             filled += n
             if filled < count:  # the document's tokens are used up: its [SEP], then the next document
-                out[filled] = SEP_ID
+                out[filled] = self.sep_id
                 filled += 1
                 j, into = j + 1, 0
         return count

@@ -4,8 +4,11 @@
 own SpmConverter (same normalizer charsmap, same pieces and scores), so
 `AutoTokenizer.from_pretrained(dir)` yields the same ids (tests/unit/test_data_tokenizer.py checks).
 A tokenizer taken from elsewhere (`roformer data prepare --tokenizer DIR`: an export, or any
-transformers tokenizer directory) has either an spm.model or only a `tokenizer.json`, which is then
-the source of truth (data_pipeline/fast_tokenizer.py); its sha256 is the tokenizer's fingerprint.
+transformers tokenizer directory) has an spm.model, else a `tokenizer.json` (data_pipeline/fast_tokenizer.py),
+else a BERT-style `vocab.txt` read through transformers itself (data_pipeline/transformers_tokenizer.py;
+also a RoFormerTokenizer, whose jieba segmentation no tokenizer.json holds): that file is the source of
+truth, its sha256 the tokenizer's fingerprint, and its special ids (`tokenizer_special_ids`) go into
+the manifest. Our own SentencePiece tokenizers have theirs at [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4.
 The special tokens are SentencePiece *control* symbols: text containing a literal "[MASK]" is not
 turned into the mask id by SentencePiece (the transformers tokenizer does match literal special
 tokens, the one documented difference).
@@ -27,10 +30,15 @@ from data_pipeline.config import (CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKEN
                                   TokenizerConfig)
 from data_pipeline.errors import DataError
 from data_pipeline.fast_tokenizer import CONFIG_FILES, TOKENIZER_JSON, FastTokenizer
-from data_pipeline.fast_tokenizer import check_special_ids as check_fast_special_ids
+from data_pipeline.fast_tokenizer import special_ids as fast_special_ids
+from data_pipeline.special_ids import DEFAULT, SpecialIds
+from data_pipeline.transformers_tokenizer import (JIEBA_CLASSES, VOCAB_TXT, TransformersTokenizer,
+                                                  tokenizer_class)
 
 SPM_FILE = "spm.model"
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+SOURCE_FILES = (SPM_FILE, TOKENIZER_JSON, VOCAB_TXT)
+"""A tokenizer's source-of-truth file, in the order looked for."""
 
 
 def train_sentencepiece(sample_files: list[Path], out_dir: Path, cfg: TokenizerConfig,
@@ -75,12 +83,21 @@ def train_sentencepiece(sample_files: list[Path], out_dir: Path, cfg: TokenizerC
     return out_dir / SPM_FILE
 
 
+def tokenizer_special_ids(model_path: Path, tokenizer=None) -> SpecialIds:
+    """The special ids of the tokenizer whose source-of-truth file is `model_path` (DataError naming a
+    special token it lacks); `tokenizer` is that tokenizer (open_tokenizer) when already open."""
+    model_path = Path(model_path)
+    if model_path.name == SPM_FILE:
+        check_special_ids(model_path)
+        return DEFAULT
+    tokenizer = tokenizer if tokenizer is not None else open_tokenizer(model_path)
+    if isinstance(tokenizer, TransformersTokenizer):
+        return tokenizer.special_ids()
+    return fast_special_ids(model_path)
+
+
 def check_special_ids(model_path: Path) -> None:
-    """Raise DataError unless [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4 in this model (an spm.model
-    or a tokenizer.json)."""
-    if Path(model_path).name == TOKENIZER_JSON:
-        check_fast_special_ids(Path(model_path))
-        return
+    """Raise DataError unless [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4 in this spm.model (ours)."""
     sp = load_sentencepiece(model_path)
     expected = {"[PAD]": PAD_ID, "[UNK]": UNK_ID, "[CLS]": CLS_ID, "[SEP]": SEP_ID, "[MASK]": MASK_ID}
     for piece, want in expected.items():
@@ -107,22 +124,28 @@ def load_tokenizer(path: Path):
 
 
 def open_tokenizer(model_path: Path):
-    """A SentencePieceProcessor for an spm.model, a FastTokenizer (same method names) for a tokenizer.json."""
-    if Path(model_path).name == TOKENIZER_JSON:
-        return FastTokenizer(Path(model_path))
+    """A SentencePieceProcessor for an spm.model; with the same method names, a FastTokenizer for a
+    tokenizer.json, a TransformersTokenizer (AutoTokenizer) for a vocab.txt or a jieba RoFormerTokenizer."""
+    model_path = Path(model_path)
+    if model_path.name == VOCAB_TXT or (model_path.name == TOKENIZER_JSON
+                                        and tokenizer_class(model_path.parent) in JIEBA_CLASSES):
+        return TransformersTokenizer(model_path.parent)
+    if model_path.name == TOKENIZER_JSON:
+        return FastTokenizer(model_path)
     return load_sentencepiece(model_path)
 
 
 def resolve_model_path(path: Path) -> Path:
     """The tokenizer's source-of-truth file: an spm.model when there is one (ours), else a transformers
-    tokenizer.json; `path` is that file, its directory or a prepared data dir (tokenizer/)."""
+    tokenizer.json, else a BERT-style vocab.txt; `path` is that file, its directory or a prepared data
+    dir (tokenizer/)."""
     path = Path(path)
-    for name in (SPM_FILE, TOKENIZER_JSON):
+    for name in SOURCE_FILES:
         for candidate in (path, path / name, path / "tokenizer" / name):
             if candidate.is_file() and candidate.name == name:
                 return candidate
-    raise DataError(f"{path}: no tokenizer (looked for {SPM_FILE} and {TOKENIZER_JSON}, and in tokenizer/; a "
-                    f"transformers tokenizer saved with save_pretrained has {TOKENIZER_JSON} when it is a fast one)")
+    raise DataError(f"{path}: no tokenizer: none of {', '.join(SOURCE_FILES)} (also looked in tokenizer/); a "
+                    f"transformers tokenizer directory has {TOKENIZER_JSON} or {VOCAB_TXT}")
 
 
 def tokenizer_hash(model_path: Path) -> str:
@@ -176,11 +199,12 @@ def _converter_class():
 
 def tokenizer_files(src: Path) -> tuple[str, ...]:
     """The files making up the tokenizer in directory `src` (DataError naming any that is missing): ours
-    (spm.model + the transformers files), or a transformers tokenizer.json with its config files."""
+    (spm.model + the transformers files), or a transformers tokenizer.json and/or vocab.txt with its
+    config files."""
     if (src / SPM_FILE).is_file():
         names = (SPM_FILE, *HF_FILES)
-    elif (src / TOKENIZER_JSON).is_file():
-        names = (TOKENIZER_JSON, *(n for n in CONFIG_FILES if (src / n).is_file()))
+    elif (src / TOKENIZER_JSON).is_file() or (src / VOCAB_TXT).is_file():
+        names = tuple(n for n in (TOKENIZER_JSON, VOCAB_TXT, *CONFIG_FILES) if (src / n).is_file())
         if "tokenizer_config.json" not in names:  # AutoTokenizer needs it to know the class
             raise DataError(f"{src}: tokenizer files missing: tokenizer_config.json")
     else:
@@ -194,7 +218,7 @@ def tokenizer_files(src: Path) -> tuple[str, ...]:
 def copy_hf_tokenizer_files(data_dir: Path, out_dir: Path) -> list[Path]:
     """Copy the tokenizer of a prepared data dir (or a tokenizer dir) into an export dir, byte for byte."""
     src = Path(data_dir) / "tokenizer"
-    if not ((src / SPM_FILE).is_file() or (src / TOKENIZER_JSON).is_file()):
+    if not any((src / name).is_file() for name in SOURCE_FILES):
         src = Path(data_dir)  # also accept the tokenizer dir itself
     names = tokenizer_files(src)
     out_dir = Path(out_dir)
@@ -214,7 +238,7 @@ def word_start_table(sp) -> np.ndarray:
     A piece starts a word when it carries SentencePiece's boundary marker '▁', or when it begins
     with a CJK character: Chinese has no spaces, so each Chinese piece is its own unit.
     """
-    if isinstance(sp, FastTokenizer):
+    if isinstance(sp, (FastTokenizer, TransformersTokenizer)):
         marked = sp.word_starts()
         return marked | np.array([bool(p) and _is_cjk(p[0]) for p in map(sp.id_to_piece, range(len(marked)))])
     table = np.zeros(sp.get_piece_size(), dtype=bool)

@@ -30,7 +30,7 @@ class RoFormerConfig:
     """Architecture of a RoFormer encoder (defaults = the small demo model)."""
 
     vocab_size: int = 8000
-    """Number of token ids, including the special tokens [PAD]=0 .. [MASK]=4."""
+    """Number of token ids, including the tokenizer's special tokens (ours at 0-4, BERT's at 0 and 100-103)."""
     hidden_size: int = 256
     """Width of the transformer layers."""
     num_hidden_layers: int = 4
@@ -53,7 +53,7 @@ class RoFormerConfig:
     type_vocab_size: int = 2
     """Number of token type (segment) ids."""
     pad_token_id: int = 0
-    """Id of [PAD]; its embedding row gets no gradient from the embedding lookup."""
+    """Id of [PAD] (the data manifest's special_ids.pad_token); its embedding row gets no gradient from the lookup."""
     initializer_range: float = 0.02
     """Std of the normal init of Linear and Embedding weights (as transformers)."""
     rotary_value: bool = False

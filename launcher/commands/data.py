@@ -24,7 +24,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     prep.add_argument("--no-dedup", action="store_true", help="keep exact duplicate documents")
     prep.add_argument("--shard-tokens", type=int, default=1 << 25, help="tokens per shard before rolling over")
     prep.add_argument("--tokenizer", type=Path, default=None,
-                      help="reuse this spm.model / tokenizer dir / data dir (default: train a tokenizer)")
+                      help="reuse this spm.model / data dir / transformers tokenizer dir (tokenizer.json, or "
+                           "vocab.txt: BertTokenizer, RoFormerTokenizer with jieba), its special ids as they are "
+                           "(default: train a tokenizer)")
     prep.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
     _tokenizer_args(prep)
 

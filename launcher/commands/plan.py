@@ -61,12 +61,23 @@ def deepspeed_logs_to_stderr():
     with contextlib.redirect_stdout(sys.stderr):  # a handler made by the first import takes sys.stdout
         from deepspeed.utils import logger
     handlers = [handler for handler in logger.handlers if isinstance(handler, logging.StreamHandler)]
-    previous = [handler.setStream(sys.stderr) or handler.stream for handler in handlers]
+    previous = [_swap_stream(handler, sys.stderr) for handler in handlers]
     try:
         yield
     finally:
         for handler, stream in zip(handlers, previous):  # as they were, or where a first import puts them
-            handler.setStream(stream if imported_before else sys.stdout)
+            _swap_stream(handler, stream if imported_before else sys.stdout)
+
+
+def _swap_stream(handler: logging.StreamHandler, stream):
+    """handler.setStream without flushing a stream that was closed meanwhile (a finished capture in
+    one process that plans twice, as the tests do); returns the previous stream."""
+    previous = handler.stream
+    if getattr(previous, "closed", False):
+        handler.stream = stream
+    else:
+        handler.setStream(stream)
+    return previous
 
 
 def plan(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ DIR is our export or any local transformers RoFormer directory (`RoFormerForMask
   * the weights, loaded on a fresh start only (launcher/train/init_weights.py); a resumed run continues
     from its checkpoint. Optimizer state, LR schedule and data position start fresh;
   * the tokenizer check: the data must be tokenized with DIR's tokenizer (`roformer data prepare
-    --tokenizer DIR`): its fingerprint (sha256 of spm.model, else tokenizer.json) must be the data
+    --tokenizer DIR`): its fingerprint (sha256 of spm.model, else tokenizer.json, else vocab.txt) must be the data
     manifest's; checked before any compute (launcher/config/preflight_checks.py).
 """
 from __future__ import annotations
@@ -89,7 +89,7 @@ def check_init_tokenizer(init_dir: str, corpus, source: str) -> str | None:
     found = init_tokenizer_sha256(Path(init_dir))
     manifest = corpus.data_dir / "manifest.json"
     if found is None:
-        return (f"init_from {init_dir} has no tokenizer (spm.model / tokenizer.json): cannot check that "
+        return (f"init_from {init_dir} has no tokenizer (spm.model / tokenizer.json / vocab.txt): cannot check that "
                 f"{corpus.data_dir} was tokenized with the model's vocabulary, only its size")
     path, sha = found
     if sha != corpus.tokenizer_sha256:

@@ -6,7 +6,7 @@ the engine exists): what plan passes, a rank accepts.
      models reject e.g. `zero_optimization.stage: 7`), and its precision against the accelerator
      (`get_accelerator().is_fp16_supported()` / `is_bf16_supported()`);
   2. the prepared data: manifest, both splits and the tokenizer (`data_pipeline.open_corpus`);
-     `model.vocab_size` must equal the tokenizer's vocabulary;
+     `model.vocab_size` must equal the tokenizer's vocabulary, `model.pad_token_id` its pad id (manifest);
   3. one epoch of the train split holds at least one global batch of every stage.
   4. with `init_from`, the data was tokenized with that model's tokenizer (launcher/config/init_from.py).
   5. every stage's `mixture` names sources of the prepared data (and only ones with train documents).
@@ -134,6 +134,7 @@ def open_data(cfg: RunConfig, verify: bool):
                         f"(make it with `roformer data prepare --out {data_dir}`)")
     train, valid = (open_corpus(data_dir, split=split, verify=verify) for split in ("train", "valid"))
     check_vocab_size(cfg, train)
+    check_pad_id(cfg, train)
     return train, valid
 
 
@@ -148,6 +149,15 @@ def check_vocab_size(cfg: RunConfig, corpus) -> None:
     relation = "smaller" if model_size < tokenizer_size else "larger"
     raise UserError(f"{cfg.source}: model.vocab_size {model_size} is {relation} than the tokenizer's vocabulary "
                     f"({tokenizer_size} pieces in {spm}); it must equal it: set model.vocab_size: {tokenizer_size}")
+
+
+def check_pad_id(cfg: RunConfig, corpus) -> None:
+    """The model's padding row must be the id the batches pad with (the tokenizer's [PAD], manifest)."""
+    pad = corpus.special_ids.pad_token
+    if cfg.model.pad_token_id != pad:
+        raise UserError(f"{cfg.source}: model.pad_token_id {cfg.model.pad_token_id} is not the tokenizer's pad id "
+                        f"{pad} ({corpus.data_dir / 'manifest.json'}, special_ids.pad_token): set "
+                        f"model.pad_token_id: {pad}")
 
 
 def _describe(err: Exception, config: dict) -> str:

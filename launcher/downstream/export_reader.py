@@ -13,7 +13,8 @@ from launcher.errors import UserError
 from launcher.io import file_sha256
 
 EXPORT_INFO = "export_info.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt")
+"""The vocabulary of a transformers tokenizer: a fast tokenizer's tokenizer.json or a BERT-style vocab.txt."""
 
 
 def check_export_dir(path: Path) -> Path:
@@ -26,7 +27,9 @@ def check_export_dir(path: Path) -> Path:
     weights = path / "model.safetensors"
     if not weights.is_file():
         raise UserError(f"{weights}: missing (only safetensors weights are read)")
-    missing = [name for name in TOKENIZER_FILES if not (path / name).is_file()]
+    missing = [name for name in ("tokenizer_config.json",) if not (path / name).is_file()]
+    if not any((path / name).is_file() for name in VOCABULARY_FILES):
+        missing.insert(0, " or ".join(VOCABULARY_FILES))
     if missing:
         raise UserError(f"{path}: tokenizer missing ({', '.join(missing)} not found)")
     _check_recorded_checksums(path)

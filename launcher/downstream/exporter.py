@@ -221,7 +221,7 @@ def _check_trained_tokenizer(ref: CheckpointRef, source: Path, origin: str) -> N
     from data_pipeline.shards import MANIFEST
     from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
 
-    # The file copy_hf_tokenizer_files packs: spm.model, else a transformers tokenizer.json (the fingerprint).
+    # The file copy_hf_tokenizer_files packs: spm.model, else tokenizer.json, else vocab.txt (the fingerprint).
     try:
         spm = resolve_model_path(source)
     except DataError:

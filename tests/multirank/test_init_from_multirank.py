@@ -4,10 +4,11 @@
    of 1e-9: the continued run's export keeps its weights (max |diff| <= 1e-5), its first training
    loss is the export's own eval-mlm loss on the same data (not a random init's), and the run's
    report and model card say where it started.
-2. A directory written by plain transformers (RoFormerForMaskedLM + a WordPiece tokenizer, no
-   project code): `roformer data prepare --tokenizer DIR`, `roformer pretrain --init-from DIR` on 2
-   ranks under ZeRO-3 (the loaded weights partitioned by deepspeed.initialize), `roformer export`, and
-   transformers alone (project imports blocked) gets the source's ids and logits back from the export.
+2. A directory laid out as junnyu/roformer_chinese_base (BERT's special ids, RoFormerTokenizer with
+   jieba, pytorch_model.bin; no project code): `roformer data prepare --tokenizer DIR`, `roformer
+   pretrain --init-from DIR` on 2 ranks under ZeRO-3 (the loaded weights partitioned by
+   deepspeed.initialize), `roformer export`, transformers alone (project imports blocked) gets the
+   source's ids and logits back from the export, eval-mlm and finetune run on it.
 """
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ from safetensors.torch import load_file
 
 from launcher.downstream.exporter import export_checkpoint
 from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
-from tests.support.corpus_files import english_paragraphs, write_jsonl
+from tests.support.corpus_files import chinese_paragraphs, write_jsonl
 from tests.support.helpers import (NO_DROPOUT, REPO, free_port, hf_isolated_logits, report_of, roformer,
                                    run_to_end, tiny_run_config, train_losses, write_yaml)
-from tests.support.hf_dirs import plain_transformers_dir
+from tests.support.hf_dirs import BERT_IDS, roformer_chinese_dir
 
 SEQ_LEN, GLOBAL_BATCH = 64, 32  # one step = 32 x 63 tokens, ~300 masked: a steady first loss
 CONTINUE = {"stages": [{"name": "continue", "max_seq_len": SEQ_LEN, "global_batch_size": GLOBAL_BATCH, "steps": 2}],
@@ -146,13 +147,36 @@ def test_where_it_started_is_in_the_records_report_and_model_card(continued, tra
     assert sorted(losses) == [1, 2]
 
 
-def test_a_plain_transformers_directory_round_trips(tmp_path):
-    texts = english_paragraphs(12)
-    source = plain_transformers_dir(tmp_path / "hf", texts, seed=5)
+def test_a_hub_roformer_directory_round_trips(tmp_path):
+    """A directory laid out as junnyu/roformer_chinese_base (vocab.txt in BERT's layout: [PAD]=0 [UNK]=100
+    [CLS]=101 [SEP]=102 [MASK]=103; RoFormerTokenizer with jieba; pytorch_model.bin; no project code):
+    `roformer data prepare --tokenizer DIR` on 2 workers holds transformers' ids for every document,
+    `roformer pretrain --init-from DIR` on 2 ranks under ZeRO-3 (the loaded weights partitioned by
+    deepspeed.initialize) at a learning rate of 1e-9 keeps the weights, `roformer export` keeps DIR's
+    tokenizer files, transformers alone (project imports blocked) gets DIR's ids and logits back from
+    the export, and eval-mlm and finetune run on it."""
+    from transformers import AutoTokenizer
+
+    from data_pipeline import open_corpus
+    from launcher.downstream.fine_tuning import FinetuneConfig, finetune
+    from launcher.downstream.task_spec import TaskSpec
+    from roformer.hf_interop import from_hf_state_dict, to_hf_state_dict
+
+    texts = list(dict.fromkeys(chinese_paragraphs(3)))  # prepare drops duplicates
+    source = roformer_chinese_dir(tmp_path / "hf", texts, seed=5)
     corpus = write_jsonl(tmp_path / "corpus.jsonl", texts)
     prepared = roformer("data", "prepare", "--input", str(corpus), "--out", str(tmp_path / "data"),
-                        "--tokenizer", str(source), "--valid-fraction", "0.05")
+                        "--tokenizer", str(source), "--valid-fraction", "0.05", "--workers", "2")
     assert prepared.returncode == 0, prepared.stderr[-3000:]
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert manifest["special_ids"] == BERT_IDS
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    expected = sorted(tokenizer(texts, add_special_tokens=False)["input_ids"])
+    shards = [shard for split in ("train", "valid") for shard in open_corpus(tmp_path / "data", split).shards]
+    got = sorted(shard.token_ids[shard.offsets[d]:shard.offsets[d + 1]].tolist()
+                 for shard in shards for d in range(shard.documents))
+    assert got == expected  # every document, exactly transformers' ids
+
     zero3 = json.loads((REPO / "ds_configs" / "cpu_fp32_zero2.json").read_text())
     zero3["zero_optimization"] = {"stage": 3}
     ds_config = tmp_path / "cpu_fp32_zero3.json"
@@ -165,12 +189,37 @@ def test_a_plain_transformers_directory_round_trips(tmp_path):
     result = roformer("pretrain", "--num_gpus", "2", "--master_port", str(free_port()), "--config", str(config),
                       "--run-dir", str(tmp_path / "run"), "--init-from", str(source), timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
-    exported = roformer("export", str(tmp_path / "run"), "--out", str(tmp_path / "export"))
+    export = tmp_path / "export"
+    exported = roformer("export", str(tmp_path / "run"), "--out", str(export))
     assert exported.returncode == 0, exported.stderr[-3000:]
-    assert (tmp_path / "export" / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+    for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (export / name).read_bytes() == (source / name).read_bytes(), name
+
+    before = from_hf_state_dict(torch.load(source / "pytorch_model.bin", weights_only=True))
+    after = from_hf_state_dict(load_file(str(export / "model.safetensors")))
+    assert set(before) == set(after) and set(to_hf_state_dict(after))
+    assert max((before[k] - after[k]).abs().max().item() for k in before) <= 1e-5
     work = tmp_path / "hf_out"
     work.mkdir()
-    theirs, ours = hf_isolated_logits([source, tmp_path / "export"], texts[:3], work)
-    assert torch.equal(theirs["input_ids"], ours["input_ids"])
+    theirs, ours = hf_isolated_logits([source, export], texts[:3], work)
+    assert theirs["info"]["tokenizer_class"] == ours["info"]["tokenizer_class"] == "RoFormerTokenizer"
+    assert torch.equal(theirs["input_ids"], ours["input_ids"]) and theirs["input_ids"][0, 0].item() == 101
     real = theirs["attention_mask"].bool()
     assert (theirs["logits"][real] - ours["logits"][real]).abs().max().item() <= 1e-4
+
+    report = evaluate_mlm(MLMEvalConfig(export_dir=export, data_dir=tmp_path / "data", split="train",
+                                        seq_lens=[SEQ_LEN], tokens=4096))
+    loss = report["results"][0]["loss"]
+    assert abs(loss - math.log(len(tokenizer))) < 0.5  # random weights: about uniform over the vocabulary
+    rows = [{"text": text, "label": int(any("a" <= c <= "z" for c in text.lower()))} for text in texts]
+    task = TaskSpec(name="latin", train=write_jsonl_rows(tmp_path / "train.jsonl", rows[:96]),
+                    dev=write_jsonl_rows(tmp_path / "dev.jsonl", rows[96:]))
+    tuned = finetune(FinetuneConfig(export_dir=export, task=task, max_length=SEQ_LEN, epochs=1, batch_size=16),
+                     log=lambda message: None, progress=False)
+    assert tuned["runs"][0]["dev"]["examples"] == len(rows) - 96 and 0 <= tuned["runs"][0]["dev"]["accuracy"] <= 1
+    assert tuned["unk_token_share"]["train"] < 0.05  # the export's tokenizer covers the text it was built from
+
+
+def write_jsonl_rows(path, rows):
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    return path

@@ -48,7 +48,7 @@ def test_corrupt_safetensors_is_named(capsys, export_copy, stored_data, tmp_path
 def test_missing_tokenizer_is_named(capsys, export_copy, stored_data):
     (export_copy / "tokenizer.json").unlink()
     err = _fails(capsys, ["eval-mlm", str(export_copy), "--data", str(stored_data)])
-    assert "tokenizer missing (tokenizer.json not found)" in err
+    assert "tokenizer missing (tokenizer.json or vocab.txt not found)" in err
 
 
 def test_length_and_data_errors(capsys, stored_export, stored_data, tmp_path):

@@ -181,15 +181,16 @@ def test_prepare_with_a_transformers_tokenizer(hf_dir, hf_data, texts):
     assert not starts[vocab["##s"]] and starts[vocab["the"]]
 
 
-def test_a_tokenizer_with_other_special_ids_is_refused_naming_the_token(tmp_path, texts):
+def test_a_tokenizer_with_other_special_ids_records_them(tmp_path, texts):
+    """[MASK] at id 5 (an [unused0] before it): the manifest records the tokenizer's own ids."""
     tokenizer = wordpiece_tokenizer(texts, specials=SPECIALS[:4] + ["[unused0]", "[MASK]"])
     tokenizer.save_pretrained(str(tmp_path / "tok"))
     write_jsonl(tmp_path / "c.jsonl", texts[:50])
-    with pytest.raises(DataError) as caught:
-        prepare(PrepareConfig(input=InputConfig(inputs=[str(tmp_path / "c.jsonl")]), out_dir=tmp_path / "data",
-                              existing_tokenizer=tmp_path / "tok"), log=lambda message: None)
-    assert "mask_token '[MASK]' has id 5; the data pipeline needs '[MASK]' at id 4" in str(caught.value)
-    assert not (tmp_path / "data").exists()
+    prepare(PrepareConfig(input=InputConfig(inputs=[str(tmp_path / "c.jsonl")]), out_dir=tmp_path / "data",
+                          existing_tokenizer=tmp_path / "tok"), log=lambda message: None)
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert manifest["special_ids"] == {"pad_token": 0, "unk_token": 1, "cls_token": 2, "sep_token": 3, "mask_token": 5}
+    assert manifest["special_tokens"]["[MASK]"] == 5 and "[unused0]" not in manifest["special_tokens"]
 
 
 def test_pretrain_refuses_data_of_another_tokenizer(capsys, tmp_path, hf_dir, hf_data, texts):

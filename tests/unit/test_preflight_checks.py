@@ -34,6 +34,9 @@ def bad_inputs(tiny_data, tmp_path) -> dict[str, tuple[dict, str]]:
         "vocab larger than the tokenizer": ({"model": {"vocab_size": 1000}},
                                             f"model.vocab_size 1000 is larger than the tokenizer's vocabulary "
                                             f"(900 pieces in {spm}); it must equal it"),
+        "pad id other than the tokenizer's": ({"model": {"pad_token_id": 1}},
+                                              "model.pad_token_id 1 is not the tokenizer's pad id 0 "
+                                              f"({tiny_data / 'manifest.json'}, special_ids.pad_token)"),
         "vocab smaller than the tokenizer": ({"model": {"vocab_size": 899}},
                                              "model.vocab_size 899 is smaller than the tokenizer's vocabulary "
                                              f"(900 pieces in {spm})"),
@@ -100,7 +103,7 @@ def dry_run_and_rank(config, tmp_path, monkeypatch, capsys) -> dict[str, str]:
     return errors
 
 
-@pytest.mark.parametrize("case", ["no manifest", "vocab larger than the tokenizer",
+@pytest.mark.parametrize("case", ["no manifest", "vocab larger than the tokenizer", "pad id other than the tokenizer's",
                                   "vocab smaller than the tokenizer", "max_seq_len 1", "ZeRO stage 7",
                                   "fp16 on a cpu accelerator without fp16", "bf16 on a cpu accelerator without bf16"])
 def test_plan_dry_run_and_rank_refuse_alike(case, tiny_data, tmp_path, monkeypatch, capsys):
