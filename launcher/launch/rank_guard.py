@@ -67,6 +67,12 @@ def describe_status(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
+def exit_line(identity: dict[str, str], pid: int, returncode: int) -> str:
+    """The MARKER line naming a rank that ended badly (what `roformer pretrain` parses: launcher/launch/supervise.py)."""
+    fields = " ".join(f"{k}={v}" for k, v in identity.items())
+    return f"{MARKER} {fields} pid={pid} status={describe_status(returncode)}"
+
+
 def _die_with_parent() -> None:
     """Ask Linux to SIGTERM us when our parent exits (no-op elsewhere)."""
     if not sys.platform.startswith("linux"):
@@ -184,8 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         if watchdog.verdict is not None:  # we killed it: the watchdog line said why
             return HUNG_EXIT_CODE
     if returncode not in (0, ORDERLY_STOP_EXIT_CODE) and not stopping:
-        fields = " ".join(f"{k}={v}" for k, v in identity.items())
-        write_line(f"{MARKER} {fields} pid={child.pid} status={describe_status(returncode)}")
+        write_line(exit_line(identity, child.pid, returncode))
     # A signal death becomes 128+N, as a shell reports it; DeepSpeed's launcher only checks != 0.
     return returncode if returncode >= 0 else 128 - returncode
 
