@@ -68,7 +68,7 @@ def describe_status(returncode: int) -> str:
 
 
 def exit_line(identity: dict[str, str], pid: int, returncode: int) -> str:
-    """The MARKER line naming a rank that ended badly (what `roformer pretrain` parses: launcher/launch/supervise.py)."""
+    """The MARKER line naming a rank that ended badly (`roformer pretrain` parses it: launcher/launch/supervise.py)."""
     fields = " ".join(f"{k}={v}" for k, v in identity.items())
     return f"{MARKER} {fields} pid={pid} status={describe_status(returncode)}"
 

@@ -43,7 +43,8 @@ def test_every_error_exit_is_exit_2_with_whole_lines_and_the_cause_last(tmp_path
     assert done.returncode == 0, output[-4000:]
     assert "terminate called" not in output and "Traceback" not in output and "Fatal Python error" not in output, \
         output[-4000:]
-    summaries = [json.loads(line.split(" ", 1)[1]) for line in output.splitlines() if line.startswith("[teardown-test] ")]
+    summaries = [json.loads(line.split(" ", 1)[1]) for line in output.splitlines()
+                 if line.startswith("[teardown-test] ")]
     assert [s["repetition"] for s in summaries] == list(range(len(SCENARIOS)))
     assert all(s["exit"] == {"0": 2, "1": 2} for s in summaries), summaries  # never a signal (-6: SIGABRT)
 

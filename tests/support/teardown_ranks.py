@@ -13,10 +13,11 @@ then, by SCENARIO,
   input  a refused input once the process group exists: rank 0's decision shared as resume.share does
          (broadcast_object_list), then a UserError on every rank.
 The expensive part of a rank start, importing torch and DeepSpeed and loading DeepSpeed's CPU
-all-reduce op, is done once: this process does it, then forks the two ranks of each repetition (no thread of ours is running at a fork). Both ranks
-write to this process's stdout/stderr (one pipe, as under DeepSpeed's launcher); after both ended this
-process prints the rank guard's exit line for each that failed (launcher.launch.rank_guard.exit_line)
-and `[teardown-test] {"repetition": i, "exit": {rank: code}}` (a signal death as -N).
+all-reduce op, is done once: this process does it, then forks the two ranks of every repetition, all
+at once (no thread of ours is running at a fork). The ranks write to this process's stdout/stderr (one
+pipe, as under DeepSpeed's launcher); once all ended, this process prints the rank guard's exit line
+for each that failed (launcher.launch.rank_guard.exit_line) and `[teardown-test] {"repetition": i,
+"exit": {rank: code}}` per repetition (a signal death as -N).
 """
 from __future__ import annotations
 

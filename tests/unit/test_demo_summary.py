@@ -82,7 +82,8 @@ def test_the_quoted_reproduction_figure_is_the_one_measured():
     gain, export, twin = re.search(r"measured ([+-][\d.]+) points on inews at 1000 labels \(([\d.]+) vs ([\d.]+) for",
                                    quoted).groups()
     readme = (REPO / "docs" / "reproduction" / "README.md").read_text(encoding="utf-8")
-    row = re.search(r"^\| inews \| 1000 \| ([\d.]+) \([^)]*\) \| ([\d.]+) \([^)]*\) \| \*\*([+-][\d.]+)\*\* \|", readme, re.M)
+    row = re.search(r"^\| inews \| 1000 \| ([\d.]+) \([^)]*\) \| ([\d.]+) \([^)]*\) \| \*\*([+-][\d.]+)\*\* \|",
+                    readme, re.M)
     assert row is not None and row.groups() == (export, twin, gain)
     assert "26.2M token slots" in readme and "24 min" in readme and "3 fine-tuning seeds" in readme
 
