@@ -166,9 +166,9 @@ def install_stop_handlers(trainer, metrics) -> None:
     first_at: list[float] = []
 
     def out_of_grace():
-        print(f"pretrain (rank {trainer.rank}): no checkpoint within the preemption grace time of {grace:g} s "
-              f"(restarts.preemption_grace_seconds): exiting without it; the newest complete checkpoint stays the "
-              f"resume point", file=sys.stderr, flush=True)
+        write_line(f"pretrain (rank {trainer.rank}): no checkpoint within the preemption grace time of {grace:g} s "
+                   f"(restarts.preemption_grace_seconds): exiting without it; the newest complete checkpoint stays the "
+                   f"resume point")
         os._exit(1)
 
     def request_stop(signum, _frame):

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import sys
 
+from launcher.io import write_line
+
 
 def end_rank() -> None:
     """Flush stdout/stderr, then destroy the process group if this rank started one (idempotent; never
@@ -32,5 +34,4 @@ def end_rank() -> None:
     try:
         distributed.destroy_process_group()
     except Exception as err:  # noqa: BLE001  a broken group (a peer gone) must not turn the exit into a traceback
-        print(f"pretrain (rank {os.environ.get('RANK', '?')}): note: process group teardown: {err}", file=sys.stderr,
-              flush=True)
+        write_line(f"pretrain (rank {os.environ.get('RANK', '?')}): note: process group teardown: {err}")
