@@ -13,6 +13,13 @@ Tokenizer training is one call into SentencePiece, which reports only through it
 process's stderr: `sentencepiece_log` reads that log through a pipe while the trainer runs and turns
 BPE's "Merged: ... merges=N" into the same kind of line, with an ETA, against the merges the
 vocabulary needs (unigram training reports no count: its lines show the time elapsed).
+
+Every progress display of the project goes through this module (`data prepare` here, `roformer
+finetune`'s bars through `progress_bar`): on a terminal a line every INTERVAL_S (a tqdm bar for
+finetune); when nobody watches (stderr is a file or a pipe: a Slurm job log, CI, `make demo > log`)
+plain lines only, nothing redrawn with carriage returns, the first after INTERVAL_S and then at most
+one every LOG_INTERVAL_S (`line_interval`), plus one at each point the display is told to show now
+(finetune: each epoch's end).
 """
 from __future__ import annotations
 
@@ -22,9 +29,10 @@ import re
 import sys
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TextIO
 
 INTERVAL_S = 5.0
+LOG_INTERVAL_S = 30.0  # after the first line, when nobody watches: at most one line this often
 FLUSH_BYTES = 1 << 20  # a worker adds to the shared counter every MB (one lock per MB, not per document)
 
 _counter = None  # this process's multiprocessing.Value('q'), when a phase counts
@@ -53,12 +61,30 @@ def fmt_seconds(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-class Ticker:
-    """A thread that logs `line(elapsed)` every `interval` seconds until stopped."""
+def watched(stream: TextIO | None = None) -> bool:
+    """Someone watches `stream` (default stderr) on a terminal; False for a file, a pipe, a closed stream."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
 
-    def __init__(self, line: Callable[[float], str | None], log: Callable[[str], None], interval: float | None = None):
+
+def line_interval(lines_shown: int, on_terminal: bool) -> float:
+    """Seconds until the next progress line after `lines_shown` lines: INTERVAL_S on a terminal and for
+    the first line (a log shows early that the phase runs, and its ETA), then LOG_INTERVAL_S."""
+    return INTERVAL_S if lines_shown == 0 or on_terminal else LOG_INTERVAL_S
+
+
+class Ticker:
+    """A thread that logs `line(elapsed)` at `line_interval` (every `interval` seconds when given) until stopped;
+    `on_terminal`: whether stderr is watched (default: asked now)."""
+
+    def __init__(self, line: Callable[[float], str | None], log: Callable[[str], None], interval: float | None = None,
+                 on_terminal: bool | None = None):
         self.line, self.log = line, log
-        self.interval = INTERVAL_S if interval is None else interval
+        self.interval = interval
+        self.on_terminal = watched() if on_terminal is None else on_terminal
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="data-progress", daemon=True)
@@ -72,10 +98,71 @@ class Ticker:
         self._thread.join()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        shown = 0
+        while not self._stop.wait(line_interval(shown, self.on_terminal) if self.interval is None else self.interval):
             text = self.line(time.monotonic() - self.started)
             if text:
                 self.log(text)
+                shown += 1
+
+
+PLAIN_FORMAT = "{desc}: {percentage:.0f}% {n_fmt}/{total_fmt} {unit} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+"""A bar's figures as one plain line (tqdm.format_meter fields): done, share, elapsed, ETA, rate, postfix."""
+
+
+class PlainProgress:
+    """tqdm's interface (update, set_postfix, refresh, close) printing plain lines to `stream` instead of
+    redrawing a bar: the same figures, at `line_interval`, and whenever it is refreshed (set_postfix
+    refreshes, as tqdm's does); a line only when something changed since the last one."""
+
+    def __init__(self, total: int, desc: str, unit: str, stream: TextIO):
+        self.total, self.desc, self.unit, self.stream = total, desc, unit, stream
+        self.n, self.postfix = 0, ""
+        self.started = time.monotonic()
+        self._shown: tuple[int, str] = (0, "")
+        self._lines = 0
+        self._due = self.started + line_interval(0, False)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() >= self._due:
+            self.refresh()
+
+    def set_postfix(self, ordered_dict: dict | None = None, refresh: bool = True, **kwargs) -> None:
+        from tqdm import tqdm
+
+        items = {**(ordered_dict or {}), **kwargs}
+        shown = {key: tqdm.format_num(value) if isinstance(value, (int, float)) else str(value).strip()
+                 for key, value in items.items()}  # as tqdm.set_postfix shows them
+        self.postfix = ", ".join(f"{key}={value}" for key, value in shown.items())
+        if refresh:
+            self.refresh()
+
+    def refresh(self) -> None:
+        if (self.n, self.postfix) == self._shown:
+            return
+        from tqdm import tqdm
+
+        text = tqdm.format_meter(self.n, self.total, time.monotonic() - self.started, prefix=self.desc,
+                                 unit=self.unit, postfix=self.postfix or None, bar_format=PLAIN_FORMAT)
+        self.stream.write(text + "\n")
+        self.stream.flush()
+        self._shown, self._lines = (self.n, self.postfix), self._lines + 1
+        self._due = time.monotonic() + line_interval(self._lines, False)
+
+    def close(self) -> None:
+        self.refresh()
+
+
+def progress_bar(total: int, desc: str, unit: str = "step", stream: TextIO | None = None, enabled: bool = True):
+    """A progress display: tqdm's bar when someone watches `stream` (default stderr) on a terminal, else
+    PlainProgress's lines; a disabled tqdm (does nothing) when not `enabled`."""
+    stream = sys.stderr if stream is None else stream
+    if enabled and not watched(stream):
+        return PlainProgress(total, desc, unit, stream)
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, file=stream, disable=not enabled, dynamic_ncols=True, leave=True)
 
 
 @contextlib.contextmanager
@@ -113,6 +200,7 @@ def sentencepiece_log(vocab_size: int, log: Callable[[str], None], interval: flo
     """While the block trains SentencePiece (minloglevel=0), read its log from fd 2 through a pipe:
     progress lines every `interval` seconds (BPE: merges made of the vocabulary minus alphabet and
     meta pieces), its errors passed on; other lines on fd 2 (not SentencePiece's) pass through."""
+    on_terminal = watched()  # fd 2 becomes a pipe below
     sys.stderr.flush()
     saved = os.dup(2)
     read_fd, write_fd = os.pipe()
@@ -151,7 +239,8 @@ def sentencepiece_log(vocab_size: int, log: Callable[[str], None], interval: flo
 
     thread = threading.Thread(target=reader, name="sentencepiece-log", daemon=True)
     thread.start()
-    ticker = Ticker(line, log, interval)  # `log` writing to stderr reaches the pipe, and the reader passes it on
+    # `log` writing to stderr reaches the pipe, and the reader passes it on
+    ticker = Ticker(line, log, interval, on_terminal)
     try:
         with ticker:
             yield

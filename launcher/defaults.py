@@ -22,3 +22,7 @@ steps) or "status" (set by `roformer pretrain` when its output is a terminal).""
 STATUS_MARKER = "[roformer-progress] "
 """Prefix of rank 0's status lines in "status" mode; `roformer pretrain` (launcher/launch/console.py)
 shows them as one status line redrawn in place, and keeps them out of the log."""
+RANK_ERROR_PREFIX = "pretrain (rank {rank}): error: "
+"""How a rank's own error line starts (bad input, a failed save, a guard stop: launcher/train/rank.py). It is
+one line, written whole (launcher.io.write_line); `roformer pretrain` names the first one on its last
+line (launcher/launch/supervise.py)."""

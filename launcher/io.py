@@ -1,4 +1,5 @@
-"""Files that are never seen half-written, and file checksums (the one copy of each).
+"""Files that are never seen half-written, console lines never glued to another process's, and file
+checksums (the one copy of each).
 
 A write goes to a hidden temporary file next to the target, is flushed to disk, and is renamed over
 the target (os.replace is atomic on POSIX): a reader sees the old file or the new one, never a mix,
@@ -10,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TextIO
 
 from data_pipeline.durable import fsync_dir, fsync_file, fsync_tree  # noqa: F401  (re-exported)
 
@@ -61,3 +63,13 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def write_line(text: str, stream: TextIO | None = None) -> None:
+    """`text` and its newline in ONE write, flushed (default stream: stderr). The ranks of a node share
+    one pipe, and under `python -u` print() writes the text and the newline separately: a peer's line
+    could land between them, and a process ending between them loses the newline. One write of a line
+    (below PIPE_BUF, 4 kB) reaches a pipe whole."""
+    stream = sys.stderr if stream is None else stream
+    stream.write(text + "\n")
+    stream.flush()

@@ -29,9 +29,13 @@ roformer pretrain --num_gpus 2 --config configs/demo_cpu.yaml --run-dir "$RUN_DI
 step "3/6 export: consolidated fp32 transformers directory"
 roformer export "$RUN_DIR" --out "$RUN_DIR/export"
 
-step "4/6 eval-mlm: masked-LM figures at trained and longer-than-trained lengths"
-# The JSON report goes to --out only (its stdout copy is dropped); the summary at the end shows it.
+step "4/6 eval-mlm: masked-LM figures at trained and longer-than-trained lengths, and the random-init twin's"
+# The JSON reports go to --out only (their stdout copies are dropped); the summary at the end shows them.
+# The twin (same architecture and tokenizer, fresh weights) on the same validation tokens and masks:
+# the difference is what the pretraining learned.
 roformer eval-mlm "$RUN_DIR/export" --data "$DATA_DIR" --seq-lens 128,512 --out "$RUN_DIR/eval_mlm.json" >/dev/null
+roformer eval-mlm "$RUN_DIR/export" --random-init --data "$DATA_DIR" --seq-lens 128 \
+  --out "$RUN_DIR/eval_mlm_random_init.json" >/dev/null
 
 step "5/6 finetune: movie-review sentiment (binary), the export next to its random-init twin"
 # The twin has the same architecture, tokenizer and fine-tuning; only the weights are fresh, so the
@@ -43,6 +47,7 @@ step "6/6 report: one page and plots of the run ($RUN_DIR/report.md, $RUN_DIR/pl
 roformer report "$RUN_DIR"
 
 step "summary (read from the JSON reports written above)"
-python3 scripts/demo_summary.py "$RUN_DIR/eval_mlm.json" "$RUN_DIR/finetune_movie_reviews.json" "$RUN_DIR/report.md"
+python3 scripts/demo_summary.py "$RUN_DIR/eval_mlm.json" "$RUN_DIR/eval_mlm_random_init.json" \
+  "$RUN_DIR/finetune_movie_reviews.json" "$RUN_DIR/report.md"
 
 printf '\ndemo: done. Report: %s/report.md ; TensorBoard: tensorboard --logdir %s/tb ; export: %s/export\n' "$RUN_DIR" "$RUN_DIR" "$RUN_DIR"

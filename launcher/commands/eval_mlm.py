@@ -37,6 +37,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mask-prob", type=float, default=0.15,
                         help="share of tokens predicted (80%% [MASK], 10%% random, 10%% kept)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--random-init", action="store_true",
+                        help="evaluate the export's random-init twin (same architecture and tokenizer, fresh weights "
+                             "from seed 0) on the same tokens: the baseline that shows what pretraining learned")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write the JSON report to this file (default: printed only)")
 
@@ -51,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = MLMEvalConfig(export_dir=args.export_dir, data_dir=args.data, seq_lens=seq_lens, split=args.split,
                         tokens=args.tokens, inputs=tuple(args.input), text_column=args.text_column,
                         tokens_per_batch=args.tokens_per_batch, seed=args.seed,
-                        mask_prob=args.mask_prob, threads=args.threads)
+                        mask_prob=args.mask_prob, threads=args.threads, random_init=args.random_init)
     report = evaluate_mlm(cfg)
     text = json.dumps(report, indent=2)
     if args.out is not None:

@@ -83,10 +83,20 @@ def load_auto_tokenizer(path: Path):
     return tokenizer
 
 
-def load_masked_lm(path: Path):
-    from roformer.hf_interop import load_pretrained
+def load_masked_lm(path: Path, random_init: bool = False):
+    """The export's masked-LM model; with `random_init`, its random-init twin (same config, weights from
+    torch seed 0), the baseline that shows what pretraining learned."""
+    from roformer.hf_interop import load_pretrained, read_hf_directory
 
     check_export_dir(path)
+    if random_init:
+        import torch
+
+        from roformer import RoFormerForMaskedLM
+
+        config, _, _ = read_hf_directory(path)
+        torch.manual_seed(0)
+        return RoFormerForMaskedLM(config).eval()
     return load_pretrained(path).eval()
 
 

@@ -157,8 +157,8 @@ def _run_seed(cfg: FinetuneConfig, seed: int, data, train: dict, encoded: dict, 
               progress: bool) -> SeedResult:
     """One seed's fine-tune on `train` (its encoded training rows); `encoded` holds dev (and test)."""
     import torch
-    from tqdm import tqdm
 
+    from data_pipeline.progress import progress_bar
     from launcher.downstream.export_reader import load_classifier
     from launcher.downstream.task_metrics import better, scores
 
@@ -173,8 +173,8 @@ def _run_seed(cfg: FinetuneConfig, seed: int, data, train: dict, encoded: dict, 
     optimizer, scheduler = _optimizer(model, cfg, total_steps=steps_per_epoch * cfg.epochs)
     shuffle = torch.Generator().manual_seed(seed + 1)
     name = data.spec.name + ("" if cfg.init == "pretrained" else " (random init)")
-    bar = tqdm(total=steps_per_epoch * cfg.epochs, desc=f"{name} seed {seed}", unit="step", file=sys.stderr,
-               disable=not progress, dynamic_ncols=True, leave=True)
+    # A bar on a terminal; plain lines (each epoch's end, at most one every 30 s between) in a file or a pipe.
+    bar = progress_bar(steps_per_epoch * cfg.epochs, f"{name} seed {seed}", "step", sys.stderr, enabled=progress)
     try:
         for epoch in range(1, cfg.epochs + 1):
             epoch_started = time.perf_counter()
@@ -184,7 +184,8 @@ def _run_seed(cfg: FinetuneConfig, seed: int, data, train: dict, encoded: dict, 
             dev = scores(data.task_type, encoded["dev"]["labels"], _predict(model, encoded["dev"], tokenizer.pad_token_id,
                          cfg.eval_batch_size, data.task_type), data.num_labels)
             history.append({"epoch": epoch, "train_loss": round(train_loss, 5), "dev": dev})
-            bar.set_postfix({"loss": f"{train_loss:.4f}", f"dev {select}": dev[select]})
+            bar.set_postfix({"epoch": f"{epoch}/{cfg.epochs}", "loss": f"{train_loss:.4f}",
+                             f"dev {select}": dev[select]})
             if not progress:
                 log(f"finetune {name} seed {seed}: epoch {epoch}/{cfg.epochs} train loss {train_loss:.4f} "
                     f"dev {select} {dev[select]}")

@@ -5,6 +5,8 @@ that length ([CLS] + text) and masked deterministically (data_pipeline's counter
 keyed by `--seed`), so the lengths differ only in how much context each prediction sees. Lengths
 beyond those seen in pretraining are marked: RoPE has no length cap, and this is where it shows.
 Output: masked-token loss (mean cross-entropy, nats), accuracy and perplexity = exp(loss), as JSON.
+`--random-init` evaluates the export's random-init twin (same config and tokenizer, fresh weights) on
+the same tokens and masks: the baseline that says what the pretraining learned.
 
 Own text (`--input FILE...`, txt / jsonl / parquet, `--text-column`): the files are read by
 data_pipeline's own readers and tokenized with the export's tokenizer into a temporary prepared
@@ -37,6 +39,7 @@ class MLMEvalConfig:
     seed: int = 0  # masking seed (the stream order of the split is fixed by it too)
     mask_prob: float = 0.15  # share of tokens predicted (80% [MASK], 10% random, 10% kept)
     threads: int = 0  # torch CPU threads (0 = leave torch's default)
+    random_init: bool = False  # evaluate the export's random-init twin instead (same config and tokenizer)
 
     def __post_init__(self) -> None:
         if not self.seq_lens:
@@ -59,7 +62,7 @@ def evaluate_mlm(cfg: MLMEvalConfig) -> dict:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model = load_masked_lm(cfg.export_dir)
+    model = load_masked_lm(cfg.export_dir, random_init=cfg.random_init)
     if cfg.inputs:
         with tempfile.TemporaryDirectory(prefix="roformer-eval-mlm-") as tmp:
             data_dir = _prepare_inputs(cfg, Path(tmp) / "data")

@@ -32,6 +32,7 @@ import sys
 import time
 
 from launcher.defaults import BAD_INPUT_EXIT_CODE, DEFAULT_MASTER_PORT, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE
+from launcher.io import write_line
 from launcher.launch.watchdog import Watchdog
 
 MARKER = "[roformer-rank-exit]"
@@ -64,6 +65,12 @@ def describe_status(returncode: int) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exit code {returncode}"
+
+
+def exit_line(identity: dict[str, str], pid: int, returncode: int) -> str:
+    """The MARKER line naming a rank that ended badly (`roformer pretrain` parses it: launcher/launch/supervise.py)."""
+    fields = " ".join(f"{k}={v}" for k, v in identity.items())
+    return f"{MARKER} {fields} pid={pid} status={describe_status(returncode)}"
 
 
 def _die_with_parent() -> None:
@@ -154,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     child = subprocess.Popen([sys.executable, "-u", "-m", *argv], env=env, preexec_fn=_die_with_parent)
     identity = _rank_identity(env)
     watchdog = Watchdog.for_rank(argv[1:], env, identity, child.pid,
-                                 report=lambda line: print(line, file=sys.stderr, flush=True))
+                                 report=write_line)
     if watchdog is not None:
         watchdog.start()
     stopping = False
@@ -183,8 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         if watchdog.verdict is not None:  # we killed it: the watchdog line said why
             return HUNG_EXIT_CODE
     if returncode not in (0, ORDERLY_STOP_EXIT_CODE) and not stopping:
-        fields = " ".join(f"{k}={v}" for k, v in identity.items())
-        print(f"{MARKER} {fields} pid={child.pid} status={describe_status(returncode)}", file=sys.stderr, flush=True)
+        write_line(exit_line(identity, child.pid, returncode))
     # A signal death becomes 128+N, as a shell reports it; DeepSpeed's launcher only checks != 0.
     return returncode if returncode >= 0 else 128 - returncode
 

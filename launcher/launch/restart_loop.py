@@ -50,6 +50,8 @@ class Fault:
     """Steps completed when it happened."""
     returncode: int
     """What `roformer pretrain` exits with if the run ends here."""
+    error: str | None = None
+    """The first rank's own error line ("rank N: MESSAGE"), None when no rank gave one."""
 
     def same_error(self, other: "Fault") -> bool:
         """The same failure at the same step: a deterministic fault, which a restart would only repeat."""
@@ -96,8 +98,9 @@ class RestartPolicy:
 
     def decide(self, fault: Fault, earlier: list[Fault], restarts_done: int) -> Decision:
         if fault.kind == "rank" and fault.status == f"exit code {BAD_INPUT_EXIT_CODE}":
-            return Decision(False, "a rank refused its input (exit code 2: a config or data error, named above); "
-                                   "fix it and run the same command again")
+            return Decision(False, f"a rank ended on its own error (exit code {BAD_INPUT_EXIT_CODE}: a config or data "
+                                   f"error, a failed save), which a restart would meet again: "
+                                   f"{fault.error or 'named above'}")
         repeated = next((f for f in earlier if fault.same_error(f)), None)
         if repeated is not None:
             return Decision(False, f"the same error twice at step {fault.failed_at_step} ({fault.status}): a "
@@ -120,8 +123,10 @@ def fault_of(outcome: JobOutcome, failed_at_step: int) -> Fault:
     if failure is not None:
         kind = "hung" if failure.hung else "rank" if failure.rank is not None else \
             "node" if failure.status.startswith("remote launcher") else "launcher"
-        return Fault(kind, failure.describe(), failure.status, None if failure.host == "?" else failure.host,
-                     failure.rank, failed_at_step, outcome.returncode)
+        error = outcome.error.describe() if outcome.error is not None else None
+        cause = failure.describe() + (f" ({error})" if error and not failure.hung else "")
+        return Fault(kind, cause, failure.status, None if failure.host == "?" else failure.host,
+                     failure.rank, failed_at_step, outcome.returncode, error)
     return Fault("launcher", f"DeepSpeed's runner exited with code {outcome.returncode}",
                  f"runner exit code {outcome.returncode}", None, None, failed_at_step, outcome.returncode)
 

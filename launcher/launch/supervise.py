@@ -11,6 +11,8 @@ other DeepSpeed job on those nodes. We instead match this job's own command line
 Failure naming: each rank runs under launcher.launch.rank_guard, which prints a `[roformer-rank-exit]`
 line when its rank dies (even by SIGKILL); pdsh prefixes it with the node name. The first such
 line is the cause; ranks failing after it (a peer's collective erroring out) are consequences.
+A rank that ends on its own error prints it first, on one line ("pretrain (rank N): error: ...",
+RANK_ERROR_PREFIX): the first such line is what the job's last line names as the cause.
 DeepSpeed's own "exits with return code" lines and pdsh's "ssh exited with exit code" lines name
 the node when no guard line is seen. Once a failure is seen, the rest of the job gets
 FAILURE_GRACE_SECONDS to end by itself before we stop it on every node.
@@ -35,7 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from launcher.defaults import HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE
+from launcher.defaults import HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.launch import env_forwarding
 from launcher.launch.console import Console
 from launcher.launch.launch_plan import LaunchPlan
@@ -56,6 +58,8 @@ _DS_EXIT_RE = re.compile(r"exits with return code = (-?\d+)")
 # DeepSpeed's per-node launcher (launch.py) on a SIGTERM/SIGINT it got: it stops its ranks and exits 1.
 _NODE_SIGNALLED_RE = re.compile(r"Main process received (SIGTERM|SIGINT), exiting")
 _PDSH_SSH_EXIT_RE = re.compile(r"^pdsh@\S+: ([A-Za-z0-9_.-]+): ssh exited with exit code (\d+)")
+_RANK_ERROR_RE = re.compile("^" + re.escape(RANK_ERROR_PREFIX.format(rank="RANK")).replace("RANK", r"(\d+)")
+                            + r"(.+)$")
 
 
 @dataclass
@@ -75,6 +79,17 @@ class Failure:
         return f"{who}: {self.status}"
 
 
+@dataclass(frozen=True)
+class RankError:
+    """A rank's own one-line error ("pretrain (rank N): error: MESSAGE"), as it gave it."""
+
+    rank: int
+    message: str
+
+    def describe(self) -> str:
+        return f"rank {self.rank}: {self.message}"
+
+
 @dataclass
 class OutputMonitor:
     """Parses the runner's output lines into Failures."""
@@ -84,6 +99,8 @@ class OutputMonitor:
     lock: threading.Lock = field(default_factory=threading.Lock)
     signalled_nodes: list[str] = field(default_factory=list)
     """Nodes whose DeepSpeed launcher said it got SIGTERM/SIGINT (a scheduler preempting the job, or our stop)."""
+    first_error: RankError | None = None
+    """The first rank's own error line seen (the cause the job's last line names), None when none was."""
 
     def feed(self, line: str) -> None:
         host, text = None, line.rstrip("\n")
@@ -93,6 +110,10 @@ class OutputMonitor:
         if _NODE_SIGNALLED_RE.search(text):
             with self.lock:
                 self.signalled_nodes.append(host or next(iter(self.plan.resources)))
+        error = _RANK_ERROR_RE.match(text)
+        if error:
+            with self.lock:
+                self.first_error = self.first_error or RankError(int(error.group(1)), error.group(2).strip())
         failure = self._parse(host, text)
         if failure is not None:
             with self.lock:
@@ -257,6 +278,8 @@ class JobOutcome:
     """time.monotonic() when the last process of the job had ended."""
     signalled_nodes: list[str] = field(default_factory=list)
     """Nodes whose DeepSpeed launcher got SIGTERM/SIGINT (OutputMonitor.signalled_nodes)."""
+    error: RankError | None = None
+    """The first rank's own error line (OutputMonitor.first_error): the cause as the rank gave it."""
 
     @property
     def preempted(self) -> bool:
@@ -333,7 +356,7 @@ def supervise_job(plan: LaunchPlan, runner_env: dict[str, str], console: Console
 
     def outcome(code: int) -> JobOutcome:
         return JobOutcome(code, first, interrupted[0] if interrupted else None, time.monotonic(),
-                          list(monitor.signalled_nodes))
+                          list(monitor.signalled_nodes), monitor.first_error)
 
     if interrupted:  # asked for: not an error, whatever the ranks' exit codes say
         preempted = "preempted, resumable: " if interrupted[0] == signal.SIGTERM else ""
@@ -368,6 +391,8 @@ def failure_report(monitor: OutputMonitor, returncode: int, stopped_after_failur
         text += f" (by roformer pretrain, {FAILURE_GRACE_SECONDS:g} s after the failure)"
     if later:
         text += ". Afterwards: " + "; ".join(later)
+    if monitor.first_error is not None:  # the cause as the rank said it, then how the ranks ended
+        return f"{monitor.first_error.describe()} [{text}]"
     return text
 
 

@@ -11,12 +11,11 @@ Console output: launcher/train/progress_line.py.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 from launcher.config.stages import ResolvedStage
-from launcher.io import atomic_write_text
+from launcher.io import atomic_write_text, write_line
 from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, normalise
 from launcher.run_dir.layout import RunDir
 from launcher.mfu import Peak, speed_fields
@@ -121,7 +120,7 @@ class Metrics:
     def message(self, text: str) -> None:
         """One line on the console (rank 0 only)."""
         if self.active:
-            print(text, file=sys.stderr, flush=True)
+            write_line(text)
 
     def close(self) -> None:
         if not self.active:

@@ -18,6 +18,7 @@ import time
 from typing import Callable
 
 from launcher.defaults import PROGRESS_ENV, STATUS_MARKER
+from launcher.io import write_line
 
 LINES, STATUS = "lines", "status"
 STATUS_INTERVAL_S = 1.0
@@ -51,4 +52,4 @@ class ProgressPrinter:
         self._print(text)
 
     def _print(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        write_line(text, self.out)  # whole: the ranks share one pipe

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from launcher.config.run_config import load_run_config
 from launcher.config.stages import resolve_stages
-from launcher.defaults import BAD_INPUT_EXIT_CODE, ORDERLY_STOP_EXIT_CODE
+from launcher.defaults import BAD_INPUT_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.errors import UserError, user_errors
+from launcher.io import write_line
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
 from launcher.config.stage_end_evals import check_eval_specs
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None, process_start: float | None = None) -> i
     try:
         return train(args, process_start)
     except user_errors() as err:
-        print(f"pretrain (rank {os.environ.get('RANK', '?')}): error: {err}", file=sys.stderr, flush=True)
+        write_line(RANK_ERROR_PREFIX.format(rank=os.environ.get("RANK", "?")) + str(err))
         return BAD_INPUT_EXIT_CODE
     finally:
         startup.release_run_dir()  # rank 0's own lock, when it took one (no `roformer pretrain` above it)
@@ -165,9 +166,9 @@ def install_stop_handlers(trainer, metrics) -> None:
     first_at: list[float] = []
 
     def out_of_grace():
-        print(f"pretrain (rank {trainer.rank}): no checkpoint within the preemption grace time of {grace:g} s "
-              f"(restarts.preemption_grace_seconds): exiting without it; the newest complete checkpoint stays the "
-              f"resume point", file=sys.stderr, flush=True)
+        write_line(f"pretrain (rank {trainer.rank}): no checkpoint within the preemption grace time of {grace:g} s "
+                   f"(restarts.preemption_grace_seconds): exiting without it; the newest complete checkpoint stays the "
+                   f"resume point")
         os._exit(1)
 
     def request_stop(signum, _frame):

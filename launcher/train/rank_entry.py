@@ -9,7 +9,8 @@ its save, its model, tokenizer, data position, precision and ZeRO stage. Then th
 the newest intact checkpoint of RUN_DIR (through a universal checkpoint when the world size
 changed; damaged newer ones are moved aside and named) or starts fresh, and trains to the end.
 Exit codes: 0 finished, 2 bad input (one line on stderr), 143 stopped by SIGTERM/SIGINT after
-saving a checkpoint (re-run the same command to resume).
+saving a checkpoint (re-run the same command to resume). Every exit ends the same way: output flushed,
+then the process group destroyed before the interpreter finalizes (launcher/train/teardown.py).
 """
 from __future__ import annotations
 
@@ -45,8 +46,12 @@ def prepare_process_environment(environ: dict[str, str] = os.environ) -> None:
 def main(argv: list[str] | None = None) -> int:
     prepare_process_environment()
     from launcher.train import rank  # torch and DeepSpeed: after the environment above
+    from launcher.train.teardown import end_rank
 
-    return rank.main(argv, process_start=PROCESS_START)
+    try:
+        return rank.main(argv, process_start=PROCESS_START)
+    finally:
+        end_rank()  # the process group before the interpreter ends: else a gloo worker can abort it (teardown.py)
 
 
 if __name__ == "__main__":

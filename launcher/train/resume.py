@@ -16,7 +16,6 @@ The order (launcher/train/rank_entry.py):
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from launcher.config.preflight_checks import ds_config_source
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
+from launcher.io import write_line
 from launcher.run_dir.layout import RunDir, sidecar_path
 from launcher.run_dir.records import describe_change, record_start
 from launcher.train.checkpointer import ResumePoint, check_compatible, check_foreign_checkpoints, convert_to_universal
@@ -226,5 +226,5 @@ def _accept_on_rank0(decision: ResumeDecision, run_dir: RunDir, cfg: RunConfig, 
     if version is not None and version.version > 1:
         notes.append(describe_change(run_dir, version))
     for note in notes:
-        print(f"pretrain: {note}", file=sys.stderr, flush=True)
+        write_line(f"pretrain: {note}")
     return notes

@@ -27,6 +27,7 @@ def _corpus(root, copies: int = 1):
 
 def test_each_long_phase_reports_progress_with_an_eta(tmp_path, monkeypatch):
     monkeypatch.setattr(progress, "INTERVAL_S", 0.02)  # many lines from a small corpus
+    monkeypatch.setattr(progress, "LOG_INTERVAL_S", 0.02)  # pytest's stderr is no terminal
     monkeypatch.setattr(progress, "FLUSH_BYTES", 4096)
     source = _corpus(tmp_path, copies=2)
     lines: list[str] = []

@@ -449,6 +449,35 @@ def test_output_monitor_blames_the_first_rank_that_died():
     assert "Afterwards: rank 1 (local rank 1) on node node1: exit code 1" in report
 
 
+def test_the_last_line_names_the_first_error_a_rank_gave_not_only_its_exit_code():
+    from launcher.launch.restart_loop import fault_of
+    from launcher.launch.supervise import JobOutcome, OutputMonitor, failure_report
+
+    monitor = OutputMonitor(_plan("pdsh"))
+    cause = ("checkpoint global_step40 could not be written to /runs/r/checkpoints (rank 1: the filesystem is "
+             "full (12 kB free)): free space, then run the same command to resume")
+    for line in [
+        "node1: rank 0 step 40 loss 5.2\n",
+        f"node2: pretrain (rank 6): error: {cause}\n",  # the first rank that said why
+        "node1: pretrain (rank 0): error: a later line of another rank\n",
+        "node2: [roformer-rank-exit] rank=6 local_rank=2 node_rank=1 host=gpu2 pid=77 status=exit code 2\n",
+        "node1: [roformer-rank-exit] rank=0 local_rank=0 node_rank=0 host=gpu1 pid=12 status=exit code 2\n",
+    ]:
+        monitor.feed(line)
+        time.sleep(0.01)
+    assert (monitor.first_error.rank, monitor.first_error.message) == (6, cause)
+    report = failure_report(monitor, 2, stopped_after_failure=False)
+    assert report == (f"rank 6: {cause} [rank 6 (local rank 2) on node node2: exit code 2; the job was stopped on all "
+                      "nodes. Afterwards: rank 0 (local rank 0) on node node1: exit code 2]")
+    fault = fault_of(JobOutcome(2, monitor.first(), None, time.monotonic(), [], monitor.first_error), 40)
+    assert fault.status == "exit code 2" and fault.error == f"rank 6: {cause}" and cause in fault.cause
+
+    quiet = OutputMonitor(_plan("pdsh"))  # no rank said anything (a SIGKILL): the exit status alone, as before
+    quiet.feed("node2: [roformer-rank-exit] rank=6 local_rank=2 node_rank=1 host=gpu2 pid=77 status=killed by SIGKILL\n")
+    assert failure_report(quiet, 137, False) == "rank 6 (local rank 2) on node node2: killed by SIGKILL; the job was " \
+                                                "stopped on all nodes"
+
+
 def test_output_monitor_maps_mpi_ranks_to_hosts_and_ignores_orderly_stops():
     from launcher.launch.supervise import OutputMonitor
 

@@ -54,6 +54,9 @@ def test_same_error_twice_at_the_same_step_is_not_retried_and_is_named():
 def test_bad_input_and_spent_restarts_are_not_retried():
     decision = POLICY.decide(fault(status="exit code 2"), [], 0)
     assert not decision.restart and "exit code 2: a config or data error" in decision.reason
+    said = "rank 0: checkpoint global_step8 could not be written (the filesystem is full)"
+    refused = Fault("rank", "rank 1 on node node2: exit code 2", "exit code 2", "node2", 1, 8, 2, said)
+    assert POLICY.decide(refused, [], 0).reason.endswith(f"would meet again: {said}")  # the cause, as the rank said
     assert POLICY.decide(fault(), [fault(step=3), fault(step=5), fault(step=7)], 3).reason == "--max-restarts 3 spent"
     assert RestartPolicy().decide(fault(), [], 0).reason == "--max-restarts 0 (restarts are off)"
 
