@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 
-from launcher.run_dir.sidecar import complete_sidecar
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import (
     newest_checkpoint,
@@ -65,7 +65,7 @@ def test_each_stop_left_the_expected_checkpoints(chain):
     point, names = snapshots["kill_in_save"]
     assert "global_step12" in names  # DeepSpeed's files were written ...
     assert point.tag == "global_step10"  # ... but without a sidecar it is never picked up
-    assert complete_sidecar(run_dir / "checkpoints" / "global_step12") is not None  # rewritten by the resumed run
+    assert CheckpointCatalogue.scan(run_dir).entry("global_step12").state == "complete"  # rewritten by the resumed run
 
 
 def test_resumed_losses_equal_the_uninterrupted_run(chain):

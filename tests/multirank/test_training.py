@@ -15,7 +15,7 @@ import pytest
 
 from launcher.config.run_config import load_run_config
 from launcher.config.stages import resolve_stages
-from launcher.run_dir.sidecar import complete_sidecar
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import TINY_STAGES, TINY_TOTAL_STEPS, newest_checkpoint
 
@@ -101,7 +101,7 @@ def test_run_directory_files(run):
 
 def test_checkpoints_sidecars_latest_and_retention(run):
     root = run / "checkpoints"
-    complete = sorted((d.name for d in root.iterdir() if complete_sidecar(d)), key=lambda t: int(t[11:]))
+    complete = [entry.tag for entry in CheckpointCatalogue.scan(run).complete()]
     assert complete == ["global_step10", "global_step12", "global_step16"]  # keep_last 3 of 4,6,8,10,12,16
     assert (root / "latest").read_text() == "global_step16"
     sidecar = newest_checkpoint(run).sidecar
