@@ -1,15 +1,8 @@
-"""The files of one checkpoint directory: what state it is in, checksums recorded at save time,
-verification before anything loads it, and moving a damaged one aside.
-
-States of `checkpoints/<tag>/` (`classify`):
-  complete  a valid sidecar with `complete: true` naming this tag: resumable and exportable once
-            `verify_files` passes (sizes and sha256 recorded in the sidecar; format-1 sidecars,
-            written before checksums were recorded, get the presence check of every rank's files);
-  partial   no sidecar.json: a save that did not finish (the process was killed while writing);
-            nothing was promised, so a resumed run simply writes that step again;
-  damaged   a sidecar that exists but is unreadable, invalid, marked incomplete or for another tag,
-            or files that fail verification: reported by name and moved to
-            `checkpoints/damaged/<tag>-<time>` (launcher/train/resume.py), never deleted.
+"""What a save writes into one checkpoint directory besides DeepSpeed's files: the size and sha256 of
+every file (recorded in the sidecar), a failed save's one line; and moving a damaged checkpoint aside
+to `checkpoints/damaged/<tag>-<time>`, never deleting it. Which checkpoints a run holds, in which
+state, and whether their files are still what the save recorded (verification) is
+launcher/run_dir/checkpoint_catalogue.py.
 
 Checksums: sha256, like the data manifest and export_info.json; at save time every rank hashes
 (and fsyncs) a share of about equal bytes, at resume rank 0 hashes the chosen checkpoint once.
@@ -21,68 +14,16 @@ deliberately replaced file, so sha256 it is.
 from __future__ import annotations
 
 import os
-import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import UserError
 from launcher.io import file_sha256, fsync_dir, fsync_file
-from launcher.run_dir.layout import DAMAGED_DIR, SIDECAR_NAME, RunDir, sidecar_path
-from launcher.run_dir.sidecar import CheckpointSidecar, NewerSidecarFormat, read_sidecar
-
-_OPTIM_RANK = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
-_ZERO3_MODEL_RANK = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_\d+_model_states\.pt$")
-
-
-class DamagedCheckpoint(UserError):
-    """A checkpoint whose sidecar or files are not what its save wrote; the message names the file."""
-
+from launcher.run_dir.layout import SIDECAR_NAME, RunDir
 
 class CheckpointWriteError(UserError):
     """A checkpoint could not be written (full disk, quota, I/O error): its partial directory was
     removed, the previous checkpoint and `latest` are as they were; the message says so in one line."""
-
-
-@dataclass
-class CheckpointState:
-    """What `classify` found in one checkpoint directory."""
-
-    directory: Path
-    kind: str
-    """"complete", "partial" or "damaged"."""
-    sidecar: CheckpointSidecar | None = None
-    """The parsed sidecar (complete only)."""
-    reason: str = ""
-    """Why it is partial or damaged (names the file)."""
-
-    @property
-    def tag(self) -> str:
-        return self.directory.name
-
-
-def checkpoint_dirs(run_dir: RunDir) -> list[Path]:
-    """The tag directories of checkpoints/ (hidden ones and checkpoints/damaged/ excluded)."""
-    if not run_dir.checkpoints.is_dir():
-        return []
-    return sorted(d for d in run_dir.checkpoints.iterdir()
-                  if d.is_dir() and not d.name.startswith(".") and d.name != DAMAGED_DIR)
-
-
-def classify(directory: Path) -> CheckpointState:
-    """Sidecar-level state of a checkpoint directory (its files are checked by `verify_files`)."""
-    if not sidecar_path(directory).exists():
-        return CheckpointState(directory, "partial", reason=f"{SIDECAR_NAME} missing (the save did not finish)")
-    try:
-        sidecar = read_sidecar(directory)
-    except NewerSidecarFormat:
-        raise  # not damaged: refused as it is
-    except (UserError, OSError) as err:
-        return CheckpointState(directory, "damaged", reason=str(err))
-    if sidecar.tag != directory.name:
-        return CheckpointState(directory, "damaged",
-                               reason=f"{sidecar_path(directory)}: tag {sidecar.tag!r} is not the directory's name")
-    return CheckpointState(directory, "complete", sidecar=sidecar)
 
 
 # --------------------------------------------------------------------------- recording at save time
@@ -110,61 +51,6 @@ def record_files(directory: Path, names: list[str]) -> dict[str, dict]:
         fsync_file(path)
         records[name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
     return records
-
-
-# --------------------------------------------------------------------------- verification
-
-
-def verify_files(directory: Path, sidecar: CheckpointSidecar) -> None:
-    """DamagedCheckpoint naming the first file that is missing, has another size or another sha256
-    than recorded at save time. Sizes are checked for every file before any is hashed (cheap first)."""
-    if sidecar.files is None:  # format 1: nothing recorded, check that every rank's files are there
-        check_rank_files(directory, sidecar.world_size)
-        return
-    where = f"{sidecar_path(directory)}: files"
-    records = []
-    for name, record in sorted(sidecar.files.items()):
-        if (not isinstance(record, dict) or not isinstance(record.get("bytes"), int)
-                or not isinstance(record.get("sha256"), str) or "/" in name):
-            raise DamagedCheckpoint(f"{where}: entry {name!r} is not {{\"bytes\": int, \"sha256\": str}}")
-        records.append((directory / name, record))
-    for path, record in records:
-        if not path.is_file():
-            raise DamagedCheckpoint(f"{path}: missing (recorded at save time in {SIDECAR_NAME})")
-        size = path.stat().st_size
-        if size != record["bytes"]:
-            raise DamagedCheckpoint(f"{path}: {size} bytes, {record['bytes']} recorded at save time "
-                                    f"({'truncated' if size < record['bytes'] else 'grown'})")
-    for path, record in records:
-        if file_sha256(path) != record["sha256"]:
-            raise DamagedCheckpoint(f"{path}: sha256 differs from the one recorded at save time (corrupted)")
-
-
-def check_rank_files(tag_dir: Path, world_size: int) -> None:
-    """Every rank's DeepSpeed files present (all a format-1 sidecar allows): a missing shard is
-    reported by name, before any loading."""
-    optim = sorted(p.name for p in tag_dir.glob("*_optim_states.pt"))
-    models = sorted(p.name for p in tag_dir.glob("*_model_states.pt"))
-    if (tag_dir / "zero").is_dir() and not optim:
-        return  # universal checkpoint: checked per parameter when read
-    if not models:
-        raise DamagedCheckpoint(f"{tag_dir}: partial checkpoint: no model state file (mp_rank_00_model_states.pt "
-                                f"for ZeRO 0-2, zero_pp_rank_N_mp_rank_00_model_states.pt for ZeRO-3)")
-    if not optim:
-        return  # ZeRO-0: the model state file holds the full weights
-    ranks = sorted(int(m.group(1)) for m in map(_OPTIM_RANK.search, optim) if m)
-    missing = sorted(set(range(world_size)) - set(ranks))
-    if missing:
-        raise DamagedCheckpoint(f"{tag_dir}: partial checkpoint: optimizer shard(s) of rank(s) "
-                                f"{', '.join(map(str, missing))} missing (*zero_pp_rank_N_*_optim_states.pt)")
-    zero3_model_ranks = {int(m.group(1)) for m in map(_ZERO3_MODEL_RANK.match, models) if m}
-    if zero3_model_ranks:
-        missing = sorted(set(range(world_size)) - zero3_model_ranks)
-        if missing:
-            raise DamagedCheckpoint(f"{tag_dir}: partial checkpoint: ZeRO-3 model state shard(s) of rank(s) "
-                                    f"{', '.join(map(str, missing))} missing")
-    elif not (tag_dir / "mp_rank_00_model_states.pt").is_file():
-        raise DamagedCheckpoint(f"{tag_dir}: partial checkpoint: mp_rank_00_model_states.pt missing")
 
 
 # --------------------------------------------------------------------------- setting aside

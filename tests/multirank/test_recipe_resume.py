@@ -19,7 +19,7 @@ from launcher.config.run_config import load_run_config
 from launcher.config.stages import resolve_stages
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.sidecar import read_sidecar
-from launcher.train.checkpointer import find_resume_point
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
 from tests.support.corpus_files import named_sources_dir
 from tests.support.helpers import (
@@ -53,7 +53,7 @@ def runs(tmp_path_factory):
     resumed = root / "resumed"
     stopped = start_run(2, config, resumed, module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGTERM_LAUNCHER_AT=str(SWITCH + 1))
     code = stopped.wait(timeout=TIMEOUT)
-    point = find_resume_point(RunDir(resumed))  # read now: keep_last prunes it once the run goes on
+    point = CheckpointCatalogue.scan(RunDir(resumed)).complete()[-1]  # read now: keep_last prunes it once the run goes on
     run_to_end(2, config, resumed, module=TEST_RANK_ENTRY, ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1")
     return config, straight, resumed, (code, point)
 

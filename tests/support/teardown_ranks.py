@@ -3,7 +3,7 @@
     python -m tests.support.teardown_ranks SCENARIO[,SCENARIO...] WORK_DIR    (one repetition per SCENARIO)
 
 What one repetition is: two ranks, each the real rank entry (launcher.train.rank_entry.main: its error
-line, its teardown, then the interpreter's own finalization) around a `train` that only does what
+line, its teardown, then the interpreter's own finalization) around a `start` that only does what
 ends such a rank: the real rendezvous (startup.init_distributed: DeepSpeed's gloo process group) and
 then, by SCENARIO,
   save   the end of a save that failed on a full disk: rank 1's write fails with ENOSPC, all ranks
@@ -36,13 +36,22 @@ REFUSED = "the refused input of this test, after the process group exists"
 TAG = "global_step1"
 
 
-def failing_train(scenarios: list[str]):
-    def train(args, process_start=None):
+def checked_inputs(argv: list[str]):
+    """rank.check_inputs' stand-in: the run directory and rank of `--run-dir DIR` (the repetition's scenario
+    needs no config)."""
+    from types import SimpleNamespace
+
+    from launcher.run_dir.layout import RunDir
+
+    return SimpleNamespace(run_dir=RunDir(Path(argv[argv.index("--run-dir") + 1])), rank=int(os.environ["RANK"]))
+
+
+def failing_start(scenarios: list[str]):
+    def start(inputs, timer):
         import deepspeed.comm as dist
 
         from launcher.errors import UserError
         from launcher.run_dir.checkpoint_files import write_failure
-        from launcher.run_dir.layout import RunDir
         from launcher.train import startup
         from launcher.train.checkpointer import Checkpointer
 
@@ -50,12 +59,12 @@ def failing_train(scenarios: list[str]):
         with gloo_threads_behind(rank):
             startup.init_distributed()
         world_size = dist.get_world_size()
-        scenario = scenarios[int(Path(args.run_dir).name.removeprefix("run"))]
+        scenario = scenarios[int(inputs.run_dir.root.name.removeprefix("run"))]
         if scenario == "input":  # as resume.share, then a refusal: the broadcast's work holds Python-owned tensors
             box = [REFUSED if rank == 0 else None]
             dist.broadcast_object_list(box, src=0)
             raise UserError(box[0])
-        run_dir = RunDir(Path(args.run_dir))
+        run_dir = inputs.run_dir
         directory = run_dir.checkpoint(TAG)
         checkpointer = Checkpointer(run_dir, None, None, None, model_config=None, rank=rank, world_size=world_size,
                                     keep_last=1, total_steps=1)
@@ -65,7 +74,7 @@ def failing_train(scenarios: list[str]):
             mine = write_failure(rank, full, directory)
         checkpointer._abandon(directory, TAG, checkpointer._agree(mine))  # raises CheckpointWriteError
 
-    return train
+    return start
 
 
 @contextlib.contextmanager
@@ -97,7 +106,7 @@ def main(argv: list[str]) -> int:
 
     from deepspeed.comm.torch import build_shm_op
 
-    rank_module.train = failing_train(scenarios)
+    rank_module.check_inputs, rank_module.start = checked_inputs, failing_start(scenarios)
     build_shm_op()  # DeepSpeed's CPU all-reduce op, loaded (its JIT build checked) once, not in every rank
     # All repetitions at once: ranks competing for the cores is when a gloo worker thread falls behind its
     # rank's main thread (the race this test is about).

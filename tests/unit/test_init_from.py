@@ -17,7 +17,6 @@ import torch
 import yaml
 
 from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig
-from data_pipeline.errors import DataError
 from data_pipeline.prepare import prepare
 from data_pipeline.shards import open_corpus
 from launcher.cli import main as cli_main

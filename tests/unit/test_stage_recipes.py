@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ RECIPES = REPO / "configs" / "recipes"
 STAGE = {"max_seq_len": 16, "global_batch_size": 4, "steps": 10}
 
 
-def recipe_config(tmp_path, stages: list[dict], **optimizer) -> "Path":  # noqa: F821
+def recipe_config(tmp_path, stages: list[dict], **optimizer) -> Path:
     schedule = write_schedule(tmp_path / "schedule.yaml", stages)
     return write_yaml(tmp_path / "run.yaml", run_config_dict(schedule_file=schedule,
                                                              optimizer={"warmup_steps": 2, **optimizer}))
