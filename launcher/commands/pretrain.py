@@ -40,6 +40,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="continue pretraining from this model directory: a `roformer export` or any transformers "
                              "RoFormer directory (= --set init_from=DIR; docs/training.md#continuing-from-an-existing-"
                              "model) (default: the run config's init_from, else random weights)")
+    parser.add_argument("--branch-from", action=BranchFromAction, metavar="RUN_DIR[:TAG]", default=None,
+                        help="start this new run at another run's checkpoint (weights, optimizer state, data position, "
+                             "RNG), then follow --config's schedule, which must be the source's up to that step "
+                             "(= --set branch_from=RUN_DIR[:TAG]; docs/training.md#branching-a-decay) (default: the run "
+                             "config's branch_from, else no branch; TAG default: the source's newest complete "
+                             "checkpoint)")
 
 
 class InitFromAction(argparse.Action):
@@ -49,6 +55,18 @@ class InitFromAction(argparse.Action):
     def __call__(self, parser, namespace, value, option_string=None):
         setattr(namespace, self.dest, value)
         item = f"init_from={json.dumps(str(Path(value).expanduser().resolve()))}"  # JSON is YAML: any path
+        namespace.overrides = [*(getattr(namespace, "overrides", None) or []), item]
+
+
+class BranchFromAction(argparse.Action):
+    """--branch-from RUN_DIR[:TAG] is the run config's `branch_from`, with RUN_DIR made absolute here (like
+    --init-from)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        from launcher.config.branch_from import BranchFrom
+
+        setattr(namespace, self.dest, value)
+        item = f"branch_from={json.dumps(str(BranchFrom.parse(value, '--branch-from')))}"
         namespace.overrides = [*(getattr(namespace, "overrides", None) or []), item]
 
 

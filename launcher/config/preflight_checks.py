@@ -8,7 +8,9 @@ the engine exists): what plan passes, a rank accepts.
   2. the prepared data: manifest, both splits and the tokenizer (`data_pipeline.open_corpus`);
      `model.vocab_size` must equal the tokenizer's vocabulary;
   3. one epoch of the train split holds at least one global batch of every stage.
-  4. with `init_from`, the data was tokenized with that model's tokenizer (launcher/config/init_from.py).
+  4. with `init_from`, the data was tokenized with that model's tokenizer (launcher/config/init_from.py);
+  5. with `branch_from`, the source checkpoint's model, tokenizer, data and schedule up to its step
+     (launcher/config/branch_from.py).
 
 The schedule's own rules (e.g. `max_seq_len >= 2`) are checked when the run config is loaded
 (launcher/config/schedule.py). Each failure is one line naming the file and the field.
@@ -22,6 +24,7 @@ from pathlib import Path
 from data_pipeline import PretrainBatches, open_corpus
 from launcher.config.deepspeed_json import resolve_ds_config
 from launcher.config.precision import train_precision
+from launcher.config.branch_from import check_branch
 from launcher.config.init_from import check_init_tokenizer
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
@@ -52,6 +55,8 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, r
     train_corpus, valid_corpus = open_data(cfg, verify_data)
     if cfg.init_from:  # the data must be tokenized with the starting model's tokenizer
         notes += [note] if (note := check_init_tokenizer(cfg.init_from, train_corpus, cfg.source)) else []
+    if cfg.branch_from:  # the source's model, data and schedule up to the branch step
+        check_branch(cfg, stages, train_corpus)
     train, valid = (PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed,
                                     masking=cfg.data.masking) for corpus in (train_corpus, valid_corpus))
     for stage in stages:

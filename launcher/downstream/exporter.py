@@ -41,7 +41,7 @@ from launcher.errors import UserError
 from launcher.io import file_sha256, fsync_dir
 from launcher.run_dir.layout import SIDECAR_NAME, RunDir, sidecar_path
 from launcher.run_dir.lock import pid_alive
-from launcher.run_dir.records import describe_init, files_in_effect, read_init_record
+from launcher.run_dir.records import describe_start, files_in_effect
 
 if TYPE_CHECKING:  # torch is imported where it is used: `roformer export --help` must not wait for it
     import torch
@@ -99,7 +99,7 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
         write_pretrained_files(model, tmp, max_position_embeddings=max_positions)
         _copy_tokenizer(tokenizer_source, tmp)
         (tmp / "README.md").write_text(render_model_card(ref.sidecar, stages, ref.tag, run_dir, max_positions,
-                                                         started_from=describe_init(read_init_record(ref.run_dir)),
+                                                         started_from=describe_start(ref.run_dir),
                                                          averaged=averaged),
                                        encoding="utf-8")
         _write_export_info(tmp, ref, stages, max_positions, averaged)

@@ -20,7 +20,8 @@ def render_model_card(sidecar: CheckpointSidecar, stages: list[dict] | None, tag
                       max_positions: int, started_from: str | None = None, averaged: list | None = None) -> str:
     """Markdown with a transformers-style YAML header. `max_positions`: config.json's
     max_position_embeddings, the longest input transformers' RoFormer accepts. `started_from`: the model
-    a continued run started from (launcher.run_dir.records.describe_init), None for a random init.
+    a continued run or the run a branch started from (launcher.run_dir.records.describe_start), None for a
+    random init.
     `averaged`: the checkpoints whose mean the weights are (launcher.downstream.weight_averaging.
     AveragedCheckpoint, oldest first; `sidecar` is the newest's), None for one checkpoint's weights."""
     model = sidecar.model_config

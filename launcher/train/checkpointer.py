@@ -166,7 +166,8 @@ class Checkpointer:
     def load(self, point: ResumePoint, universal: bool, seed: int) -> None:
         """Every state from `point` (through RUN_DIR/universal/<tag> when the shape changed:
         launcher/train/resume.py load_route)."""
-        load_dir = self.run_dir.universal if universal else self.run_dir.checkpoints
+        # A branch's point lies in its source run's checkpoints/ (only read); its conversion in this run's universal/.
+        load_dir = self.run_dir.universal if universal else point.directory.parent
         own_scaler = _loss_scaler_state(self.engine.optimizer)
         own_decay = [group["weight_decay"] for group in self.engine.optimizer.param_groups]
         path, client_state = self.engine.load_checkpoint(str(load_dir), tag=point.tag)

@@ -13,6 +13,10 @@ The order (launcher/train/rank_entry.py):
   4. rank 0 `accept`s it: universal conversion, damaged checkpoints moved to checkpoints/damaged/
      (one line each, saying where the run resumes instead), the record files (a config that
      differs from the run's becomes a new version: launcher/run_dir/records.py).
+
+A branch (`branch_from`, launcher/config/branch_from.py) is a first start that resumes from a checkpoint
+of another run directory (`decide_branch`): the same checks, the checkpoint's files verified in place
+(the source is only read; a conversion goes into THIS run's universal/), and branch_from.json recorded.
 """
 from __future__ import annotations
 
@@ -32,7 +36,10 @@ from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
 from launcher.run_dir.layout import RunDir, sidecar_path
-from launcher.run_dir.records import describe_change, record_start
+from launcher.config.branch_from import BranchFrom, check_branch
+from launcher.io import file_sha256
+from launcher.run_dir.records import (BRANCH_FROM_RECORD, describe_change, files_in_effect, record_start,
+                                      write_branch_record)
 from launcher.train.checkpointer import ResumePoint, check_compatible, check_foreign_checkpoints, convert_to_universal
 
 # ZeRO stages whose checkpoints DeepSpeed loads into each other directly (same partitioned optimizer
@@ -95,12 +102,19 @@ class ResumeDecision:
     """Checkpoints to move aside once the resume is accepted."""
     shape_notes: list[str] = field(default_factory=list)
     """What a change of shape does (the route, the fp16 loss scaler), said once the resume is accepted."""
+    branch: dict | None = None
+    """A branch's first start: `point` is in the source run directory; RUN_DIR/branch_from.json's content."""
 
 
 def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches) -> ResumeDecision:
     """Rank 0: the resume point and every check on it; UserError (nothing written) on a refusal."""
     check_foreign_checkpoints(run_dir)
+    if cfg.branch_from and BranchFrom.parse(cfg.branch_from, cfg.source).run_dir == run_dir.root.resolve():
+        raise UserError(f"--run-dir {run_dir.root}: is the branch source itself (branch_from {cfg.branch_from}); "
+                        f"a branch is a new run directory")
     point, damaged = newest_intact(run_dir)
+    if point is None and not damaged and cfg.branch_from:
+        return decide_branch(cfg, stages, world_size, batches)
     if point is None:
         if damaged:
             raise UserError(f"--run-dir {run_dir.root}: no intact checkpoint to resume from: "
@@ -110,6 +124,11 @@ def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_s
     check_compatible(point, cfg.model)
     if point.sidecar.step >= cfg.schedule.total_steps:
         return ResumeDecision(point, {}, finished=True, damaged=damaged)
+    return _continue_at(point, cfg, stages, world_size, batches, damaged)
+
+
+def _continue_at(point: ResumePoint, cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches,
+                 damaged: list[Damaged], branch: dict | None = None) -> ResumeDecision:
     check_tokenizer(point, batches.corpus)
     check_data_position(point, batches)
     start_stage = stages[cfg.schedule.stage_for_step(point.sidecar.step)[0]]
@@ -119,7 +138,30 @@ def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_s
     if universal:
         ds_config = resolve_ds_config(cfg, start_stage, world_size, load_universal=True)
     return ResumeDecision(point, ds_config, universal, damaged=damaged,
-                          shape_notes=shape_notes(point, saved, now, universal))
+                          shape_notes=shape_notes(point, saved, now, universal), branch=branch)
+
+
+def decide_branch(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches) -> ResumeDecision:
+    """Rank 0, a branch's first start: the source checkpoint (checked again: the source may have moved on
+    since the pre-flight), its files verified in place, then the checks of any resume. Reads the source only."""
+    found = check_branch(cfg, stages, batches.corpus)
+    if found.source.tag is None:  # the newest complete checkpoint whose files are intact (else an older one)
+        point, damaged = newest_intact(RunDir(found.source.run_dir))
+        if point is None:
+            raise UserError(f"{cfg.source}: branch_from {found.source}: no intact checkpoint: "
+                            + "; ".join(f"{d.tag}: {d.reason}" for d in damaged))
+        if point.tag != found.tag:
+            found = check_branch(cfg, stages, batches.corpus, tag=point.tag)
+    else:
+        verify_files(found.directory, found.sidecar)
+        point = ResumePoint(found.directory, found.sidecar)
+    check_compatible(point, cfg.model)
+    in_effect = files_in_effect(RunDir(found.source.run_dir), point.sidecar.step)
+    record = {"source_run_dir": str(found.source.run_dir), "tag": point.tag, "step": point.sidecar.step,
+              "stage": point.sidecar.stage_name, "sidecar_sha256": file_sha256(sidecar_path(point.directory)),
+              "source_config": str(in_effect["config"]), "source_stages": str(in_effect["stages"]),
+              "branch_from": cfg.branch_from}
+    return _continue_at(point, cfg, stages, world_size, batches, [], branch=record)
 
 
 def newest_intact(run_dir: RunDir) -> tuple[ResumePoint | None, list[Damaged]]:
@@ -215,14 +257,20 @@ def _accept_on_rank0(decision: ResumeDecision, run_dir: RunDir, cfg: RunConfig, 
                      world_size: int) -> list[str]:
     point, notes = decision.point, list(decision.shape_notes)
     if decision.universal:
-        convert_to_universal(point, run_dir)
+        convert_to_universal(point, run_dir)  # into THIS run's universal/ (a branch's source is only read)
     for damaged in decision.damaged:
         dest = move_aside(run_dir, damaged.directory)
         notes.append(f"checkpoint {damaged.tag} is damaged ({damaged.reason}); moved to {dest}; resuming from "
                      f"{point.tag} (step {point.sidecar.step})")
     records = {"config": cfg.to_dict(), "ds_config": decision.ds_config,
                "stages": {"world_size": world_size, "stages": [s.to_dict() for s in stages]}}
-    version = record_start(run_dir, records, point.sidecar.step if point else 0, point.tag if point else None)
+    resumed_from = point.tag if point else None
+    if decision.branch is not None:
+        write_branch_record(run_dir, decision.branch)
+        resumed_from = f"{decision.branch['source_run_dir']}:{point.tag}"
+        notes.append(f"a branch of {decision.branch['source_run_dir']}: starts at {point.tag} (step "
+                     f"{point.sidecar.step}); recorded in {run_dir.root / BRANCH_FROM_RECORD}")
+    version = record_start(run_dir, records, point.sidecar.step if point else 0, resumed_from)
     if version is not None and version.version > 1:
         notes.append(describe_change(run_dir, version))
     for note in notes:
