@@ -157,7 +157,8 @@ def check_branch(cfg, stages: list, corpus, tag: str | None = None) -> BranchPoi
 def schedule_difference(source: list[dict], new: list[dict], branch_step: int) -> str | None:
     """The first difference, in steps [0, branch_step), between two resolved stage lists (stages.json
     rows: name, max_seq_len, ..., first_step, steps), or None. Fields that follow the world size
-    (WORLD_SIZE_FIELDS) are not compared; a stage that runs past the branch step may end elsewhere."""
+    (WORLD_SIZE_FIELDS) are not compared, nor fields the source's record predates (an older release wrote
+    no such key); a stage that runs past the branch step may end elsewhere."""
     for index, stage in enumerate(new):
         if stage["first_step"] >= branch_step:
             break
@@ -165,9 +166,9 @@ def schedule_difference(source: list[dict], new: list[dict], branch_step: int) -
         if index >= len(source):
             return f"{label}: not in the source run (it has {len(source)} stage{'s' * (len(source) != 1)})"
         theirs = source[index]
-        for key in sorted((set(stage) | set(theirs)) - set(WORLD_SIZE_FIELDS) - {"steps"}):
-            if stage.get(key) != theirs.get(key):
-                return f"{label}: {key} {stage.get(key)!r} vs {theirs.get(key)!r} in the source run"
+        for key in [k for k in stage if k in theirs and k not in WORLD_SIZE_FIELDS and k != "steps"]:
+            if stage[key] != theirs[key]:
+                return f"{label}: {key} {stage[key]!r} vs {theirs[key]!r} in the source run"
         mine_end = min(stage["first_step"] + stage["steps"], branch_step)
         their_end = min(theirs["first_step"] + theirs["steps"], branch_step)
         if mine_end != their_end:

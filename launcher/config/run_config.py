@@ -204,6 +204,10 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path) -> RunConfig:
         raise UserError(f"{source}: unknown section(s) {', '.join(map(str, unknown))} "
                         f"(known: {', '.join(sorted(known))})")
     init_from = _init_from(raw.get("init_from", RunConfig.init_from), source, base_dir)
+    branch_from = _branch_from(raw.get("branch_from", RunConfig.branch_from), source, base_dir)
+    if branch_from and init_from:
+        raise UserError(f"{source}: branch_from and init_from: a branch starts from its source's checkpoint, "
+                        f"init_from from a model directory; give one of them")
     if not isinstance(raw.get("model"), dict) and not (init_from and raw.get("model") is None):
         raise UserError(f"{source}: section 'model' (the RoFormerConfig fields) is required")
     sections = {name: _build_section(name, cls, raw.get(name) or {}, source, base_dir)
@@ -216,10 +220,6 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path) -> RunConfig:
             RoFormerConfig.from_dict(dict(raw["model"]), source=f"{source}: model")
     except ConfigError as err:
         raise UserError(str(err)) from None
-    branch_from = _branch_from(raw.get("branch_from", RunConfig.branch_from), source, base_dir)
-    if branch_from and init_from:
-        raise UserError(f"{source}: branch_from and init_from: a branch starts from its source's checkpoint, "
-                        f"init_from from a model directory; give one of them")
     cfg = RunConfig(model=model, seed=seed, source=source, init_from=init_from, branch_from=branch_from, **sections)
     _validate(cfg)
     cfg.schedule.stages = tuple(load_schedule(cfg.schedule.file))
