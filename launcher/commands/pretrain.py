@@ -72,6 +72,7 @@ class BranchFromAction(argparse.Action):
 
 def run(args: argparse.Namespace) -> int:
     plan = build_plan(args)  # flags, hostfile, config: refused before the run directory is touched
+    refuse_branch_into_its_source(plan)
     if args.dry_run:  # starts nothing, writes nothing: no lock
         return plan_and_launch(args, plan)
     with claim_run_dir(plan.run_dir) as lock:
@@ -79,6 +80,14 @@ def run(args: argparse.Namespace) -> int:
             return plan_and_launch(args, dataclasses.replace(plan, env={**plan.env, LOCK_ID_ENV: lock.holder.lock_id}))
         finally:
             os.environ.pop(LOCK_ID_ENV, None)  # the job is over: no later command of this process inherits it
+
+
+def refuse_branch_into_its_source(plan) -> None:
+    """A branch's source is only read: refused as --run-dir before the lock would write into it."""
+    from launcher.config.branch_from import check_branch_target
+    from launcher.config.run_config import load_run_config
+
+    check_branch_target(load_run_config(plan.config_path, plan.overrides), plan.run_dir)
 
 
 def claim_run_dir(run_dir: Path):

@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from launcher.errors import UserError
-from launcher.run_dir.checkpoint_files import checkpoint_dirs, classify
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.run_dir.layout import RunDir, sidecar_path
 from launcher.run_dir.records import files_in_effect
 from launcher.run_dir.sidecar import CheckpointSidecar, read_sidecar
@@ -85,19 +85,25 @@ class BranchPoint:
         return self.sidecar.step
 
 
+def check_branch_target(cfg, run_dir: Path) -> None:
+    """A branch is a new run directory: never its own source (which is only read)."""
+    if cfg.branch_from and BranchFrom.parse(cfg.branch_from, cfg.source).run_dir == Path(run_dir).resolve():
+        raise UserError(f"--run-dir {run_dir}: is the branch source itself (branch_from {cfg.branch_from}); a branch "
+                        f"is a new run directory")
+
+
 def find_branch_point(branch: BranchFrom, source: str) -> BranchPoint:
     """The named checkpoint (complete), else the source's newest complete one; UserError naming what is missing."""
     layout = RunDir(branch.run_dir)
     where = f"{source}: branch_from {branch}"
     if not layout.root.is_dir():
         raise UserError(f"{where}: {layout.root} is not a run directory")
-    states = [classify(d) for d in checkpoint_dirs(layout)]
-    complete = sorted((s for s in states if s.kind == "complete"), key=lambda s: s.sidecar.step)
+    complete = CheckpointCatalogue.scan(layout).complete()  # sidecar level: rank 0 verifies the files
     if branch.tag is None:
         if not complete:
             raise UserError(f"{where}: {layout.checkpoints} holds no complete checkpoint")
         chosen = complete[-1]
-        return BranchPoint(branch, chosen.directory, chosen.sidecar)
+        return BranchPoint(branch, chosen.path, chosen.sidecar)
     directory = layout.checkpoint(branch.tag)
     if not directory.is_dir():
         raise UserError(f"{where}: no checkpoint {branch.tag!r} in {layout.checkpoints} (complete ones: "

@@ -1,7 +1,8 @@
 """`roformer export RUN_DIR --average-last N` / `--average TAG,TAG,...`: the element-wise mean of several
 checkpoints' fp32 weights (a merge of the end of a decay, as the mmBERT / Ettin recipes do).
 
-Which checkpoints: the N newest complete ones (by step), or the tags named. Every one is verified as a
+Which checkpoints: the N newest complete ones (by step: launcher/run_dir/checkpoint_catalogue.py), or the
+tags named. Every one is verified as a
 single export's checkpoint is (sidecar complete, files' sizes and sha256 as recorded at save time,
 launcher/downstream/checkpoint_weights.py) and consolidated the same way (zero_to_fp32 / universal /
 ZeRO-0), one at a time, into a float64 running sum (the mean is exact to fp32 rounding whatever N).
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from launcher.errors import UserError
 from launcher.io import file_sha256
-from launcher.run_dir.checkpoint_files import checkpoint_dirs, classify
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.run_dir.layout import RunDir, sidecar_path
 
 if TYPE_CHECKING:
@@ -96,8 +97,7 @@ def select_checkpoints(run_dir: Path, request: AverageRequest) -> list[Checkpoin
 def _newest_complete(layout: RunDir, count: int) -> list[str]:
     if not layout.root.is_dir():
         raise UserError(f"{layout.root}: run directory not found")
-    complete = sorted((s for s in map(classify, checkpoint_dirs(layout)) if s.kind == "complete"),
-                      key=lambda s: s.sidecar.step)
+    complete = CheckpointCatalogue.scan(layout).complete()  # oldest first; resolve_checkpoint verifies each
     if count > len(complete):
         have = ", ".join(s.tag for s in complete) or "none"
         raise UserError(f"--average-last {count}: {layout.checkpoints} holds only {len(complete)} complete "

@@ -155,3 +155,13 @@ def test_pretrain_refuses_before_anything_starts(capsys, source, tmp_path):
     assert err[0].startswith("roformer pretrain: error: ") and "the learning rate of step 0 is" in err[0]
     assert not (tmp_path / "new").exists()
     assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before
+
+
+def test_a_branch_into_its_own_source_is_refused_before_the_lock(capsys, source):
+    config = stored_run_resume_config(source)
+    before = sorted(p.name for p in source.iterdir())
+    capsys.readouterr()
+    assert cli_main(["pretrain", "--num_gpus", "2", "--config", str(config), "--run-dir", str(source),
+                     "--branch-from", str(source)]) == 2
+    assert "is the branch source itself" in capsys.readouterr().err
+    assert sorted(p.name for p in source.iterdir()) == before  # no lock, no log written into it
