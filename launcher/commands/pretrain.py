@@ -206,4 +206,4 @@ def check_inputs(plan) -> list[str]:
 
     cfg = load_run_config(plan.config_path, plan.overrides)
     here = is_local_only(plan.resources) or "DS_ACCELERATOR" in plan.env
-    return check_run(cfg, plan.stages, plan.world_size, accelerator_is_the_ranks=here).notes
+    return check_run(cfg, plan.stages, plan.world_size, accelerator_is_the_ranks=here, run_dir=plan.run_dir).notes

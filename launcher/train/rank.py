@@ -100,7 +100,7 @@ def start(args: argparse.Namespace, process_start: float | None = None) -> Start
         startup.claim_run_dir(run_dir)
     progress = ProgressRecorder(run_dir, rank, cfg.watchdog)  # heartbeats for the hang watchdog (rank guard)
     progress.start_up("checks and data")
-    batches, valid_batches = startup.open_batches(cfg, stages, rank, world_size)
+    batches, valid_batches = startup.open_batches(cfg, stages, rank, world_size, run_dir)
     decision = resume.decide(run_dir, cfg, stages, world_size, batches) if rank == 0 else None  # writes nothing
     timer.phase("checks_and_data")
 

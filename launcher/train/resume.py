@@ -38,8 +38,8 @@ from launcher.errors import UserError
 from launcher.run_dir.layout import RunDir, sidecar_path
 from launcher.config.branch_from import check_branch, check_branch_target
 from launcher.io import file_sha256
-from launcher.run_dir.records import (BRANCH_FROM_RECORD, describe_change, files_in_effect, record_start,
-                                      write_branch_record)
+from launcher.run_dir.records import (BRANCH_FROM_RECORD, describe_change, files_in_effect, read_branch_record,
+                                      record_start, write_branch_record)
 from launcher.run_dir.sidecar import NewerSidecarFormat
 from launcher.train.checkpointer import check_compatible, check_foreign_checkpoints, convert_to_universal
 
@@ -109,7 +109,7 @@ def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_s
     if cfg.branch_from:
         check_branch_target(cfg, run_dir.root)  # `roformer pretrain` refused it before its lock already
         if point is None:  # a branch's first start; later starts resume from the branch's own checkpoints
-            return decide_branch(cfg, stages, world_size, batches)
+            return decide_branch(cfg, stages, world_size, batches, read_branch_record(run_dir))
     if point is None:
         return ResumeDecision(None, resolve_ds_config(cfg, stages[0], world_size))
     check_compatible(point, cfg.model)
@@ -132,10 +132,13 @@ def _continue_at(point: CheckpointEntry, cfg: RunConfig, stages: list[ResolvedSt
                           shape_notes=shape_notes(point, saved, now, universal), branch=branch)
 
 
-def decide_branch(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches) -> ResumeDecision:
+def decide_branch(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches,
+                  recorded: dict | None = None) -> ResumeDecision:
     """Rank 0, a branch's first start: the source checkpoint (checked again: the source may have moved on
-    since the pre-flight), its files verified in place, then the checks of any resume. Reads the source only."""
-    found = check_branch(cfg, stages, batches.corpus)
+    since the pre-flight), its files verified in place, then the checks of any resume. Reads the source only.
+    `recorded`: RUN_DIR/branch_from.json of a first start that ended before its first checkpoint: the
+    branch point stays the one it recorded, even when the source has a newer checkpoint by now."""
+    found = check_branch(cfg, stages, batches.corpus, tag=recorded["tag"] if recorded else None)
     catalogue = CheckpointCatalogue.scan(found.source.run_dir)  # read only: nothing is set aside in the source
     if found.source.tag is None:  # the newest complete checkpoint whose files are intact (else an older one)
         point = catalogue.newest_intact()

@@ -100,7 +100,7 @@ def release_run_dir() -> None:
         _held_locks.pop().release()
 
 
-def open_batches(cfg: RunConfig, stages: list[ResolvedStage], rank: int, world_size: int):
+def open_batches(cfg: RunConfig, stages: list[ResolvedStage], rank: int, world_size: int, run_dir: RunDir | None = None):
     """This rank's training and validation batches, after every check `roformer plan` and `--dry-run`
     run too (launcher/config/preflight_checks.py): the DeepSpeed config through DeepSpeed's own
     parser and against this accelerator, the data and its tokenizer against model.vocab_size, and
@@ -109,7 +109,8 @@ def open_batches(cfg: RunConfig, stages: list[ResolvedStage], rank: int, world_s
     Shard content is verified once, by rank 0 (and it re-hashes only shards changed since they were
     written: data_pipeline/shards.py); the others check structure and sizes. A corrupt shard stops
     rank 0 before the process group starts, so the job ends there."""
-    checked = check_run(cfg, stages, world_size, rank=rank, verify_data=cfg.data.verify and rank == 0)
+    checked = check_run(cfg, stages, world_size, rank=rank, verify_data=cfg.data.verify and rank == 0,
+                        run_dir=run_dir.root if run_dir else None)
     return checked.train, checked.valid
 
 

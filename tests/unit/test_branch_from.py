@@ -18,6 +18,8 @@ from launcher.config.branch_from import BranchFrom, check_branch, lr_difference,
 from launcher.config.run_config import OptimizerSection, load_run_config
 from launcher.config.stages import resolve_stages
 from launcher.errors import UserError
+from launcher.run_dir.layout import RunDir
+from launcher.run_dir.records import write_branch_record
 from tests.support.helpers import stored_run_resume_config, write_schedule
 
 TAG = "global_step5"
@@ -155,6 +157,12 @@ def test_pretrain_refuses_before_anything_starts(capsys, source, tmp_path):
     assert err[0].startswith("roformer pretrain: error: ") and "the learning rate of step 0 is" in err[0]
     assert not (tmp_path / "new").exists()
     assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before
+    # A branch that has started (its record written) is not checked against the source again: its branch
+    # point is the recorded one (rank 0 resumes from its own checkpoints, or from that point).
+    (tmp_path / "new").mkdir()
+    write_branch_record(RunDir(tmp_path / "new"), {"source_run_dir": str(source), "tag": TAG, "step": 5})
+    assert cli_main(["pretrain", "--num_gpus", "2", "--config", str(config), "--run-dir", str(tmp_path / "new"),
+                     "--branch-from", f"{source}:{TAG}", "--set", "optimizer.warmup_steps=3", "--dry-run"]) == 0
 
 
 def test_a_branch_into_its_own_source_is_refused_before_the_lock(capsys, source):
