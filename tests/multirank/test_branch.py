@@ -1,7 +1,9 @@
 """A branch (`branch_from: RUN_DIR:TAG`) of the session's `trainer_run` (2 ranks, ZeRO-2, fp32, no dropout) with
 the same schedule continues exactly as the source itself did: the same losses for the steps after the
-branch point. The source run directory is only read (every file byte-identical afterwards). One run of
-4 steps; the bad inputs are unit tests (tests/unit/test_branch_from.py)."""
+branch point. The branch runs on ONE rank, so its checkpoint goes through the universal conversion, which
+must be written into the branch's run directory: the source is only read (every file byte-identical
+afterwards). One run of 4 steps; the bad inputs are unit tests (tests/unit/test_branch_from.py). Loading
+the source's own files directly (same shape) is the code path of every resume (tests/multirank/test_resume.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -25,16 +27,17 @@ def test_branch_continues_like_the_source_and_only_reads_it(trainer_run, tmp_pat
     before = _tree_digest(trainer_run)
     config = trainer_run.parent / "run.yaml"  # the source's own config: the schedules agree
     branch = tmp_path / "branch"
-    run_to_end(2, config, branch, extra_args=["--set", f"branch_from={trainer_run}:{BRANCH_TAG}",
+    run_to_end(1, config, branch, extra_args=["--set", f"branch_from={trainer_run}:{BRANCH_TAG}",
                                               "--set", "logging.plots=false"])
 
     assert _tree_digest(trainer_run) == before  # the source: only read, not locked, nothing converted into it
+    assert (branch / "universal" / BRANCH_TAG / "zero").is_dir()  # 2 ranks -> 1: converted, into the branch
     source, mine = train_losses(trainer_run), train_losses(branch)
     assert sorted(mine) == list(range(BRANCH_STEP + 1, TINY_TOTAL_STEPS + 1))
     for step, loss in mine.items():
         assert abs(loss - source[step]) <= 1e-6, (step, loss, source[step])
     (resume,) = events(branch, "resume")
-    assert resume["tag"] == BRANCH_TAG and resume["step"] == BRANCH_STEP
+    assert resume["tag"] == BRANCH_TAG and resume["step"] == BRANCH_STEP and resume["from_world_size"] == 2
 
     record = read_branch_record(RunDir(branch))
     sidecar = trainer_run / "checkpoints" / BRANCH_TAG / "sidecar.json"
@@ -43,7 +46,6 @@ def test_branch_continues_like_the_source_and_only_reads_it(trainer_run, tmp_pat
     (version,) = read_versions(RunDir(branch))
     assert version.from_step == BRANCH_STEP and version.resumed_from == f"{trainer_run.resolve()}:{BRANCH_TAG}"
     assert json.loads((branch / "stages.json").read_text())["stages"][-1]["name"] == "wide"
-    assert not (branch / "universal").exists()  # same shape: loaded from the source's own files
     started = f"a branch of {trainer_run.resolve()} at {BRANCH_TAG} (step {BRANCH_STEP}"
     assert describe_start(RunDir(branch)).startswith(started)  # the report's and the model card's "started from"
     card = (export_checkpoint(branch, tmp_path / "export", verify=False) / "README.md").read_text()
