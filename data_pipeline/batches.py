@@ -12,11 +12,15 @@ spans (seq_len - 1 per stage), so skipping the other ranks' sequences costs noth
   * the state (sequences handed out + span history) is global: valid for any world size and any
     next seq_len.
 Masking uses a counter-based RNG keyed by (seed, global sequence index): no RNG state to save, and
-the same masks whatever the rank layout.
+the same masks whatever the rank layout. `set_mask_prob` changes the rate of the batches that follow
+(a stage's mask_prob); a sequence's masks are a function of (seed, its index, the rate in force), so a
+resume that sets the rate of the stage it resumes in hands out exactly the batches of the first run.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
+
+import dataclasses
 
 import numpy as np
 import torch
@@ -62,6 +66,7 @@ class PretrainBatches:
             raise DataError(f"max_epochs: {max_epochs} must be >= 1")
         self.corpus, self.rank, self.world_size, self.seed = corpus, rank, world_size, int(seed)
         self.masking = masking or MaskingConfig()
+        self._base_masking = self.masking  # the run config's: what set_mask_prob(None) returns to
         self.stream = TokenStream(corpus, self.seed, shuffle=shuffle, lanes=lanes, max_epochs=max_epochs)
         self._word_starts = corpus.word_starts() if self.masking.whole_word else None
         self.sequences_consumed = 0
@@ -83,6 +88,13 @@ class PretrainBatches:
     def epoch(self) -> int:
         """Epochs completed, counted in units (lanes cross an epoch boundary a few steps apart)."""
         return self.position // (self.stream.epoch_length + self.stream.lanes)
+
+    def set_mask_prob(self, mask_prob: float | None) -> None:
+        """Mask this share of tokens in the batches handed out from now on (the 80/10/10 split and
+        whole-word choice stay); None = the rate this reader was built with. Not part of the state:
+        the caller sets it again on resume (the trainer does at every stage switch)."""
+        self.masking = self._base_masking if mask_prob is None else \
+            dataclasses.replace(self._base_masking, mask_prob=float(mask_prob))  # validated: DataError outside (0, 1)
 
     def check_min_size(self, seq_len: int, global_batch: int) -> None:
         """DataError unless one epoch holds at least one global batch of `global_batch` x seq_len."""

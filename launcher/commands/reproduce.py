@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         pretrain_runs = select_groups(preset.pretrain_runs(parts), args.groups)
         chosen = {run.name for run in pretrain_runs}
         runner.prepare_data(pretrain_runs)
-        runner.pretrain_all(pretrain_runs, export=set(preset.recipe_runs))
+        runner.pretrain_all(pretrain_runs, export=preset.exported_runs)
         runner.finetune_all([r for r in preset.finetune_runs(parts) if r.pretrain in chosen])
         runner.evaluate_all([r for r in preset.eval_runs(parts) if r.pretrain in chosen])
     results = collect(preset, layout, parts)

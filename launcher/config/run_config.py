@@ -24,7 +24,14 @@ from data_pipeline.masking import MaskingConfig
 from launcher.config.files import read_mapping
 from launcher.config.branch_from import BranchFrom
 from launcher.config.init_from import model_from_init_dir
-from launcher.config.schedule import Stage, load_schedule, stage_index_at
+from launcher.config.schedule import (
+    DECAY_SHAPES,
+    Stage,
+    load_schedule,
+    run_learning_rate,
+    stage_index_at,
+    wsd_decay_steps,
+)
 from launcher.config.hardware_section import HardwareSection
 from launcher.config.restarts_section import RestartsSection
 from launcher.config.watchdog_section import WatchdogSection
@@ -32,7 +39,7 @@ from launcher.errors import UserError
 from launcher.io import atomic_write_text
 from roformer.config import ConfigError, RoFormerConfig
 
-DECAY_KINDS = ("linear", "cosine", "constant")
+DECAY_KINDS = ("linear", "cosine", "constant", "wsd")
 
 
 @dataclass
@@ -54,9 +61,15 @@ class OptimizerSection:
     warmup_steps: int = 100
     """Linear warmup from 0 over this many optimizer steps, counted from the start of the run."""
     decay: str = "linear"
-    """Decay after warmup over the remaining steps of the whole run: 'linear', 'cosine' or 'constant'."""
+    """Decay after warmup over the remaining steps of the whole run: 'linear', 'cosine' or 'constant';
+    'wsd' (warmup-stable-decay): flat at lr after warmup, then down to lr * min_lr_ratio over the last
+    decay_steps steps, the last step of the run at exactly that floor (launcher/config/schedule.py)."""
     min_lr_ratio: float = 0.0
     """The decay ends at lr * min_lr_ratio."""
+    decay_steps: int = 0
+    """decay 'wsd' only: steps of the decay window at the end of the run (0 = the last stage's steps)."""
+    decay_shape: str = ""
+    """decay 'wsd' only: 'linear', 'cosine' or '1-sqrt' ('' = 1-sqrt, as ModernBERT)."""
 
 
 @dataclass
@@ -158,9 +171,23 @@ class RunConfig:
     source: str = ""
     """The file this config came from (for error messages)."""
 
+    @property
+    def decay_steps(self) -> int:
+        """The WSD decay window in steps (optimizer.decay_steps, else the last stage's steps); 0 for other decays."""
+        if self.optimizer.decay != "wsd":
+            return 0
+        return wsd_decay_steps(self.optimizer.decay_steps, [stage.steps for stage in self.schedule.stages])
+
+    def learning_rate(self, step: int, lr_scale: float = 1.0) -> float:
+        """The LR of optimizer step `step` (0-based) under this config's optimizer section and schedule."""
+        return run_learning_rate(step, self.optimizer, [stage.steps for stage in self.schedule.stages], lr_scale)
+
     def to_dict(self) -> dict[str, Any]:
         """The YAML form (loads back with run_config_from_dict)."""
         out = dataclasses.asdict(self)
+        if self.optimizer.decay != "wsd":  # other decays record what they always did
+            out["optimizer"].pop("decay_steps")
+            out["optimizer"].pop("decay_shape")
         out.pop("source")
         out.pop("restarts")  # the launching machine's business: changing it is no new config version
         out.pop("hardware")  # the same: what plan prices the run on, not what the ranks run
@@ -223,6 +250,7 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path) -> RunConfig:
     cfg = RunConfig(model=model, seed=seed, source=source, init_from=init_from, branch_from=branch_from, **sections)
     _validate(cfg)
     cfg.schedule.stages = tuple(load_schedule(cfg.schedule.file))
+    _check_decay_window(cfg)
     return cfg
 
 
@@ -314,6 +342,14 @@ def _validate(cfg: RunConfig) -> None:
         fail("optimizer.warmup_steps", f"must be >= 0, got {opt.warmup_steps}")
     if opt.decay not in DECAY_KINDS:
         fail("optimizer.decay", f"must be one of {', '.join(DECAY_KINDS)}, got {opt.decay!r}")
+    if opt.decay != "wsd":
+        for key, unset in (("decay_steps", 0), ("decay_shape", "")):
+            if getattr(opt, key) != unset:
+                fail(f"optimizer.{key}", f"only applies to optimizer.decay: wsd (decay is {opt.decay!r})")
+    if opt.decay_steps < 0:
+        fail("optimizer.decay_steps", f"must be >= 1 (or 0 = the last stage's steps), got {opt.decay_steps}")
+    if opt.decay_shape and opt.decay_shape not in DECAY_SHAPES:
+        fail("optimizer.decay_shape", f"must be one of {', '.join(DECAY_SHAPES)}, got {opt.decay_shape!r}")
     if not 0.0 <= opt.min_lr_ratio <= 1.0:
         fail("optimizer.min_lr_ratio", f"must be in [0, 1], got {opt.min_lr_ratio}")
     if cfg.checkpoint.every_steps < 0:
@@ -334,6 +370,17 @@ def _validate(cfg: RunConfig) -> None:
     cfg.watchdog.check(fail)
     cfg.restarts.check(fail)
     cfg.hardware.check(fail)
+
+
+def _check_decay_window(cfg: RunConfig) -> None:
+    """A WSD decay window must fit in the run after warmup (needs the schedule, so after it is read)."""
+    if cfg.optimizer.decay != "wsd":
+        return
+    window, total, warmup = cfg.decay_steps, cfg.schedule.total_steps, cfg.optimizer.warmup_steps
+    if window > total - warmup:
+        given = "" if cfg.optimizer.decay_steps else f" (not set: the last stage's steps, {window})"
+        raise UserError(f"{cfg.source}: optimizer.decay_steps: the decay window of {window} steps{given} is longer "
+                        f"than the run after warmup ({total} steps - warmup_steps {warmup} = {total - warmup})")
 
 
 def _init_from(value: Any, source: str, base_dir: Path) -> str:

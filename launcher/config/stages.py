@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from launcher.config.run_config import RunConfig
-from launcher.config.schedule import Stage
+from launcher.config.schedule import Mixture, Stage
 from launcher.errors import UserError
 
 
@@ -30,13 +30,22 @@ class ResolvedStage:
     rope_theta: float | None = None
     """RoPE base in force during this stage (the stage's, else the model config's); None for models
     without RoPE."""
+    mask_prob: float = 0.15
+    """Share of tokens chosen for MLM in force during this stage (the stage's, else data.masking.mask_prob)."""
+    mixture: Mixture | None = None
+    """(source, share) pairs of this stage's sequences, shares summing to 1; None = sources by their size."""
 
     @property
     def end_step(self) -> int:
         return self.first_step + self.steps
 
+    @property
+    def mixture_dict(self) -> dict[str, float] | None:
+        """The mixture as {source: share} in file order (the JSON form), None when the stage has none."""
+        return None if self.mixture is None else dict(self.mixture)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "mixture": self.mixture_dict}
 
 
 def resolve_stages(run_config: RunConfig, world_size: int) -> list[ResolvedStage]:
@@ -61,7 +70,8 @@ def resolve_stages(run_config: RunConfig, world_size: int) -> list[ResolvedStage
                                       global_batch_size=stage.global_batch_size, micro_batch_size=micro,
                                       grad_accum_steps=stage.global_batch_size // (micro * world_size),
                                       steps=stage.steps, first_step=first, lr_scale=stage.lr_scale,
-                                      rope_theta=theta))
+                                      rope_theta=theta, mask_prob=stage.mask_prob if stage.mask_prob is not None
+                                      else run_config.data.masking.mask_prob, mixture=stage.mixture))
         first += stage.steps
     return resolved
 
@@ -97,6 +107,12 @@ def format_plan(stages: list[ResolvedStage], world_size: int) -> str:
     thetas = {s.rope_theta for s in stages}
     if len(thetas) > 1:  # a context-extension schedule: say which stage runs at which base
         rows.append("rope_theta per stage: " + ", ".join(f"{s.name} {s.rope_theta:g}" for s in stages))
+    if len({s.mask_prob for s in stages}) > 1:  # an annealed mask rate: which stage masks how much
+        rows.append("mask_prob per stage: " + ", ".join(f"{s.name} {s.mask_prob:g}" for s in stages))
+    if any(s.mixture is not None for s in stages):
+        rows.append("mixture per stage: " + "; ".join(f"{s.name} " + (
+            "sources by size" if s.mixture is None else ", ".join(f"{source} {share:.3g}" for source, share in s.mixture))
+            for s in stages))
     tokens = sum(s.steps * s.global_batch_size * s.max_seq_len for s in stages)
     rows.append(f"total: {stages[-1].end_step} optimizer steps, {tokens:,} token slots")
     return "\n".join(rows)

@@ -64,6 +64,14 @@ def _where(curves: Curves, summary: RunSummary) -> str:
     return "  \n".join(lines)
 
 
+def _wsd_window(optimizer: dict) -> str:
+    """The decay window of a warmup-stable-decay run (launcher/config/schedule.py), '' for other decays."""
+    if optimizer.get("decay") != "wsd":
+        return ""
+    steps = optimizer.get("decay_steps") or "the last stage's"
+    return f" ({optimizer.get('decay_shape') or '1-sqrt'} over {steps} steps)"
+
+
 def _what_ran(summary: RunSummary) -> str:
     config = summary.config
     model = config.get("model") or {}
@@ -78,7 +86,7 @@ def _what_ran(summary: RunSummary) -> str:
             ("ZeRO stage", str(summary.zero_stage) if summary.zero_stage is not None else "?"),
             ("DeepSpeed config", f"`{deepspeed['config']}`" if deepspeed.get("config") else "?"),
             ("optimizer", ", ".join(f"{k} {optimizer[k]}" for k in ("lr", "warmup_steps", "decay", "min_lr_ratio")
-                                    if k in optimizer) or "?"),
+                                    if k in optimizer) + _wsd_window(optimizer) or "?"),
             ("data", f"`{(config.get('data') or {}).get('data_dir', '?')}`")]
     if summary.started_from:  # a branch's source run or init_from's model (RUN_DIR/branch_from.json, init_from.json)
         rows.insert(2, ("started from", summary.started_from))

@@ -1,6 +1,6 @@
 """PNG figures of a reproduction (matplotlib, Agg backend): one question per picture.
 
-- fig2_encodings.png / linear_attention.png: MLM validation loss against steps, the mean over seeds
+- fig2_encodings.png / linear_attention.png / recipes.png: MLM validation loss against steps, the mean over seeds
   as a line and the min-max over seeds as a band, one colour per variant; the final-loss spread is
   in the legend.
 - table5_lengths.png: inews test accuracy and macro-F1 against the fine-tuning max length.
@@ -23,7 +23,8 @@ COLOURS = {"rope": "tab:blue", "sinusoidal": "tab:orange", "learned": "tab:green
            "linear+rope": "tab:blue", "linear+sinusoidal": "tab:orange",
            "sinusoidal_unscaled": "tab:red", "linear+sinusoidal_unscaled": "tab:red",
            "no-extension": "tab:gray", "same-theta": "tab:blue", "larger-theta": "tab:purple",
-           "pretrained": "tab:blue", "random": "tab:gray"}
+           "pretrained": "tab:blue", "random": "tab:gray",
+           "linear": "tab:gray", "wsd": "tab:green", "mask-annealed": "tab:purple"}
 SIZE = (10, 6)  # inches at 110 dpi: 1100 x 660 px
 DPI = 110
 

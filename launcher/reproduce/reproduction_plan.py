@@ -24,13 +24,23 @@ Parts (each can run alone; `lengths` and `downstream` share the recipe's pretrai
               short lengths, then a short last stage at a long length with (a) the same RoPE base,
               (b) a larger one, against (c) no extension stage (the same run's checkpoint before it);
               masked-LM loss at lengths up to twice the extension length.
+- recipes     issue 28's recipe fields at the ablation scale: the RoPE ablation run (linear decay, 15%
+              masked throughout; the encodings part's `rope` runs) against (a) the same run with a
+              warmup-stable-decay learning rate (1-sqrt over the last stage) and (b) its mask rate
+              annealed per stage (30% -> 15%), at equal steps, data and seeds. Compared on the runs'
+              own validation, which always masks at the run config's fixed 15% on the same tokens.
+              With a recipe config (full preset) also the shipped-recipe comparison: the recipe's model,
+              corpus and steps trained as a three-phase recipe (`recipe-three-phase`: mask rate 0.3 ->
+              0.15, RoPE base raised 2500 -> 10000, WSD) against the recipe run and its random-init twin,
+              fine-tuned on every task at one label budget (the recipe's fine-tunes are the downstream
+              part's, run once).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-PARTS = ("encodings", "linear", "lengths", "downstream", "extension")
+PARTS = ("encodings", "linear", "lengths", "downstream", "extension", "recipes")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -121,6 +131,38 @@ class Extension:
 
 
 @dataclass(frozen=True)
+class RecipeAblation:
+    """The recipes part: two one-factor changes of the RoPE ablation run (its config and schedule)."""
+
+    mask_probs: tuple[float, ...]
+    """mask_prob of each stage of the preset's ablation schedule in the annealed variant."""
+    seeds: tuple[int, ...]
+    decay_shape: str = "1-sqrt"
+    """The WSD variant's decay shape; its window is the last stage (optimizer.decay_steps unset)."""
+
+    def annealed_schedule(self, schedule_file: Path) -> tuple[dict, ...]:
+        """The stages of `schedule_file` with this part's mask rate per stage."""
+        import yaml
+
+        stages = yaml.safe_load(schedule_file.read_text(encoding="utf-8"))["stages"]
+        if len(stages) != len(self.mask_probs):
+            raise ValueError(f"{schedule_file}: {len(stages)} stages, but {len(self.mask_probs)} mask rates planned")
+        return tuple({**stage, "mask_prob": rate} for stage, rate in zip(stages, self.mask_probs))
+
+
+@dataclass(frozen=True)
+class RecipeComparison:
+    """The recipes part's shipped-recipe comparison: a three-phase run at the recipe's scale (equal tokens)
+    against the recipe run and its random-init twin, fine-tuned on each task at one label budget."""
+
+    config: Path
+    """Run config of the three-phase run (the recipe's model, corpus, lengths, batches and steps)."""
+    budget: int
+    """Labelled training examples of the fine-tunes."""
+    name: str = "recipe-three-phase"
+
+
+@dataclass(frozen=True)
 class TaskProtocol:
     """How one task is fine-tuned in the downstream part (the same for the export and its twin)."""
 
@@ -172,6 +214,29 @@ class Preset:
     """Pretraining seeds of the recipe (the downstream part fine-tunes each one's export)."""
     extension: Extension | None = None
     """The extension part (None: the preset has none)."""
+    recipes: RecipeAblation | None = None
+    """The recipes part (None: the preset has none)."""
+    recipe_comparison: RecipeComparison | None = None
+    """The recipes part's comparison with the recipe run (None: none; needs recipe_config)."""
+
+    def compares_recipe(self, parts: tuple[str, ...]) -> bool:
+        return "recipes" in parts and self.recipe_comparison is not None and self.recipe_config is not None
+
+    @property
+    def exported_runs(self) -> set[str]:
+        """Pretraining runs whose export is fine-tuned: the recipe runs and the three-phase comparison run."""
+        return {*self.recipe_runs, *((self.recipe_comparison.name,) if self.recipe_comparison else ())}
+
+    @property
+    def ablation_schedule(self) -> Path:
+        """The schedule file every ablation run trains (a preset's schedule.file override, else the config's)."""
+        for item in reversed(self.overrides):
+            if item.startswith("schedule.file="):
+                return Path(item.partition("=")[2])
+        from launcher.config.files import read_mapping
+
+        schedule = Path(read_mapping(self.ablation_config, "run config")["schedule"]["file"])
+        return schedule if schedule.is_absolute() else self.ablation_config.parent / schedule
 
     @property
     def recipe_run(self) -> str:
@@ -190,7 +255,7 @@ class Preset:
         runs: list[PretrainRun] = []
         variants = {"encodings": [("rope", "softmax"), ("sinusoidal", "softmax"), ("learned", "softmax")],
                     "linear": [("rope", "linear"), ("sinusoidal", "linear")]}
-        needs_recipe = "lengths" in parts or "downstream" in parts
+        needs_recipe = "lengths" in parts or "downstream" in parts or self.compares_recipe(parts)
         # Recipe runs the parts need: the lengths part only the first seed's, downstream every seed's.
         wanted = set(self.recipe_runs if "downstream" in parts else self.recipe_runs[:1]) if needs_recipe else set()
         for part in ("encodings", "linear"):
@@ -226,6 +291,28 @@ class Preset:
                         seed=seed, schedule=self.extension.schedule(variant),
                         overrides=(*self.overrides, "model.position_encoding=rope", "model.attention=softmax",
                                    "checkpoint.keep_last=20", f"seed={seed}")))
+        if "recipes" in parts and self.recipes is not None:
+            runs += self._recipe_ablation_runs({run.name for run in runs})
+        if self.compares_recipe(parts):
+            runs.append(PretrainRun(name=self.recipe_comparison.name, config=self.recipe_comparison.config,
+                                    group=self.recipe_comparison.name, seed=0, overrides=(*self.overrides, "seed=0"),
+                                    data="data" if self.recipe_prepare_args is None else "data-recipe"))
+        return runs
+
+    def _recipe_ablation_runs(self, planned: set[str]) -> list[PretrainRun]:
+        """The recipes part's runs: the RoPE ablation runs (unless another part plans them) and its two variants."""
+        rope = (*self.overrides, "model.position_encoding=rope", "model.attention=softmax")
+        annealed = self.recipes.annealed_schedule(self.ablation_schedule)
+        runs = []
+        for seed in self.recipes.seeds:
+            if f"rope-s{seed}" not in planned:  # the same run as the encodings part's rope group
+                runs.append(PretrainRun(name=f"rope-s{seed}", config=self.ablation_config, group="rope", seed=seed,
+                                        overrides=(*rope, f"seed={seed}")))
+            runs.append(PretrainRun(name=f"wsd-s{seed}", config=self.ablation_config, group="wsd", seed=seed,
+                                    overrides=(*rope, "optimizer.decay=wsd",
+                                               f"optimizer.decay_shape={self.recipes.decay_shape}", f"seed={seed}")))
+            runs.append(PretrainRun(name=f"mask-annealed-s{seed}", config=self.ablation_config, group="mask-annealed",
+                                    seed=seed, schedule=annealed, overrides=(*rope, f"seed={seed}")))
         return runs
 
     def eval_runs(self, parts: tuple[str, ...]) -> list[EvalRun]:
@@ -258,6 +345,22 @@ class Preset:
                 for seed in self.lengths_seeds:
                     runs.append(FinetuneRun(self.recipe_run, "inews", "pretrained", self.lengths_budget, length, seed,
                                             "lengths", self.lengths_args))
+        runs += self.recipe_comparison_finetunes(parts)
+        return list({run.name: run for run in runs}.values())  # the comparison's recipe fine-tunes are downstream's
+
+    def recipe_comparison_finetunes(self, parts: tuple[str, ...]) -> list[FinetuneRun]:
+        """The three-phase export, the recipe's (seed 0) and the twin on every task at the comparison's budget,
+        each fine-tuning seed; the latter two named as the downstream part's (one report serves both)."""
+        if not self.compares_recipe(parts):
+            return []
+        budget, runs = self.recipe_comparison.budget, []
+        for task, protocol in self.tasks.items():
+            for seed in self.finetune_seeds:
+                runs.append(FinetuneRun(self.recipe_comparison.name, task, "pretrained", budget, protocol.max_length,
+                                        seed, "recipes", protocol.args_for(budget)))
+                for init in ("pretrained", "random"):
+                    runs.append(FinetuneRun(self.recipe_run, task, init, budget, protocol.max_length, seed,
+                                            "downstream", protocol.args_for(budget)))
         return runs
 
 
@@ -293,6 +396,9 @@ def full_preset() -> Preset:
                   {"name": "long", "max_seq_len": 512, "global_batch_size": 8, "steps": 60}),
             stage={"name": "extend", "max_seq_len": 2048, "global_batch_size": 2, "steps": 40},
             larger_theta=160000.0, seeds=(0, 1), eval_lens=(512, 1024, 2048, 4096)),
+        # The ablation schedule's short / long / medium stages at 30% / 20% / 15% masked.
+        recipes=RecipeAblation(mask_probs=(0.3, 0.2, 0.15), seeds=(0, 1, 2)),
+        recipe_comparison=RecipeComparison(config=_configs() / "recipe_three_phase.yaml", budget=1000),
     )
 
 
@@ -327,6 +433,7 @@ def quick_preset() -> Preset:
         extension=Extension(base=({"name": "short", "max_seq_len": 32, "global_batch_size": 4, "steps": 3},),
                             stage={"name": "extend", "max_seq_len": 64, "global_batch_size": 2, "steps": 2},
                             larger_theta=40000.0, seeds=(0,), eval_lens=(32, 64, 128), eval_tokens=512),
+        recipes=RecipeAblation(mask_probs=(0.3, 0.15), seeds=(0,)),  # quick_schedule.yaml's two stages
     )
 
 

@@ -12,6 +12,7 @@ the first prior that has it, and `sources` records where each came from.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections import defaultdict
@@ -138,7 +139,39 @@ def collect(preset: Preset, layout: Layout, parts: tuple[str, ...]) -> dict:
                                             key=lambda r: (str(r.max_length),))
     if "extension" in parts and preset.extension is not None:
         results["extension"] = extension_table(preset.eval_runs(parts), layout, preset)
+    if "recipes" in parts and preset.recipes is not None:
+        results["recipes"] = recipe_comparison(pretrain, preset, layout)
+    if preset.compares_recipe(parts):
+        results["recipe_comparison"] = shipped_recipe_table(preset, layout)
     return results
+
+
+def shipped_recipe_table(preset: Preset, layout: Layout) -> dict:
+    """The three-phase run against the recipe run and the twin: fine-tune figures per task and the two
+    pretraining runs' summaries (their validation masks 15% on the same tokens: comparable)."""
+    three_phase = preset.recipe_comparison.name
+    label = {three_phase: "three-phase", preset.recipe_run: "recipe"}
+    finetunes = preset.recipe_comparison_finetunes(("recipes",))
+    table = finetune_table(finetunes, layout, key=lambda r: (r.task, label[r.pretrain] if r.init == "pretrained"
+                                                             else "random-init twin"))
+    for cells in table.values():
+        if "three-phase" in cells and "recipe" in cells:
+            cells["three_phase_minus_recipe_points"] = 100 * (cells["three-phase"]["accuracy"]["mean"]
+                                                              - cells["recipe"]["accuracy"]["mean"])
+    runs = {r.name: r for r in preset.pretrain_runs(("recipes",)) if r.name in label}
+    return {"budget": preset.recipe_comparison.budget, "tasks": table,
+            "pretraining": {label[name]: pretrain_summary(run, layout) for name, run in runs.items()}}
+
+
+RECIPE_BASELINE = "linear"
+"""The recipes part's name for the RoPE ablation run it compares against (linear decay, 15% throughout)."""
+
+
+def recipe_comparison(pretrain: list[PretrainRun], preset: Preset, layout: Layout) -> dict:
+    """The recipes part's groups: the RoPE ablation runs (as "linear"), "wsd" and "mask-annealed"."""
+    baseline = {f"rope-s{seed}" for seed in preset.recipes.seeds}
+    runs = [dataclasses.replace(r, group=RECIPE_BASELINE) for r in pretrain if r.name in baseline]
+    return comparison(runs + [r for r in pretrain if r.group in ("wsd", "mask-annealed")], layout)
 
 
 def extension_table(runs: list[EvalRun], layout: Layout, preset: Preset) -> dict:
@@ -164,8 +197,12 @@ def extension_table(runs: list[EvalRun], layout: Layout, preset: Preset) -> dict
     return table
 
 
+COMPARED_PARTS = ("encodings", "linear", "recipes")
+"""Parts whose results are comparison groups of pretraining runs (merged group by group)."""
+
+
 def _has_data(part: str, value) -> bool:
-    if part in ("encodings", "linear"):
+    if part in COMPARED_PARTS:
         return any(group.get("runs") for group in value.values())
     if part == "extension":
         return bool(value.get("variants"))
@@ -173,12 +210,15 @@ def _has_data(part: str, value) -> bool:
         return bool(value.get("finished"))
     if part == "recipe_runs":
         return any(run.get("finished") for run in value.values())
+    if part == "recipe_comparison":
+        return bool(value.get("tasks"))
     return bool(value)
 
 
 GROUP_ORDER = ("rope", "learned", "sinusoidal", "sinusoidal_unscaled",
-               "linear+rope", "linear+sinusoidal", "linear+sinusoidal_unscaled")
-MERGED_PARTS = ("encodings", "linear", "recipe", "recipe_runs", "lengths", "downstream", "extension")
+               "linear+rope", "linear+sinusoidal", "linear+sinusoidal_unscaled", RECIPE_BASELINE, "wsd", "mask-annealed")
+MERGED_PARTS = ("encodings", "linear", "recipe", "recipe_runs", "lengths", "downstream", "extension", "recipes",
+                "recipe_comparison")
 
 
 def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
@@ -195,7 +235,7 @@ def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
         if not candidates:
             merged.pop(part, None)
             continue
-        if part in ("encodings", "linear"):
+        if part in COMPARED_PARTS:
             groups: dict = {}
             for label, value in candidates:
                 for name, group in value.items():
@@ -206,6 +246,6 @@ def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
             merged[part] = dict(sorted(groups.items(), key=lambda item: order.get(item[0], len(order))))
         else:
             sources[part], merged[part] = candidates[0]
-    merged["parts"] = [p for p in ("encodings", "linear", "lengths", "downstream", "extension") if p in merged]
+    merged["parts"] = [p for p in ("encodings", "linear", "lengths", "downstream", "extension", "recipes") if p in merged]
     merged["sources"] = sources
     return merged

@@ -76,6 +76,13 @@ class CheckpointSidecar:
     export and evaluation must use. None for models without RoPE and in sidecars written before
     per-stage theta existed: then model_config's rope_theta is the one (same format number: a reader
     that predates the field ignores it)."""
+    mask_prob: float | None = None
+    """Share of tokens chosen for MLM in force at this checkpoint (the stage's mask_prob, else the run
+    config's data.masking.mask_prob). None in sidecars written before per-stage mask rates: then the
+    run config's rate was the only one (same format number: an older reader ignores the field)."""
+    mixture: dict | None = None
+    """The stage's data mixture in force at this checkpoint ({source: share}, shares summing to 1). None
+    when the stage draws the sources by their size, and in sidecars written before mixtures existed."""
     complete: bool = True
     """Written last: False or absent means the save did not finish."""
     format: int = SIDECAR_FORMAT

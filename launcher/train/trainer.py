@@ -15,7 +15,6 @@ import deepspeed.comm as dist
 import torch
 
 from launcher.config.run_config import RunConfig
-from launcher.config.schedule import learning_rate
 from launcher.config.stages import ResolvedStage
 from launcher.train.checkpointer import Checkpointer
 from launcher.train.device_batches import host_counts, to_device
@@ -60,6 +59,8 @@ class Trainer:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.stop_signalled = False  # set by a signal handler on this rank
         self.stop_agreed = False     # all ranks know (carried by the per-step all-reduce)
+        # The stage-switch message names the mask rate when some stage does not train at the run config's.
+        self._per_stage_mask_prob = any(s.mask_prob != cfg.data.masking.mask_prob for s in stages)
 
     def run(self) -> str:
         """Train to the end of the schedule ("finished") or until a stop signal ("stopped")."""
@@ -98,22 +99,26 @@ class Trainer:
         assert self.engine.gradient_accumulation_steps() == stage.grad_accum_steps
         if stage.rope_theta is not None:  # per-stage RoPE base (context extension): same weights, new table
             set_rope_theta(self.engine.module, stage.rope_theta)
+        # The training stream only: validation keeps the run config's rate, so its losses compare across stages.
+        self.batches.set_mask_prob(stage.mask_prob)
         self.metrics.event("stage_start", step=self.state.step, stage=stage.index, name=stage.name,
                            max_seq_len=stage.max_seq_len, global_batch_size=stage.global_batch_size,
                            micro_batch_size=stage.micro_batch_size, grad_accum_steps=stage.grad_accum_steps,
-                           rope_theta=stage.rope_theta, seconds=time.perf_counter() - start)
+                           rope_theta=stage.rope_theta, mask_prob=stage.mask_prob, mixture=stage.mixture_dict,
+                           seconds=time.perf_counter() - start)
         self.metrics.message(f"stage {stage.index + 1}/{len(self.stages)} '{stage.name}' after step {self.state.step} "
                              f"(steps {self.state.step + 1}-{stage.end_step}): max_seq_len {stage.max_seq_len}, "
                              f"global batch {stage.global_batch_size} = {stage.micro_batch_size} x "
                              f"{stage.grad_accum_steps} x {self.world_size}"
-                             + ("" if stage.rope_theta is None else f", rope_theta {stage.rope_theta:g}"))
+                             + ("" if stage.rope_theta is None else f", rope_theta {stage.rope_theta:g}")
+                             + (f", mask_prob {stage.mask_prob:g}" if self._per_stage_mask_prob else "")
+                             + ("" if stage.mixture is None else ", mixture " + ", ".join(
+                                 f"{source} {share:.3g}" for source, share in stage.mixture)))
         return stage
 
     def train_step(self, stage: ResolvedStage) -> dict:
         start = time.perf_counter()
-        opt = self.cfg.optimizer
-        lr = learning_rate(self.state.step, self.cfg.schedule.total_steps, opt.lr, opt.warmup_steps, opt.decay,
-                           opt.min_lr_ratio, stage.lr_scale)
+        lr = self.cfg.learning_rate(self.state.step, stage.lr_scale)
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
         host = [self.batches.next_batch(stage.max_seq_len, stage.micro_batch_size)

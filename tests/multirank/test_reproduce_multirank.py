@@ -23,7 +23,7 @@ def test_quick_reproduction_writes_the_report_and_resumes(tmp_path):
     for heading in ("Fig. 2 analog", "Linear attention", "Table 5 analog", "random-init twin"):
         assert heading in text
     for png in ("fig2_encodings.png", "linear_attention.png", "table5_lengths.png", "downstream.png",
-                "extension.png"):
+                "extension.png", "recipes.png"):
         data = (report / png).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 10_000, png
         assert f"({png})" in text  # embedded in the report
@@ -46,6 +46,12 @@ def test_quick_reproduction_writes_the_report_and_resumes(tmp_path):
     assert all(set(v["loss"]) == {"32", "64", "128"} for v in ext.values())
     assert ext["no-extension"]["trained_max_seq_len"] == 32 and ext["same-theta"]["trained_max_seq_len"] == 64
     assert "Context extension" in text
+    # The recipes part: two one-factor variants of the rope-s0 run (not trained twice), on one picture.
+    recipes = results["recipes"]
+    assert set(recipes) == {"linear", "wsd", "mask-annealed"} and set(recipes["linear"]["runs"]) == {"rope-s0"}
+    assert all(group["final_valid_loss"]["n"] == 1 for group in recipes.values())
+    assert [s["mask_prob"] for s in recipes["mask-annealed"]["runs"]["mask-annealed-s0"]["stages"]] == [0.3, 0.15]
+    assert "Recipe fields: WSD and an annealed mask rate" in text and "(recipes.png)" in text
     # Ordinary run directories: an export that transformers' format describes, per-job logs.
     assert (out / "runs" / "rope-s0" / "export" / "config.json").is_file()
     assert len(list((out / "finetune").glob("*.json"))) == 6
@@ -53,6 +59,6 @@ def test_quick_reproduction_writes_the_report_and_resumes(tmp_path):
 
     second = roformer("reproduce", "--quick", "--out", str(out), timeout=1800)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert second.stdout.count("finished earlier") == 7
+    assert second.stdout.count("finished earlier") == 9
     assert "pretrain-" not in second.stdout and "6 of 6 reports exist" in second.stdout
     assert "eval-" not in second.stdout

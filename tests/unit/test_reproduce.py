@@ -26,11 +26,13 @@ def test_full_preset_compares_every_variant_over_at_least_three_seeds():
     for run in runs:
         groups.setdefault(run.group, set()).add(run.seed)
     assert set(groups) == {"rope", "sinusoidal", "learned", "linear+rope", "linear+sinusoidal", "recipe",
-                           "extension-same-theta", "extension-larger-theta"}
-    assert all(len(seeds) >= 3 for group, seeds in groups.items() if group != "recipe" and "extension" not in group)
+                           "extension-same-theta", "extension-larger-theta", "wsd", "mask-annealed",
+                           "recipe-three-phase"}
+    assert all(len(seeds) >= 3 for group, seeds in groups.items() if "recipe" not in group and "extension" not in group)
     # Same config and schedule for every ablation variant: only encoding, attention, table and seed differ.
-    ablation = [r for r in runs if r.group != "recipe" and r.schedule is None]
+    ablation = [r for r in runs if "recipe" not in r.group and r.schedule is None]
     assert {r.config for r in ablation} == {preset.ablation_config}
+    assert len({r.name for r in runs}) == len(runs)  # the recipes part reuses the encodings part's rope runs
     finetunes = preset.finetune_runs(PARTS)
     assert len({f.name for f in finetunes}) == len(finetunes)  # one report file per job
     downstream = [f for f in finetunes if f.part == "downstream"]
@@ -64,7 +66,7 @@ def test_each_part_runs_alone_with_only_what_it_needs():
     assert preset.finetune_runs(("encodings",)) == []
 
 
-@pytest.mark.parametrize("name", ["ablation.yaml", "recipe.yaml"])
+@pytest.mark.parametrize("name", ["ablation.yaml", "recipe.yaml", "recipe_three_phase.yaml"])
 def test_shipped_reproduction_configs_load(name):
     cfg = load_run_config(REPO / "configs" / "reproduce" / name)
     assert cfg.schedule.total_steps > 0
@@ -262,3 +264,96 @@ def test_downstream_pools_pretraining_seeds_and_keeps_each_ones_gain(tmp_path):
     gains = {name: run["gain_points"] for name, run in cell["by_pretraining_run"].items()}
     assert gains == {"recipe": pytest.approx(10.0), "recipe-s1": pytest.approx(6.0)}
     assert all(results["lengths"][n]["accuracy"]["n"] == 3 for n in ("128", "256", "512", "1024"))
+
+
+def test_recipes_part_changes_one_factor_of_the_rope_ablation_run(tmp_path):
+    """WSD and the annealed mask rate against the encodings part's own RoPE runs (reused, not run twice);
+    every variant's schedule resolves, and the annealed one masks 30% -> 15% over the ablation stages."""
+    from launcher.config.stages import resolve_stages
+    from launcher.reproduce.job_runner import Layout, Runner
+
+    preset = PRESETS["full"]()
+    alone = {r.name: r for r in preset.pretrain_runs(("recipes",))}
+    assert set(alone) == {f"{v}-s{s}" for v in ("rope", "wsd", "mask-annealed") for s in (0, 1, 2)} | \
+        {"recipe", "recipe-three-phase"}
+    with_encodings = preset.pretrain_runs(("encodings", "recipes"))
+    assert [r.name for r in with_encodings].count("rope-s0") == 1
+    assert alone["rope-s1"].overrides == next(r for r in with_encodings if r.name == "rope-s1").overrides
+    runner = Runner(preset, Layout(tmp_path), log=lambda line: None)
+    resolved = {}
+    for name in ("rope-s0", "wsd-s0", "mask-annealed-s0"):
+        run = alone[name]
+        extra = [f"schedule.file={runner._write_schedule(run)}"] if run.schedule else []
+        cfg = load_run_config(preset.ablation_config, [*run.overrides, *extra])
+        resolved[name] = (cfg, resolve_stages(cfg, preset.num_ranks))
+    plain, wsd, annealed = (resolved[n] for n in ("rope-s0", "wsd-s0", "mask-annealed-s0"))
+    assert [s.mask_prob for s in annealed[1]] == [0.3, 0.2, 0.15] and {s.mask_prob for s in plain[1]} == {0.15}
+    assert [(s.max_seq_len, s.steps) for s in annealed[1]] == [(s.max_seq_len, s.steps) for s in plain[1]]
+    assert wsd[0].optimizer.decay == "wsd" and wsd[0].decay_steps == plain[1][-1].steps
+    assert plain[0].optimizer.decay == annealed[0].optimizer.decay == "linear"
+    quick = PRESETS["quick"]()
+    assert [s["mask_prob"] for s in quick.recipes.annealed_schedule(quick.ablation_schedule)] == [0.3, 0.15]
+
+
+def test_recipes_report_compares_each_variant_with_the_linear_run(tmp_path):
+    from launcher.reproduce.claims_report import write_report
+    from launcher.reproduce.job_runner import Layout
+    from launcher.reproduce.results import collect
+
+    preset = PRESETS["full"]()
+    # No run started yet: the ablation's RoPE runs are the "linear" group, each variant its own.
+    empty = collect(preset, Layout(tmp_path / "out"), ("recipes",))["recipes"]
+    assert {group: data["unfinished"] for group, data in empty.items()} == {
+        group: [f"{name}-s{s}" for s in (0, 1, 2)] for group, name in
+        (("linear", "rope"), ("wsd", "wsd"), ("mask-annealed", "mask-annealed"))}
+
+    def group(*finals):
+        runs = {f"r{i}": {"final_valid_loss": v, "valid_curve": [[25, v + 1, 0.2], [370, v, 0.3]],
+                          "median_tokens_per_s": 1000.0, "stages": []} for i, v in enumerate(finals)}
+        return {"runs": runs, "unfinished": [],
+                "final_valid_loss": {"mean": sum(finals) / len(finals), "min": min(finals), "max": max(finals),
+                                     "n": len(finals)},
+                "final_valid_accuracy": {"n": 0}}
+
+    def accuracy(*values):
+        return {"accuracy": {"mean": sum(values) / len(values), "min": min(values), "max": max(values),
+                             "n": len(values)}}
+
+    results = {"recipes": {"linear": group(6.0, 6.1, 6.2), "wsd": group(5.7, 5.8, 5.9),
+                           "mask-annealed": group(6.1, 6.2, 6.3)},
+               "recipe_comparison": {"budget": 1000, "pretraining": {"three-phase": {"final_valid_loss": 5.1},
+                                                                     "recipe": {"final_valid_loss": 5.3}},
+                                     "tasks": {"inews": {"three-phase": accuracy(0.70, 0.72), "recipe": accuracy(0.68),
+                                                         "random-init twin": accuracy(0.62),
+                                                         "three_phase_minus_recipe_points": 3.0}}}}
+    text = write_report(results, tmp_path, ["header"]).read_text()
+    assert "## Recipe fields: WSD and an annealed mask rate" in text and "fixed 15%" in text
+    assert "- wsd vs linear: final loss 5.800 vs 6.100 (gap +0.300); the claim holds: every seed" in text
+    assert "- mask-annealed vs linear: final loss 6.200 vs 6.100 (gap -0.100); the claim does NOT hold here." in text
+    assert "| wsd | 5.800 (5.700-5.900, n=3) |" in text
+    assert (tmp_path / "recipes.png").read_bytes()[:8] == PNG_MAGIC
+    assert "validation loss at the fixed 15% mask rate on the same tokens: three-phase 5.100, recipe 5.300" in text
+    assert "| inews | 0.710 (0.700-0.720, n=2) | 0.680 (0.680-0.680, n=1) | 0.620 (0.620-0.620, n=1) | +3.0 |" in text
+
+
+def test_recipes_part_compares_the_three_phase_recipe_at_the_recipes_tokens():
+    """The three-phase run trains recipe.yaml's lengths, batches and steps (equal tokens) and changes only
+    recipe fields; its fine-tunes sit beside the recipe's and the twin's, which are the downstream part's."""
+    from launcher.config.stages import resolve_stages
+
+    preset = PRESETS["full"]()
+    recipe = load_run_config(preset.recipe_config)
+    three = load_run_config(preset.recipe_comparison.config)
+    shapes = [[(s.max_seq_len, s.global_batch_size, s.steps) for s in resolve_stages(c, 2)] for c in (recipe, three)]
+    assert shapes[0] == shapes[1] and three.model.diff(recipe.model) == []
+    assert three.data.data_dir == recipe.data.data_dir and three.optimizer.decay == "wsd"
+    assert [s.mask_prob for s in three.schedule.stages] == [0.3, 0.3, 0.15]
+    finetunes = preset.recipe_comparison_finetunes(("recipes",))
+    downstream = {f.name for f in preset.finetune_runs(("downstream",))}
+    assert {f.name for f in finetunes if f.pretrain == "recipe"} <= downstream  # one report serves both parts
+    assert len({f.name for f in preset.finetune_runs(("downstream", "recipes"))}) == \
+        len(preset.finetune_runs(("downstream", "recipes")))
+    assert {(f.task, f.init, f.budget) for f in finetunes if f.pretrain == "recipe-three-phase"} == \
+        {(t, "pretrained", 1000) for t in ("movie-reviews", "inews")}
+    assert "recipe-three-phase" in preset.exported_runs
+    assert PRESETS["quick"]().finetune_runs(("recipes",)) == []  # the quick check stays cheap
