@@ -151,8 +151,8 @@ def check_branch(cfg, stages: list, corpus, tag: str | None = None) -> BranchPoi
     problem = schedule_difference(source_stages, [s.to_dict() for s in stages], point.step)
     if problem is None:
         source_optimizer = (_read_yaml(source_files["config"]).get("optimizer") or {})
-        source_total = sum(int(s["steps"]) for s in source_stages)
-        problem = lr_difference(source_optimizer, source_total, cfg.optimizer, cfg.schedule.total_steps, point.step)
+        problem = lr_difference(source_optimizer, [int(s["steps"]) for s in source_stages], cfg.optimizer,
+                                [s.steps for s in stages], point.step)
         where = f"{cfg.source} vs the branch source's {source_files['config']}"
     if problem is not None:
         raise UserError(f"{where}: {problem}, before the branch step {point.step} ({point.tag}); a branch must "
@@ -183,32 +183,28 @@ def schedule_difference(source: list[dict], new: list[dict], branch_step: int) -
     return None
 
 
-def lr_difference(source_optimizer: dict, source_total_steps: int, optimizer, total_steps: int,
+def lr_difference(source_optimizer: dict, source_stage_steps: list[int], optimizer, stage_steps: list[int],
                   branch_step: int) -> str | None:
     """The first optimizer step before `branch_step` whose learning rate (before the stage's lr_scale,
-    compared with the stages) differs between the source's recorded optimizer section and this run's,
-    naming the optimizer fields that differ; None when the curves agree up to the branch."""
+    compared with the stages) differs between the source's recorded optimizer section and this run's
+    (launcher/config/schedule.py run_learning_rate: warmup, decay, WSD window), naming the optimizer fields
+    that differ; None when the curves agree up to the branch."""
     import dataclasses
 
+    from launcher.config.schedule import run_learning_rate
+
     mine = dataclasses.asdict(optimizer)
-    theirs = {**mine, **source_optimizer}
     for step in range(branch_step):
-        a, b = _lr_at(mine, step, total_steps), _lr_at(theirs, step, source_total_steps)
+        a = run_learning_rate(step, optimizer, stage_steps)
+        b = run_learning_rate(step, source_optimizer, source_stage_steps)
         if not _close(a, b):
-            fields = [f"optimizer.{k} {mine[k]!r} vs {theirs[k]!r}" for k in mine if mine[k] != theirs[k]]
-            if total_steps != source_total_steps:
-                fields.append(f"total steps {total_steps} vs {source_total_steps}")
+            fields = [f"optimizer.{k} {mine[k]!r} vs {source_optimizer[k]!r}" for k in mine
+                      if k in source_optimizer and mine[k] != source_optimizer[k]]
+            if sum(stage_steps) != sum(source_stage_steps):
+                fields.append(f"total steps {sum(stage_steps)} vs {sum(source_stage_steps)}")
             return (f"the learning rate of step {step} is {a:.6g} vs {b:.6g} in the source run "
                     f"({', '.join(fields) or 'same fields'})")
     return None
-
-
-def _lr_at(optimizer: dict, step: int, total_steps: int) -> float:
-    """The run's learning-rate curve (launcher/config/schedule.py learning_rate) from an optimizer section."""
-    from launcher.config.schedule import learning_rate
-
-    return learning_rate(step, total_steps, optimizer["lr"], optimizer["warmup_steps"], optimizer["decay"],
-                         optimizer["min_lr_ratio"])
 
 
 def _close(a: float, b: float) -> bool:

@@ -61,13 +61,18 @@ def test_schedule_difference_before_the_branch_step_only():
 def test_lr_difference_names_the_step_and_fields():
     constant = OptimizerSection(lr=1e-3, warmup_steps=10, decay="constant", min_lr_ratio=0.0)
     recorded = {"lr": 1e-3, "warmup_steps": 10, "decay": "constant", "min_lr_ratio": 0.0}
-    assert lr_difference(recorded, 1000, constant, 800, 600) is None  # flat after warmup: any length agrees
+    assert lr_difference(recorded, [1000], constant, [800], 600) is None  # flat after warmup: any length agrees
     linear = {**recorded, "decay": "linear"}
-    problem = lr_difference(linear, 1000, constant, 800, 600)
+    problem = lr_difference(linear, [1000], constant, [800], 600)
     assert problem.startswith("the learning rate of step 11 is 0.001 vs 0.00099899 in the source run") and \
         "optimizer.decay 'constant' vs 'linear', total steps 800 vs 1000" in problem
-    assert lr_difference(linear, 1000, OptimizerSection(lr=1e-3, warmup_steps=10, decay="linear", min_lr_ratio=0.0),
-                         1000, 600) is None
+    assert lr_difference(linear, [1000], OptimizerSection(lr=1e-3, warmup_steps=10, decay="linear", min_lr_ratio=0.0),
+                         [1000], 600) is None
+    # WSD: a stable run of 1000 steps, and a branch at 600 that decays over its last stage of 200 steps.
+    stable = {**recorded, "decay": "wsd", "decay_steps": 100}
+    decay = OptimizerSection(lr=1e-3, warmup_steps=10, decay="wsd", min_lr_ratio=0.0, decay_shape="1-sqrt")
+    assert lr_difference(stable, [1000], decay, [600, 200], 600) is None
+    assert "the learning rate of step 600 is" in lr_difference(stable, [1000], decay, [600, 200], 700)
 
 
 @pytest.fixture
