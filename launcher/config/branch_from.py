@@ -115,12 +115,21 @@ def check_branch(cfg, stages: list, corpus, tag: str | None = None) -> BranchPoi
     """Everything about a branch that needs no process group (see the module docstring): UserError in one
     line naming the file, stage and field. `cfg`: RunConfig, `stages`: its ResolvedStages, `corpus`: the
     opened training data; `tag`: this checkpoint instead of branch_from's."""
-    from roformer.config import ConfigError, RoFormerConfig
-
     branch = BranchFrom.parse(cfg.branch_from, cfg.source)
     if tag is not None:
         branch = BranchFrom(branch.run_dir, tag)
     point = find_branch_point(branch, cfg.source)
+    _check_model_and_data(cfg, point, corpus)
+    if point.step >= cfg.schedule.total_steps:
+        raise UserError(f"{cfg.source}: the schedule ends at step {cfg.schedule.total_steps}, at or before the branch "
+                        f"point {point.tag} (step {point.step}): nothing to train")
+    _check_schedule(cfg, stages, point)
+    return point
+
+
+def _check_model_and_data(cfg, point: BranchPoint, corpus) -> None:
+    from roformer.config import ConfigError, RoFormerConfig
+
     sidecar_file = sidecar_path(point.directory)
     try:
         saved = RoFormerConfig.from_dict(point.sidecar.model_config, source=str(sidecar_file))
@@ -142,11 +151,11 @@ def check_branch(cfg, stages: list, corpus, tag: str | None = None) -> BranchPoi
         raise UserError(f"{cfg.source}: data.data_dir {corpus.data_dir} is another corpus (fingerprint "
                         f"{corpus.fingerprint}) than the branch source trained on ({trained}, data_state.corpus in "
                         f"{sidecar_file}): a branch continues on the source's data")
-    if point.step >= cfg.schedule.total_steps:
-        raise UserError(f"{cfg.source}: the schedule ends at step {cfg.schedule.total_steps}, at or before the branch "
-                        f"point {point.tag} (step {point.step}): nothing to train")
-    source_files = files_in_effect(RunDir(branch.run_dir), point.step)
-    source_stages = _read_json(source_files["stages"]).get("stages")
+
+
+def _check_schedule(cfg, stages: list, point: BranchPoint) -> None:
+    source_files = files_in_effect(RunDir(point.source.run_dir), point.step)
+    source_stages = _read_json(source_files["stages"]).get("stages") or []
     where = f"{cfg.schedule.file} vs the branch source's {source_files['stages']}"
     problem = schedule_difference(source_stages, [s.to_dict() for s in stages], point.step)
     if problem is None:
@@ -157,7 +166,6 @@ def check_branch(cfg, stages: list, corpus, tag: str | None = None) -> BranchPoi
     if problem is not None:
         raise UserError(f"{where}: {problem}, before the branch step {point.step} ({point.tag}); a branch must "
                         f"follow its source's schedule up to that step")
-    return point
 
 
 def schedule_difference(source: list[dict], new: list[dict], branch_step: int) -> str | None:
