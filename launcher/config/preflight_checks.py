@@ -60,7 +60,9 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, r
     if cfg.init_from:  # the data must be tokenized with the starting model's tokenizer
         notes += [note] if (note := check_init_tokenizer(cfg.init_from, train_corpus, cfg.source)) else []
     if cfg.branch_from and not (run_dir and read_branch_record(RunDir(Path(run_dir)))):
-        check_branch(cfg, stages, train_corpus)  # the source's model, data and schedule up to the branch step
+        point = check_branch(cfg, stages, train_corpus)  # the source's model, data and schedule up to the branch step
+        notes.append(f"a branch of {point.source.run_dir} at {point.tag} (step {point.step:,}, stage "
+                     f"'{point.sidecar.stage_name}'): the schedule agrees up to there; this run starts there")
     train, valid = (PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed,
                                     masking=cfg.data.masking) for corpus in (train_corpus, valid_corpus))
     for stage in stages:

@@ -168,6 +168,11 @@ def test_pretrain_refuses_before_anything_starts(capsys, source, tmp_path):
     write_branch_record(RunDir(tmp_path / "new"), {"source_run_dir": str(source), "tag": TAG, "step": 5})
     assert cli_main(["pretrain", "--num_gpus", "2", "--config", str(config), "--run-dir", str(tmp_path / "new"),
                      "--branch-from", f"{source}:{TAG}", "--set", "optimizer.warmup_steps=3", "--dry-run"]) == 0
+    assert "a branch of" not in capsys.readouterr().err
+    # A first start that agrees is announced by the dry run.
+    assert cli_main(["pretrain", "--num_gpus", "2", "--config", str(config), "--run-dir", str(tmp_path / "other"),
+                     "--branch-from", str(source), "--dry-run"]) == 0
+    assert f"roformer pretrain: note: a branch of {source} at {TAG} (step 5, stage 'long')" in capsys.readouterr().err
 
 
 def test_a_branch_into_its_own_source_is_refused_before_the_lock(capsys, source):
