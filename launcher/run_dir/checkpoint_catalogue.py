@@ -37,8 +37,8 @@ from typing import Iterable
 
 from launcher.errors import UserError
 from launcher.run_dir.checkpoint_files import DamagedCheckpoint, verify_files
-from launcher.run_dir.layout import DAMAGED_DIR, RunDir, sidecar_path, step_of_tag
-from launcher.run_dir.sidecar import CheckpointSidecar, NewerSidecarFormat, read_sidecar
+from launcher.run_dir.layout import DAMAGED_DIR, SIDECAR_NAME, RunDir, step_of_tag
+from launcher.run_dir.sidecar import CheckpointSidecar, MissingSidecar, NewerSidecarFormat, read_sidecar
 
 COMPLETE, PARTIAL, DAMAGED, NEWER = "complete", "partial", "damaged", "newer"
 
@@ -149,16 +149,15 @@ class CheckpointCatalogue:
 def entry_of(directory: Path) -> CheckpointEntry:
     """Sidecar-level state of one checkpoint directory (its files are checked by `verify`)."""
     tag = directory.name
-    if not sidecar_path(directory).exists():
-        return CheckpointEntry(tag, step_of_tag(tag), directory, PARTIAL,
-                               problem=f"{directory}: partial checkpoint: sidecar.json missing (the save did not finish)")
     try:
         sidecar = read_sidecar(directory)
+    except MissingSidecar as err:
+        return CheckpointEntry(tag, step_of_tag(tag), directory, PARTIAL, problem=str(err))
     except NewerSidecarFormat as err:
         return CheckpointEntry(tag, step_of_tag(tag), directory, NEWER, problem=str(err))
     except (UserError, OSError) as err:
         return CheckpointEntry(tag, step_of_tag(tag), directory, DAMAGED, problem=str(err))
     if sidecar.tag != tag:
         return CheckpointEntry(tag, step_of_tag(tag), directory, DAMAGED,
-                               problem=f"{sidecar_path(directory)}: tag {sidecar.tag!r} is not the directory's name")
+                               problem=f"{directory / SIDECAR_NAME}: tag {sidecar.tag!r} is not the directory's name")
     return CheckpointEntry(tag, sidecar.step, directory, COMPLETE, sidecar=sidecar)
