@@ -44,7 +44,8 @@ def _input_args(p: argparse.ArgumentParser) -> None:
                         "--source, --default-corpus or several)")
     p.add_argument("--source", action="append", default=[], metavar="NAME=PATH[,PATH...]",
                    help="a named source (repeatable): files, directories or globs as --input takes them; each "
-                        "source gets its own shards and validation split, and stages' `mixture` weighs them")
+                        "source gets its own shards and validation split, and stages' `mixture` weighs them "
+                        "(default: none; --input files are the source 'default')")
     p.add_argument("--default-corpus", nargs="?", const="en,zh", default=None, metavar="NAMES",
                    help="add bundled corpora installed by scripts/setup.sh, comma-separated, each a source of that "
                         "name: en (linux-doc), zh (People's Daily), wordnet (WordNet glosses), task-train (the "

@@ -1,4 +1,5 @@
-"""`roformer export RUN_DIR [--tag TAG] --out DIR`: the command line of launcher.downstream.exporter."""
+"""`roformer export RUN_DIR [--tag TAG | --average-last N | --average TAG,...] --out DIR`: the command line of
+launcher.downstream.exporter (averaging: launcher.downstream.weight_averaging)."""
 from __future__ import annotations
 
 import argparse
@@ -7,11 +8,18 @@ from pathlib import Path
 
 from launcher.downstream.export_reader import EXPORT_INFO
 from launcher.downstream.exporter import MAX_POSITIONS_PER_TRAINED_LENGTH, MIN_MAX_POSITIONS, export_checkpoint
+from launcher.downstream.weight_averaging import AverageRequest
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, help="run directory (holds checkpoints/)")
     parser.add_argument("--tag", default=None, help="checkpoint tag (default: the one checkpoints/latest names)")
+    parser.add_argument("--average-last", type=int, default=None, metavar="N",
+                        help="export the element-wise mean of the fp32 weights of the N newest complete checkpoints "
+                             "(default: no averaging)")
+    parser.add_argument("--average", default=None, metavar="TAG,TAG,...",
+                        help="export the element-wise mean of the fp32 weights of these checkpoints (default: no "
+                             "averaging)")
     parser.add_argument("--out", type=Path, required=True, help="export directory to create or replace")
     parser.add_argument("--tokenizer-from", type=Path, default=None,
                         help="prepared data dir (or tokenizer dir) to take the tokenizer from "
@@ -26,9 +34,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    average = AverageRequest.from_flags(args.average_last, args.average, args.tag)
     out = export_checkpoint(args.run_dir, args.out, tag=args.tag, tokenizer_from=args.tokenizer_from,
-                            verify=not args.no_verify, max_positions=args.max_positions)
+                            verify=not args.no_verify, max_positions=args.max_positions, average=average)
     info = json.loads((out / EXPORT_INFO).read_text(encoding="utf-8"))
-    print(f"exported {info['tag']} (step {info['step']}, stage {info['stage_index'] + 1} '{info['stage']}') -> "
-          f"{out}; transformers' RoFormer accepts inputs of up to {info['max_positions']:,} tokens (--max-positions)")
+    where = f"step {info['step']}, stage {info['stage_index'] + 1} '{info['stage']}'"
+    what = f"{info['tag']} ({where})"
+    if "averaged" in info:
+        what = f"the mean of {', '.join(a['tag'] for a in info['averaged'])} (newest at {where})"
+    print(f"exported {what} -> {out}; transformers' RoFormer accepts inputs of up to {info['max_positions']:,} "
+          f"tokens (--max-positions)")
     return 0

@@ -40,6 +40,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="continue pretraining from this model directory: a `roformer export` or any transformers "
                              "RoFormer directory (= --set init_from=DIR; docs/training.md#continuing-from-an-existing-"
                              "model) (default: the run config's init_from, else random weights)")
+    parser.add_argument("--branch-from", action=BranchFromAction, metavar="RUN_DIR[:TAG]", default=None,
+                        help="start this new run at another run's checkpoint (weights, optimizer state, data position, "
+                             "RNG), then follow --config's schedule, which must be the source's up to that step "
+                             "(= --set branch_from=RUN_DIR[:TAG]; docs/training.md#branching-a-decay) (default: the run "
+                             "config's branch_from, else no branch; TAG default: the source's newest complete "
+                             "checkpoint)")
 
 
 class InitFromAction(argparse.Action):
@@ -52,8 +58,21 @@ class InitFromAction(argparse.Action):
         namespace.overrides = [*(getattr(namespace, "overrides", None) or []), item]
 
 
+class BranchFromAction(argparse.Action):
+    """--branch-from RUN_DIR[:TAG] is the run config's `branch_from`, with RUN_DIR made absolute here (like
+    --init-from)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        from launcher.config.branch_from import BranchFrom
+
+        setattr(namespace, self.dest, value)
+        item = f"branch_from={json.dumps(str(BranchFrom.parse(value, '--branch-from')))}"
+        namespace.overrides = [*(getattr(namespace, "overrides", None) or []), item]
+
+
 def run(args: argparse.Namespace) -> int:
     plan = build_plan(args)  # flags, hostfile, config: refused before the run directory is touched
+    refuse_branch_into_its_source(plan)
     if args.dry_run:  # starts nothing, writes nothing: no lock
         return plan_and_launch(args, plan)
     with claim_run_dir(plan.run_dir) as lock:
@@ -61,6 +80,14 @@ def run(args: argparse.Namespace) -> int:
             return plan_and_launch(args, dataclasses.replace(plan, env={**plan.env, LOCK_ID_ENV: lock.holder.lock_id}))
         finally:
             os.environ.pop(LOCK_ID_ENV, None)  # the job is over: no later command of this process inherits it
+
+
+def refuse_branch_into_its_source(plan) -> None:
+    """A branch's source is only read: refused as --run-dir before the lock would write into it."""
+    from launcher.config.branch_from import check_branch_target
+    from launcher.config.run_config import load_run_config
+
+    check_branch_target(load_run_config(plan.config_path, plan.overrides), plan.run_dir)
 
 
 def claim_run_dir(run_dir: Path):
@@ -179,4 +206,4 @@ def check_inputs(plan) -> list[str]:
 
     cfg = load_run_config(plan.config_path, plan.overrides)
     here = is_local_only(plan.resources) or "DS_ACCELERATOR" in plan.env
-    return check_run(cfg, plan.stages, plan.world_size, accelerator_is_the_ranks=here).notes
+    return check_run(cfg, plan.stages, plan.world_size, accelerator_is_the_ranks=here, run_dir=plan.run_dir).notes

@@ -8,8 +8,10 @@ the engine exists): what plan passes, a rank accepts.
   2. the prepared data: manifest, both splits and the tokenizer (`data_pipeline.open_corpus`);
      `model.vocab_size` must equal the tokenizer's vocabulary, `model.pad_token_id` its pad id (manifest);
   3. one epoch of the train split holds at least one global batch of every stage.
-  4. with `init_from`, the data was tokenized with that model's tokenizer (launcher/config/init_from.py).
-  5. every stage's `mixture` names sources of the prepared data (and only ones with train documents).
+  4. with `init_from`, the data was tokenized with that model's tokenizer (launcher/config/init_from.py);
+  5. every stage's `mixture` names sources of the prepared data (and only ones with train documents);
+  6. with `branch_from`, the source checkpoint's model, tokenizer, data and schedule up to its step
+     (launcher/config/branch_from.py).
 
 The schedule's own rules (e.g. `max_seq_len >= 2`) are checked when the run config is loaded
 (launcher/config/schedule.py). Each failure is one line naming the file and the field.
@@ -23,10 +25,13 @@ from pathlib import Path
 from data_pipeline import DataError, PretrainBatches, open_corpus
 from launcher.config.deepspeed_json import resolve_ds_config
 from launcher.config.precision import train_precision
+from launcher.config.branch_from import check_branch
 from launcher.config.init_from import check_init_tokenizer
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
+from launcher.run_dir.layout import RunDir
+from launcher.run_dir.records import read_branch_record
 
 @dataclass
 class CheckedRun:
@@ -41,18 +46,24 @@ class CheckedRun:
 
 
 def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, rank: int = 0,
-              verify_data: bool = False, accelerator_is_the_ranks: bool = True) -> CheckedRun:
+              verify_data: bool = False, accelerator_is_the_ranks: bool = True, run_dir: Path | None = None) -> CheckedRun:
     """All checks above; UserError / DataError (one line) on the first failure.
 
     verify_data: also hash shards changed since they were prepared (one rank of a run does it).
     accelerator_is_the_ranks: this process sees the accelerator the ranks will have (a rank; a local
     run; DS_ACCELERATOR set, which the ranks inherit). Otherwise an unsupported precision is a note:
     a login node without GPUs may plan a GPU run.
+    run_dir: the run directory, when there is one (a branch that has started is checked against its
+    recorded branch point by rank 0, not against the source's newest checkpoint: launcher/train/resume.py).
     """
     notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks)
     train_corpus, valid_corpus = open_data(cfg, verify_data)
     if cfg.init_from:  # the data must be tokenized with the starting model's tokenizer
         notes += [note] if (note := check_init_tokenizer(cfg.init_from, train_corpus, cfg.source)) else []
+    if cfg.branch_from and not (run_dir and read_branch_record(RunDir(Path(run_dir)))):
+        point = check_branch(cfg, stages, train_corpus)  # the source's model, data and schedule up to the branch step
+        notes.append(f"a branch of {point.source.run_dir} at {point.tag} (step {point.step:,}, stage "
+                     f"'{point.sidecar.stage_name}'): the schedule agrees up to there; this run starts there")
     train, valid = (PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed,
                                     masking=cfg.data.masking) for corpus in (train_corpus, valid_corpus))
     for stage in stages:

@@ -22,6 +22,7 @@ import yaml
 from data_pipeline.errors import DataError
 from data_pipeline.masking import MaskingConfig
 from launcher.config.files import read_mapping
+from launcher.config.branch_from import BranchFrom
 from launcher.config.init_from import model_from_init_dir
 from launcher.config.schedule import (
     DECAY_SHAPES,
@@ -156,6 +157,11 @@ class RunConfig:
     keys given here may only change what keeps the weights' shapes, e.g. dropout), its weights are loaded
     on a fresh start, and the data must be tokenized with its tokenizer (launcher/config/init_from.py).
     Empty = random initialisation."""
+    branch_from: str = ""
+    """`RUN_DIR[:TAG]` (`roformer pretrain --branch-from`): start at that run's checkpoint (default: its newest
+    complete one) with its weights, optimizer state, data position and RNG, then follow this config's schedule,
+    which must be the source's up to the checkpoint's step (launcher/config/branch_from.py). A fresh start
+    only: a run directory with a checkpoint resumes from it. Stored with RUN_DIR absolute. Empty = no branch."""
     restarts: RestartsSection = field(default_factory=RestartsSection)
     """Restarts after a fault and the preemption grace time (launcher.config.restarts_section); read by
     `roformer pretrain` only, so left out of to_dict (the run's recorded config)."""
@@ -188,6 +194,8 @@ class RunConfig:
         out["schedule"].pop("stages")
         if not out["init_from"]:
             out.pop("init_from")  # runs that start from random weights record what they always did
+        if not out["branch_from"]:
+            out.pop("branch_from")  # the same for runs that are no branch
         return out
 
 
@@ -202,7 +210,7 @@ SECTIONS: dict[str, type] = {
     "restarts": RestartsSection,
     "hardware": HardwareSection,
 }
-TOP_LEVEL_SCALARS = ("seed", "init_from")
+TOP_LEVEL_SCALARS = ("seed", "init_from", "branch_from")
 # Fields holding paths, resolved against the config file's directory.
 PATH_FIELDS = {("data", "data_dir"), ("schedule", "file"), ("deepspeed", "config")}
 
@@ -223,6 +231,10 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path) -> RunConfig:
         raise UserError(f"{source}: unknown section(s) {', '.join(map(str, unknown))} "
                         f"(known: {', '.join(sorted(known))})")
     init_from = _init_from(raw.get("init_from", RunConfig.init_from), source, base_dir)
+    branch_from = _branch_from(raw.get("branch_from", RunConfig.branch_from), source, base_dir)
+    if branch_from and init_from:
+        raise UserError(f"{source}: branch_from and init_from: a branch starts from its source's checkpoint, "
+                        f"init_from from a model directory; give one of them")
     if not isinstance(raw.get("model"), dict) and not (init_from and raw.get("model") is None):
         raise UserError(f"{source}: section 'model' (the RoFormerConfig fields) is required")
     sections = {name: _build_section(name, cls, raw.get(name) or {}, source, base_dir)
@@ -235,7 +247,7 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path) -> RunConfig:
             RoFormerConfig.from_dict(dict(raw["model"]), source=f"{source}: model")
     except ConfigError as err:
         raise UserError(str(err)) from None
-    cfg = RunConfig(model=model, seed=seed, source=source, init_from=init_from, **sections)
+    cfg = RunConfig(model=model, seed=seed, source=source, init_from=init_from, branch_from=branch_from, **sections)
     _validate(cfg)
     cfg.schedule.stages = tuple(load_schedule(cfg.schedule.file))
     _check_decay_window(cfg)
@@ -379,6 +391,13 @@ def _init_from(value: Any, source: str, base_dir: Path) -> str:
         raise UserError(f"{source}: init_from: expected a directory path, got {value!r}")
     expanded = Path(os.path.expandvars(os.path.expanduser(value)))
     return str(expanded if expanded.is_absolute() else (base_dir / expanded).resolve())
+
+
+def _branch_from(value: Any, source: str, base_dir: Path) -> str:
+    """branch_from as `ABSOLUTE_RUN_DIR[:TAG]` ('' = none), RUN_DIR resolved against the config file's directory."""
+    if value is None or value == "":
+        return ""
+    return str(BranchFrom.parse(value, source, base_dir))
 
 
 def _apply_override(raw: dict, item: str, path: Path) -> None:

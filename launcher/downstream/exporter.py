@@ -1,4 +1,5 @@
-"""`roformer export RUN_DIR [--tag TAG] --out DIR`: a checkpoint as a transformers RoFormer directory.
+"""`roformer export RUN_DIR [--tag TAG] --out DIR`: a checkpoint as a transformers RoFormer directory
+(`--average-last N` / `--average TAG,...`: the mean of several checkpoints, launcher/downstream/weight_averaging.py).
 
 The directory holds `config.json` + `model.safetensors` (fp32, consolidated from the ZeRO shards of
 any stage and world size), the tokenizer files, `README.md` (model card) and `export_info.json`
@@ -40,12 +41,13 @@ from launcher.errors import UserError
 from launcher.io import file_sha256, fsync_dir
 from launcher.run_dir.layout import SIDECAR_NAME, RunDir, sidecar_path
 from launcher.run_dir.lock import pid_alive
-from launcher.run_dir.records import describe_init, files_in_effect, read_init_record
+from launcher.run_dir.records import describe_start, files_in_effect
 
 if TYPE_CHECKING:  # torch is imported where it is used: `roformer export --help` must not wait for it
     import torch
 
     from launcher.downstream.checkpoint_weights import CheckpointRef
+    from launcher.downstream.weight_averaging import AverageRequest, AveragedCheckpoint
 
 # Largest |logit difference| tolerated between our model and transformers on the same weights
 # (fp32; both compute the same function, differences are summation order only).
@@ -57,27 +59,34 @@ MAX_POSITIONS_PER_TRAINED_LENGTH = 4
 
 
 def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenizer_from: Path | None = None,
-                      verify: bool = True, max_positions: int | None = None) -> Path:
+                      verify: bool = True, max_positions: int | None = None,
+                      average: AverageRequest | None = None) -> Path:
     """Write the export of RUN_DIR's checkpoint `tag` (default latest) to `out`; returns `out`.
-    `max_positions`: transformers' RoPE table size (None: see default_max_positions)."""
+    `max_positions`: transformers' RoPE table size (None: see default_max_positions). `average`: export
+    the mean of those checkpoints' weights instead (launcher/downstream/weight_averaging.py); the newest
+    of them stands for the training state, stages and tokenizer in the card."""
     from launcher.downstream.checkpoint_weights import (
         consolidate_fp32,
         resolve_checkpoint,
     )
+    from launcher.downstream.weight_averaging import AveragedCheckpoint, averaged_fp32, select_checkpoints
     from roformer import RoFormerConfig, RoFormerForMaskedLM
     from roformer.hf_interop import check_exportable, write_pretrained_files
 
     run_dir, out = Path(run_dir), Path(out)
     _check_destination(out, run_dir)
-    ref = resolve_checkpoint(run_dir, tag)
+    refs = select_checkpoints(run_dir, average) if average is not None else [resolve_checkpoint(run_dir, tag)]
+    ref = refs[-1]  # the newest
     model_config = RoFormerConfig.from_dict(ref.sidecar.model_config, source=f"{ref.path}/{SIDECAR_NAME}: model_config")
-    check_stage_rope_theta(ref)
+    for each in refs:
+        check_stage_rope_theta(each)
     check_exportable(model_config)  # e.g. linear attention has no transformers counterpart
     stages = run_stages(ref.run_dir, ref.sidecar.step)
     max_positions = _max_positions(max_positions, trained_length(ref.sidecar, stages))
     tokenizer_source = _tokenizer_source(ref, tokenizer_from)
 
-    state = consolidate_fp32(ref)
+    averaged = [AveragedCheckpoint.of(each) for each in refs] if average is not None else None
+    state = averaged_fp32(refs) if average is not None else consolidate_fp32(ref)
     model = RoFormerForMaskedLM(model_config)
     _load_exact(model, state, ref)
     model.eval()
@@ -90,9 +99,10 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
         write_pretrained_files(model, tmp, max_position_embeddings=max_positions)
         _copy_tokenizer(tokenizer_source, tmp)
         (tmp / "README.md").write_text(render_model_card(ref.sidecar, stages, ref.tag, run_dir, max_positions,
-                                                         started_from=describe_init(read_init_record(ref.run_dir))),
+                                                         started_from=describe_start(ref.run_dir),
+                                                         averaged=averaged),
                                        encoding="utf-8")
-        _write_export_info(tmp, ref, stages, max_positions)
+        _write_export_info(tmp, ref, stages, max_positions, averaged)
         if verify:
             check_transformers_parity(tmp, model)
         _fsync_tree(tmp)
@@ -277,7 +287,8 @@ def _read_run_config(path: Path) -> dict | None:
     return loaded if isinstance(loaded, dict) else None
 
 
-def _write_export_info(export_dir: Path, ref: CheckpointRef, stages: list[dict] | None, max_positions: int) -> None:
+def _write_export_info(export_dir: Path, ref: CheckpointRef, stages: list[dict] | None, max_positions: int,
+                       averaged: list[AveragedCheckpoint] | None = None) -> None:
     files = {p.name: file_sha256(p) for p in sorted(export_dir.iterdir()) if p.is_file()}
     reached = [s["max_seq_len"] for s in stages or [] if s["reached"]]
     info = {
@@ -292,6 +303,8 @@ def _write_export_info(export_dir: Path, ref: CheckpointRef, stages: list[dict] 
         "max_positions": max_positions,  # transformers' limit (config.json max_position_embeddings)
         "sha256": files,
     }
+    if averaged is not None:  # the weights are the mean of these (tag/step above: the newest of them)
+        info["averaged"] = [each.to_dict() for each in averaged]
     (export_dir / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 

@@ -17,12 +17,17 @@ STAGE_COLUMNS = ("name", "max_seq_len", "global_batch_size", "steps", "first_ste
 
 
 def render_model_card(sidecar: CheckpointSidecar, stages: list[dict] | None, tag: str, run_dir: Path,
-                      max_positions: int, started_from: str | None = None) -> str:
+                      max_positions: int, started_from: str | None = None, averaged: list | None = None) -> str:
     """Markdown with a transformers-style YAML header. `max_positions`: config.json's
     max_position_embeddings, the longest input transformers' RoFormer accepts. `started_from`: the model
-    a continued run started from (launcher.run_dir.records.describe_init), None for a random init."""
+    a continued run or the run a branch started from (launcher.run_dir.records.describe_start), None for a
+    random init.
+    `averaged`: the checkpoints whose mean the weights are (launcher.downstream.weight_averaging.
+    AveragedCheckpoint, oldest first; `sidecar` is the newest's), None for one checkpoint's weights."""
     model = sidecar.model_config
     trained = trained_length(sidecar, stages)
+    what = (f"the mean of {len(averaged)} checkpoints ({', '.join(f'`{a.tag}`' for a in averaged)})" if averaged
+            else f"checkpoint `{tag}`")
     lines = [
         "---",
         "library_name: transformers",
@@ -30,7 +35,7 @@ def render_model_card(sidecar: CheckpointSidecar, stages: list[dict] | None, tag
         "tags: [roformer, rope, masked-lm, roformer-ds]",
         "---",
         "",
-        f"# RoFormer masked-LM export of `{Path(run_dir).name}` at checkpoint `{tag}`",
+        f"# RoFormer masked-LM export of `{Path(run_dir).name}` at {what}",
         "",
         "Encoder with Rotary Position Embedding (RoFormer, arXiv 2104.09864), pretrained with masked",
         "language modelling by RoFormer-DS under DeepSpeed ZeRO. Weights are fp32, consolidated from the",
@@ -64,6 +69,13 @@ def render_model_card(sidecar: CheckpointSidecar, stages: list[dict] | None, tag
         lines.append(f"| {label} | {_fmt(value)} |")
     lines.append(f"| architecture | {_architecture(model)} |")
     lines.append(f"| started from | {started_from or 'random initialisation'} |")
+
+    if averaged:
+        lines += ["", "## Averaged checkpoints", "",
+                  f"The weights are the element-wise mean of these {len(averaged)} checkpoints' fp32 weights "
+                  f"(`roformer export --average-last` / `--average`); the training state above is the newest one's.",
+                  "", "| tag | step | stage | sidecar.json sha256 |", "|---|---|---|---|"]
+        lines += [f"| {a.tag} | {a.step:,} | {a.stage} | `{a.sidecar_sha256}` |" for a in averaged]
 
     if stages:
         lines += ["", "## Training stages (schedule of the run; steps counted over the whole run)", "",

@@ -91,7 +91,7 @@ def _what_ran(summary: RunSummary) -> str:
             ("optimizer", ", ".join(f"{k} {optimizer[k]}" for k in ("lr", "warmup_steps", "decay", "min_lr_ratio")
                                     if k in optimizer) + _wsd_window(optimizer) or "?"),
             ("data", f"`{(config.get('data') or {}).get('data_dir', '?')}`")]
-    if summary.started_from:  # init_from: the model this run continued (RUN_DIR/init_from.json)
+    if summary.started_from:  # a branch's source run or init_from's model (RUN_DIR/branch_from.json, init_from.json)
         rows.insert(2, ("started from", summary.started_from))
     if len(summary.versions) > 1:  # a resume changed the config: say from which step each version holds
         rows.append(("config versions", "; ".join(

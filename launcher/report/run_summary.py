@@ -18,7 +18,7 @@ from launcher.config.precision import train_precision
 from launcher.errors import UserError
 from launcher.report.curves import Curves, record_versions, records_in_effect
 from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
-from launcher.run_dir.records import RecordVersion, describe_init, read_init_record
+from launcher.run_dir.records import RecordVersion, describe_start
 from launcher.run_dir.layout import RunDir, step_of_tag
 from launcher.run_dir.restart_records import RestartRecord, read_restarts
 from launcher.run_dir.sidecar import CheckpointSidecar
@@ -72,7 +72,8 @@ class RunSummary:
     restarts: list[RestartRecord] = field(default_factory=list)
     """restarts.json: the faults `roformer pretrain --max-restarts` restarted after or gave up on."""
     started_from: str | None = None
-    """init_from.json in one line (launcher.run_dir.records.describe_init); None: random initialisation."""
+    """branch_from.json or init_from.json in one line (launcher.run_dir.records.describe_start); None: random
+    initialisation."""
 
     @property
     def latest(self) -> CheckpointSidecar | None:
@@ -102,7 +103,7 @@ def load_summary(run_dir: Path, curves: Curves, now: float | None = None) -> Run
         (latest.total_steps if latest else None),
         checkpoints=checkpoints, status=run_status(layout, curves, now), versions=record_versions(layout),
         evals=evals, unreadable=unreadable + restarts_unreadable, restarts=restarts,
-        started_from=describe_init(read_init_record(layout)))
+        started_from=describe_start(layout))
 
 
 def read_checkpoints(layout: RunDir) -> list[CheckpointSidecar]:

@@ -152,3 +152,38 @@ def describe_init(record: dict | None) -> str | None:
     sha = str(record.get("weights_sha256", ""))
     return (f"{record['path']} ({record.get('weights_file', 'weights')} sha256 {sha}, "
             f"MLM head {record.get('mlm_head', 'loaded')})")
+
+
+# --------------------------------------------------------------------------------------------- branch_from
+BRANCH_FROM_RECORD = "branch_from.json"
+"""RUN_DIR/branch_from.json: where a branch (`branch_from`, launcher/config/branch_from.py) started:
+source_run_dir, tag, step, stage, sidecar_sha256 (of the source checkpoint's sidecar.json, which records the
+sha256 of each of its files), source_config and source_stages (the source's records in effect at that step).
+Written once, by rank 0 of the branch's first start; absent for runs that are no branch."""
+
+
+def write_branch_record(run_dir: RunDir, record: dict) -> None:
+    atomic_write_json(run_dir.root / BRANCH_FROM_RECORD, record)
+
+
+def read_branch_record(run_dir: RunDir) -> dict | None:
+    """The record, None when the run is no branch (or the file is unreadable: readers then say nothing)."""
+    path = run_dir.root / BRANCH_FROM_RECORD
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "source_run_dir" in record else None
+
+
+def describe_branch(record: dict | None) -> str | None:
+    """One line: `a branch of RUN_DIR at global_step12 (step 12, stage 'long', sidecar.json sha256 ab12...)`."""
+    if not record:
+        return None
+    return (f"a branch of {record['source_run_dir']} at {record.get('tag')} (step {record.get('step')}, stage "
+            f"'{record.get('stage')}', sidecar.json sha256 {record.get('sidecar_sha256')})")
+
+
+def describe_start(run_dir: RunDir) -> str | None:
+    """Where the run's weights started, in one line: a branch's source or init_from's model (None: random)."""
+    return describe_branch(read_branch_record(run_dir)) or describe_init(read_init_record(run_dir))

@@ -93,7 +93,8 @@ def check_inputs(argv: list[str] | None) -> RankInputs:
     cfg = load_run_config(args.config, args.overrides)
     check_eval_specs(cfg.logging.stage_end_evals, where=f"{cfg.source}: logging.stage_end_evals")
     stages = resolve_stages(cfg, world_size)
-    checked = check_run(cfg, stages, world_size, rank=rank, verify_data=cfg.data.verify and rank == 0)
+    checked = check_run(cfg, stages, world_size, rank=rank, verify_data=cfg.data.verify and rank == 0,
+                        run_dir=run_dir.root)
     return RankInputs(cfg, rank, world_size, stages, run_dir, checked.train, checked.valid)
 
 

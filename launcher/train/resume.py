@@ -15,6 +15,10 @@ The rank's start-up (launcher/train/rank.py) is three steps; this module is the 
         line each, saying where the run resumes instead), the record files (a config that differs from the
         run's becomes a new version: launcher/run_dir/records.py);
   3. every rank builds its components from the plan (engine, `Checkpointer.load(plan.source, ...)`, trainer).
+
+A branch (`branch_from`, launcher/config/branch_from.py) is a first start whose source is a checkpoint of
+another run directory (`decide_branch`): the same checks and route (`plan_start`), the checkpoint's files
+verified in place through the source's catalogue (read only), and RUN_DIR/branch_from.json recorded.
 """
 from __future__ import annotations
 
@@ -36,7 +40,10 @@ from launcher.io import write_line
 from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, CheckpointEntry
 from launcher.run_dir.checkpoint_files import move_aside
 from launcher.run_dir.layout import RunDir, sidecar_path
-from launcher.run_dir.records import describe_change, record_start
+from launcher.config.branch_from import check_branch, check_branch_target
+from launcher.io import file_sha256
+from launcher.run_dir.records import (BRANCH_FROM_RECORD, describe_change, files_in_effect, read_branch_record,
+                                      record_start, write_branch_record)
 from launcher.run_dir.sidecar import NewerSidecarFormat
 from launcher.train.universal_folder import convert_to_universal
 from roformer.config import ConfigError, RoFormerConfig
@@ -112,6 +119,8 @@ class ResumePlan:
     notes: tuple[str, ...] = ()
     """What the start does besides loading: the route and the fp16 loss scaler on a change of shape (decided);
     after `accept`, also every line rank 0 said (damaged checkpoints set aside, a new config version)."""
+    branch: dict | None = None
+    """A branch's first start (`source_run` is the source): RUN_DIR/branch_from.json, written in `accept`."""
 
     @property
     def step(self) -> int:
@@ -141,7 +150,43 @@ def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_s
     if source is None and damaged:
         raise UserError(f"--run-dir {run_dir.root}: no intact checkpoint to resume from: "
                         + "; ".join(f"{d.tag}: {d.problem}" for d in damaged) + " (move them away to start over)")
+    if cfg.branch_from:
+        check_branch_target(cfg, run_dir.root)  # `roformer pretrain` refused it before its lock already
+        if source is None:  # a branch's first start; later starts resume from the branch's own checkpoints
+            return decide_branch(run_dir, cfg, stages, world_size, batches)
     return plan_start(source, run_dir, cfg, stages, world_size, batches, set_aside=damaged)
+
+
+def decide_branch(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int,
+                  batches) -> ResumePlan:
+    """Rank 0, a branch's first start: the source checkpoint (checked again: the source may have moved on
+    since the pre-flight), its files verified in place, then `plan_start` as for any resume. Reads the source
+    only. A first start that ended before its first checkpoint left RUN_DIR/branch_from.json: the branch
+    point stays the one it recorded, even when the source has a newer checkpoint by now."""
+    recorded = read_branch_record(run_dir)
+    found = check_branch(cfg, stages, batches.corpus, tag=recorded["tag"] if recorded else None)
+    catalogue = CheckpointCatalogue.scan(found.source.run_dir)  # read only: nothing is set aside in the source
+    if found.source.tag is None:  # the newest complete checkpoint whose files are intact (else an older one)
+        source = catalogue.newest_intact()
+        if source is None:
+            raise UserError(f"{cfg.source}: branch_from {found.source}: no intact checkpoint: "
+                            + "; ".join(f"{d.tag}: {d.problem}" for d in catalogue.damaged()))
+        if source.tag != found.tag:
+            found = check_branch(cfg, stages, batches.corpus, tag=source.tag)
+    else:
+        source = catalogue.entry(found.tag)
+        source = catalogue.verify(source) if source is not None else None
+        if source is None or not source.verified:
+            raise UserError(f"{cfg.source}: branch_from {found.source}: "
+                            f"{source.problem if source else 'not a checkpoint directory'}")
+    source_run = RunDir(found.source.run_dir)
+    in_effect = files_in_effect(source_run, source.step)
+    record = {"source_run_dir": str(source_run.root), "tag": source.tag, "step": source.step,
+              "stage": source.sidecar.stage_name, "sidecar_sha256": file_sha256(sidecar_path(source.path)),
+              "source_config": str(in_effect["config"]), "source_stages": str(in_effect["stages"]),
+              "branch_from": cfg.branch_from}
+    plan = plan_start(source, source_run, cfg, stages, world_size, batches)
+    return dataclasses.replace(plan, branch=record)
 
 
 def plan_start(source: CheckpointEntry | None, source_run: RunDir, cfg: RunConfig, stages: list[ResolvedStage],
@@ -281,6 +326,10 @@ def _carry_out(plan: ResumePlan, run_dir: RunDir, cfg: RunConfig, stages: list[R
         dest = move_aside(run_dir, damaged.path)
         notes.append(f"checkpoint {damaged.tag} is damaged ({damaged.problem}); moved to {dest}; resuming from "
                      f"{plan.source.tag} (step {plan.step})")
+    if plan.branch is not None:
+        write_branch_record(run_dir, plan.branch)
+        notes.append(f"a branch of {plan.source_run.root}: starts at {plan.source.tag} (step {plan.step}); "
+                     f"recorded in {run_dir.root / BRANCH_FROM_RECORD}")
     records = {"config": cfg.to_dict(), "ds_config": plan.ds_config,
                "stages": {"world_size": world_size, "stages": [s.to_dict() for s in stages]}}
     version = record_start(run_dir, records, plan.step, plan.resumed_from(run_dir))
