@@ -113,6 +113,18 @@ class PretrainBatches:
         self.sequences_consumed += self.world_size * micro_batch_size
         return self._build(rows, first, seq_len)
 
+    def skip(self, seq_len: int, sequences: int) -> None:
+        """Pass over the next `sequences` global sequences of `seq_len` as if they had been handed out
+        (the numerics guard's rewind past a stretch of bad data). Only the position moves, so the skip is
+        part of the state: a resume from any later checkpoint continues the same stream."""
+        if seq_len < MIN_SEQ_LEN:
+            raise DataError(f"seq_len: {seq_len} must be >= {MIN_SEQ_LEN} ([CLS] plus at least one token)")
+        if sequences < 0:
+            raise DataError(f"sequences: {sequences} must be >= 0")
+        if sequences:
+            self.spans.record(self.sequences_consumed, seq_len - 1)
+            self.sequences_consumed += sequences
+
     def _stream_over(self) -> bool:
         """True when every lane of a max_epochs stream is used up (the same answer on every rank)."""
         ends = self.stream.lane_ends

@@ -2,10 +2,10 @@
 
 A run config has the sections `model` (a `roformer.RoFormerConfig`), `data` (its `masking` a
 `data_pipeline.MaskingConfig`), `optimizer`, `schedule` (the schedule file is read at load: its
-stages, `total_steps` and `stage_for_step`), `checkpoint`, `logging`, `deepspeed` and `watchdog`
-(launcher.config.watchdog_section), plus a top-level `seed`. Relative paths are resolved against the
-directory of the config file, so a config works from any working directory; the resolved config
-written into a run directory holds absolute paths only.
+stages, `total_steps` and `stage_for_step`), `checkpoint`, `logging`, `deepspeed`, `watchdog`
+(launcher.config.watchdog_section) and `guard` (launcher.config.guard_section), plus a top-level
+`seed`. Relative paths are resolved against the directory of the config file, so a config works from
+any working directory; the resolved config written into a run directory holds absolute paths only.
 
     cfg = load_run_config("configs/demo_cpu.yaml", ["optimizer.lr=5e-4", "schedule.file=..."])
 """
@@ -24,6 +24,7 @@ from data_pipeline.masking import MaskingConfig
 from launcher.config.files import read_mapping
 from launcher.config.init_from import model_from_init_dir
 from launcher.config.schedule import Stage, load_schedule, stage_index_at
+from launcher.config.guard_section import GuardSection
 from launcher.config.hardware_section import HardwareSection
 from launcher.config.restarts_section import RestartsSection
 from launcher.config.watchdog_section import WatchdogSection
@@ -143,6 +144,8 @@ class RunConfig:
     keys given here may only change what keeps the weights' shapes, e.g. dropout), its weights are loaded
     on a fresh start, and the data must be tokenized with its tokenizer (launcher/config/init_from.py).
     Empty = random initialisation."""
+    guard: GuardSection = field(default_factory=GuardSection)
+    """The numerics guard: loss spikes, non-finite figures, a stuck fp16 loss scale (launcher.config.guard_section)."""
     restarts: RestartsSection = field(default_factory=RestartsSection)
     """Restarts after a fault and the preemption grace time (launcher.config.restarts_section); read by
     `roformer pretrain` only, so left out of to_dict (the run's recorded config)."""
@@ -172,6 +175,7 @@ SECTIONS: dict[str, type] = {
     "logging": LoggingSection,
     "deepspeed": DeepSpeedSection,
     "watchdog": WatchdogSection,
+    "guard": GuardSection,
     "restarts": RestartsSection,
     "hardware": HardwareSection,
 }
@@ -320,6 +324,7 @@ def _validate(cfg: RunConfig) -> None:
     if not all(isinstance(x, str) for x in cfg.logging.stage_end_evals):
         fail("logging.stage_end_evals", "must be a list of names")
     cfg.watchdog.check(fail)
+    cfg.guard.check(fail)
     cfg.restarts.check(fail)
     cfg.hardware.check(fail)
 
