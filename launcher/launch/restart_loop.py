@@ -238,8 +238,8 @@ def run_with_restarts(plan, policy: RestartPolicy, launch: Callable[[object], Jo
         if watch is not None:
             watch.stop()
             watch = None
-        if outcome is not None and (outcome.returncode == 0 or outcome.interrupted is not None):
-            return outcome.returncode  # finished, or a stop asked of us (the console said which)
+        if outcome is not None and (outcome.returncode in (0, GUARD_STOP_EXIT_CODE) or outcome.interrupted is not None):
+            return outcome.returncode  # finished, stopped by the numerics guard or asked to stop (the console said which)
         records, this_launch = train_records(run_dir), train_records(run_dir, launched_wall)
         from_step, from_tag = restart_point(run_dir)
         # A launch that failed before its first step made no progress: it failed where it resumed.

@@ -70,7 +70,7 @@ class Checkpointer:
         self.keep_last, self.total_steps = keep_last, total_steps
         self.tokenizer_sha256 = tokenizer_sha256  # recorded in every sidecar (export packs this tokenizer only)
 
-    def save(self, stage: ResolvedStage) -> str:
+    def save(self, stage: ResolvedStage, protect_steps=()) -> str:
         """All ranks write, barrier, then rank 0 marks the checkpoint complete and moves `latest`."""
         train = self.train.state_dict()
         step, tag = train["step"], tag_for_step(train["step"])
@@ -100,7 +100,9 @@ class Checkpointer:
         if failure is not None:
             self._abandon(directory, tag, failure)  # raises CheckpointWriteError on every rank
         if self.rank == 0:
-            prune(self.run_dir, self.keep_last)
+            from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+            for entry in CheckpointCatalogue.scan(self.run_dir).to_prune(self.keep_last, protect_steps):
+                remove_checkpoint(entry.path)
         dist.barrier()
         return tag
 
@@ -186,14 +188,14 @@ class Checkpointer:
             raise RuntimeError(f"DeepSpeed could not load {load_dir / point.tag}")
         saved_step = (client_state or {}).get("roformer_ds", {}).get("step")
         if saved_step != point.sidecar.step:
-            raise RuntimeError(f"{point.directory}: sidecar step {point.sidecar.step} does not match the DeepSpeed "
+            raise RuntimeError(f"{point.tag}: sidecar step {point.sidecar.step} does not match the DeepSpeed "
                                f"checkpoint's client state step {saved_step}")
         sidecar = point.sidecar
         self.train.load_state_dict({"step": sidecar.step, "consumed_samples": sidecar.consumed_samples,
                                     "consumed_tokens": sidecar.consumed_tokens,
                                     "last_validation": sidecar.last_validation})
         self.data.load_state_dict(sidecar.data_state)
-        if sidecar.world_size != self.world_size or not load_rng(point.directory, self.rank):
+        if sidecar.world_size != self.world_size or not load_rng(getattr(point, "path", None) or point.directory, self.rank):
             seed_everything(seed * 1009 + self.rank + 7919 * sidecar.step)  # other world size: fresh streams
 
 

@@ -90,8 +90,8 @@ class _SpikeRule:
         self.run_began: int | None = None  # first step of the current run of flagged steps
         self.run_length = 0
 
-    def reset(self) -> None:
-        self.history.clear()
+    def end_run(self) -> None:
+        """Forget the current run of flagged steps (the window, made of unflagged steps only, stays)."""
         self.run_began, self.run_length = None, 0
 
     def observe(self, step: int, value: float | None, armed: bool, widen: float) -> Trigger | None:
@@ -121,8 +121,8 @@ class _SpikeRule:
 
 
 class NumericsGuard:
-    """One per rank; `observe` every step in order. Stateless across processes: a resumed or rewound run
-    starts with an empty window (the rules re-arm after `window` steps)."""
+    """One per rank; `observe` every step in order. Not saved in checkpoints: a resumed run starts with an
+    empty window (the spike rules re-arm after `window` steps)."""
 
     def __init__(self, cfg: GuardSection, warmup_steps: int, min_loss_scale: float | None):
         """warmup_steps: optimizer warmup (the spike rules stay unarmed through it); min_loss_scale: the
@@ -145,14 +145,15 @@ class NumericsGuard:
     def enabled(self) -> bool:
         return self.cfg.action != "off"
 
-    def restart_window(self) -> None:
-        """After a rewind: the window, the runs of flagged steps and the fp16 counters start afresh."""
-        self.loss.reset()
-        self.grad_norm.reset()
+    def rewound(self) -> None:
+        """After a rewind: the runs of flagged steps and the fp16 counters start afresh; the windows keep their
+        (unflagged, pre-spike) values, so the same spike coming back is recognised at once."""
+        self.loss.end_run()
+        self.grad_norm.end_run()
         self.skips.clear()
         self.skips_over = False
         self.non_finite.clear()
-        self.at_minimum_since, self.stage, self.flagged, self.began = None, None, False, None
+        self.at_minimum_since, self.flagged, self.began = None, False, None
 
     def observe(self, f: StepFigures) -> Trigger | None:
         """The first rule (in RULES order) that fires on this step, or None; sets `flagged` / `began`."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from launcher.config.run_config import load_run_config
 from launcher.config.stages import resolve_stages
-from launcher.defaults import BAD_INPUT_EXIT_CODE, ORDERLY_STOP_EXIT_CODE
+from launcher.defaults import BAD_INPUT_EXIT_CODE, GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE
 from launcher.errors import UserError, user_errors
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
@@ -80,9 +80,12 @@ def train(args: argparse.Namespace, process_start: float | None = None) -> int:
     metrics.event(outcome, step=trainer.state.step)
     if plots is not None:  # RUN_DIR/plots complete when a finished run returns; a stop does not wait
         plots.run_end(trainer.state.step, wait=outcome == "finished")
-    metrics.message(f"{outcome} at step {trainer.state.step}; checkpoints in {started.run_dir.checkpoints}")
+    if outcome == "guard_stopped":  # its own line, last: step, figure, median, threshold, resume point
+        metrics.message(trainer.guard.stop_message)
+    else:
+        metrics.message(f"{outcome} at step {trainer.state.step}; checkpoints in {started.run_dir.checkpoints}")
     metrics.close()
-    return 0 if outcome == "finished" else ORDERLY_STOP_EXIT_CODE
+    return {"finished": 0, "guard_stopped": GUARD_STOP_EXIT_CODE}.get(outcome, ORDERLY_STOP_EXIT_CODE)
 
 
 def start(args: argparse.Namespace, process_start: float | None = None) -> StartedRank | None:

@@ -96,11 +96,13 @@ def test_fp16_loss_scale_at_its_minimum_and_a_high_skipped_share():
     assert fired(feed(NumericsGuard(CFG, 0, None), [3.0] * 9, scales=[1.0] * 9, skipped=skipped)) == []  # no fp16
 
 
-def test_restart_window_forgets_history():
+def test_after_a_rewind_the_window_stays_and_the_same_spike_is_recognised_again():
     guard = NumericsGuard(CFG, 0, None)
-    feed(guard, [4.0] * 6)
-    guard.restart_window()
-    assert fired(feed(guard, [40.0] * 4, first_step=7)) == []  # a new window is filled first
+    assert fired(feed(guard, [4.0] * 6 + [40.0, 40.0])) == [(8, "loss_spike")]
+    guard.rewound()
+    assert not guard.flagged and guard.began is None
+    results = feed(guard, [4.0, 40.0, 40.0], first_step=7)
+    assert fired(results) == [(9, "loss_spike")] and results[-1][1].median == 4.0
 
 
 # --- configuration ----------------------------------------------------------------------------------

@@ -1,0 +1,164 @@
+"""Which checkpoints a run directory holds, in which state, and which is newest: the one owner of
+that question. One scan of `checkpoints/` gives a snapshot, a `CheckpointCatalogue`; the resume
+decision (launcher/train/resume.py), retention (`Checkpointer.save` -> `to_prune`), the restart
+record (launcher/launch/restart_loop.py), export, the reproduction's job runner and the run report
+all read it, each with the filter it needs:
+
+    catalogue = CheckpointCatalogue.scan(run_dir)
+    catalogue.entries                   # every tag directory, oldest first (states below)
+    catalogue.complete()                # complete sidecars, unverified (report, job runner)
+    catalogue.newest_intact()           # the resume point: complete AND its files verify
+    catalogue.newest_intact(at_or_before=step)   # the newest intact one from before a step (guard rewind)
+    catalogue.to_prune(keep_last, protect_steps) # what keep_last retention deletes
+
+States of `checkpoints/<tag>/` (checkpoints/damaged/ and hidden directories are not entries):
+  complete  a valid sidecar with `complete: true` naming this tag; resumable and exportable once its
+            files verify (`verify`: sizes and sha256 recorded at save time; format 1: every rank's
+            files present). Verification hashes every file, so it runs at most once per entry and
+            snapshot, and only where asked; a complete entry that fails it becomes `damaged`;
+  partial   no sidecar.json: a save that did not finish (killed while writing); nothing was promised,
+            a resumed run writes that step again and retention removes it once it is older than the
+            newest complete one;
+  damaged   a sidecar that exists but is unreadable, invalid, marked incomplete or for another tag,
+            or files that failed verification: resume names it and moves it aside
+            (checkpoint_files.move_aside), never deletes it;
+  newer     a sidecar of a newer format than this release reads: not damaged, not ours to judge;
+            never resumed from, pruned or set aside (resume refuses the run directory, naming it).
+
+A snapshot is what was on disk at scan time: scan again after writing (a save, a move aside).
+No torch here: the report renders from it without importing torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from launcher.errors import UserError
+from launcher.run_dir.checkpoint_files import DamagedCheckpoint, verify_files
+from launcher.run_dir.layout import DAMAGED_DIR, RunDir, sidecar_path, step_of_tag
+from launcher.run_dir.sidecar import CheckpointSidecar, NewerSidecarFormat, read_sidecar
+
+COMPLETE, PARTIAL, DAMAGED, NEWER = "complete", "partial", "damaged", "newer"
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    """One tag directory under checkpoints/ as the scan (and, once asked, verification) found it."""
+
+    tag: str
+    """The directory's name (global_step<N> for every checkpoint this project writes)."""
+    step: int | None
+    """Optimizer steps done: the sidecar's when complete, else read from the tag (None: a name that is
+    not global_step<N>)."""
+    path: Path
+    """checkpoints/<tag>."""
+    state: str
+    """COMPLETE, PARTIAL, DAMAGED or NEWER (module docstring)."""
+    sidecar: CheckpointSidecar | None = None
+    """The parsed sidecar (complete entries, and damaged ones whose files failed verification)."""
+    problem: str | None = None
+    """Why it is not complete, one line naming the file (None for a complete entry)."""
+    verified: bool = False
+    """Its files matched the sidecar's records (set by `CheckpointCatalogue.verify`)."""
+
+
+class CheckpointCatalogue:
+    """A snapshot of a run directory's checkpoints: entries sorted by step (unnumbered tags first)."""
+
+    def __init__(self, run_dir: RunDir, entries: Iterable[CheckpointEntry]):
+        self.run_dir = run_dir
+        self._entries = sorted(entries, key=lambda e: (e.step is not None, e.step or 0, e.tag))
+
+    @classmethod
+    def scan(cls, run_dir: RunDir | Path | str) -> "CheckpointCatalogue":
+        """Read every tag directory's sidecar once (no file is hashed here)."""
+        run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
+        if not run_dir.checkpoints.is_dir():
+            return cls(run_dir, [])
+        directories = (d for d in run_dir.checkpoints.iterdir()
+                       if d.is_dir() and not d.name.startswith(".") and d.name != DAMAGED_DIR)
+        return cls(run_dir, [entry_of(d) for d in directories])
+
+    @property
+    def entries(self) -> tuple[CheckpointEntry, ...]:
+        """Every entry, oldest first, with the verification results known so far."""
+        return tuple(self._entries)
+
+    def entry(self, tag: str) -> CheckpointEntry | None:
+        return next((e for e in self._entries if e.tag == tag), None)
+
+    def complete(self) -> list[CheckpointEntry]:
+        """Entries with a complete sidecar (files not verified unless asked), oldest first."""
+        return [e for e in self._entries if e.state == COMPLETE]
+
+    def damaged(self) -> list[CheckpointEntry]:
+        """Entries found damaged: by their sidecar, or by a verification run on this snapshot."""
+        return [e for e in self._entries if e.state == DAMAGED]
+
+    def newer(self) -> list[CheckpointEntry]:
+        """Entries whose sidecar a newer release wrote."""
+        return [e for e in self._entries if e.state == NEWER]
+
+    def verify(self, entry: CheckpointEntry) -> CheckpointEntry:
+        """The entry with its files checked (once per snapshot): verified, or DAMAGED with the file named."""
+        current = self.entry(entry.tag)
+        if current is None or current.state != COMPLETE or current.verified:
+            return current or entry
+        try:
+            verify_files(current.path, current.sidecar)
+        except DamagedCheckpoint as err:
+            checked = dataclasses.replace(current, state=DAMAGED, problem=str(err))
+        else:
+            checked = dataclasses.replace(current, verified=True)
+        self._entries[self._entries.index(current)] = checked
+        return checked
+
+    def newest_intact(self, at_or_before: int | None = None) -> CheckpointEntry | None:
+        """The newest complete checkpoint whose files verify (at or before step `at_or_before` when
+        given); newer complete ones that fail verification become DAMAGED in this snapshot (see
+        `damaged()`), older ones are not read. None when there is none."""
+        for entry in reversed(self.complete()):
+            if at_or_before is not None and entry.step > at_or_before:
+                continue
+            checked = self.verify(entry)
+            if checked.verified:
+                return checked
+        return None
+
+    def to_prune(self, keep_last: int, protect_steps: Iterable[int] = ()) -> list[CheckpointEntry]:
+        """What keep_last retention deletes: every complete checkpoint but the newest `keep_last`, and
+        partial or damaged ones older than the newest complete one (leftovers of killed writes; a
+        damaged one that a resume found is moved aside before, never deleted). Never an entry whose
+        step is in `protect_steps` (the guard's newest checkpoint from before an open spike), nor a
+        NEWER one. Sidecar-level states only: nothing is hashed to prune."""
+        if keep_last < 1:
+            raise ValueError(f"keep_last {keep_last}: the newest complete checkpoint is always kept (>= 1)")
+        protected = set(protect_steps)
+        complete = self.complete()
+        doomed = complete[:-keep_last]
+        if complete:
+            newest = complete[-1].step
+            doomed += [e for e in self._entries if e.state in (PARTIAL, DAMAGED) and e.step is not None
+                       and e.step < newest]
+        return sorted((e for e in doomed if e.step not in protected),
+                      key=lambda e: (e.step is not None, e.step or 0, e.tag))
+
+
+def entry_of(directory: Path) -> CheckpointEntry:
+    """Sidecar-level state of one checkpoint directory (its files are checked by `verify`)."""
+    tag = directory.name
+    if not sidecar_path(directory).exists():
+        return CheckpointEntry(tag, step_of_tag(tag), directory, PARTIAL,
+                               problem=f"{directory}: partial checkpoint: sidecar.json missing (the save did not finish)")
+    try:
+        sidecar = read_sidecar(directory)
+    except NewerSidecarFormat as err:
+        return CheckpointEntry(tag, step_of_tag(tag), directory, NEWER, problem=str(err))
+    except (UserError, OSError) as err:
+        return CheckpointEntry(tag, step_of_tag(tag), directory, DAMAGED, problem=str(err))
+    if sidecar.tag != tag:
+        return CheckpointEntry(tag, step_of_tag(tag), directory, DAMAGED,
+                               problem=f"{sidecar_path(directory)}: tag {sidecar.tag!r} is not the directory's name")
+    return CheckpointEntry(tag, sidecar.step, directory, COMPLETE, sidecar=sidecar)
