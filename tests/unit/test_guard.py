@@ -187,3 +187,38 @@ def test_a_skip_moves_the_position_as_handing_out_those_batches_would(tiny_data)
     resumed.load_state_dict(skipping.state_dict())
     readers[1].next_batch(32, 4)
     assert resumed.next_batch(32, 4)["input_ids"].equal(readers[1].next_batch(32, 4)["input_ids"])
+
+
+# --- the report ---------------------------------------------------------------------------------------
+
+def test_report_has_a_guard_table_and_marks_each_trigger_on_the_loss_plot(tmp_path):
+    import json
+
+    from launcher.commands.report import make_report
+    from launcher.run_dir.layout import RunDir
+    from launcher.run_dir.metrics_format import format_event
+    from tests.support.helpers import check_png
+
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.root.mkdir()
+    with open(run_dir.metrics, "w") as f:
+        f.write(json.dumps(format_event()) + "\n")
+        for step in range(1, 21):
+            f.write(json.dumps({"kind": "train", "step": step, "stage": 0, "loss": 8 - step / 10, "mlm_accuracy": 0.1,
+                                "lr": 1e-3, "tokens_per_s": 100.0, "step_time_s": 0.5, "global_batch_size": 8,
+                                "max_seq_len": 16, "masked_tokens": 10}) + "\n")
+        rewind = {"kind": "event", "event": "guard", "action": "rewind", "rule": "loss_spike", "step": 12, "began": 11,
+                  "figure": "loss", "value": 14.5, "median": 7.0, "threshold": 10.5, "to_step": 9,
+                  "tag": "global_step9", "skipped_batches": 3, "seconds": 0.25, "message": "..."}
+        stop = {**rewind, "action": "stop", "step": 16, "began": 15, "value": 15.0, "message": "..."}
+        for key in ("to_step", "tag", "skipped_batches", "seconds"):
+            stop.pop(key)
+        f.write(json.dumps(rewind) + "\n" + json.dumps(stop) + "\n")
+        f.write(json.dumps({"kind": "event", "event": "guard_stopped", "step": 16}) + "\n")
+    text = make_report(run_dir.root).report.read_text()
+    assert "**Status:** stopped by the numerics guard at step 16" in text
+    assert "## Numerics guard" in text
+    assert ("| 12 | rewind | loss spike | loss 14.5 | 7 | 10.5 | 11 | `global_step9` (step 9), 3 batches skipped "
+            "| 0.25 |") in text
+    assert "| 16 | stop | loss spike | loss 15 | 7 | 10.5 | 15 | - | - |" in text and "1 rewind." in text
+    check_png(run_dir.plots / "curves_steps.png", colours=((148, 103, 189),), min_pixels=100)  # the rewind's line
