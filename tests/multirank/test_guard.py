@@ -14,6 +14,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 import torch
 from safetensors.numpy import load_file
 
@@ -83,6 +84,13 @@ def test_a_blown_up_stage_is_rewound_once_then_stopped_before_the_spike(tiny_dat
     assert pre_spike["step"] == 6 and math.isclose(_mlm_loss(export, tiny_data), pre_spike["loss"], rel_tol=1e-4)
     train = read_metrics(run_dir, "train")
     assert [r["step"] for r in train] == list(range(1, stop["step"] + 1))  # one consistent run: the rewound past dropped
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tensorboard = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    tensorboard.Reload()
+    assert {"guard/rewind", "guard/stop", "guard/rewinds", "train/loss_scale", "train/skipped_steps",
+            "train/grad_norm"} <= set(tensorboard.Tags()["scalars"])
+    assert [e.value for e in tensorboard.Scalars("train/loss")] == pytest.approx([r["loss"] for r in train])
     print(f"\n(a) losses {[round(r['loss'], 2) for r in train]}; rewind {rewind['seconds']} s: {rewind['message']}")
 
 
