@@ -19,10 +19,11 @@ from pathlib import Path
 
 import torch
 
-from launcher.run_dir.checkpoint_files import checkpoint_dirs, verify_files
 from launcher.errors import UserError
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+from launcher.run_dir.checkpoint_files import DamagedCheckpoint
 from launcher.run_dir.layout import RunDir
-from launcher.run_dir.sidecar import CheckpointSidecar, read_sidecar
+from launcher.run_dir.sidecar import CheckpointSidecar
 
 
 @dataclass
@@ -47,7 +48,8 @@ def resolve_checkpoint(run_dir: Path, tag: str | None) -> CheckpointRef:
     ckpt_dir = layout.checkpoints
     if not ckpt_dir.is_dir():
         raise UserError(f"{ckpt_dir}: no checkpoints directory (has this run saved a checkpoint yet?)")
-    available = [p.name for p in checkpoint_dirs(layout)]
+    catalogue = CheckpointCatalogue.scan(layout)
+    available = [e.tag for e in catalogue.entries]
     if tag is None:
         latest = layout.latest
         if not latest.is_file():
@@ -58,11 +60,13 @@ def resolve_checkpoint(run_dir: Path, tag: str | None) -> CheckpointRef:
             raise UserError(f"{latest}: empty")
     if "/" in tag or tag in ("", ".", ".."):
         raise UserError(f"--tag {tag!r}: not a checkpoint tag")
-    if tag not in available:
+    entry = catalogue.entry(tag)
+    if entry is None:
         raise UserError(f"{ckpt_dir}: unknown checkpoint tag {tag!r} (available: {', '.join(available) or 'none'})")
-    sidecar = read_sidecar(layout.checkpoint(tag))
-    verify_files(layout.checkpoint(tag), sidecar)
-    return CheckpointRef(run_dir=layout, tag=tag, sidecar=sidecar)
+    entry = catalogue.verify(entry)
+    if not entry.verified:
+        raise (DamagedCheckpoint if entry.sidecar is not None else UserError)(entry.problem)
+    return CheckpointRef(run_dir=layout, tag=tag, sidecar=entry.sidecar)
 
 
 def consolidate_fp32(ref: CheckpointRef) -> dict[str, torch.Tensor]:

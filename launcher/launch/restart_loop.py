@@ -22,10 +22,9 @@ from typing import Callable
 from launcher.defaults import BAD_INPUT_EXIT_CODE, GUARD_STOP_EXIT_CODE
 from launcher.errors import UserError
 from launcher.launch.supervise import JobOutcome
-from launcher.run_dir.checkpoint_files import checkpoint_dirs
-from launcher.run_dir.layout import RunDir, step_of_tag
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+from launcher.run_dir.layout import RunDir
 from launcher.run_dir.restart_records import RestartRecord, append_restart, read_restarts, update_restart
-from launcher.run_dir.sidecar import complete_sidecar
 
 NOT_REPEATABLE_KINDS = ("preempted", "preflight")  # not a property of the step: never "the same error twice"
 EXCLUDABLE_KINDS = ("rank", "node", "hung")  # a fault that names the node it happened on
@@ -159,13 +158,10 @@ def _records(run_dir: RunDir, since: float = 0.0) -> list[dict]:
 
 
 def restart_point(run_dir: RunDir) -> tuple[int, str | None]:
-    """(step, tag) of the newest checkpoint with a complete sidecar; (0, None) when there is none. The
-    ranks verify its files before resuming and fall back to an older one if they do not match."""
-    for directory in sorted(checkpoint_dirs(run_dir), key=lambda d: step_of_tag(d.name) or -1, reverse=True):
-        sidecar = complete_sidecar(directory)
-        if sidecar is not None:
-            return sidecar.step, sidecar.tag
-    return 0, None
+    """(step, tag) of the checkpoint the restarted ranks resume from: the newest intact one, files verified
+    as rank 0 verifies them (CheckpointCatalogue.newest_intact); (0, None) when there is none."""
+    point = CheckpointCatalogue.scan(run_dir).newest_intact()
+    return (point.step, point.tag) if point is not None else (0, None)
 
 
 def redo_seconds(records: list[dict], after_step: int, up_to_step: int) -> float:

@@ -17,10 +17,11 @@ import yaml
 from launcher.config.precision import train_precision
 from launcher.errors import UserError
 from launcher.report.curves import Curves, record_versions, records_in_effect
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.run_dir.records import RecordVersion, describe_init, read_init_record
 from launcher.run_dir.layout import RunDir, step_of_tag
 from launcher.run_dir.restart_records import RestartRecord, read_restarts
-from launcher.run_dir.sidecar import CheckpointSidecar, complete_sidecar
+from launcher.run_dir.sidecar import CheckpointSidecar
 
 # metrics.jsonl events that begin or end a process's training (launcher/train/rank_entry.py).
 START_EVENTS = ("startup", "resume")
@@ -105,11 +106,8 @@ def load_summary(run_dir: Path, curves: Curves, now: float | None = None) -> Run
 
 
 def read_checkpoints(layout: RunDir) -> list[CheckpointSidecar]:
-    if not layout.checkpoints.is_dir():
-        return []
-    found = [complete_sidecar(d) for d in layout.checkpoints.iterdir()
-             if d.is_dir() and step_of_tag(d.name) is not None]
-    return sorted((s for s in found if s is not None), key=lambda s: s.step)
+    """The sidecars of the complete checkpoints, oldest first (files not verified: a report reads no weights)."""
+    return [entry.sidecar for entry in CheckpointCatalogue.scan(layout).complete()]
 
 
 def run_status(layout: RunDir, curves: Curves, now: float | None = None) -> RunStatus:

@@ -19,8 +19,7 @@ from pathlib import Path
 
 from launcher.errors import UserError
 from launcher.reproduce.reproduction_plan import EvalRun, FinetuneRun, Preset, PretrainRun
-from launcher.run_dir.layout import RunDir
-from launcher.run_dir.sidecar import complete_sidecar
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 
 
 @dataclass(frozen=True)
@@ -57,17 +56,13 @@ class Layout:
 
 def trained_steps(run_dir: Path) -> int:
     """Steps of the newest complete checkpoint of a run directory (0 when there is none)."""
-    checkpoints = RunDir(run_dir).checkpoints
-    sidecars = [complete_sidecar(d) for d in checkpoints.iterdir() if d.is_dir()] if checkpoints.is_dir() else []
-    return max((s.step for s in sidecars if s is not None), default=0)
+    complete = CheckpointCatalogue.scan(run_dir).complete()
+    return complete[-1].step if complete else 0
 
 
 def is_finished(run_dir: Path) -> bool:
-    checkpoints = RunDir(run_dir).checkpoints
-    if not checkpoints.is_dir():
-        return False
-    sidecars = [complete_sidecar(d) for d in checkpoints.iterdir() if d.is_dir()]
-    return any(s is not None and s.step >= s.total_steps for s in sidecars)
+    """A complete checkpoint at the end of its schedule."""
+    return any(e.step >= e.sidecar.total_steps for e in CheckpointCatalogue.scan(run_dir).complete())
 
 
 class Runner:

@@ -1,15 +1,8 @@
-"""The files of one checkpoint directory: what state it is in, checksums recorded at save time,
-verification before anything loads it, and moving a damaged one aside.
-
-States of `checkpoints/<tag>/` (`classify`):
-  complete  a valid sidecar with `complete: true` naming this tag: resumable and exportable once
-            `verify_files` passes (sizes and sha256 recorded in the sidecar; format-1 sidecars,
-            written before checksums were recorded, get the presence check of every rank's files);
-  partial   no sidecar.json: a save that did not finish (the process was killed while writing);
-            nothing was promised, so a resumed run simply writes that step again;
-  damaged   a sidecar that exists but is unreadable, invalid, marked incomplete or for another tag,
-            or files that fail verification: reported by name and moved to
-            `checkpoints/damaged/<tag>-<time>` (launcher/train/resume.py), never deleted.
+"""The files of one checkpoint directory: checksums recorded at save time, verification before
+anything loads it (`verify_files`: sizes and sha256 recorded in the sidecar; format-1 sidecars,
+written before checksums were recorded, get the presence check of every rank's files), and moving a
+damaged one aside to `checkpoints/damaged/<tag>-<time>`, never deleting it. Which checkpoints a run
+holds and in which state (complete / partial / damaged) is launcher/run_dir/checkpoint_catalogue.py.
 
 Checksums: sha256, like the data manifest and export_info.json; at save time every rank hashes
 (and fsyncs) a share of about equal bytes, at resume rank 0 hashes the chosen checkpoint once.
@@ -23,13 +16,12 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import UserError
 from launcher.io import file_sha256, fsync_dir, fsync_file
-from launcher.run_dir.layout import DAMAGED_DIR, SIDECAR_NAME, RunDir, sidecar_path
-from launcher.run_dir.sidecar import CheckpointSidecar, NewerSidecarFormat, read_sidecar
+from launcher.run_dir.layout import SIDECAR_NAME, RunDir, sidecar_path
+from launcher.run_dir.sidecar import CheckpointSidecar
 
 _OPTIM_RANK = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 _ZERO3_MODEL_RANK = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_\d+_model_states\.pt$")
@@ -42,47 +34,6 @@ class DamagedCheckpoint(UserError):
 class CheckpointWriteError(UserError):
     """A checkpoint could not be written (full disk, quota, I/O error): its partial directory was
     removed, the previous checkpoint and `latest` are as they were; the message says so in one line."""
-
-
-@dataclass
-class CheckpointState:
-    """What `classify` found in one checkpoint directory."""
-
-    directory: Path
-    kind: str
-    """"complete", "partial" or "damaged"."""
-    sidecar: CheckpointSidecar | None = None
-    """The parsed sidecar (complete only)."""
-    reason: str = ""
-    """Why it is partial or damaged (names the file)."""
-
-    @property
-    def tag(self) -> str:
-        return self.directory.name
-
-
-def checkpoint_dirs(run_dir: RunDir) -> list[Path]:
-    """The tag directories of checkpoints/ (hidden ones and checkpoints/damaged/ excluded)."""
-    if not run_dir.checkpoints.is_dir():
-        return []
-    return sorted(d for d in run_dir.checkpoints.iterdir()
-                  if d.is_dir() and not d.name.startswith(".") and d.name != DAMAGED_DIR)
-
-
-def classify(directory: Path) -> CheckpointState:
-    """Sidecar-level state of a checkpoint directory (its files are checked by `verify_files`)."""
-    if not sidecar_path(directory).exists():
-        return CheckpointState(directory, "partial", reason=f"{SIDECAR_NAME} missing (the save did not finish)")
-    try:
-        sidecar = read_sidecar(directory)
-    except NewerSidecarFormat:
-        raise  # not damaged: refused as it is
-    except (UserError, OSError) as err:
-        return CheckpointState(directory, "damaged", reason=str(err))
-    if sidecar.tag != directory.name:
-        return CheckpointState(directory, "damaged",
-                               reason=f"{sidecar_path(directory)}: tag {sidecar.tag!r} is not the directory's name")
-    return CheckpointState(directory, "complete", sidecar=sidecar)
 
 
 # --------------------------------------------------------------------------- recording at save time

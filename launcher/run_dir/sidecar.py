@@ -141,11 +141,3 @@ def read_sidecar(checkpoint_dir: Path) -> CheckpointSidecar:
         raise NewerSidecarFormat(f"{path}: sidecar format {sidecar.format} is newer than this release reads "
                                  f"({SIDECAR_FORMAT}); use the release that wrote it")
     return sidecar
-
-
-def complete_sidecar(checkpoint_dir: Path) -> CheckpointSidecar | None:
-    """read_sidecar, or None for a checkpoint that is not complete (scans skip those)."""
-    try:
-        return read_sidecar(checkpoint_dir)
-    except (UserError, OSError):
-        return None

@@ -1,11 +1,11 @@
-"""Checkpoints of a run directory: the Checkpointer that saves and loads a run's named states, the
-choice of the resume point, retention, and the conversion for another world size.
+"""Checkpoints of a run directory: the Checkpointer that saves and loads a run's named states,
+retention, and the conversion for another world size. Which checkpoint a run resumes from is chosen
+elsewhere, once (launcher/train/resume.py over launcher/run_dir/checkpoint_catalogue.py).
 
 Layout (launcher/run_dir/layout.py): RUN_DIR/checkpoints/<tag>/ holds DeepSpeed's files, rng_rank<r>.pt per
 rank and sidecar.json, written LAST by rank 0 after every rank finished (launcher/run_dir/sidecar.py);
 checkpoints/latest names the newest complete tag. A checkpoint without a complete sidecar is never
-resumed from; the newest one whose files match the sizes and sha256 its sidecar records is
-(launcher/train/resume.py, launcher/run_dir/checkpoint_files.py).
+resumed from; the newest one whose files match the sizes and sha256 its sidecar records is.
 
 Durability: every file of a save is fsynced (each rank its share, while hashing it), then the
 directory, before the sidecar marks the checkpoint complete and before `latest` moves; a power loss
@@ -17,9 +17,8 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Iterable, Protocol
 
 import deepspeed.comm as dist
 import torch
@@ -29,8 +28,9 @@ from launcher.run_dir.checkpoint_files import (CheckpointWriteError, abandoned_s
                                                record_files, write_failure)
 from launcher.errors import UserError
 from launcher.io import atomic_write_text, fsync_dir, fsync_tree
-from launcher.run_dir.layout import DAMAGED_DIR, RunDir, sidecar_path, step_of_tag, tag_for_step
-from launcher.run_dir.sidecar import CheckpointSidecar, complete_sidecar, write_sidecar
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, CheckpointEntry
+from launcher.run_dir.layout import RunDir, sidecar_path, tag_for_step
+from launcher.run_dir.sidecar import CheckpointSidecar, write_sidecar
 from launcher.train.engine import loss_scale, precision
 from launcher.train.rng import load_rng, save_rng, seed_everything
 from launcher.train.universal_folder import complete_for_every_stage
@@ -41,18 +41,6 @@ class Stateful(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
-
-
-@dataclass
-class ResumePoint:
-    """The newest complete checkpoint of a run directory."""
-
-    directory: Path
-    sidecar: CheckpointSidecar
-
-    @property
-    def tag(self) -> str:
-        return self.sidecar.tag
 
 
 class Checkpointer:
@@ -70,8 +58,9 @@ class Checkpointer:
         self.keep_last, self.total_steps = keep_last, total_steps
         self.tokenizer_sha256 = tokenizer_sha256  # recorded in every sidecar (export packs this tokenizer only)
 
-    def save(self, stage: ResolvedStage, protect_steps=()) -> str:
-        """All ranks write, barrier, then rank 0 marks the checkpoint complete and moves `latest`."""
+    def save(self, stage: ResolvedStage, protect_steps: Iterable[int] = ()) -> str:
+        """All ranks write, barrier, then rank 0 marks the checkpoint complete, moves `latest` and prunes
+        to keep_last, never the checkpoints of `protect_steps` (CheckpointCatalogue.to_prune)."""
         train = self.train.state_dict()
         step, tag = train["step"], tag_for_step(train["step"])
         directory = self.run_dir.checkpoint(tag)
@@ -100,9 +89,7 @@ class Checkpointer:
         if failure is not None:
             self._abandon(directory, tag, failure)  # raises CheckpointWriteError on every rank
         if self.rank == 0:
-            from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
-            for entry in CheckpointCatalogue.scan(self.run_dir).to_prune(self.keep_last, protect_steps):
-                remove_checkpoint(entry.path)
+            prune(self.run_dir, self.keep_last, protect_steps)
         dist.barrier()
         return tag
 
@@ -165,7 +152,7 @@ class Checkpointer:
             records.update(share)
         return dict(sorted(records.items()))
 
-    def load(self, point: ResumePoint, universal: bool, seed: int) -> None:
+    def load(self, point: CheckpointEntry, universal: bool, seed: int) -> None:
         """Every state from `point` (through RUN_DIR/universal/<tag> when the shape changed:
         launcher/train/resume.py load_route)."""
         load_dir = self.run_dir.universal if universal else self.run_dir.checkpoints
@@ -188,14 +175,14 @@ class Checkpointer:
             raise RuntimeError(f"DeepSpeed could not load {load_dir / point.tag}")
         saved_step = (client_state or {}).get("roformer_ds", {}).get("step")
         if saved_step != point.sidecar.step:
-            raise RuntimeError(f"{point.tag}: sidecar step {point.sidecar.step} does not match the DeepSpeed "
+            raise RuntimeError(f"{point.path}: sidecar step {point.sidecar.step} does not match the DeepSpeed "
                                f"checkpoint's client state step {saved_step}")
         sidecar = point.sidecar
         self.train.load_state_dict({"step": sidecar.step, "consumed_samples": sidecar.consumed_samples,
                                     "consumed_tokens": sidecar.consumed_tokens,
                                     "last_validation": sidecar.last_validation})
         self.data.load_state_dict(sidecar.data_state)
-        if sidecar.world_size != self.world_size or not load_rng(getattr(point, "path", None) or point.directory, self.rank):
+        if sidecar.world_size != self.world_size or not load_rng(point.path, self.rank):
             seed_everything(seed * 1009 + self.rank + 7919 * sidecar.step)  # other world size: fresh streams
 
 
@@ -223,19 +210,6 @@ def _own_step_counters(optimizer) -> None:
             state["step"] = state["step"].clone()
 
 
-def find_resume_point(run_dir: RunDir) -> ResumePoint | None:
-    """The newest complete checkpoint of the run directory (None: start from scratch)."""
-    if not run_dir.checkpoints.is_dir():
-        return None
-    complete = []
-    for directory in run_dir.checkpoints.iterdir():
-        if directory.is_dir() and not directory.name.startswith("."):
-            sidecar = complete_sidecar(directory)
-            if sidecar is not None and sidecar.tag == directory.name:
-                complete.append(ResumePoint(directory, sidecar))
-    return max(complete, key=lambda p: p.sidecar.step, default=None)
-
-
 def check_foreign_checkpoints(run_dir: RunDir) -> None:
     """Refuse a run directory whose checkpoints/ holds DeepSpeed checkpoints we did not write.
 
@@ -249,21 +223,21 @@ def check_foreign_checkpoints(run_dir: RunDir) -> None:
                         f"`roformer pretrain` ({', '.join(foreign[:3])}; no config.yaml); use a new run directory")
 
 
-def check_compatible(point: ResumePoint, model_config: RoFormerConfig) -> None:
+def check_compatible(point: CheckpointEntry, model_config: RoFormerConfig) -> None:
     """Refuse to resume a checkpoint of another model (names the differing fields)."""
     try:
-        saved = RoFormerConfig.from_dict(point.sidecar.model_config, source=str(sidecar_path(point.directory)))
+        saved = RoFormerConfig.from_dict(point.sidecar.model_config, source=str(sidecar_path(point.path)))
     except ConfigError as err:
-        raise UserError(f"{point.directory}: not a checkpoint of this project's model: {err}") from None
+        raise UserError(f"{point.path}: not a checkpoint of this project's model: {err}") from None
     differing = saved.diff(model_config)
     if differing:
         details = ", ".join(f"{name}: checkpoint {getattr(saved, name)!r} vs config {getattr(model_config, name)!r}"
                             for name in differing)
-        raise UserError(f"{point.directory}: the checkpoint was trained with a different model; differing "
+        raise UserError(f"{point.path}: the checkpoint was trained with a different model; differing "
                         f"field(s): {details}. Use a new run directory or the checkpoint's model config.")
 
 
-def convert_to_universal(point: ResumePoint, run_dir: RunDir) -> Path:
+def convert_to_universal(point: CheckpointEntry, run_dir: RunDir) -> Path:
     """Rank 0 only: DeepSpeed's ds_to_universal into RUN_DIR/universal/<tag> (atomic rename; reused)."""
     final = run_dir.universal / point.tag
     if (final / "zero").is_dir():
@@ -272,13 +246,13 @@ def convert_to_universal(point: ResumePoint, run_dir: RunDir) -> Path:
     partial = run_dir.universal / f".{point.tag}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(point.directory),
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(point.path),
            "--output_folder", str(partial), "--inject_missing_state", "--num_extract_workers", "1",
            "--num_merge_workers", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
-        raise RuntimeError(f"ds_to_universal failed for {point.directory}:\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+        raise RuntimeError(f"ds_to_universal failed for {point.path}:\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
     complete_for_every_stage(partial)  # loadable under every ZeRO stage, not only the one that saved it
     fsync_tree(partial)  # reused by later resumes: it must not come back half-written after a power loss
     os.replace(partial, final)
@@ -286,25 +260,12 @@ def convert_to_universal(point: ResumePoint, run_dir: RunDir) -> Path:
     return final
 
 
-def prune(run_dir: RunDir, keep_last: int) -> list[str]:
-    """Delete all but the newest `keep_last` complete checkpoints, and incomplete ones older than
-    the newest complete one (leftovers of killed writes). Returns the deleted tags."""
-    complete, incomplete = [], []
-    for directory in run_dir.checkpoints.iterdir():
-        if not directory.is_dir() or directory.name == DAMAGED_DIR:  # set aside on purpose: kept
-            continue
-        sidecar = complete_sidecar(directory)
-        (complete if sidecar else incomplete).append((sidecar.step if sidecar else None, directory))
-    complete.sort(key=lambda item: item[0])
-    doomed = [d for _, d in complete[:-keep_last]]
-    newest = complete[-1][0] if complete else None
-    for _, directory in incomplete:
-        step = step_of_tag(directory.name)
-        if newest is not None and step is not None and step < newest:
-            doomed.append(directory)
-    for directory in doomed:
-        remove_checkpoint(directory)
-    return [d.name for d in doomed]
+def prune(run_dir: RunDir, keep_last: int, protect_steps: Iterable[int] = ()) -> list[str]:
+    """Delete what keep_last retention drops (CheckpointCatalogue.to_prune); returns the deleted tags."""
+    doomed = CheckpointCatalogue.scan(run_dir).to_prune(keep_last, protect_steps)
+    for entry in doomed:
+        remove_checkpoint(entry.path)
+    return [e.tag for e in doomed]
 
 
 def remove_checkpoint(directory: Path) -> None:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import deepspeed.comm as dist
 
 from data_pipeline import check_state_format
 from data_pipeline.errors import DataError
-from launcher.run_dir.checkpoint_files import DamagedCheckpoint, checkpoint_dirs, classify, move_aside, verify_files
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, CheckpointEntry
+from launcher.run_dir.checkpoint_files import move_aside
 from launcher.config.deepspeed_json import resolve_ds_config
 from launcher.config.precision import train_precision
 from launcher.config.preflight_checks import ds_config_source
@@ -33,7 +33,8 @@ from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
 from launcher.run_dir.layout import RunDir, sidecar_path
 from launcher.run_dir.records import describe_change, record_start
-from launcher.train.checkpointer import ResumePoint, check_compatible, check_foreign_checkpoints, convert_to_universal
+from launcher.run_dir.sidecar import NewerSidecarFormat
+from launcher.train.checkpointer import check_compatible, check_foreign_checkpoints, convert_to_universal
 
 # ZeRO stages whose checkpoints DeepSpeed loads into each other directly (same partitioned optimizer
 # files), at the same world size and precision; every other change of shape goes through the universal
@@ -58,7 +59,7 @@ class RunShape:
         return cls(stage, train_precision(ds_config, source), world_size)
 
     @classmethod
-    def of_checkpoint(cls, point: ResumePoint) -> "RunShape":
+    def of_checkpoint(cls, point: CheckpointEntry) -> "RunShape":
         saved = point.sidecar
         return cls(saved.zero_stage, saved.precision, saved.world_size)
 
@@ -67,23 +68,10 @@ class RunShape:
 
 
 @dataclass
-class Damaged:
-    """A checkpoint that cannot be resumed from although its save may have finished."""
-
-    directory: Path
-    reason: str
-    """What is wrong, naming the file."""
-
-    @property
-    def tag(self) -> str:
-        return self.directory.name
-
-
-@dataclass
 class ResumeDecision:
     """Rank 0's verdict, the same on every rank after `share`."""
 
-    point: ResumePoint | None
+    point: CheckpointEntry | None
     """The newest intact checkpoint (None: a fresh start)."""
     ds_config: dict
     """The DeepSpeed config the engine starts with (batch sizes of the starting stage)."""
@@ -91,7 +79,7 @@ class ResumeDecision:
     """The shape changed (`load_route`): load through RUN_DIR/universal/<tag>."""
     finished: bool = False
     """The point is at the end of the schedule: nothing to do."""
-    damaged: list[Damaged] = field(default_factory=list)
+    damaged: list[CheckpointEntry] = field(default_factory=list)
     """Checkpoints to move aside once the resume is accepted."""
     shape_notes: list[str] = field(default_factory=list)
     """What a change of shape does (the route, the fp16 loss scaler), said once the resume is accepted."""
@@ -100,11 +88,15 @@ class ResumeDecision:
 def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches) -> ResumeDecision:
     """Rank 0: the resume point and every check on it; UserError (nothing written) on a refusal."""
     check_foreign_checkpoints(run_dir)
-    point, damaged = newest_intact(run_dir)
+    catalogue = CheckpointCatalogue.scan(run_dir)
+    for newer in catalogue.newer():  # not damaged: refused as it is, never set aside
+        raise NewerSidecarFormat(newer.problem)
+    point = catalogue.newest_intact()
+    damaged = catalogue.damaged()  # by their sidecars, or by the files of newer ones verification met
     if point is None:
         if damaged:
             raise UserError(f"--run-dir {run_dir.root}: no intact checkpoint to resume from: "
-                            + "; ".join(f"{d.tag}: {d.reason}" for d in damaged)
+                            + "; ".join(f"{d.tag}: {d.problem}" for d in damaged)
                             + " (move them away to start over)")
         return ResumeDecision(None, resolve_ds_config(cfg, stages[0], world_size))
     check_compatible(point, cfg.model)
@@ -122,44 +114,29 @@ def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_s
                           shape_notes=shape_notes(point, saved, now, universal))
 
 
-def newest_intact(run_dir: RunDir) -> tuple[ResumePoint | None, list[Damaged]]:
-    """The newest complete checkpoint whose files match its sidecar's records (older ones are not
-    read), and every damaged checkpoint met on the way. Partial saves (no sidecar) are skipped."""
-    states = [classify(directory) for directory in checkpoint_dirs(run_dir)]
-    damaged = [Damaged(s.directory, s.reason) for s in states if s.kind == "damaged"]
-    for state in sorted((s for s in states if s.kind == "complete"), key=lambda s: s.sidecar.step, reverse=True):
-        try:
-            verify_files(state.directory, state.sidecar)
-        except DamagedCheckpoint as err:
-            damaged.append(Damaged(state.directory, str(err)))
-            continue
-        return ResumePoint(state.directory, state.sidecar), damaged
-    return None, damaged
-
-
-def check_tokenizer(point: ResumePoint, corpus) -> None:
+def check_tokenizer(point: CheckpointEntry, corpus) -> None:
     """The data's tokenizer must be the one the checkpoint was trained with (format-1 sidecars did
     not record it; their data position's corpus fingerprint covers it)."""
     recorded = point.sidecar.tokenizer_sha256
     if recorded is not None and recorded != corpus.tokenizer_sha256:
         spm = corpus.data_dir / corpus.manifest["tokenizer"]["path"]
         raise UserError(f"{spm}: tokenizer sha256 {corpus.tokenizer_sha256} is not the one checkpoint {point.tag} "
-                        f"was trained with ({recorded}, recorded in {sidecar_path(point.directory)}); resume "
+                        f"was trained with ({recorded}, recorded in {sidecar_path(point.path)}); resume "
                         f"with the run's data dir or use a new run directory")
 
 
-def check_data_position(point: ResumePoint, batches) -> None:
+def check_data_position(point: CheckpointEntry, batches) -> None:
     """The checkpoint's data position must continue this corpus' stream (format, corpus, seed, ...)."""
     state = point.sidecar.data_state
     check_state_format(state)
     try:
         batches.check_state(state)
     except DataError as err:
-        raise UserError(f"{sidecar_path(point.directory)}: data_state does not fit data.data_dir "
+        raise UserError(f"{sidecar_path(point.path)}: data_state does not fit data.data_dir "
                         f"{batches.corpus.data_dir}: {err}") from None
 
 
-def load_route(point: ResumePoint, saved: RunShape, now: RunShape, ds_path: str) -> bool:
+def load_route(point: CheckpointEntry, saved: RunShape, now: RunShape, ds_path: str) -> bool:
     """True: load through the universal checkpoint; False: DeepSpeed loads the checkpoint's own files.
     UserError only where DeepSpeed cannot carry the checkpoint to this shape at all."""
     if saved == now:
@@ -173,14 +150,14 @@ def load_route(point: ResumePoint, saved: RunShape, now: RunShape, ds_path: str)
         return False
     if 0 in (saved.zero_stage, now.zero_stage):
         raise UserError(f"{ds_path}: {now}, but checkpoint {point.tag} was saved with {saved} "
-                        f"({sidecar_path(point.directory)}); DeepSpeed carries a checkpoint to another ZeRO stage "
+                        f"({sidecar_path(point.path)}); DeepSpeed carries a checkpoint to another ZeRO stage "
                         f"or precision only through its universal checkpoint, which needs ZeRO stage 1, 2 or 3 on "
                         f"both sides (ZeRO-0 keeps no partitioned optimizer state to convert): resume with "
                         f"zero_optimization.stage {saved.zero_stage} in {saved.precision}, or use a new run directory")
     return True
 
 
-def shape_notes(point: ResumePoint, saved: RunShape, now: RunShape, universal: bool) -> list[str]:
+def shape_notes(point: CheckpointEntry, saved: RunShape, now: RunShape, universal: bool) -> list[str]:
     """One line on how the checkpoint is carried to the new shape, one on the fp16 loss scaler."""
     if saved == now:
         return []
@@ -217,8 +194,8 @@ def _accept_on_rank0(decision: ResumeDecision, run_dir: RunDir, cfg: RunConfig, 
     if decision.universal:
         convert_to_universal(point, run_dir)
     for damaged in decision.damaged:
-        dest = move_aside(run_dir, damaged.directory)
-        notes.append(f"checkpoint {damaged.tag} is damaged ({damaged.reason}); moved to {dest}; resuming from "
+        dest = move_aside(run_dir, damaged.path)
+        notes.append(f"checkpoint {damaged.tag} is damaged ({damaged.problem}); moved to {dest}; resuming from "
                      f"{point.tag} (step {point.sidecar.step})")
     records = {"config": cfg.to_dict(), "ds_config": decision.ds_config,
                "stages": {"world_size": world_size, "stages": [s.to_dict() for s in stages]}}

@@ -20,7 +20,7 @@ from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.lock import LOCK_ID_ENV, acquire
 from launcher.train.stage_end_jobs import start_stage_end_job
-from launcher.train.checkpointer import ResumePoint
+from launcher.run_dir.checkpoint_catalogue import CheckpointEntry
 from launcher.train.engine import loss_scale, precision
 from launcher.train.metrics import Metrics
 from launcher.mfu import resolve_peak
@@ -139,7 +139,7 @@ def _unlink_shm_allreduce_buffer() -> None:
     shm_allreduce_buffer(deepspeed.comm.get_rank()).unlink(missing_ok=True)
 
 
-def report_start(metrics: Metrics, timer: PhaseTimer, point: ResumePoint | None, engine, world_size: int,
+def report_start(metrics: Metrics, timer: PhaseTimer, point: CheckpointEntry | None, engine, world_size: int,
                  universal: bool) -> None:
     step = point.sidecar.step if point else 0
     if point is not None:

@@ -15,9 +15,7 @@ import time
 
 import psutil
 
-from launcher.run_dir.layout import RunDir
-from launcher.train.checkpointer import find_resume_point
-from tests.support.helpers import events, metrics_steps, roformer, start_roformer
+from tests.support.helpers import events, metrics_steps, roformer, start_roformer, newest_checkpoint
 from tests.support.netns.jobs import (
     assert_nothing_left,
     cluster_env,
@@ -72,7 +70,7 @@ def test_two_nodes_train_past_a_stage_boundary_stop_and_resume(cluster, tmp_path
     assert first_rc == 128 + signal.SIGTERM, output[-4000:]
     assert re.search(r"^node1: ", output, re.M) and re.search(r"^node2: ", output, re.M)
     assert (run_dir / ".deepspeed_env").read_text().count("GLOO_SOCKET_IFNAME=eth1\n") == 1
-    point = find_resume_point(RunDir(run_dir))
+    point = newest_checkpoint(run_dir)
     assert point is not None and STOP_AFTER_STEP <= point.sidecar.step < total, output[-4000:]
     stopped_at = point.sidecar.step
     assert_nothing_left(cluster, run_dir)
@@ -85,7 +83,7 @@ def test_two_nodes_train_past_a_stage_boundary_stop_and_resume(cluster, tmp_path
     assert [(e["step"], e["world_size"]) for e in resume] == [(stopped_at, 2)]
     steps = metrics_steps(run_dir)
     assert steps == list(range(1, total + 1))  # every step once: the resume continued, not restarted
-    assert find_resume_point(RunDir(run_dir)).sidecar.step == total
+    assert newest_checkpoint(run_dir).sidecar.step == total
     assert_nothing_left(cluster, run_dir)
     print(f"\ntwo-node run: first invocation {first_seconds:.1f} s (stopped at step {stopped_at}), "
           f"resume to step {total}: {second_seconds:.1f} s")

@@ -17,9 +17,7 @@ import psutil
 
 from launcher.config.watchdog_section import WatchdogSection
 from launcher.defaults import HUNG_EXIT_CODE
-from launcher.run_dir.layout import RunDir
-from launcher.train.checkpointer import find_resume_point
-from tests.support.helpers import events, metrics_steps, roformer, start_roformer
+from tests.support.helpers import events, metrics_steps, roformer, start_roformer, newest_checkpoint
 from tests.support.netns.jobs import (
     cluster_env,
     cluster_hostfile,
@@ -92,7 +90,7 @@ def _hang_stop_and_resume(cluster, tmp_path, data_dir, make_hang, undo) -> tuple
     assert cluster.pids_in_nodes() == {"node1": [], "node2": []}
     sessions_seconds = time.monotonic() - undone_at
 
-    point = find_resume_point(RunDir(run_dir))
+    point = newest_checkpoint(run_dir)
     assert point is not None and 12 <= point.sidecar.step < total, output[-4000:]  # the hang came after step 14
     assert f"the newest complete checkpoint is {point.sidecar.tag}: run the same command again" in output
     resumed_at = time.monotonic()
@@ -101,7 +99,7 @@ def _hang_stop_and_resume(cluster, tmp_path, data_dir, make_hang, undo) -> tuple
     assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
     assert [e["step"] for e in events(run_dir, "resume")] == [point.sidecar.step]
     assert sorted(set(metrics_steps(run_dir))) == list(range(1, total + 1))
-    assert find_resume_point(RunDir(run_dir)).sidecar.step == total
+    assert newest_checkpoint(run_dir).sidecar.step == total
     assert cluster.pids_in_nodes() == {"node1": [], "node2": []}
     assert stop_seconds <= STOP_LIMIT_SECONDS
     error = next(line for line in output.splitlines() if line.startswith("roformer pretrain: error: "))

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from launcher.run_dir.layout import RunDir
-from launcher.train.checkpointer import find_resume_point
 from launcher.train.stage_end_jobs import start_stage_end_job
 from roformer.hf_interop import load_pretrained
-from tests.support.helpers import TINY_STAGES, hf_isolated_logits
+from tests.support.helpers import TINY_STAGES, hf_isolated_logits, newest_checkpoint
 
 
 @pytest.fixture
@@ -23,7 +22,7 @@ def run_copy(trainer_run, copy_of):
 
 
 def test_trainer_checkpoint_exports_with_card_and_parity(trainer_run, trainer_export, tmp_path):
-    point = find_resume_point(RunDir(trainer_run))
+    point = newest_checkpoint(trainer_run)
     out = trainer_export
     card = (out / "README.md").read_text()
     for stage in TINY_STAGES:  # the whole schedule, each stage reached by the final checkpoint
@@ -44,7 +43,7 @@ def test_trainer_checkpoint_exports_with_card_and_parity(trainer_run, trainer_ex
 def test_stage_end_evals_run_detached_and_report(run_copy):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    point = find_resume_point(RunDir(run_copy))
+    point = newest_checkpoint(run_copy)
     specs = ["mlm", "movie-reviews:max_train_examples=64:epochs=1:max_eval_examples=32:max_length=32"]
     started = time.perf_counter()
     proc = start_stage_end_job(RunDir(run_copy), point.tag, TINY_STAGES[-1]["name"], specs)

@@ -18,11 +18,10 @@ import subprocess
 
 import pytest
 
-from launcher.run_dir.layout import RunDir
-from launcher.train.checkpointer import find_resume_point
 from launcher.train.metrics import read_metrics
 from tests.support.fp16_cpu import fp16_rank_env
 from tests.support.helpers import (
+    newest_checkpoint,
     REPO,
     TEST_RANK_ENTRY,
     TINY_TOTAL_STEPS,
@@ -38,7 +37,7 @@ def fp16_run(tmp_path_factory, fp16_stopped_run):
     config, stopped_dir = fp16_stopped_run
     run_dir = tmp_path_factory.mktemp("fp16") / "run"
     shutil.copytree(stopped_dir, run_dir)
-    stop_point = find_resume_point(RunDir(run_dir))
+    stop_point = newest_checkpoint(run_dir)
     before = {r["step"]: r for r in read_metrics(run_dir, "train")}
     resumed = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, **fp16_rank_env())
     assert resumed.wait(timeout=240) == 0, (run_dir.parent / "run.log").read_text()[-4000:]
@@ -59,7 +58,7 @@ def test_overflow_steps_are_skipped_and_logged(fp16_run):
     assert any(b > a for a, b in zip(scales, scales[1:]))  # and it grows again after good windows
     assert all(math.isfinite(r["loss"]) for r in train)
     assert train[-1]["loss"] < train[0]["loss"]
-    assert find_resume_point(RunDir(run_dir)).sidecar.precision == "fp16"
+    assert newest_checkpoint(run_dir).sidecar.precision == "fp16"
 
 
 def test_loss_scale_and_skip_count_survive_resume(fp16_run):

@@ -6,10 +6,9 @@ import re
 import signal
 import time
 
-from launcher.run_dir.layout import RunDir
-from launcher.train.checkpointer import find_resume_point
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import (
+    newest_checkpoint,
     REPO,
     TINY_TOTAL_STEPS,
     events,
@@ -78,7 +77,7 @@ def test_ctrl_c_names_the_signal_stops_cleanly_and_says_how_to_resume(tiny_data,
         if proc.poll() is None:
             proc.kill()
     output = log.read_text()
-    point = find_resume_point(RunDir(run_dir))
+    point = newest_checkpoint(run_dir)
     assert point is not None and 3 <= point.sidecar.step < TINY_TOTAL_STEPS
     assert "roformer pretrain: Ctrl-C (SIGINT) received: the ranks finish their step, write a checkpoint" in output
     assert re.search(r"^stop requested \(SIGTERM\): finishing step \d+, then a checkpoint \(within [\d.]+ s\)$", output, flags=re.M)

@@ -3,7 +3,8 @@
 A rank SIGKILLed once mid-run (tests/support/rank_wrapper.py, ROFORMER_TEST_SIGKILL_ONCE_AT): the job is
 stopped, started again from the newest checkpoint and finishes by itself, with final weights equal to an
 uninterrupted run's within 1e-6 (dropout off, as in the exact-resume tests); the restart is in RUN_DIR/restarts.json and in `roformer report`'s
-restarts table. A rank killed at the same step every time: restarted once, then not again, named.
+restarts table. A rank killed at the same step every time: restarted once, then not again, named; its first
+fault also damages the newest checkpoint, so the restart resumes from the older one and says so in restarts.json.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from launcher.run_dir.restart_records import read_restarts
 from tests.support.helpers import (
     NO_DROPOUT,
     TINY_TOTAL_STEPS,
+    events,
     free_port,
     metrics_steps,
     roformer,
@@ -74,14 +76,21 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_as_an_uninterrupted_one(tin
 
 
 def test_the_same_error_twice_at_the_same_step_is_not_retried(tiny_data, tmp_path):
+    # The first fault also damages the newest checkpoint (global_step8): the restart resumes from the older
+    # global_step6, and restarts.json names the checkpoint the ranks resumed from, not the damaged one.
     config = tiny_run_config(tmp_path / "config", tiny_data)
     run_dir = tmp_path / "run"
-    result = _pretrain(config, run_dir, "--max-restarts", "3", ROFORMER_TEST_SIGKILL_AT=KILL)
+    result = _pretrain(config, run_dir, "--max-restarts", "3", ROFORMER_TEST_SIGKILL_AT=KILL,
+                       ROFORMER_TEST_DAMAGE_NEWEST_AT=KILL)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-4000:]
+    assert "roformer pretrain: restart 1/3 in 1 s from global_step6 (step 6; 3 step(s) to redo)" in output, \
+        output[-4000:]
+    assert "checkpoint global_step8 is damaged (" in output and "resuming from global_step6 (step 6)" in output
+    assert [e["tag"] for e in events(run_dir, "resume")][-1:] == ["global_step6"]
     assert ("roformer pretrain: not restarting: the same error twice at step 9 (killed by SIGKILL): a deterministic "
             "fault (a bug, a bad batch, a config error) is not retried") in output, output[-4000:]
     records = read_restarts(RunDir(run_dir))
-    assert [(r.action, r.failed_at_step, r.restarted_from_step) for r in records] == \
-        [("restart", 9, 8), ("gave up", 9, 8)]
+    assert [(r.action, r.failed_at_step, r.restarted_from_step, r.restarted_from_tag) for r in records] == \
+        [("restart", 9, 6, "global_step6"), ("gave up", 9, 8, "global_step8")]
     assert "restart 2/3" not in output

@@ -15,11 +15,10 @@ import shutil
 
 import pytest
 
-from launcher.run_dir.layout import RunDir
-from launcher.run_dir.sidecar import complete_sidecar
-from launcher.train.checkpointer import find_resume_point
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import (
+    newest_checkpoint,
     NO_DROPOUT,
     TEST_RANK_ENTRY,
     TINY_TOTAL_STEPS,
@@ -47,7 +46,7 @@ def chain(tmp_path_factory, trainer_run, tiny_data):
     def attempt(label, **faults):
         proc = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, **faults)
         codes.append(proc.wait(timeout=TIMEOUT))
-        snapshots[label] = (find_resume_point(RunDir(run_dir)), sorted(p.name for p in (run_dir / "checkpoints").iterdir()))
+        snapshots[label] = (newest_checkpoint(run_dir), sorted(p.name for p in (run_dir / "checkpoints").iterdir()))
 
     attempt("sigterm", ROFORMER_TEST_SIGTERM_LAUNCHER_AT="7")
     attempt("kill_in_save", ROFORMER_TEST_SIGKILL_IN_SAVE_AT="1:12")
@@ -66,7 +65,7 @@ def test_each_stop_left_the_expected_checkpoints(chain):
     point, names = snapshots["kill_in_save"]
     assert "global_step12" in names  # DeepSpeed's files were written ...
     assert point.tag == "global_step10"  # ... but without a sidecar it is never picked up
-    assert complete_sidecar(run_dir / "checkpoints" / "global_step12") is not None  # rewritten by the resumed run
+    assert CheckpointCatalogue.scan(run_dir).entry("global_step12").state == "complete"  # rewritten by the resumed run
 
 
 def test_resumed_losses_equal_the_uninterrupted_run(chain):
@@ -95,9 +94,9 @@ def test_resume_with_one_rank_continues_schedule_and_loss_curve(chain, tmp_path_
     stages = [r for r in read_metrics(one_rank, "event") if r["event"] == "stage_start"]
     assert stages[-1]["step"] == 10 and stages[-1]["stage"] == 2
     assert (stages[-1]["micro_batch_size"], stages[-1]["grad_accum_steps"]) == (8, 2)  # 16 = 8 x 2 x 1 rank
-    sidecar = find_resume_point(RunDir(one_rank)).sidecar
+    sidecar = newest_checkpoint(one_rank).sidecar
     assert (sidecar.step, sidecar.world_size) == (TINY_TOTAL_STEPS, 1)
-    assert sidecar.consumed_samples == find_resume_point(RunDir(reference)).sidecar.consumed_samples
+    assert sidecar.consumed_samples == newest_checkpoint(reference).sidecar.consumed_samples
 
 
 def test_rng_states_round_trip(tmp_path):

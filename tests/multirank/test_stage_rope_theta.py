@@ -14,11 +14,10 @@ import pytest
 
 from launcher.downstream.exporter import export_checkpoint
 from launcher.errors import UserError
-from launcher.run_dir.layout import RunDir
 from launcher.run_dir.sidecar import read_sidecar
-from launcher.train.checkpointer import find_resume_point
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import (
+    newest_checkpoint,
     NO_DROPOUT,
     TEST_RANK_ENTRY,
     TINY_STAGES,
@@ -46,7 +45,7 @@ def runs(tmp_path_factory, tiny_data):
     resumed = root / "resumed"
     stopped = start_run(2, config, resumed, module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGTERM_LAUNCHER_AT=str(SWITCH + 1))
     code = stopped.wait(timeout=TIMEOUT)
-    point = find_resume_point(RunDir(resumed))  # read now: keep_last prunes it once the run goes on
+    point = newest_checkpoint(resumed)  # read now: keep_last prunes it once the run goes on
     run_to_end(2, config, resumed, module=TEST_RANK_ENTRY)
     return straight, resumed, (code, point)
 

@@ -15,11 +15,9 @@ import pytest
 
 from launcher.config.run_config import load_run_config
 from launcher.config.stages import resolve_stages
-from launcher.run_dir.layout import RunDir
-from launcher.run_dir.sidecar import complete_sidecar
-from launcher.train.checkpointer import find_resume_point
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
-from tests.support.helpers import TINY_STAGES, TINY_TOTAL_STEPS
+from tests.support.helpers import TINY_STAGES, TINY_TOTAL_STEPS, newest_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +101,10 @@ def test_run_directory_files(run):
 
 def test_checkpoints_sidecars_latest_and_retention(run):
     root = run / "checkpoints"
-    complete = sorted((d.name for d in root.iterdir() if complete_sidecar(d)), key=lambda t: int(t[11:]))
+    complete = [entry.tag for entry in CheckpointCatalogue.scan(run).complete()]
     assert complete == ["global_step10", "global_step12", "global_step16"]  # keep_last 3 of 4,6,8,10,12,16
     assert (root / "latest").read_text() == "global_step16"
-    sidecar = find_resume_point(RunDir(run)).sidecar
+    sidecar = newest_checkpoint(run).sidecar
     samples = sum(s["steps"] * s["global_batch_size"] for s in TINY_STAGES)
     assert (sidecar.step, sidecar.stage_index, sidecar.step_in_stage, sidecar.stage_complete) == \
         (16, 2, 6, True)
@@ -146,7 +144,7 @@ def test_checkpoint_consolidates_to_roformer_keys(run):
     from roformer import RoFormerConfig, RoFormerForMaskedLM
 
     state = get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"))  # follows `latest`
-    model = RoFormerForMaskedLM(RoFormerConfig.from_dict(find_resume_point(RunDir(run)).sidecar.model_config))
+    model = RoFormerForMaskedLM(RoFormerConfig.from_dict(newest_checkpoint(run).sidecar.model_config))
     assert set(state) == set(model.state_dict())
     model.load_state_dict(state)
 
@@ -163,7 +161,7 @@ def test_one_step_number_everywhere_steps_completed(run):
     saved = [e["step"] for e in events(run, "checkpoint")]
     assert [e.step for e in acc.Scalars("timing/checkpoint_s")] == saved == [4, 6, 8, 10, 12, 16]
     assert [e["tag"] for e in events(run, "checkpoint")] == [f"global_step{s}" for s in saved]
-    assert find_resume_point(RunDir(run)).sidecar.step == read_metrics(run, "train")[-1]["step"] == 16
+    assert newest_checkpoint(run).sidecar.step == read_metrics(run, "train")[-1]["step"] == 16
     first_records = {}
     for record in read_metrics(run, "train"):
         first_records.setdefault(record["stage"], record["step"])

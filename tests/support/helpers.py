@@ -255,3 +255,12 @@ def report_of(run_dir: Path, out: Path) -> str:
     written = sorted(Path(line).name for line in proc.stdout.split())
     assert written == sorted(p.name for p in (out / "plots").glob("*.png"))
     return (out / "report.md").read_text(encoding="utf-8")
+
+
+def newest_checkpoint(run_dir: Path):
+    """The newest complete checkpoint of a run directory (a CheckpointEntry: tag, step, path, sidecar), None
+    when there is none; its files are not verified (launcher/run_dir/checkpoint_catalogue.py)."""
+    from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+
+    complete = CheckpointCatalogue.scan(run_dir).complete()
+    return complete[-1] if complete else None

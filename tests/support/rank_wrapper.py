@@ -6,6 +6,9 @@
     ROFORMER_TEST_SIGKILL_ONCE_AT=RANK:N     as SIGKILL_AT, but once per run directory (a marker file
                                              RUN_DIR/test-fault-<rank>-<N> remembers it): the fault of
                                              one start, which a restart does not meet again
+    ROFORMER_TEST_DAMAGE_NEWEST_AT=RANK:N    that rank truncates the model-state file of the newest checkpoint
+                                             before step N (before a SIGKILL_AT of the same step), once per
+                                             run directory (marker RUN_DIR/test-damage-<rank>-<N>)
     ROFORMER_TEST_SIGKILL_IN_SAVE_AT=RANK:N  that rank SIGKILLs itself while writing the checkpoint of
                                              step N (after DeepSpeed's files, before the sidecar)
     ROFORMER_TEST_SAVE_LIVE_WEIGHTS=1        after training, the weights the engine holds (gathered
@@ -50,9 +53,12 @@ def install_faults() -> None:
     sigterm_at = os.environ.get("ROFORMER_TEST_SIGTERM_LAUNCHER_AT")
     kill_at = _rank_step("ROFORMER_TEST_SIGKILL_AT")
     kill_once_at = _rank_step("ROFORMER_TEST_SIGKILL_ONCE_AT")
+    damage_at = _rank_step("ROFORMER_TEST_DAMAGE_NEWEST_AT")
 
     def train_step(self, stage):
         step = self.state.step
+        if damage_at and damage_at == (rank, step):
+            damage_newest_checkpoint(self.checkpointer.run_dir, f"test-damage-{rank}-{step}")
         if sigterm_at and rank == 0 and step == int(sigterm_at):
             os.kill(os.getppid(), signal.SIGTERM)  # the parent is deepspeed.launcher.launch
         if kill_at and kill_at == (rank, step):
@@ -127,6 +133,18 @@ def _install_data_faults(rank: int) -> None:
             return original_step(self, stage)
 
         trainer.Trainer.train_step = train_step
+
+
+def damage_newest_checkpoint(run_dir, marker_name: str) -> None:
+    """Truncate the newest complete checkpoint's model-state file, once per run directory."""
+    from tests.support.helpers import newest_checkpoint
+
+    marker = run_dir.root / marker_name
+    if marker.exists():
+        return
+    model = newest_checkpoint(run_dir.root).path / "mp_rank_00_model_states.pt"
+    model.write_bytes(model.read_bytes()[:4096])
+    marker.write_text(f"{model}\n")
 
 
 def save_loaded_weights(engine, path, rank: int) -> None:

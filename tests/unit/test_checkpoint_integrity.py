@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, entry_of
 from launcher.run_dir.checkpoint_files import (
     DamagedCheckpoint,
-    classify,
     file_shares,
     record_files,
     verify_files,
@@ -99,34 +99,33 @@ def test_format1_sidecar_gets_the_presence_check(stored_run, tmp_path):
         verify_files(directory, sidecar)
 
 
-def test_classify_tells_partial_from_damaged(run_dir):
-    assert classify(run_dir.checkpoint("global_step5")).kind == "complete"
+def test_the_catalogue_tells_partial_from_damaged(run_dir):
+    assert entry_of(run_dir.checkpoint("global_step5")).state == "complete"
     sidecar_path(run_dir.checkpoint("global_step4")).write_text('{"tag": "global_step4", "step": ')
-    state = classify(run_dir.checkpoint("global_step4"))
-    assert state.kind == "damaged" and "not valid JSON" in state.reason
+    entry = entry_of(run_dir.checkpoint("global_step4"))
+    assert entry.state == "damaged" and "not valid JSON" in entry.problem and entry.step == 4
     sidecar_path(run_dir.checkpoint("global_step3")).unlink()
-    assert classify(run_dir.checkpoint("global_step3")).kind == "partial"  # a save that did not finish
+    assert entry_of(run_dir.checkpoint("global_step3")).state == "partial"  # a save that did not finish
 
 
 def test_a_newer_sidecar_format_is_refused_not_set_aside(run_dir):
     from launcher.run_dir.sidecar import NewerSidecarFormat
-    from launcher.train.resume import newest_intact
+    from launcher.train.resume import decide
 
     path = sidecar_path(run_dir.checkpoint("global_step5"))
     path.write_text(json.dumps({**json.loads(path.read_text()), "format": SIDECAR_FORMAT + 1}))
     with pytest.raises(NewerSidecarFormat, match=rf"{path}: sidecar format {SIDECAR_FORMAT + 1} is newer"):
-        newest_intact(run_dir)
+        decide(run_dir, cfg=None, stages=[], world_size=2, batches=None)
     assert not run_dir.damaged.exists()
 
 
 def test_resume_takes_the_newest_intact_checkpoint_and_lists_the_damaged(run_dir):
-    from launcher.train.resume import newest_intact
-
     truncate(run_dir.checkpoint("global_step5") / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     sidecar_path(run_dir.checkpoint("global_step4")).write_text("not json")
-    point, damaged = newest_intact(run_dir)
-    assert point.tag == "global_step3"
-    reasons = {d.tag: d.reason for d in damaged}
+    catalogue = CheckpointCatalogue.scan(run_dir)
+    point = catalogue.newest_intact()
+    assert point.tag == "global_step3" and point.verified
+    reasons = {d.tag: d.problem for d in catalogue.damaged()}
     assert set(reasons) == {"global_step4", "global_step5"}
     assert "zero_pp_rank_0_mp_rank_00_optim_states.pt" in reasons["global_step5"] and "truncated" in reasons["global_step5"]
     assert "sidecar.json: not valid JSON" in reasons["global_step4"]
