@@ -73,7 +73,8 @@ class GuardActions:
         if trigger is None:
             return None
         if self.cfg.action == "warn":
-            self._record(trigger, "warn", trigger.describe())
+            self._record(trigger, "warn", f"numerics guard: warning: {trigger.describe()}")
+            self.detector.acknowledged()  # a level the run goes on at: the spike rules take it as the new baseline
             return None
         if self.cfg.action == "stop":
             return self._stop(trigger, f"guard.action is stop")
@@ -94,6 +95,10 @@ class GuardActions:
                                        f"{last.reach}): not a stretch of bad data")
         if len(self.rewinds) >= self.cfg.max_rewinds:
             return self._stop(trigger, f"guard.max_rewinds {self.cfg.max_rewinds} spent")
+        with self.trainer.progress.phase("guard rewind", trigger.step):  # the hang watchdog bounds the reload
+            return self._rewind_to_checkpoint(trigger)
+
+    def _rewind_to_checkpoint(self, trigger: Trigger) -> str:
         start = time.perf_counter()
         point = self._agreed_point(trigger.began - 1)
         if point is None:

@@ -155,6 +155,17 @@ class NumericsGuard:
         self.non_finite.clear()
         self.at_minimum_since, self.flagged, self.began = None, False, None
 
+    def acknowledged(self) -> None:
+        """After a warning: the spike rules start a new window at the level the run goes on at (else every later
+        step would stay flagged and no checkpoint would be written again); a non-finite figure or a loss scale
+        at its floor stays flagged while it lasts."""
+        for rule in (self.loss, self.grad_norm):
+            rule.history.clear()
+            rule.end_run()
+        self.flagged = bool(self.non_finite) or self.at_minimum_since is not None
+        self.began = min([*self.non_finite.values(), *([self.at_minimum_since] if self.at_minimum_since else [])],
+                         default=None)
+
     def observe(self, f: StepFigures) -> Trigger | None:
         """The first rule (in RULES order) that fires on this step, or None; sets `flagged` / `began`."""
         if self.stage is not None and f.stage != self.stage:

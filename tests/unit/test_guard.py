@@ -105,6 +105,16 @@ def test_after_a_rewind_the_window_stays_and_the_same_spike_is_recognised_again(
     assert fired(results) == [(9, "loss_spike")] and results[-1][1].median == 4.0
 
 
+def test_a_warning_makes_the_new_level_the_baseline_so_checkpoints_resume():
+    guard = NumericsGuard(CFG, 0, None)
+    assert fired(feed(guard, [4.0] * 5 + [9.0, 9.0])) == [(7, "loss_spike")]
+    guard.acknowledged()
+    assert not guard.flagged
+    results = feed(guard, [9.0] * 8, first_step=8)
+    assert fired(results) == [] and not any(flagged for _, _, flagged in results)
+    assert fired(feed(guard, [20.0, 20.0], first_step=16)) == [(17, "loss_spike")]  # armed again at the new level
+
+
 # --- configuration ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("key, value, message", [
