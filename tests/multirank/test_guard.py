@@ -1,11 +1,11 @@
 """The numerics guard in real 2-rank runs (launcher/train/guard_actions.py), one run per scenario:
 
-(a) a stage whose lr_scale is 1000 blows the loss up: `rewind` goes back to the stage-end checkpoint,
+(a) ZeRO-1: a stage whose lr_scale is 1000 blows the loss up: `rewind` goes back to the stage-end checkpoint,
     skips, meets the same spike again and stops in one line (not retried by --max-restarts); the
     resume point and its export are from before the spike (finite weights, the pre-spike MLM loss);
-(b) a poisoned stretch of the data stream (tests/support/rank_wrapper.py): `rewind` skips it and the
+(b) ZeRO-2: a poisoned stretch of the data stream (tests/support/rank_wrapper.py): `rewind` skips it and the
     run finishes with the weights of an uninterrupted run whose data position skipped the same batches;
-(c) fp16 with the loss scale pinned at its minimum (every step overflows): `stop` ends the run,
+(c) ZeRO-3, fp16 with the loss scale pinned at its minimum (every step overflows): `stop` ends the run,
     recorded, with no checkpoint from the flagged steps.
 """
 from __future__ import annotations
@@ -52,7 +52,8 @@ def _guard_events(run_dir):
 
 def test_a_blown_up_stage_is_rewound_once_then_stopped_before_the_spike(tiny_data, tmp_path):
     config = tiny_run_config(tmp_path / "config", tiny_data, stages=HOT_STAGES, model=NO_DROPOUT,
-                             checkpoint={"every_steps": 3, "keep_last": 1}, guard=TINY_GUARD)
+                             checkpoint={"every_steps": 3, "keep_last": 1}, guard=TINY_GUARD,
+                             deepspeed={"overrides": {"zero_optimization": {"stage": 1}}})
     run_dir = tmp_path / "run"
     result = _pretrain(config, run_dir, "--guard", "rewind", "--max-restarts", "2",
                        "--set", "restarts.backoff_seconds=0")
@@ -125,7 +126,7 @@ def test_fp16_loss_scale_stuck_at_its_minimum_stops_the_run(tiny_data, tmp_path)
     # The scale starts at its floor, far too high for fp16: every step overflows and is skipped.
     overrides = {"optimizer": {"params": {"torch_adam": True}},
                  "fp16": {"initial_scale_power": 40, "min_loss_scale": 2.0 ** 40, "hysteresis": 1}}
-    config = tiny_run_config(tmp_path / "config", tiny_data, stages=FLAT_STAGES, ds_config="v100_fp16_zero2.json",
+    config = tiny_run_config(tmp_path / "config", tiny_data, stages=FLAT_STAGES, ds_config="v100_fp16_zero3.json",
                              deepspeed={"overrides": overrides}, checkpoint={"every_steps": 2, "keep_last": 2},
                              guard={"action": "stop", "min_loss_scale_steps": 3, "window": 4})
     run_dir = tmp_path / "run"
