@@ -95,16 +95,21 @@ def cost_per_step(config: Path, run_dir: Path, rounds: int) -> dict:
     }
 
 
+def poisoned_checkpoint(every: int, warmup_steps: int, window: int) -> int:
+    """The first checkpoint step after which the guard's spike rules are armed (warmup over, window full)."""
+    return -(-(warmup_steps + window + 1) // every) * every
+
+
 def time_per_rewind(config: Path, work: Path, every: int, poison_steps: int) -> dict:
-    """A 2-rank job whose data is poisoned for `poison_steps` steps right after the checkpoint at 2 x every."""
-    from launcher.run_dir.layout import RunDir
+    """A 2-rank job whose data is poisoned for `poison_steps` steps right after the first checkpoint at which
+    the guard's default rules are armed."""
+    from launcher.config.run_config import load_run_config
     from launcher.train.metrics import read_metrics
     from tests.support.helpers import free_port, roformer_env
-    from launcher.config.run_config import load_run_config
 
     cfg = load_run_config(config)
     stage = cfg.schedule.stages[0]
-    first_poisoned = 2 * every * stage.global_batch_size
+    first_poisoned = poisoned_checkpoint(every, cfg.optimizer.warmup_steps, cfg.guard.window) * stage.global_batch_size
     run_dir = work / "rewind-run"
     env = roformer_env(ROFORMER_TEST_POISON_SEQUENCES=f"{first_poisoned}:{poison_steps * stage.global_batch_size}",
                        OMP_NUM_THREADS="1")
@@ -113,8 +118,8 @@ def time_per_rewind(config: Path, work: Path, every: int, poison_steps: int) -> 
                            str(free_port()), "--config", str(config), "--run-dir", str(run_dir), "--entry-module",
                            "tests.support.rank_wrapper", "--guard", "rewind"],
                           cwd=REPO, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=3600)
-    events = [e for e in read_metrics(RunDir(run_dir), "event") if e.get("event") == "guard"]
-    step_times = [r["step_time_s"] for r in read_metrics(RunDir(run_dir), "train")]
+    events = [e for e in read_metrics(run_dir, "event") if e.get("event") == "guard"]
+    step_times = [r["step_time_s"] for r in read_metrics(run_dir, "train")]
     rewinds = [e for e in events if e.get("action") == "rewind"]
     if not rewinds:
         raise SystemExit(f"no rewind happened (exit code {proc.returncode}; guard events {events}):\n"
@@ -150,8 +155,9 @@ def main() -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-guard-") as tmp:
         work = Path(tmp)
-        # The rewind run: long enough for the default window (50 steps) to fill before the poison.
-        rewind_steps = max(2 * args.every + 60, 120)
+        # The rewind run: the poison after the first checkpoint at which the default rules are armed.
+        warmup = 40 if args.config == "demo" else 3
+        rewind_steps = poisoned_checkpoint(args.every, warmup, 50) + args.every + 2 * args.poison_steps
         rewind = time_per_rewind(run_config(work / "rewind", args.config, data_dir, rewind_steps, args.every),
                                  work, args.every, args.poison_steps)
         cost = cost_per_step(run_config(work / "cost", args.config, data_dir, 2 * args.rounds + 10, 0),
