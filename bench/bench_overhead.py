@@ -5,7 +5,7 @@
 - bare: our RoFormerForMaskedLM in plain torch: zero_grad, forward with the masked-only loss,
   backward, gradient clipping at the DeepSpeed config's value, torch AdamW with the DeepSpeed
   config's settings and the trainer's parameter groups; one fixed batch from the same corpus.
-- trainer: rank 0 of a real 1-rank run, started by `launcher.train.rank.start` (run-config
+- trainer: rank 0 of a real 1-rank run, started by `launcher.train.rank.check_inputs` and `start` (run-config
   and data checks, the prepared corpus through the data pipeline, the DeepSpeed engine of
   ds_configs/cpu_fp32_zero2.json (ZeRO-2, fp32, torch AdamW), metrics.jsonl + TensorBoard +
   progress lines, watchdog heartbeats), driven by `Trainer.step`: the learning rate, the batch built
@@ -96,7 +96,10 @@ def start_trainer(config: Path, run_dir: Path):
                       MASTER_PORT=str(free_port()))
     from launcher.train import rank
 
-    started = rank.start(rank.parse_args(["--config", str(config), "--run-dir", str(run_dir)]))
+    # The rank entry's steps without its lock: the run directory is this benchmark's own.
+    timer = rank.PhaseTimer(time.time())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = rank.start(rank.check_inputs(["--config", str(config), "--run-dir", str(run_dir)]), timer)
     trainer = started.trainer
     stage = trainer.switch_to(trainer.stages[0])
     return started, stage

@@ -25,9 +25,6 @@ from collections.abc import Mapping
 
 from launcher.errors import UserError
 
-PRECISIONS = ("fp32", "fp16", "bf16")
-"""Every answer `train_precision` gives."""
-
 BF16_KEYS = ("bf16", "bfloat16")
 """DeepSpeed's two spellings of the bf16 section, in the order it looks for them."""
 

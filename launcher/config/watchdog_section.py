@@ -6,7 +6,7 @@ stopped as hung (launcher.train.progress_recorder computes the bounds, launcher.
       step_factor: 5.0          # a step may take 5x the slowest recent step of its stage ...
       min_step_seconds: 120.0   # ... but never less than this
       phase_seconds: 900.0      # validation, checkpoint save, stage switch, a stage's first steps
-      startup_seconds: 1800.0   # each start-up phase (data checks, rendezvous, engine, checkpoint load)
+      startup_seconds: 1800.0   # each start-up phase (resume checks, rendezvous, engine, checkpoint load)
 """
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ class WatchdogSection:
     """Bound of a validation, checkpoint save, stage switch and stage end, and of a stage's first steps.
     Once a kind of phase has been timed, its bound is the larger of this and step_factor x its longest run."""
     startup_seconds: float = 1800.0
-    """Bound of each start-up phase: data checks, rendezvous (init_distributed), run files and universal
-    conversion, engine build (first-use op compilation) and checkpoint load."""
+    """Bound of each start-up phase: rank 0's resume checks, rendezvous (init_distributed), run files and
+    universal conversion, engine build (first-use op compilation) and checkpoint load. A rank's input checks
+    (config, data) write nothing, not even a heartbeat: its peers' rendezvous bound covers them."""
 
     def check(self, fail: Callable[[str, str], None]) -> None:
         """fail(field, message) for the first bad value (fields named as watchdog.<field>)."""

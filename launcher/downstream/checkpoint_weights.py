@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 
 from launcher.errors import UserError
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
-from launcher.run_dir.checkpoint_files import DamagedCheckpoint
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, DamagedCheckpoint
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.sidecar import CheckpointSidecar
 

@@ -13,9 +13,11 @@ all read it, each with the filter it needs:
 
 States of `checkpoints/<tag>/` (checkpoints/damaged/ and hidden directories are not entries):
   complete  a valid sidecar with `complete: true` naming this tag; resumable and exportable once its
-            files verify (`verify`: sizes and sha256 recorded at save time; format 1: every rank's
-            files present). Verification hashes every file, so it runs at most once per entry and
-            snapshot, and only where asked; a complete entry that fails it becomes `damaged`;
+            files verify (`verify` -> `verify_files`: sizes and sha256 recorded at save time, sizes of
+            every file before any is hashed; format 1, written before checksums were recorded: every
+            rank's files present). Verification hashes every file (why sha256: checkpoint_files.py),
+            so it runs at most once per entry and snapshot, and only where asked; a complete entry
+            that fails it becomes `damaged`;
   partial   no sidecar.json: a save that did not finish (killed while writing); nothing was promised,
             a resumed run writes that step again and retention removes it once it is older than the
             newest complete one;
@@ -31,16 +33,23 @@ No torch here: the report renders from it without importing torch.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 from launcher.errors import UserError
-from launcher.run_dir.checkpoint_files import DamagedCheckpoint, verify_files
-from launcher.run_dir.layout import DAMAGED_DIR, RunDir, sidecar_path, step_of_tag
-from launcher.run_dir.sidecar import CheckpointSidecar, NewerSidecarFormat, read_sidecar
+from launcher.io import file_sha256
+from launcher.run_dir.layout import DAMAGED_DIR, SIDECAR_NAME, RunDir, step_of_tag
+from launcher.run_dir.sidecar import CheckpointSidecar, MissingSidecar, NewerSidecarFormat, read_sidecar
 
 COMPLETE, PARTIAL, DAMAGED, NEWER = "complete", "partial", "damaged", "newer"
+_OPTIM_RANK = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
+_ZERO3_MODEL_RANK = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_\d+_model_states\.pt$")
+
+
+class DamagedCheckpoint(UserError):
+    """A checkpoint whose sidecar or files are not what its save wrote; the message names the file."""
 
 
 @dataclass(frozen=True)
@@ -149,16 +158,70 @@ class CheckpointCatalogue:
 def entry_of(directory: Path) -> CheckpointEntry:
     """Sidecar-level state of one checkpoint directory (its files are checked by `verify`)."""
     tag = directory.name
-    if not sidecar_path(directory).exists():
-        return CheckpointEntry(tag, step_of_tag(tag), directory, PARTIAL,
-                               problem=f"{directory}: partial checkpoint: sidecar.json missing (the save did not finish)")
     try:
         sidecar = read_sidecar(directory)
+    except MissingSidecar as err:
+        return CheckpointEntry(tag, step_of_tag(tag), directory, PARTIAL, problem=str(err))
     except NewerSidecarFormat as err:
         return CheckpointEntry(tag, step_of_tag(tag), directory, NEWER, problem=str(err))
     except (UserError, OSError) as err:
         return CheckpointEntry(tag, step_of_tag(tag), directory, DAMAGED, problem=str(err))
     if sidecar.tag != tag:
         return CheckpointEntry(tag, step_of_tag(tag), directory, DAMAGED,
-                               problem=f"{sidecar_path(directory)}: tag {sidecar.tag!r} is not the directory's name")
+                               problem=f"{directory / SIDECAR_NAME}: tag {sidecar.tag!r} is not the directory's name")
     return CheckpointEntry(tag, sidecar.step, directory, COMPLETE, sidecar=sidecar)
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def verify_files(directory: Path, sidecar: CheckpointSidecar) -> None:
+    """DamagedCheckpoint naming the first file that is missing, has another size or another sha256
+    than recorded at save time. Sizes are checked for every file before any is hashed (cheap first)."""
+    if sidecar.files is None:  # format 1: nothing recorded, check that every rank's files are there
+        check_rank_files(directory, sidecar.world_size)
+        return
+    where = f"{directory / SIDECAR_NAME}: files"
+    records = []
+    for name, record in sorted(sidecar.files.items()):
+        if (not isinstance(record, dict) or not isinstance(record.get("bytes"), int)
+                or not isinstance(record.get("sha256"), str) or "/" in name):
+            raise DamagedCheckpoint(f"{where}: entry {name!r} is not {{\"bytes\": int, \"sha256\": str}}")
+        records.append((directory / name, record))
+    for path, record in records:
+        if not path.is_file():
+            raise DamagedCheckpoint(f"{path}: missing (recorded at save time in {SIDECAR_NAME})")
+        size = path.stat().st_size
+        if size != record["bytes"]:
+            raise DamagedCheckpoint(f"{path}: {size} bytes, {record['bytes']} recorded at save time "
+                                    f"({'truncated' if size < record['bytes'] else 'grown'})")
+    for path, record in records:
+        if file_sha256(path) != record["sha256"]:
+            raise DamagedCheckpoint(f"{path}: sha256 differs from the one recorded at save time (corrupted)")
+
+
+def check_rank_files(tag_dir: Path, world_size: int) -> None:
+    """Every rank's DeepSpeed files present (all a format-1 sidecar allows): a missing shard is
+    reported by name, before any loading."""
+    optim = sorted(p.name for p in tag_dir.glob("*_optim_states.pt"))
+    models = sorted(p.name for p in tag_dir.glob("*_model_states.pt"))
+    if (tag_dir / "zero").is_dir() and not optim:
+        return  # universal checkpoint: checked per parameter when read
+    if not models:
+        raise DamagedCheckpoint(f"{tag_dir}: partial checkpoint: no model state file (mp_rank_00_model_states.pt "
+                                f"for ZeRO 0-2, zero_pp_rank_N_mp_rank_00_model_states.pt for ZeRO-3)")
+    if not optim:
+        return  # ZeRO-0: the model state file holds the full weights
+    ranks = sorted(int(m.group(1)) for m in map(_OPTIM_RANK.search, optim) if m)
+    missing = sorted(set(range(world_size)) - set(ranks))
+    if missing:
+        raise DamagedCheckpoint(f"{tag_dir}: partial checkpoint: optimizer shard(s) of rank(s) "
+                                f"{', '.join(map(str, missing))} missing (*zero_pp_rank_N_*_optim_states.pt)")
+    zero3_model_ranks = {int(m.group(1)) for m in map(_ZERO3_MODEL_RANK.match, models) if m}
+    if zero3_model_ranks:
+        missing = sorted(set(range(world_size)) - zero3_model_ranks)
+        if missing:
+            raise DamagedCheckpoint(f"{tag_dir}: partial checkpoint: ZeRO-3 model state shard(s) of rank(s) "
+                                    f"{', '.join(map(str, missing))} missing")
+    elif not (tag_dir / "mp_rank_00_model_states.pt").is_file():
+        raise DamagedCheckpoint(f"{tag_dir}: partial checkpoint: mp_rank_00_model_states.pt missing")

@@ -1,8 +1,8 @@
-"""The files of one checkpoint directory: checksums recorded at save time, verification before
-anything loads it (`verify_files`: sizes and sha256 recorded in the sidecar; format-1 sidecars,
-written before checksums were recorded, get the presence check of every rank's files), and moving a
-damaged one aside to `checkpoints/damaged/<tag>-<time>`, never deleting it. Which checkpoints a run
-holds and in which state (complete / partial / damaged) is launcher/run_dir/checkpoint_catalogue.py.
+"""What a save writes into one checkpoint directory besides DeepSpeed's files: the size and sha256 of
+every file (recorded in the sidecar), a failed save's one line; and moving a damaged checkpoint aside
+to `checkpoints/damaged/<tag>-<time>`, never deleting it. Which checkpoints a run holds, in which
+state, and whether their files are still what the save recorded (verification) is
+launcher/run_dir/checkpoint_catalogue.py.
 
 Checksums: sha256, like the data manifest and export_info.json; at save time every rank hashes
 (and fsyncs) a share of about equal bytes, at resume rank 0 hashes the chosen checkpoint once.
@@ -14,22 +14,12 @@ deliberately replaced file, so sha256 it is.
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 
 from launcher.errors import UserError
 from launcher.io import file_sha256, fsync_dir, fsync_file
-from launcher.run_dir.layout import SIDECAR_NAME, RunDir, sidecar_path
-from launcher.run_dir.sidecar import CheckpointSidecar
-
-_OPTIM_RANK = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
-_ZERO3_MODEL_RANK = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_\d+_model_states\.pt$")
-
-
-class DamagedCheckpoint(UserError):
-    """A checkpoint whose sidecar or files are not what its save wrote; the message names the file."""
-
+from launcher.run_dir.layout import SIDECAR_NAME, RunDir
 
 class CheckpointWriteError(UserError):
     """A checkpoint could not be written (full disk, quota, I/O error): its partial directory was
@@ -61,61 +51,6 @@ def record_files(directory: Path, names: list[str]) -> dict[str, dict]:
         fsync_file(path)
         records[name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
     return records
-
-
-# --------------------------------------------------------------------------- verification
-
-
-def verify_files(directory: Path, sidecar: CheckpointSidecar) -> None:
-    """DamagedCheckpoint naming the first file that is missing, has another size or another sha256
-    than recorded at save time. Sizes are checked for every file before any is hashed (cheap first)."""
-    if sidecar.files is None:  # format 1: nothing recorded, check that every rank's files are there
-        check_rank_files(directory, sidecar.world_size)
-        return
-    where = f"{sidecar_path(directory)}: files"
-    records = []
-    for name, record in sorted(sidecar.files.items()):
-        if (not isinstance(record, dict) or not isinstance(record.get("bytes"), int)
-                or not isinstance(record.get("sha256"), str) or "/" in name):
-            raise DamagedCheckpoint(f"{where}: entry {name!r} is not {{\"bytes\": int, \"sha256\": str}}")
-        records.append((directory / name, record))
-    for path, record in records:
-        if not path.is_file():
-            raise DamagedCheckpoint(f"{path}: missing (recorded at save time in {SIDECAR_NAME})")
-        size = path.stat().st_size
-        if size != record["bytes"]:
-            raise DamagedCheckpoint(f"{path}: {size} bytes, {record['bytes']} recorded at save time "
-                                    f"({'truncated' if size < record['bytes'] else 'grown'})")
-    for path, record in records:
-        if file_sha256(path) != record["sha256"]:
-            raise DamagedCheckpoint(f"{path}: sha256 differs from the one recorded at save time (corrupted)")
-
-
-def check_rank_files(tag_dir: Path, world_size: int) -> None:
-    """Every rank's DeepSpeed files present (all a format-1 sidecar allows): a missing shard is
-    reported by name, before any loading."""
-    optim = sorted(p.name for p in tag_dir.glob("*_optim_states.pt"))
-    models = sorted(p.name for p in tag_dir.glob("*_model_states.pt"))
-    if (tag_dir / "zero").is_dir() and not optim:
-        return  # universal checkpoint: checked per parameter when read
-    if not models:
-        raise DamagedCheckpoint(f"{tag_dir}: partial checkpoint: no model state file (mp_rank_00_model_states.pt "
-                                f"for ZeRO 0-2, zero_pp_rank_N_mp_rank_00_model_states.pt for ZeRO-3)")
-    if not optim:
-        return  # ZeRO-0: the model state file holds the full weights
-    ranks = sorted(int(m.group(1)) for m in map(_OPTIM_RANK.search, optim) if m)
-    missing = sorted(set(range(world_size)) - set(ranks))
-    if missing:
-        raise DamagedCheckpoint(f"{tag_dir}: partial checkpoint: optimizer shard(s) of rank(s) "
-                                f"{', '.join(map(str, missing))} missing (*zero_pp_rank_N_*_optim_states.pt)")
-    zero3_model_ranks = {int(m.group(1)) for m in map(_ZERO3_MODEL_RANK.match, models) if m}
-    if zero3_model_ranks:
-        missing = sorted(set(range(world_size)) - zero3_model_ranks)
-        if missing:
-            raise DamagedCheckpoint(f"{tag_dir}: partial checkpoint: ZeRO-3 model state shard(s) of rank(s) "
-                                    f"{', '.join(map(str, missing))} missing")
-    elif not (tag_dir / "mp_rank_00_model_states.pt").is_file():
-        raise DamagedCheckpoint(f"{tag_dir}: partial checkpoint: mp_rank_00_model_states.pt missing")
 
 
 # --------------------------------------------------------------------------- setting aside

@@ -4,7 +4,7 @@
         ... run the job ...               # a thread refreshes the file every `refresh_every` seconds
 
 Who holds it: `roformer pretrain` (launcher/commands/pretrain.py) for the whole job, across the
-restarts of its ranks, and hands its id to the ranks in LOCK_ID_ENV; rank 0 (launcher/train/startup.py)
+restarts of its ranks, and hands its id to the ranks in LOCK_ID_ENV; rank 0 (launcher/train/rank_entry.py)
 then only checks that the file still holds that id. A job started without `roformer pretrain` (plain
 mpirun / srun, docs/multinode.md) has no id: its rank 0 takes the lock itself. Read-only commands
 (`export`, `report`, `eval-mlm`) never look at it.

@@ -27,6 +27,10 @@ from launcher.run_dir.layout import SIDECAR_NAME, sidecar_path
 SIDECAR_FORMAT = 2
 
 
+class MissingSidecar(UserError):
+    """No sidecar.json: a save that did not finish (a partial checkpoint, not a damaged one)."""
+
+
 class NewerSidecarFormat(UserError):
     """A sidecar written by a newer release: not damaged, just not ours to read (refused, never set aside)."""
 
@@ -129,7 +133,7 @@ def read_sidecar(checkpoint_dir: Path) -> CheckpointSidecar:
     """The sidecar of a complete checkpoint; UserError naming the file and what is wrong otherwise."""
     path = sidecar_path(checkpoint_dir)
     if not path.is_file():
-        raise UserError(f"{checkpoint_dir}: partial checkpoint: {SIDECAR_NAME} missing (the save did not finish)")
+        raise MissingSidecar(f"{checkpoint_dir}: partial checkpoint: {SIDECAR_NAME} missing (the save did not finish)")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:

@@ -1,6 +1,6 @@
-"""Checkpoints of a run directory: the Checkpointer that saves and loads a run's named states,
-retention, and the conversion for another world size. Which checkpoint a run resumes from is chosen
-elsewhere, once (launcher/train/resume.py over launcher/run_dir/checkpoint_catalogue.py).
+"""Checkpoints of a run directory: the Checkpointer that saves and loads a run's named states, and
+retention. Which checkpoint a run resumes from, and through which conversion, is chosen elsewhere,
+once (launcher/train/resume.py over launcher/run_dir/checkpoint_catalogue.py).
 
 Layout (launcher/run_dir/layout.py): RUN_DIR/checkpoints/<tag>/ holds DeepSpeed's files, rng_rank<r>.pt per
 rank and sidecar.json, written LAST by rank 0 after every rank finished (launcher/run_dir/sidecar.py);
@@ -13,10 +13,7 @@ leaves at worst an incomplete checkpoint, never a "complete" one with missing by
 """
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Iterable, Protocol
 
@@ -26,15 +23,13 @@ import torch
 from launcher.config.stages import ResolvedStage
 from launcher.run_dir.checkpoint_files import (CheckpointWriteError, abandoned_save_message, file_shares, move_aside,
                                                record_files, write_failure)
-from launcher.errors import UserError
-from launcher.io import atomic_write_text, fsync_dir, fsync_tree
+from launcher.io import atomic_write_text, fsync_dir
 from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, CheckpointEntry
 from launcher.run_dir.layout import RunDir, sidecar_path, tag_for_step
 from launcher.run_dir.sidecar import CheckpointSidecar, write_sidecar
 from launcher.train.engine import loss_scale, precision
 from launcher.train.rng import load_rng, save_rng, seed_everything
-from launcher.train.universal_folder import complete_for_every_stage
-from roformer.config import ConfigError, RoFormerConfig
+from roformer.config import RoFormerConfig
 
 
 class Stateful(Protocol):
@@ -152,13 +147,15 @@ class Checkpointer:
             records.update(share)
         return dict(sorted(records.items()))
 
-    def load(self, point: CheckpointEntry, universal: bool, seed: int) -> None:
-        """Every state from `point` (through RUN_DIR/universal/<tag> when the shape changed:
-        launcher/train/resume.py load_route)."""
-        load_dir = self.run_dir.universal if universal else self.run_dir.checkpoints
+    def load(self, source: CheckpointEntry, seed: int, universal_folder: Path | None = None) -> None:
+        """Every state from checkpoint `source` (of this run, or of another run that is only read), or from
+        its conversion `universal_folder` (RUN_DIR/universal/<tag>) when the shape changed
+        (launcher/train/resume.py ResumePlan)."""
+        universal = universal_folder is not None
+        load_dir = universal_folder.parent if universal else source.path.parent
         own_scaler = _loss_scaler_state(self.engine.optimizer)
         own_decay = [group["weight_decay"] for group in self.engine.optimizer.param_groups]
-        path, client_state = self.engine.load_checkpoint(str(load_dir), tag=point.tag)
+        path, client_state = self.engine.load_checkpoint(str(load_dir), tag=source.tag)
         if universal:
             # DeepSpeed's ZeRO-3 universal load gives every parameter group the FIRST saved group's
             # hyper-parameters (stage3.py load_hp_checkpoint_state_from_checkpoint_dir_stage3): biases and
@@ -166,23 +163,23 @@ class Checkpointer:
             for group, decay in zip(self.engine.optimizer.param_groups, own_decay):
                 group["weight_decay"] = decay
             _own_step_counters(self.engine.optimizer)
-        if point.sidecar.precision != precision(self.engine):
+        if source.sidecar.precision != precision(self.engine):
             # DeepSpeed installs the checkpoint's loss scaler whatever the precision (a static scale of 1
             # from fp32 / bf16 into an fp16 run; fp16's dynamic scaler into a bf16 / fp32 run): keep the
             # engine's own, fresh from this run's config (resume.shape_notes says so).
             _set_loss_scaler_state(self.engine.optimizer, own_scaler)
         if path is None:
-            raise RuntimeError(f"DeepSpeed could not load {load_dir / point.tag}")
+            raise RuntimeError(f"DeepSpeed could not load {load_dir / source.tag}")
         saved_step = (client_state or {}).get("roformer_ds", {}).get("step")
-        if saved_step != point.sidecar.step:
-            raise RuntimeError(f"{point.path}: sidecar step {point.sidecar.step} does not match the DeepSpeed "
+        if saved_step != source.sidecar.step:
+            raise RuntimeError(f"{source.path}: sidecar step {source.sidecar.step} does not match the DeepSpeed "
                                f"checkpoint's client state step {saved_step}")
-        sidecar = point.sidecar
+        sidecar = source.sidecar
         self.train.load_state_dict({"step": sidecar.step, "consumed_samples": sidecar.consumed_samples,
                                     "consumed_tokens": sidecar.consumed_tokens,
                                     "last_validation": sidecar.last_validation})
         self.data.load_state_dict(sidecar.data_state)
-        if sidecar.world_size != self.world_size or not load_rng(point.path, self.rank):
+        if sidecar.world_size != self.world_size or not load_rng(source.path, self.rank):
             seed_everything(seed * 1009 + self.rank + 7919 * sidecar.step)  # other world size: fresh streams
 
 
@@ -208,56 +205,6 @@ def _own_step_counters(optimizer) -> None:
     for state in base.state.values():
         if torch.is_tensor(state.get("step")):
             state["step"] = state["step"].clone()
-
-
-def check_foreign_checkpoints(run_dir: RunDir) -> None:
-    """Refuse a run directory whose checkpoints/ holds DeepSpeed checkpoints we did not write.
-
-    Every checkpoint of ours comes after RUN_DIR/config.yaml (written before the first step), so
-    model-state files without it belong to something else; training there would mix two runs."""
-    if run_dir.config.is_file():
-        return
-    foreign = sorted(d.name for d in run_dir.checkpoints.glob("*") if d.is_dir() and any(d.glob("*model_states.pt")))
-    if foreign:
-        raise UserError(f"--run-dir {run_dir.root}: checkpoints/ holds DeepSpeed checkpoints not written by "
-                        f"`roformer pretrain` ({', '.join(foreign[:3])}; no config.yaml); use a new run directory")
-
-
-def check_compatible(point: CheckpointEntry, model_config: RoFormerConfig) -> None:
-    """Refuse to resume a checkpoint of another model (names the differing fields)."""
-    try:
-        saved = RoFormerConfig.from_dict(point.sidecar.model_config, source=str(sidecar_path(point.path)))
-    except ConfigError as err:
-        raise UserError(f"{point.path}: not a checkpoint of this project's model: {err}") from None
-    differing = saved.diff(model_config)
-    if differing:
-        details = ", ".join(f"{name}: checkpoint {getattr(saved, name)!r} vs config {getattr(model_config, name)!r}"
-                            for name in differing)
-        raise UserError(f"{point.path}: the checkpoint was trained with a different model; differing "
-                        f"field(s): {details}. Use a new run directory or the checkpoint's model config.")
-
-
-def convert_to_universal(point: CheckpointEntry, run_dir: RunDir) -> Path:
-    """Rank 0 only: DeepSpeed's ds_to_universal into RUN_DIR/universal/<tag> (atomic rename; reused)."""
-    final = run_dir.universal / point.tag
-    if (final / "zero").is_dir():
-        complete_for_every_stage(final)  # a folder converted before the stages were completed: now
-        return final
-    partial = run_dir.universal / f".{point.tag}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(point.path),
-           "--output_folder", str(partial), "--inject_missing_state", "--num_extract_workers", "1",
-           "--num_merge_workers", "1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise RuntimeError(f"ds_to_universal failed for {point.path}:\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
-    complete_for_every_stage(partial)  # loadable under every ZeRO stage, not only the one that saved it
-    fsync_tree(partial)  # reused by later resumes: it must not come back half-written after a power loss
-    os.replace(partial, final)
-    fsync_dir(final.parent)
-    return final
 
 
 def prune(run_dir: RunDir, keep_last: int, protect_steps: Iterable[int] = ()) -> list[str]:

@@ -105,7 +105,7 @@ class GuardActions:
             return self._stop(trigger, f"no intact checkpoint of this run's shape at or before step "
                                        f"{trigger.began - 1} to rewind to")
         trainer = self.trainer
-        trainer.checkpointer.load(point, False, trainer.cfg.seed)  # weights, optimizer, scaler, counters, data, RNG
+        trainer.checkpointer.load(point, trainer.cfg.seed)  # weights, optimizer, scaler, counters, data, RNG
         min_loss_scale(trainer.engine, guard_on=True)  # the loaded scaler, too, leaves the floor to the guard
         skipped = self.cfg.skip_batches or trigger.step - point.step
         stage = trainer.stages[trainer.cfg.schedule.stage_for_step(point.step)[0]]

@@ -1,36 +1,43 @@
-"""One rank of pretraining: check the input, build the components (data, engine, checkpointer, metrics,
-trainer), resume, then run. Started by launcher.train.rank_entry once the process environment is set.
+"""One rank of pretraining, started by launcher.train.rank_entry (which holds the run directory for it):
+its start-up in three steps, then training.
+
+    inputs = check_inputs(argv)            # 1. config, stages, run directory, data: nothing written, no process group
+    plan = agree_on_resume(inputs, ...)    # 2. rank 0 decides, the process group starts, every rank gets ONE
+                                           #    ResumePlan (launcher/train/resume.py), rank 0 carries out its writes
+    started = build_components(inputs, plan, ...)  # 3. engine, checkpointer (loads the plan's source), trainer
+    run(started)                           # to the end of the schedule or a stop
 """
 from __future__ import annotations
 
-import os
-import time
-
-PROCESS_START = time.time()  # replaced by the entry's own start time (the start-up timing event)
-
 import argparse
+import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.config.run_config import load_run_config
-from launcher.config.stages import resolve_stages
-from launcher.defaults import BAD_INPUT_EXIT_CODE, GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE
-from launcher.errors import UserError, user_errors
+from data_pipeline import PretrainBatches
+from launcher.config.preflight_checks import check_run
+from launcher.config.run_config import RunConfig, load_run_config
+from launcher.config.stage_end_evals import check_eval_specs
+from launcher.config.stages import ResolvedStage, resolve_stages
+from launcher.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE
+from launcher.errors import UserError
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
-from launcher.config.stage_end_evals import check_eval_specs
+from launcher.run_dir.records import write_init_record
 from launcher.train import resume, startup
 from launcher.train.checkpointer import Checkpointer
 from launcher.train.engine import build_engine
 from launcher.train.init_weights import InitialWeights
-from launcher.run_dir.records import write_init_record
-from launcher.train.progress_recorder import ProgressRecorder
 from launcher.train.metrics import Metrics
 from launcher.train.progress_line import progress_every
+from launcher.train.progress_recorder import ProgressRecorder
+from launcher.train.resume import ResumePlan
+from launcher.train.startup import PhaseTimer
 from launcher.train.trainer import Trainer, TrainState
 
 
@@ -43,22 +50,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None, process_start: float | None = None) -> int:
-    """The rank's work once its environment is set (launcher.train.rank_entry.main); `process_start`:
-    when the process started (time.time()), for the start-up timing event."""
-    args = parse_args(argv)
-    try:
-        return train(args, process_start)
-    except user_errors() as err:
-        print(f"pretrain (rank {os.environ.get('RANK', '?')}): error: {err}", file=sys.stderr, flush=True)
-        return BAD_INPUT_EXIT_CODE
-    finally:
-        startup.release_run_dir()  # rank 0's own lock, when it took one (no `roformer pretrain` above it)
+@dataclass(frozen=True)
+class RankInputs:
+    """Everything a rank starts from, checked (step 1): nothing is written and no process group exists yet."""
+
+    cfg: RunConfig
+    rank: int
+    world_size: int
+    stages: list[ResolvedStage]
+    """The schedule's stages at this world size."""
+    run_dir: RunDir
+    """Checked, not created (the rank entry creates and holds it: rank_entry.held_run_dir)."""
+    train_batches: PretrainBatches
+    """This rank's training stream (data checked: launcher/config/preflight_checks.py)."""
+    valid_batches: PretrainBatches
 
 
 @dataclass
 class StartedRank:
-    """A rank ready for its first (or resumed) step: what `train` runs, and a benchmark drives step by step."""
+    """A rank ready for its first (or resumed) step: what `run` runs, and a benchmark drives step by step."""
 
     trainer: Trainer
     metrics: Metrics
@@ -68,11 +78,107 @@ class StartedRank:
     run_dir: RunDir
 
 
-def train(args: argparse.Namespace, process_start: float | None = None) -> int:
-    """Start the rank (`start`), then trainer.run() to the end of the schedule or a stop."""
-    started = start(args, process_start)
-    if started is None:
-        return 0
+def check_inputs(argv: list[str] | None) -> RankInputs:
+    """Step 1: the command line, this rank's place, the run directory, the run config, its stage-end evals, the
+    stages at this world size and the data, with every check `roformer plan` and `--dry-run` run too
+    (check_run: each stage's DeepSpeed config through DeepSpeed's own parser and against this accelerator,
+    the data and its tokenizer against model.vocab_size, each stage against the corpus size). Shard content
+    is verified once, by rank 0 (re-hashing only shards changed since they were written:
+    data_pipeline/shards.py); the others check structure and sizes. UserError / DataError, one line, before
+    anything is written and before any process group exists."""
+    args = parse_args(argv)
+    rank, world_size = rank_and_world_size()
+    run_dir = check_run_dir(Path(args.run_dir))
+    cfg = load_run_config(args.config, args.overrides)
+    check_eval_specs(cfg.logging.stage_end_evals, where=f"{cfg.source}: logging.stage_end_evals")
+    stages = resolve_stages(cfg, world_size)
+    checked = check_run(cfg, stages, world_size, rank=rank, verify_data=cfg.data.verify and rank == 0)
+    return RankInputs(cfg, rank, world_size, stages, run_dir, checked.train, checked.valid)
+
+
+def check_run_dir(path: Path) -> RunDir:
+    """RUN_DIR checked, nothing written: an existing one must be a directory this rank may write (access(2),
+    which also sees a read-only mount; a refused resume leaves it exactly as it was, down to its mtime); a new
+    one needs an existing parent (the rank entry creates it: rank_entry.held_run_dir)."""
+    root = path.expanduser().resolve()
+    if root.exists() and not root.is_dir():
+        raise UserError(f"--run-dir {root}: exists and is not a directory")
+    if not root.parent.is_dir():
+        raise UserError(f"--run-dir {root}: parent directory {root.parent} does not exist")
+    if root.is_dir() and not os.access(root, os.W_OK | os.X_OK):
+        raise UserError(f"--run-dir {root}: not writable")
+    return RunDir(root)
+
+
+def start(inputs: RankInputs, timer: PhaseTimer) -> StartedRank | None:
+    """Steps 2 and 3, once the rank entry holds the run directory (launcher/train/rank_entry.py); None when
+    the run is already at the end of its schedule."""
+    progress = ProgressRecorder(inputs.run_dir, inputs.rank, inputs.cfg.watchdog)  # heartbeats for the rank guard
+    progress.start_up("resume checks")
+    plan = agree_on_resume(inputs, progress, timer)
+    if plan.finished:
+        if inputs.rank == 0:
+            print(f"{inputs.run_dir.root}: already trained to the end of the schedule (step {plan.step}); "
+                  "nothing to do", file=sys.stderr)
+        return None
+    return build_components(inputs, plan, progress, timer)
+
+
+def agree_on_resume(inputs: RankInputs, progress: ProgressRecorder, timer: PhaseTimer) -> ResumePlan:
+    """Step 2: rank 0 decides where the run starts (writing nothing: a refusal leaves RUN_DIR as it was), the
+    process group starts, every rank gets rank 0's plan, and (unless there is nothing left to train) rank 0
+    carries out its writes: the conversion, damaged checkpoints set aside, the record files."""
+    cfg, rank, world_size = inputs.cfg, inputs.rank, inputs.world_size
+    decided = None  # off rank 0: rank 0's plan arrives in `share`
+    if rank == 0:
+        decided = resume.decide(inputs.run_dir, cfg, inputs.stages, world_size, inputs.train_batches)
+    timer.phase("checks_and_data")
+    progress.start_up("rendezvous (init_distributed)")
+    startup.init_distributed()
+    timer.phase("init_distributed")
+    plan = resume.share(decided)
+    if plan.finished:
+        return plan
+    progress.start_up("run files and conversion")
+    plan = resume.accept(plan, inputs.run_dir, cfg, inputs.stages, world_size, rank)
+    timer.phase("run_files_and_conversion")
+    return plan
+
+
+def build_components(inputs: RankInputs, plan: ResumePlan, progress: ProgressRecorder,
+                     timer: PhaseTimer) -> StartedRank:
+    """Step 3: the engine (init_from's weights on a fresh start), the checkpointer (which loads the plan's
+    source), metrics, plots and the trainer."""
+    cfg, rank, world_size, run_dir = inputs.cfg, inputs.rank, inputs.world_size, inputs.run_dir
+    # Raised by DeepSpeed's ZeRO all-gather on every step with recent torch; nothing for a user to do.
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
+    progress.start_up("engine")
+    initial = InitialWeights.read(plan.init_from, cfg.model) if plan.init_from is not None else None
+    engine = build_engine(cfg, plan.ds_config, rank, initial)
+    if initial is not None and rank == 0:
+        write_init_record(run_dir, initial.record())
+    timer.phase("engine")
+    state = TrainState()
+    checkpointer = Checkpointer(run_dir, engine, state, inputs.train_batches, model_config=cfg.model, rank=rank,
+                                world_size=world_size, keep_last=cfg.checkpoint.keep_last,
+                                total_steps=cfg.schedule.total_steps,
+                                tokenizer_sha256=inputs.train_batches.corpus.tokenizer_sha256)
+    if plan.source is not None:
+        progress.start_up("checkpoint load")
+        checkpointer.load(plan.source, cfg.seed, plan.universal_folder(run_dir))
+        timer.phase("checkpoint_load")
+    metrics = Metrics(run_dir, rank, inputs.stages, cfg.schedule.total_steps, state.step, cfg.logging.log_every,
+                      cfg.logging.progress_bar, progress_every(cfg.logging.progress_every, cfg.schedule.total_steps))
+    plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 and cfg.logging.plots else None
+    on_stage_end = startup.stage_end_callback(cfg, run_dir, plots)
+    startup.report_start(metrics, timer, plan, engine, cfg, world_size)
+    trainer = Trainer(cfg, inputs.stages, engine, inputs.train_batches, inputs.valid_batches, state, checkpointer,
+                      metrics, on_stage_end=on_stage_end, progress=progress)
+    return StartedRank(trainer, metrics, progress, plots, run_dir)
+
+
+def run(started: StartedRank) -> int:
+    """trainer.run() to the end of the schedule or a stop; the rank's exit code."""
     trainer, metrics, progress, plots = started.trainer, started.metrics, started.progress, started.plots
     install_stop_handlers(trainer, metrics)
     outcome = trainer.run()
@@ -86,65 +192,6 @@ def train(args: argparse.Namespace, process_start: float | None = None) -> int:
         metrics.message(f"{outcome} at step {trainer.state.step}; checkpoints in {started.run_dir.checkpoints}")
     metrics.close()
     return {"finished": 0, "guard_stopped": GUARD_STOP_EXIT_CODE}.get(outcome, ORDERLY_STOP_EXIT_CODE)
-
-
-def start(args: argparse.Namespace, process_start: float | None = None) -> StartedRank | None:
-    """Check the input, build the components (data, engine, checkpointer, metrics) and resume; None when
-    the run is already at the end of its schedule."""
-    # Raised by DeepSpeed's ZeRO all-gather on every step with recent torch; nothing for a user to do.
-    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
-    timer = startup.PhaseTimer(process_start or time.time())
-    cfg = load_run_config(args.config, args.overrides)
-    check_eval_specs(cfg.logging.stage_end_evals, where=f"{cfg.source}: logging.stage_end_evals")
-    rank, world_size = rank_and_world_size()
-    stages = resolve_stages(cfg, world_size)
-    run_dir = startup.prepare_run_dir(Path(args.run_dir))
-    if rank == 0:  # one job per run directory: refused before anything is written (launcher/run_dir/lock.py)
-        startup.claim_run_dir(run_dir)
-    progress = ProgressRecorder(run_dir, rank, cfg.watchdog)  # heartbeats for the hang watchdog (rank guard)
-    progress.start_up("checks and data")
-    batches, valid_batches = startup.open_batches(cfg, stages, rank, world_size)
-    decision = resume.decide(run_dir, cfg, stages, world_size, batches) if rank == 0 else None  # writes nothing
-    timer.phase("checks_and_data")
-
-    progress.start_up("rendezvous (init_distributed)")
-    startup.init_distributed()
-    timer.phase("init_distributed")
-    progress.start_up("run files and conversion")
-    decision = resume.share(decision)
-    point, universal, ds_config = decision.point, decision.universal, decision.ds_config
-    if decision.finished:
-        if rank == 0:
-            print(f"{run_dir.root}: already trained to the end of the schedule (step {point.sidecar.step}); "
-                  "nothing to do", file=sys.stderr)
-        return None
-    notes = resume.accept(decision, run_dir, cfg, stages, world_size, rank)
-    timer.phase("run_files_and_conversion")
-    progress.start_up("engine")
-    # init_from: DIR's weights on a fresh start only; a resumed run continues from its checkpoint.
-    initial = InitialWeights.read(cfg.init_from, cfg.model) if cfg.init_from and point is None else None
-    engine = build_engine(cfg, ds_config, rank, initial)
-    if initial is not None and rank == 0:
-        write_init_record(run_dir, initial.record())
-    timer.phase("engine")
-    state = TrainState()
-    checkpointer = Checkpointer(run_dir, engine, state, batches, model_config=cfg.model, rank=rank,
-                                world_size=world_size, keep_last=cfg.checkpoint.keep_last,
-                                total_steps=cfg.schedule.total_steps, tokenizer_sha256=batches.corpus.tokenizer_sha256)
-    if point is not None:
-        progress.start_up("checkpoint load")
-        checkpointer.load(point, universal, cfg.seed)
-        timer.phase("checkpoint_load")
-    metrics = Metrics(run_dir, rank, stages, cfg.schedule.total_steps, state.step, cfg.logging.log_every,
-                      cfg.logging.progress_bar, progress_every(cfg.logging.progress_every, cfg.schedule.total_steps))
-    startup.report_start(metrics, timer, point, engine, world_size, universal)
-    startup.report_peak(metrics, cfg, engine)
-    for note in notes:  # damaged checkpoints set aside, a new config version (printed already)
-        metrics.event("resume_note", step=state.step, message=note)
-    plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 and cfg.logging.plots else None
-    trainer = Trainer(cfg, stages, engine, batches, valid_batches, state, checkpointer, metrics,
-                      on_stage_end=startup.stage_end_callback(cfg, run_dir, plots), progress=progress)
-    return StartedRank(trainer, metrics, progress, plots, run_dir)
 
 
 def rank_and_world_size() -> tuple[int, int]:

@@ -3,19 +3,23 @@
     python -m launcher.train.rank_entry --config CFG --run-dir RUN_DIR [--set section.key=value ...]
 
 Everything that can be wrong with the input is checked before the engine exists and before anything
-in RUN_DIR is written: the run config, the stages for this world size, the run directory, the data,
-and (rank 0, launcher/train/resume.py) the checkpoint to resume: its files against the checksums of
-its save, its model, tokenizer, data position, precision and ZeRO stage. Then the run resumes from
-the newest intact checkpoint of RUN_DIR (through a universal checkpoint when the world size
-changed; damaged newer ones are moved aside and named) or starts fresh, and trains to the end.
+in RUN_DIR is written: the run config, the stages for this world size, the run directory, the data
+(launcher/train/rank.py check_inputs); then, holding the run directory (rank 0: its lock), rank 0
+checks the checkpoint to resume (launcher/train/resume.py): its files against the checksums of its
+save, its model, tokenizer, data position, precision and ZeRO stage. Then the run resumes from the
+newest intact checkpoint of RUN_DIR (through a universal checkpoint when the shape changed; damaged
+newer ones are moved aside and named) or starts fresh, and trains to the end.
 Exit codes: 0 finished, 2 bad input (one line on stderr), 143 stopped by SIGTERM/SIGINT after
 saving a checkpoint (re-run the same command to resume).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from pathlib import Path
+from typing import Iterator
 
 PROCESS_START = time.time()  # for the start-up timing event
 
@@ -42,11 +46,49 @@ def prepare_process_environment(environ: dict[str, str] = os.environ) -> None:
     environ["PATH"] = append_venv_bin(environ.get("PATH", os.defpath))
 
 
+@contextlib.contextmanager
+def held_run_dir(run_dir: Path, rank: int) -> Iterator[None]:
+    """RUN_DIR for as long as the rank runs: created when new, and on rank 0 its lock (launcher/run_dir/lock.py),
+    released on the way out however the rank ends. Under `roformer pretrain` the launcher holds the lock and
+    passed its id in LOCK_ID_ENV: rank 0 finds it there and writes nothing (the launcher keeps it across
+    restarts). A job started by plain mpirun / srun has no launcher: rank 0 takes the lock itself. Either way
+    another live job's lock is refused (RunDirInUse, one line naming it) before this rank writes anything else."""
+    from launcher.errors import UserError
+    from launcher.run_dir.lock import LOCK_ID_ENV, acquire
+
+    if not run_dir.is_dir():  # checked by the rank's input checks: its parent exists
+        try:
+            (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+            probe = run_dir / f".write-test-{os.getpid()}"  # access(2) alone trusts a root that /proc refuses
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as err:
+            raise UserError(f"--run-dir {run_dir}: not writable ({err.strerror})") from None
+    if rank != 0:
+        yield
+        return
+    with acquire(run_dir, command="rank 0", lock_id=os.environ.get(LOCK_ID_ENV) or None,
+                 note=lambda text: print(f"pretrain (rank 0): note: {text}", file=sys.stderr, flush=True)):
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The rank: its environment, its inputs checked, then, holding the run directory, the resume agreed,
+    the components built and training run (launcher/train/rank.py)."""
     prepare_process_environment()
+    from launcher.defaults import BAD_INPUT_EXIT_CODE
+    from launcher.errors import user_errors
     from launcher.train import rank  # torch and DeepSpeed: after the environment above
 
-    return rank.main(argv, process_start=PROCESS_START)
+    timer = rank.PhaseTimer(PROCESS_START)
+    try:
+        inputs = rank.check_inputs(argv)
+        with held_run_dir(inputs.run_dir.root, inputs.rank):
+            started = rank.start(inputs, timer)
+            return rank.run(started) if started is not None else 0
+    except user_errors() as err:
+        print(f"pretrain (rank {os.environ.get('RANK', '?')}): error: {err}", file=sys.stderr, flush=True)
+        return BAD_INPUT_EXIT_CODE
 
 
 if __name__ == "__main__":

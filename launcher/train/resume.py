@@ -1,40 +1,45 @@
-"""Where a (re)started run continues: rank 0 decides, every rank follows, and nothing in RUN_DIR is
-written before the decision is final.
+"""Where a rank's start comes from: ONE object, the `ResumePlan`, which rank 0 decides before anything in
+RUN_DIR is written and every rank then follows.
 
-The order (launcher/train/rank_entry.py):
-  1. every rank checks its input: config, stages, run directory, data (rank 0 hashes what needs it);
-  2. rank 0 `decide`s: foreign checkpoints; every checkpoint's sidecar; the newest complete
-     checkpoint's files against the sizes and sha256 recorded at save time (a damaged one is noted
-     and the next older one tried); then the chosen one against this run: model config, tokenizer,
-     data position (corpus, format), and its shape (ZeRO stage, precision, world size: `load_route`
-     picks DeepSpeed's own load or the universal checkpoint). A refusal is one line and exit code 2
-     right there, with the run directory exactly as it was;
-  3. the process group starts and `share` hands rank 0's verdict to every rank;
-  4. rank 0 `accept`s it: universal conversion, damaged checkpoints moved to checkpoints/damaged/
-     (one line each, saying where the run resumes instead), the record files (a config that
-     differs from the run's becomes a new version: launcher/run_dir/records.py).
+The rank's start-up (launcher/train/rank.py) is three steps; this module is the second:
+  1. every rank checks its inputs: config, stages, run directory, data (nothing written);
+  2. agree on the resume:
+     a. rank 0 `decide`s: foreign checkpoints; the run's checkpoints (launcher/run_dir/checkpoint_catalogue.py:
+        every sidecar, then the newest complete checkpoint's files against the sizes and sha256 recorded at
+        save time, a damaged one noted and the next older one tried); then the chosen one against this run
+        (`plan_start`): model config, tokenizer, data position (corpus, format), and its shape (ZeRO
+        stage, precision, world size: `load_route` picks DeepSpeed's own load or the universal checkpoint).
+        A refusal is one line and exit code 2 right there, with the run directory exactly as it was;
+     b. the process group starts and `share` hands rank 0's plan to every rank;
+     c. rank 0 `accept`s it: the universal conversion, damaged checkpoints moved to checkpoints/damaged/ (one
+        line each, saying where the run resumes instead), the record files (a config that differs from the
+        run's becomes a new version: launcher/run_dir/records.py);
+  3. every rank builds its components from the plan (engine, `Checkpointer.load(plan.source, ...)`, trainer).
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 import deepspeed.comm as dist
 
 from data_pipeline import check_state_format
 from data_pipeline.errors import DataError
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, CheckpointEntry
-from launcher.run_dir.checkpoint_files import move_aside
 from launcher.config.deepspeed_json import resolve_ds_config
 from launcher.config.precision import train_precision
 from launcher.config.preflight_checks import ds_config_source
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, CheckpointEntry
+from launcher.run_dir.checkpoint_files import move_aside
 from launcher.run_dir.layout import RunDir, sidecar_path
 from launcher.run_dir.records import describe_change, record_start
 from launcher.run_dir.sidecar import NewerSidecarFormat
-from launcher.train.checkpointer import check_compatible, check_foreign_checkpoints, convert_to_universal
+from launcher.train.universal_folder import convert_to_universal
+from roformer.config import ConfigError, RoFormerConfig
 
 # ZeRO stages whose checkpoints DeepSpeed loads into each other directly (same partitioned optimizer
 # files), at the same world size and precision; every other change of shape goes through the universal
@@ -67,51 +72,128 @@ class RunShape:
         return f"ZeRO-{self.zero_stage}, {self.precision}, {self.world_size} rank{'s' if self.world_size > 1 else ''}"
 
 
-@dataclass
-class ResumeDecision:
-    """Rank 0's verdict, the same on every rank after `share`."""
+@dataclass(frozen=True)
+class ResumePlan:
+    """Where this start of the run comes from, through which conversion, and what is recorded: decided by rank
+    0 (`decide`), the same on every rank after `share`, its writes carried out by rank 0 in `accept`.
 
-    point: CheckpointEntry | None
-    """The newest intact checkpoint (None: a fresh start)."""
+    Where from (`source`, `source_run`):
+      a fresh start     source None: the model's initialisation, or the weights of `init_from` (cfg.init_from,
+                        read on a fresh start only);
+      this run          source is the newest intact checkpoint of RUN_DIR (source_run is RUN_DIR);
+      another run       (branching, `pretrain --branch-from`) source is a checkpoint of ANOTHER run directory,
+                        source_run that directory. It is only ever read: build the plan with
+                        `plan_start(source, source_run, this run's cfg, ...)` (every check and the route are
+                        the same), and everything written goes into THIS run: the conversion
+                        (`universal_folder`, RUN_DIR/universal/<tag>, `convert_to_universal(source, run_dir)`),
+                        the records (`resumed_from` names the source run), never `set_aside` entries of it.
+    Through which conversion: `universal` (load_route): DeepSpeed's own files of `source`, or its universal
+    checkpoint, converted by rank 0 in `accept`.
+    What to record: `accept` writes the run's config versions (from `step`, `resumed_from`), sets `set_aside`
+    aside; `notes` are the lines it said (metrics.jsonl resume_note events); the build step records the
+    init_from weights (init_from.json) and the `resume` event.
+    """
+
+    source: CheckpointEntry | None
+    """The checkpoint the run continues from (None: a fresh start)."""
+    source_run: RunDir | None
+    """The run directory `source` belongs to (None on a fresh start)."""
     ds_config: dict
-    """The DeepSpeed config the engine starts with (batch sizes of the starting stage)."""
+    """The DeepSpeed config the engine starts with (batch sizes of the starting stage; load_universal set when
+    the route is the universal checkpoint). {} when `finished`."""
     universal: bool = False
-    """The shape changed (`load_route`): load through RUN_DIR/universal/<tag>."""
+    """The shape changed (`load_route`): load through RUN_DIR/universal/<tag>, converted in `accept`."""
     finished: bool = False
-    """The point is at the end of the schedule: nothing to do."""
-    damaged: list[CheckpointEntry] = field(default_factory=list)
-    """Checkpoints to move aside once the resume is accepted."""
-    shape_notes: list[str] = field(default_factory=list)
-    """What a change of shape does (the route, the fp16 loss scaler), said once the resume is accepted."""
+    """The source is at the end of the schedule: nothing to do."""
+    init_from: Path | None = None
+    """A fresh start's initial weights (cfg.init_from), None otherwise."""
+    set_aside: tuple[CheckpointEntry, ...] = ()
+    """This run's damaged checkpoints, moved to checkpoints/damaged/ once the plan is accepted."""
+    notes: tuple[str, ...] = ()
+    """What the start does besides loading: the route and the fp16 loss scaler on a change of shape (decided);
+    after `accept`, also every line rank 0 said (damaged checkpoints set aside, a new config version)."""
+
+    @property
+    def step(self) -> int:
+        """Steps already done: where training continues."""
+        return self.source.step if self.source is not None else 0
+
+    def resumed_from(self, run_dir: RunDir) -> str | None:
+        """The source as RUN_DIR's records name it: its tag, prefixed by its run directory when that is another."""
+        if self.source is None:
+            return None
+        return self.source.tag if self.source_run == run_dir else f"{self.source_run.root}:{self.source.tag}"
+
+    def universal_folder(self, run_dir: RunDir) -> Path | None:
+        """Where the conversion of `source` is (always in the run that loads it), None for a direct load."""
+        return run_dir.universal / self.source.tag if self.universal else None
 
 
-def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches) -> ResumeDecision:
-    """Rank 0: the resume point and every check on it; UserError (nothing written) on a refusal."""
+def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches) -> ResumePlan:
+    """Rank 0: the plan of this start of RUN_DIR (its newest intact checkpoint, else a fresh start) and every
+    check on it; UserError (nothing written) on a refusal."""
     check_foreign_checkpoints(run_dir)
     catalogue = CheckpointCatalogue.scan(run_dir)
     for newer in catalogue.newer():  # not damaged: refused as it is, never set aside
         raise NewerSidecarFormat(newer.problem)
-    point = catalogue.newest_intact()
-    damaged = catalogue.damaged()  # by their sidecars, or by the files of newer ones verification met
-    if point is None:
-        if damaged:
-            raise UserError(f"--run-dir {run_dir.root}: no intact checkpoint to resume from: "
-                            + "; ".join(f"{d.tag}: {d.problem}" for d in damaged)
-                            + " (move them away to start over)")
-        return ResumeDecision(None, resolve_ds_config(cfg, stages[0], world_size))
-    check_compatible(point, cfg.model)
-    if point.sidecar.step >= cfg.schedule.total_steps:
-        return ResumeDecision(point, {}, finished=True, damaged=damaged)
-    check_tokenizer(point, batches.corpus)
-    check_data_position(point, batches)
-    start_stage = stages[cfg.schedule.stage_for_step(point.sidecar.step)[0]]
+    source = catalogue.newest_intact()
+    damaged = tuple(catalogue.damaged())  # by their sidecars, or by the files of newer ones verification met
+    if source is None and damaged:
+        raise UserError(f"--run-dir {run_dir.root}: no intact checkpoint to resume from: "
+                        + "; ".join(f"{d.tag}: {d.problem}" for d in damaged) + " (move them away to start over)")
+    return plan_start(source, run_dir, cfg, stages, world_size, batches, set_aside=damaged)
+
+
+def plan_start(source: CheckpointEntry | None, source_run: RunDir, cfg: RunConfig, stages: list[ResolvedStage],
+               world_size: int, batches, set_aside: tuple[CheckpointEntry, ...] = ()) -> ResumePlan:
+    """The plan of starting from intact checkpoint `source` of `source_run` (this run's or, branching, another's),
+    or fresh when None: the checkpoint checked against this run (model, tokenizer, data position), the DeepSpeed
+    config of the stage it continues in, the route to this run's shape."""
+    step = source.step if source is not None else 0
+    if source is not None:
+        check_compatible(source, cfg.model)
+        if step >= cfg.schedule.total_steps:
+            return ResumePlan(source, source_run, {}, finished=True)
+        check_tokenizer(source, batches.corpus)
+        check_data_position(source, batches)
+    start_stage = stages[cfg.schedule.stage_for_step(step)[0]]
     ds_config = resolve_ds_config(cfg, start_stage, world_size)
-    saved, now = RunShape.of_checkpoint(point), RunShape.of_config(ds_config, world_size, ds_config_source(cfg))
-    universal = load_route(point, saved, now, ds_config_source(cfg))
+    if source is None:
+        return ResumePlan(None, None, ds_config, init_from=Path(cfg.init_from) if cfg.init_from else None)
+    ds_path = ds_config_source(cfg)
+    saved, now = RunShape.of_checkpoint(source), RunShape.of_config(ds_config, world_size, ds_path)
+    universal = load_route(source, saved, now, ds_path)
     if universal:
         ds_config = resolve_ds_config(cfg, start_stage, world_size, load_universal=True)
-    return ResumeDecision(point, ds_config, universal, damaged=damaged,
-                          shape_notes=shape_notes(point, saved, now, universal))
+    return ResumePlan(source, source_run, ds_config, universal, set_aside=set_aside,
+                      notes=tuple(shape_notes(source, saved, now, universal)))
+
+
+def check_foreign_checkpoints(run_dir: RunDir) -> None:
+    """Refuse a run directory whose checkpoints/ holds DeepSpeed checkpoints we did not write.
+
+    Every checkpoint of ours comes after RUN_DIR/config.yaml (written before the first step), so
+    model-state files without it belong to something else; training there would mix two runs."""
+    if run_dir.config.is_file():
+        return
+    foreign = sorted(d.name for d in run_dir.checkpoints.glob("*") if d.is_dir() and any(d.glob("*model_states.pt")))
+    if foreign:
+        raise UserError(f"--run-dir {run_dir.root}: checkpoints/ holds DeepSpeed checkpoints not written by "
+                        f"`roformer pretrain` ({', '.join(foreign[:3])}; no config.yaml); use a new run directory")
+
+
+def check_compatible(point: CheckpointEntry, model_config: RoFormerConfig) -> None:
+    """Refuse to resume a checkpoint of another model (names the differing fields)."""
+    try:
+        saved = RoFormerConfig.from_dict(point.sidecar.model_config, source=str(sidecar_path(point.path)))
+    except ConfigError as err:
+        raise UserError(f"{point.path}: not a checkpoint of this project's model: {err}") from None
+    differing = saved.diff(model_config)
+    if differing:
+        details = ", ".join(f"{name}: checkpoint {getattr(saved, name)!r} vs config {getattr(model_config, name)!r}"
+                            for name in differing)
+        raise UserError(f"{point.path}: the checkpoint was trained with a different model; differing "
+                        f"field(s): {details}. Use a new run directory or the checkpoint's model config.")
 
 
 def check_tokenizer(point: CheckpointEntry, corpus) -> None:
@@ -172,34 +254,36 @@ def shape_notes(point: CheckpointEntry, saved: RunShape, now: RunShape, universa
     return notes
 
 
-def share(decision: ResumeDecision | None) -> ResumeDecision:
-    """Every rank gets rank 0's decision (call on all ranks after the process group started)."""
-    box = [decision]
+def share(plan: ResumePlan | None) -> ResumePlan:
+    """Every rank gets rank 0's plan (call on all ranks once the process group started; None off rank 0)."""
+    box = [plan]
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
-def accept(decision: ResumeDecision, run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage],
-           world_size: int, rank: int) -> list[str]:
-    """All ranks, once the decision is shared: rank 0 converts for this world size, sets damaged
-    checkpoints aside and records the config, the others wait. Returns the lines rank 0 printed."""
-    notes = _accept_on_rank0(decision, run_dir, cfg, stages, world_size) if rank == 0 else []
+def accept(plan: ResumePlan, run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int,
+           rank: int) -> ResumePlan:
+    """All ranks, once the plan is shared: rank 0 converts for this shape, sets damaged checkpoints aside and
+    records the config, the others wait. Returns the plan with every line rank 0 said as its notes."""
+    if rank == 0:
+        plan = dataclasses.replace(plan, notes=tuple(_carry_out(plan, run_dir, cfg, stages, world_size)))
     dist.barrier()
-    return notes
+    return plan
 
 
-def _accept_on_rank0(decision: ResumeDecision, run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage],
-                     world_size: int) -> list[str]:
-    point, notes = decision.point, list(decision.shape_notes)
-    if decision.universal:
-        convert_to_universal(point, run_dir)
-    for damaged in decision.damaged:
+def _carry_out(plan: ResumePlan, run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage],
+               world_size: int) -> list[str]:
+    """Rank 0: the plan's writes, all into RUN_DIR (a branch's source run is only read)."""
+    notes = list(plan.notes)
+    if plan.universal:
+        convert_to_universal(plan.source, run_dir)
+    for damaged in plan.set_aside:
         dest = move_aside(run_dir, damaged.path)
         notes.append(f"checkpoint {damaged.tag} is damaged ({damaged.problem}); moved to {dest}; resuming from "
-                     f"{point.tag} (step {point.sidecar.step})")
-    records = {"config": cfg.to_dict(), "ds_config": decision.ds_config,
+                     f"{plan.source.tag} (step {plan.step})")
+    records = {"config": cfg.to_dict(), "ds_config": plan.ds_config,
                "stages": {"world_size": world_size, "stages": [s.to_dict() for s in stages]}}
-    version = record_start(run_dir, records, point.sidecar.step if point else 0, point.tag if point else None)
+    version = record_start(run_dir, records, plan.step, plan.resumed_from(run_dir))
     if version is not None and version.version > 1:
         notes.append(describe_change(run_dir, version))
     for note in notes:

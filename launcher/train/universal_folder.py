@@ -12,23 +12,54 @@ on the stage that SAVED it while the loader expects the stage that LOADS it (mea
      asserts a `ds_version`; each conversion writes only its own stage's keys;
   3. per parameter: ZeRO 1/2's loader wants `{"param": tensor of the parameter's shape}` and a
      `step.pt`; a ZeRO-3 conversion writes flat tensors and no step. ZeRO-3's loader reads both forms.
-`complete_for_every_stage` adds what is missing, never changing a value, so one folder serves any
-later resume. Loss-scaler state is not touched here (launcher/train/checkpointer.py keeps the
-engine's own scaler when the precision changes).
+`convert_to_universal` runs ds_to_universal and `complete_for_every_stage` adds what is missing, never
+changing a value, so one folder serves any later resume. Loss-scaler state is not touched here
+(launcher/train/checkpointer.py keeps the engine's own scaler when the precision changes).
 """
 from __future__ import annotations
 
 import math
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
+
+from launcher.io import fsync_dir, fsync_tree
+from launcher.run_dir.checkpoint_catalogue import CheckpointEntry
+from launcher.run_dir.layout import RunDir
 
 MODEL_STATES_NAMES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
 """The one model-states file under the name ZeRO 1/2 and the name ZeRO-3 look for."""
 MOMENTS = ("fp32", "exp_avg", "exp_avg_sq")
 """The per-parameter state files of DeepSpeed's Adam(W) in a universal folder."""
+
+
+def convert_to_universal(source: CheckpointEntry, run_dir: RunDir) -> Path:
+    """Rank 0 only: DeepSpeed's ds_to_universal of checkpoint `source` into RUN_DIR/universal/<tag> (atomic
+    rename; reused), completed for every stage. `source` may belong to another run: it is only read, the
+    conversion is always written into `run_dir`, the run that loads it."""
+    final = run_dir.universal / source.tag
+    if (final / "zero").is_dir():
+        complete_for_every_stage(final)  # a folder converted before the stages were completed: now
+        return final
+    partial = run_dir.universal / f".{source.tag}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(source.path),
+           "--output_folder", str(partial), "--inject_missing_state", "--num_extract_workers", "1",
+           "--num_merge_workers", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise RuntimeError(f"ds_to_universal failed for {source.path}:\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+    complete_for_every_stage(partial)  # loadable under every ZeRO stage, not only the one that saved it
+    fsync_tree(partial)  # reused by later resumes: it must not come back half-written after a power loss
+    os.replace(partial, final)
+    fsync_dir(final.parent)
+    return final
 
 
 def complete_for_every_stage(folder: Path) -> None:

@@ -96,9 +96,9 @@ def install_faults() -> None:
     if os.environ.get("ROFORMER_TEST_SAVE_LOADED_WEIGHTS") == "1":
         original_load = checkpointer.Checkpointer.load
 
-        def load_then_save_weights(self, point, universal, seed):
-            original_load(self, point, universal, seed)
-            save_loaded_weights(self.engine, self.run_dir.root / f"loaded-{point.tag}.safetensors", rank)
+        def load_then_save_weights(self, source, seed, universal_folder=None):
+            original_load(self, source, seed, universal_folder)
+            save_loaded_weights(self.engine, self.run_dir.root / f"loaded-{source.tag}.safetensors", rank)
 
         checkpointer.Checkpointer.load = load_then_save_weights
 

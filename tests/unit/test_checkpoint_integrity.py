@@ -14,13 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, entry_of
-from launcher.run_dir.checkpoint_files import (
-    DamagedCheckpoint,
-    file_shares,
-    record_files,
-    verify_files,
-)
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, DamagedCheckpoint, entry_of, verify_files
+from launcher.run_dir.checkpoint_files import file_shares, record_files
 from launcher.run_dir.layout import RunDir, sidecar_path
 from launcher.run_dir.sidecar import SIDECAR_FORMAT, read_sidecar, write_sidecar
 

@@ -75,21 +75,22 @@ def test_a_manifest_without_times_is_hashed_in_full(data_copy, hashed):
     assert sorted(hashed) == shard_files(data_copy)
 
 
-def test_in_a_run_only_rank_0_verifies_the_data(data_copy, hashed, tmp_path):
+def test_in_a_run_only_rank_0_verifies_the_data(data_copy, hashed, tmp_path, monkeypatch):
     """Data prepared before the times were recorded (or copied without them): rank 0 hashes every
-    shard once, the other ranks check structure and sizes only."""
-    from launcher.config.run_config import load_run_config
-    from launcher.config.stages import resolve_stages
-    from launcher.train.startup import open_batches
+    shard once, the other ranks check structure and sizes only (the rank's input checks)."""
+    from launcher.train.rank import check_inputs
     from tests.support.helpers import tiny_run_config
 
     for path in [*shard_files(data_copy, "train"), *shard_files(data_copy, "valid")]:
         os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # as after a plain cp
-    cfg = load_run_config(tiny_run_config(tmp_path, data_copy))
-    stages = resolve_stages(cfg, 2)
-    open_batches(cfg, stages, rank=1, world_size=2)
+    args = ["--config", str(tiny_run_config(tmp_path, data_copy)), "--run-dir", str(tmp_path / "run")]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    check_inputs(args)
     assert hashed == []
-    open_batches(cfg, stages, rank=0, world_size=2)
+    monkeypatch.setenv("RANK", "0")
+    check_inputs(args)
+    assert not (tmp_path / "run").exists()  # the checks write nothing
     assert sorted(hashed) == sorted([*shard_files(data_copy, "train"), *shard_files(data_copy, "valid")])
 
 

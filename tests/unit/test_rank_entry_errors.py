@@ -8,6 +8,7 @@ import shutil
 import pytest
 import yaml
 
+from launcher.run_dir.lock import read_holder
 from tests.support.helpers import NO_DROPOUT, tiny_run_config
 
 
@@ -78,10 +79,18 @@ def test_resume_from_another_models_checkpoint_is_refused(bad_input_env, monkeyp
     shutil.copytree(run, other)
     before = sorted(os.listdir(other / "checkpoints"))
     config = tiny_run_config(root, data_dir, name="other.yaml", model=NO_DROPOUT)
+    from launcher.train import resume
+
+    holders, decide = [], resume.decide
+    monkeypatch.setattr(resume, "decide", lambda *a, **kw: (holders.append(read_holder(other)), decide(*a, **kw))[1])
     assert run_rank_in_process(monkeypatch, config, other, 2, ["model.hidden_size=64", "model.num_hidden_layers=3"]) == 2
     err = capsys.readouterr().err
     assert "different model" in err and "hidden_size: checkpoint 32 vs config 64" in err and "num_hidden_layers" in err
     assert sorted(os.listdir(other / "checkpoints")) == before
+    # Rank 0 decided holding the run directory's lock, taken by itself (no `roformer pretrain` above it); the
+    # entry released it on the way out.
+    [holder] = holders
+    assert (holder.command, holder.pid) == ("rank 0", os.getpid()) and read_holder(other) is None
 
 
 def test_run_directory_with_a_foreign_deepspeed_checkpoint_is_refused(bad_input_env, monkeypatch, capsys, tmp_path):
