@@ -57,7 +57,9 @@ class GuardActions:
         the latest rewind went back to while the run is within that rewind's reach."""
         steps = []
         if self.detector.began is not None:
-            steps.append(self.detector.began - 1)  # newest_intact(at_or_before) of that step is kept
+            before = [e.step for e in CheckpointCatalogue.scan(self.trainer.checkpointer.run_dir).complete()
+                      if e.step is not None and e.step < self.detector.began]
+            steps += before[-1:]
         if self.rewinds and self.trainer.state.step <= self.rewinds[-1].reach:
             steps.append(self.rewinds[-1].to_step)
         return tuple(steps)

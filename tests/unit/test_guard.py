@@ -232,3 +232,29 @@ def test_report_has_a_guard_table_and_marks_each_trigger_on_the_loss_plot(tmp_pa
             "| 0.25 |") in text
     assert "| 16 | stop | loss spike | loss 15 | 7 | 10.5 | 15 | - | - |" in text and "1 rewind." in text
     check_png(run_dir.plots / "curves_steps.png", colours=((148, 103, 189),), min_pixels=100)  # the rewind's line
+
+
+def test_pruning_keeps_the_checkpoint_before_an_open_spike_and_the_rewind_target_within_reach(tmp_path):
+    """GuardActions.protect_steps (what Checkpointer.save passes to CheckpointCatalogue.to_prune)."""
+    from types import SimpleNamespace
+
+    from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+    from launcher.run_dir.layout import RunDir
+    from launcher.train.guard_actions import GuardActions, Rewound
+    from tests.unit.test_checkpoint_catalogue import make_checkpoint
+
+    run_dir = RunDir(tmp_path / "run")
+    for step in (3, 6, 9):
+        make_checkpoint(run_dir, step)
+    trainer = SimpleNamespace(checkpointer=SimpleNamespace(run_dir=run_dir), state=SimpleNamespace(step=12))
+    detector = NumericsGuard(CFG, 0, None)
+    actions = GuardActions(CFG, detector, trainer)
+    assert actions.protect_steps() == ()
+    feed(detector, [4.0] * 5 + [9.0], first_step=3)  # step 8 flagged: a spike open since step 8
+    assert detector.began == 8 and actions.protect_steps() == (6,)
+    assert [e.step for e in CheckpointCatalogue.scan(run_dir).to_prune(1, actions.protect_steps())] == [3]
+    feed(detector, [4.0], first_step=9)
+    actions.rewinds.append(Rewound("loss_spike", trigger_step=8, to_step=3, skipped_batches=5))  # reach: step 13
+    assert actions.protect_steps() == (3,)
+    trainer.state.step = 14
+    assert actions.protect_steps() == ()
