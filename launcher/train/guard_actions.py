@@ -15,7 +15,7 @@ import deepspeed.comm as dist
 
 from launcher.config.guard_section import GuardSection
 from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
-from launcher.train.engine import min_loss_scale
+from launcher.train.engine import min_loss_scale, precision
 from launcher.train.numerics_guard import NumericsGuard, StepFigures, Trigger
 
 GUARD_EVENT = "guard"
@@ -79,7 +79,7 @@ class GuardActions:
             self.detector.acknowledged()  # a level the run goes on at: the spike rules take it as the new baseline
             return None
         if self.cfg.action == "stop":
-            return self._stop(trigger, f"guard.action is stop")
+            return self._stop(trigger, "guard.action is stop")
         return self._rewind(trigger)
 
     def _stop(self, trigger: Trigger, why: str) -> str:
@@ -137,15 +137,15 @@ class GuardActions:
         return CheckpointCatalogue.scan(self.trainer.checkpointer.run_dir).newest_intact(at_or_before=at_or_before)
 
     def _agreed_point(self, at_or_before: int):
-        """Rank 0 picks the newest intact checkpoint at or before the step with this run's shape (world size,
-        ZeRO stage, precision: loaded directly), every rank gets it; None when there is none."""
+        """Rank 0 picks the newest intact checkpoint at or before the step if it has this run's shape (world size,
+        ZeRO stage, precision: DeepSpeed loads it directly, no conversion), every rank gets it; None otherwise."""
         trainer = self.trainer
         box = [None]
         if trainer.rank == 0:
             point = self._catalogue_newest(at_or_before)
             engine = trainer.engine
-            if point is not None and (point.sidecar.world_size, point.sidecar.zero_stage) == \
-                    (trainer.world_size, engine.zero_optimization_stage()):
+            if point is not None and (point.sidecar.world_size, point.sidecar.zero_stage, point.sidecar.precision) == \
+                    (trainer.world_size, engine.zero_optimization_stage(), precision(engine)):
                 box[0] = point
         dist.broadcast_object_list(box, src=0)
         return box[0]
