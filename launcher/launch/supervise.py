@@ -42,6 +42,7 @@ from launcher.launch.launch_plan import LaunchPlan
 from launcher.launch.rank_guard import MARKER
 from launcher.launch.ssh import ssh
 from launcher.launch.watchdog import Verdict
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.run_dir.layout import RunDir
 
 FAILURE_GRACE_SECONDS = 30.0  # + the stop itself stays well inside the 60 s promised in docs/multinode.md
@@ -377,9 +378,9 @@ def failure_report(monitor: OutputMonitor, returncode: int, stopped_after_failur
 
 
 def resume_hint(plan: LaunchPlan) -> str:
-    """Where a re-run of the same command continues from (the newest complete checkpoint)."""
-    try:
-        tag = RunDir(plan.run_dir).latest.read_text().strip()
-    except OSError:
+    """Where a re-run of the same command continues from (the newest complete checkpoint; its files are
+    verified by the re-run, not here: a stop does not wait for hashing)."""
+    complete = CheckpointCatalogue.scan(plan.run_dir).complete()
+    if not complete:
         return "no checkpoint was complete yet: running the same command again starts from the beginning"
-    return f"the newest complete checkpoint is {tag}: run the same command again to resume from it"
+    return f"the newest complete checkpoint is {complete[-1].tag}: run the same command again to resume from it"

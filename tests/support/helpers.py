@@ -264,3 +264,20 @@ def newest_checkpoint(run_dir: Path):
 
     complete = CheckpointCatalogue.scan(run_dir).complete()
     return complete[-1] if complete else None
+
+
+def write_complete_checkpoint(run_dir, step: int, files: dict | None = None, tag: str | None = None) -> Path:
+    """RUN_DIR/checkpoints/<tag> (global_step<step>) with a complete format-2 sidecar recording `files` (name ->
+    {"bytes", "sha256"}; none by default) and `latest` naming it: a checkpoint as the catalogue sees it,
+    without DeepSpeed's files. `run_dir`: a launcher.run_dir.layout.RunDir."""
+    from launcher.run_dir.sidecar import CheckpointSidecar, write_sidecar
+
+    directory = run_dir.checkpoint(tag or f"global_step{step}")
+    directory.mkdir(parents=True, exist_ok=True)
+    write_sidecar(directory, CheckpointSidecar(
+        tag=f"global_step{step}", step=step, stage_index=0, stage_name="a", step_in_stage=step, stage_complete=False,
+        consumed_samples=8 * step, consumed_tokens=0, last_validation={}, data_state={}, model_config={},
+        world_size=2, loss_scale=1.0, skipped_steps=0, zero_stage=2, precision="fp32", total_steps=20,
+        files=files or {}))
+    run_dir.latest.write_text(directory.name)
+    return directory

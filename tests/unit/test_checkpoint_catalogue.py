@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,23 +13,18 @@ from launcher.run_dir import checkpoint_catalogue
 from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.run_dir.checkpoint_files import record_files
 from launcher.run_dir.layout import RunDir, sidecar_path, tag_for_step
-from launcher.run_dir.sidecar import SIDECAR_FORMAT, CheckpointSidecar, write_sidecar
-from tests.support.helpers import REPO
+from launcher.run_dir.sidecar import SIDECAR_FORMAT
+from tests.support.helpers import REPO, write_complete_checkpoint
 
 
-def make_checkpoint(run_dir: RunDir, step: int, tag: str | None = None) -> RunDir:
+def make_checkpoint(run_dir: RunDir, step: int, tag: str | None = None) -> Path:
     """checkpoints/<tag> with two small files and a format-2 sidecar recording them."""
     directory = run_dir.checkpoint(tag or tag_for_step(step))
     directory.mkdir(parents=True)
     (directory / "mp_rank_00_model_states.pt").write_bytes(b"model" * (step + 1))
     (directory / "rng_rank0.pt").write_bytes(b"rng")
-    write_sidecar(directory, CheckpointSidecar(
-        tag=tag_for_step(step), step=step, stage_index=0, stage_name="only", step_in_stage=step,
-        stage_complete=False, consumed_samples=8 * step, consumed_tokens=100 * step, last_validation={},
-        data_state={}, model_config={}, world_size=1, loss_scale=1.0, skipped_steps=0, zero_stage=0,
-        precision="fp32", total_steps=20, tokenizer_sha256="ab" * 32,
-        files=record_files(directory, ["mp_rank_00_model_states.pt", "rng_rank0.pt"])))
-    return directory
+    return write_complete_checkpoint(run_dir, step, record_files(directory, ["mp_rank_00_model_states.pt",
+                                                                           "rng_rank0.pt"]), tag=directory.name)
 
 
 @pytest.fixture

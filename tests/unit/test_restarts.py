@@ -18,7 +18,7 @@ from launcher.launch.restart_loop import Fault, RestartPolicy, fault_of, run_wit
 from launcher.launch.supervise import Failure, JobOutcome
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.restart_records import RestartRecord, append_restart, read_restarts, update_restart
-from tests.support.helpers import REPO, run_config_dict, write_schedule, write_yaml
+from tests.support.helpers import REPO, run_config_dict, write_complete_checkpoint, write_schedule, write_yaml
 
 
 def fault(kind="rank", status="killed by SIGKILL", step=9, node="node2", rank=1, returncode=137) -> Fault:
@@ -186,7 +186,7 @@ class ScriptedJob:
             for step in range(start + 1, reach + 1):
                 f.write(json.dumps({"kind": "train", "step": step, "step_time_s": 0.25 if done else 0.5}) + "\n")
         if checkpoint is not None:
-            _write_complete_checkpoint(self.run_dir, checkpoint)
+            write_complete_checkpoint(self.run_dir, checkpoint)
         return outcome
 
 
@@ -194,18 +194,6 @@ def _checkpoint_step(run_dir: RunDir) -> int:
     from launcher.launch.restart_loop import restart_point
 
     return restart_point(run_dir)[0]
-
-
-def _write_complete_checkpoint(run_dir: RunDir, step: int) -> None:
-    from launcher.run_dir.sidecar import CheckpointSidecar, write_sidecar
-
-    directory = run_dir.checkpoint(f"global_step{step}")
-    directory.mkdir(parents=True, exist_ok=True)
-    write_sidecar(directory, CheckpointSidecar(
-        tag=f"global_step{step}", step=step, stage_index=0, stage_name="a", step_in_stage=step, stage_complete=False,
-        consumed_samples=0, consumed_tokens=0, last_validation={}, data_state={}, model_config={}, world_size=2,
-        loss_scale=1.0, skipped_steps=0, zero_stage=2, precision="fp32", total_steps=20, files={}))
-    run_dir.latest.write_text(f"global_step{step}")
 
 
 def _killed(host="node2", rank=1) -> JobOutcome:

@@ -27,7 +27,7 @@ from launcher.launch.watchdog import GuardStatus, PeerView, Verdict, Watchdog, d
 from launcher.run_dir.heartbeat_file import Heartbeat, read_record, write_record
 from launcher.run_dir.layout import RunDir
 from launcher.train.progress_recorder import PhaseBounds, ProgressRecorder
-from tests.support.helpers import run_config_dict, write_yaml
+from tests.support.helpers import run_config_dict, write_complete_checkpoint, write_yaml
 
 CFG = WatchdogSection(step_factor=4.0, min_step_seconds=10.0, warmup_steps=2, history_steps=3,
                       phase_seconds=60.0, startup_seconds=600.0)
@@ -260,8 +260,7 @@ def test_supervisor_reports_the_verdict_with_the_culprits_node_and_the_resume_po
     monitor.feed("node1: " + verdict.to_line() + "\n")
     first = monitor.first()
     assert (first.host, first.rank, first.local_rank, first.hung) == ("node2", 5, "1", True)
-    RunDir(plan.run_dir).checkpoints.mkdir(parents=True)
-    RunDir(plan.run_dir).latest.write_text("global_step56")
+    write_complete_checkpoint(RunDir(plan.run_dir), 56)
     assert failure_report(monitor, 1, True) == (
         "hung: rank 5 (local rank 1) on node node2: stopped making progress in train step 58 for 31 s (bound 20 s) "
         "(so did rank 6): its node cannot reach rank 0's host x:1 (network link down or partitioned); stopped by "
