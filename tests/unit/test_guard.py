@@ -241,11 +241,11 @@ def test_pruning_keeps_the_checkpoint_before_an_open_spike_and_the_rewind_target
     from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
     from launcher.run_dir.layout import RunDir
     from launcher.train.guard_actions import GuardActions, Rewound
-    from tests.unit.test_checkpoint_catalogue import make_checkpoint
+    from tests.support.helpers import write_complete_checkpoint
 
     run_dir = RunDir(tmp_path / "run")
     for step in (3, 6, 9):
-        make_checkpoint(run_dir, step)
+        write_complete_checkpoint(run_dir, step)
     trainer = SimpleNamespace(checkpointer=SimpleNamespace(run_dir=run_dir), state=SimpleNamespace(step=12))
     detector = NumericsGuard(CFG, 0, None)
     actions = GuardActions(CFG, detector, trainer)
