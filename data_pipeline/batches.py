@@ -198,30 +198,12 @@ class PretrainBatches:
             raise DataError(f"micro_batch_size: {micro_batch_size} must be >= 1")
         if self._stream_over():
             return None
-        span, count = seq_len - 1, self.world_size * micro_batch_size
-        self.spans.record(self.sequences_consumed, span)
-        # The whole global batch is drawn on every rank (cheap arithmetic): each sequence's source and
-        # its index m among that source's sequences; rank r reads only its own slice.
-        draws = self._draws(self.sequences_consumed, count)
-        m = np.empty(count, dtype=np.int64)
-        lanes, offsets, lengths = (np.empty(count, dtype=np.int64) for _ in range(3))
-        tokens_by_source = {}
-        for s in np.unique(draws):
-            stream, history, mine = self.source_streams[s], self.source_spans[s], draws == s
-            history.record(int(self.source_sequences[s]), span)
-            m[mine] = self.source_sequences[s] + np.arange(int(mine.sum()))
-            lanes[mine] = m[mine] % stream.lanes
-            offsets[mine] = history.lane_offsets(lanes[mine], m[mine], stream.lanes)
-            ends = None if stream.lane_ends is None else stream.lane_ends[lanes[mine]]
-            lengths[mine] = span if ends is None else np.clip(ends - offsets[mine], 0, span)
-            tokens_by_source[int(s)] = int((lengths[mine] + (lengths[mine] > 0)).sum())  # [CLS] + units
-            self.source_sequences[s] += int(mine.sum())
-        self.last_tokens_by_source = {name: tokens_by_source.get(s, 0) for s, name in enumerate(self.source_names)}
-        first = self.rank * micro_batch_size
-        rows = [self.source_streams[draws[i]].read_lane(int(lanes[i]), int(offsets[i]), span)
-                for i in range(first, first + micro_batch_size)]
-        first += self.sequences_consumed
-        self.sequences_consumed += count
+        first = self.sequences_consumed + self.rank * micro_batch_size  # this rank's first global sequence
+        draws, lanes, offsets, lengths = self._advance(seq_len - 1, self.world_size * micro_batch_size)
+        self.last_tokens_by_source = {name: int((lengths[draws == s] + (lengths[draws == s] > 0)).sum())
+                                      for s, name in enumerate(self.source_names)}  # [CLS] + units
+        mine = range(self.rank * micro_batch_size, (self.rank + 1) * micro_batch_size)
+        rows = [self.source_streams[draws[i]].read_lane(int(lanes[i]), int(offsets[i]), seq_len - 1) for i in mine]
         return self._build(rows, first, seq_len)
 
     def next_batches(self, seq_len: int, micro_batch_size: int, count: int) -> tuple[list, dict[str, int]]:
@@ -233,6 +215,38 @@ class PretrainBatches:
             for name, tokens in self.last_tokens_by_source.items():
                 drawn[name] += tokens
         return batches, drawn
+
+    def skip(self, seq_len: int, sequences: int) -> None:
+        """Pass over the next `sequences` global sequences of `seq_len` as if they had been handed out
+        (the numerics guard's rewind past a stretch of bad data): their source draws and every source's
+        lanes move as next_batch would move them, nothing is read. Only the position moves, so the skip is
+        part of the state: a resume from any later checkpoint continues the same stream."""
+        if seq_len < MIN_SEQ_LEN:
+            raise DataError(f"seq_len: {seq_len} must be >= {MIN_SEQ_LEN} ([CLS] plus at least one token)")
+        if sequences < 0:
+            raise DataError(f"sequences: {sequences} must be >= 0")
+        if sequences:
+            self._advance(seq_len - 1, sequences)
+
+    def _advance(self, span: int, count: int) -> tuple[np.ndarray, ...]:
+        """Move the position past the next `count` global sequences of `span` units each: every sequence's
+        source (drawn on every rank: cheap arithmetic) and its index m among that source's sequences give
+        its lane and offset there. Returns (draws, lanes, offsets, lengths), each (count,)."""
+        self.spans.record(self.sequences_consumed, span)
+        draws = self._draws(self.sequences_consumed, count)
+        m = np.empty(count, dtype=np.int64)
+        lanes, offsets, lengths = (np.empty(count, dtype=np.int64) for _ in range(3))
+        for s in np.unique(draws):
+            stream, history, mine = self.source_streams[s], self.source_spans[s], draws == s
+            history.record(int(self.source_sequences[s]), span)
+            m[mine] = self.source_sequences[s] + np.arange(int(mine.sum()))
+            lanes[mine] = m[mine] % stream.lanes
+            offsets[mine] = history.lane_offsets(lanes[mine], m[mine], stream.lanes)
+            ends = None if stream.lane_ends is None else stream.lane_ends[lanes[mine]]
+            lengths[mine] = span if ends is None else np.clip(ends - offsets[mine], 0, span)
+            self.source_sequences[s] += int(mine.sum())
+        self.sequences_consumed += count
+        return draws, lanes, offsets, lengths
 
     def _stream_over(self) -> bool:
         """True when every lane of every drawn source's max_epochs stream is used up (the same answer on

@@ -7,6 +7,10 @@ ORDERLY_STOP_EXIT_CODE = 143
 """A rank stopped on SIGTERM/SIGINT after writing a checkpoint (128 + SIGTERM, as a shell reports it):
 a requested stop, not a failure. The rank entry exits with it; the rank guard and the supervisor
 recognise it."""
+GUARD_STOP_EXIT_CODE = 3
+"""The numerics guard ended the run (a loss spike, a non-finite figure, a stuck fp16 loss scale: its one
+line names step, figure, window median and threshold; launcher/train/guard_actions.py). Not a fault:
+`--max-restarts` does not retry it (a restart would meet the same spike)."""
 HUNG_EXIT_CODE = 124
 """The hang watchdog stopped the job: a rank made no progress within its bound (launcher.launch.watchdog;
 124 as `timeout` reports a command that ran out of time). The newest complete checkpoint is intact:

@@ -2,10 +2,10 @@
 
 A run config has the sections `model` (a `roformer.RoFormerConfig`), `data` (its `masking` a
 `data_pipeline.MaskingConfig`), `optimizer`, `schedule` (the schedule file is read at load: its
-stages, `total_steps` and `stage_for_step`), `checkpoint`, `logging`, `deepspeed` and `watchdog`
-(launcher.config.watchdog_section), plus a top-level `seed`. Relative paths are resolved against the
-directory of the config file, so a config works from any working directory; the resolved config
-written into a run directory holds absolute paths only.
+stages, `total_steps` and `stage_for_step`), `checkpoint`, `logging`, `deepspeed`, `watchdog`
+(launcher.config.watchdog_section) and `guard` (launcher.config.guard_section), plus a top-level
+`seed`. Relative paths are resolved against the directory of the config file, so a config works from
+any working directory; the resolved config written into a run directory holds absolute paths only.
 
     cfg = load_run_config("configs/demo_cpu.yaml", ["optimizer.lr=5e-4", "schedule.file=..."])
 """
@@ -32,6 +32,7 @@ from launcher.config.schedule import (
     stage_index_at,
     wsd_decay_steps,
 )
+from launcher.config.guard_section import GuardSection
 from launcher.config.hardware_section import HardwareSection
 from launcher.config.restarts_section import RestartsSection
 from launcher.config.watchdog_section import WatchdogSection
@@ -162,6 +163,8 @@ class RunConfig:
     complete one) with its weights, optimizer state, data position and RNG, then follow this config's schedule,
     which must be the source's up to the checkpoint's step (launcher/config/branch_from.py). A fresh start
     only: a run directory with a checkpoint resumes from it. Stored with RUN_DIR absolute. Empty = no branch."""
+    guard: GuardSection = field(default_factory=GuardSection)
+    """The numerics guard: loss spikes, non-finite figures, a stuck fp16 loss scale (launcher.config.guard_section)."""
     restarts: RestartsSection = field(default_factory=RestartsSection)
     """Restarts after a fault and the preemption grace time (launcher.config.restarts_section); read by
     `roformer pretrain` only, so left out of to_dict (the run's recorded config)."""
@@ -207,6 +210,7 @@ SECTIONS: dict[str, type] = {
     "logging": LoggingSection,
     "deepspeed": DeepSpeedSection,
     "watchdog": WatchdogSection,
+    "guard": GuardSection,
     "restarts": RestartsSection,
     "hardware": HardwareSection,
 }
@@ -368,6 +372,7 @@ def _validate(cfg: RunConfig) -> None:
     if not all(isinstance(x, str) for x in cfg.logging.stage_end_evals):
         fail("logging.stage_end_evals", "must be a list of names")
     cfg.watchdog.check(fail)
+    cfg.guard.check(fail)
     cfg.restarts.check(fail)
     cfg.hardware.check(fail)
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from launcher.defaults import DEFAULT_MASTER_PORT
 from launcher.errors import UserError
 from launcher.launch import env_forwarding
+from launcher.config.guard_section import GUARD_ACTIONS
 from launcher.config.hostfile import Hostfile, is_local_only, read_hostfile, resolve_resources, world_size_of
 from launcher.run_dir.layout import RunDir
 from launcher.config.stage_end_evals import check_eval_specs
@@ -197,8 +198,21 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
                             help="restart without the node that failed or hung; every stage keeps its global batch "
                                  "(more gradient accumulation) or the restart is refused naming the stage "
                                  "(default: restarts.exclude_failed_nodes, false)")
+    unattended.add_argument("--guard", action=GuardAction, choices=GUARD_ACTIONS, default=None, metavar="ACTION",
+                            help="what the numerics guard does on a loss spike, a non-finite loss or gradient norm "
+                                 "or a stuck fp16 loss scale: warn, stop, rewind (back to the checkpoint before the "
+                                 "spike, skip its batches, go on) or off (= --set guard.action=ACTION; default: "
+                                 "guard.action, rewind)")
     # Developer aid: the per-rank module (default launcher.train.rank_entry), not part of the user interface.
     parser.add_argument("--entry-module", default=RANK_ENTRY_MODULE, help=argparse.SUPPRESS)
+
+
+class GuardAction(argparse.Action):
+    """--guard ACTION is the run config's `guard.action`: an override every rank gets (like --set)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        setattr(namespace, self.dest, value)
+        namespace.overrides = [*(getattr(namespace, "overrides", None) or []), f"guard.action={value}"]
 
 
 def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None,

@@ -5,10 +5,10 @@ and the whole job stopped), on the launching machine: after a fault, judge it (`
 wait a backoff, rebuild the launch plan (the hostfile less the excluded nodes) and launch again. The
 ranks resume by themselves from the newest intact checkpoint (launcher/train/resume.py; step 0 when there
 is none; a smaller world through the universal checkpoint). Not retried: bad input (exit code 2, a config
-or data error), the same error twice at the same step (a deterministic bug or a bad batch), a stop asked
-of `roformer pretrain` itself (Ctrl-C, SIGTERM: preempted, resumable), and anything once N restarts are
-spent. Every fault is recorded in RUN_DIR/restarts.json (launcher/run_dir/restart_records.py) with the steps and
-seconds it cost; `roformer report` shows them.
+or data error), a stop of the numerics guard (exit code 3), the same error twice at the same step (a
+deterministic bug or a bad batch), a stop asked of `roformer pretrain` itself (Ctrl-C, SIGTERM: preempted,
+resumable), and anything once N restarts are spent. Every fault is recorded in RUN_DIR/restarts.json
+(launcher/run_dir/restart_records.py) with the steps and seconds it cost; `roformer report` shows them.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from launcher.defaults import BAD_INPUT_EXIT_CODE
+from launcher.defaults import BAD_INPUT_EXIT_CODE, GUARD_STOP_EXIT_CODE
 from launcher.errors import UserError
 from launcher.launch.supervise import JobOutcome
 from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
@@ -100,6 +100,9 @@ class RestartPolicy:
             return Decision(False, f"a rank ended on its own error (exit code {BAD_INPUT_EXIT_CODE}: a config or data "
                                    f"error, a failed save), which a restart would meet again: "
                                    f"{fault.error or 'named above'}")
+        if fault.kind == "rank" and fault.status == f"exit code {GUARD_STOP_EXIT_CODE}":
+            return Decision(False, "the numerics guard stopped the run, which is not a fault to retry: a restart "
+                                   f"would meet the same spike: {fault.error or 'its line above names the step and figure'}")
         repeated = next((f for f in earlier if fault.same_error(f)), None)
         if repeated is not None:
             return Decision(False, f"the same error twice at step {fault.failed_at_step} ({fault.status}): a "
@@ -236,8 +239,8 @@ def run_with_restarts(plan, policy: RestartPolicy, launch: Callable[[object], Jo
         if watch is not None:
             watch.stop()
             watch = None
-        if outcome is not None and (outcome.returncode == 0 or outcome.interrupted is not None):
-            return outcome.returncode  # finished, or a stop asked of us (the console said which)
+        if outcome is not None and (outcome.returncode in (0, GUARD_STOP_EXIT_CODE) or outcome.interrupted is not None):
+            return outcome.returncode  # finished, stopped by the numerics guard or asked to stop (the console said which)
         records, this_launch = train_records(run_dir), train_records(run_dir, launched_wall)
         from_step, from_tag = restart_point(run_dir)
         # A launch that failed before its first step made no progress: it failed where it resumed.

@@ -37,7 +37,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from launcher.defaults import HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
+from launcher.defaults import (GUARD_STOP_EXIT_CODE, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE,
+                               RANK_ERROR_PREFIX)
 from launcher.launch import env_forwarding
 from launcher.launch.console import Console
 from launcher.launch.launch_plan import LaunchPlan
@@ -369,6 +370,12 @@ def supervise_job(plan: LaunchPlan, runner_env: dict[str, str], console: Console
         console.note("roformer pretrain: preempted, resumable: the ranks were stopped by a signal and wrote a "
                      "checkpoint; run the same command again to resume")
         return outcome(returncode)
+    ranked = [f for f in failures if f.rank is not None]  # the DeepSpeed launcher's own line repeats the code
+    if ranked and all(f.status == f"exit code {GUARD_STOP_EXIT_CODE}" for f in ranked):
+        cause = monitor.first_error.describe() if monitor.first_error else "its line above"
+        console.note(f"roformer pretrain: stopped by the numerics guard, not a fault, so not restarted: {cause}")
+        return JobOutcome(GUARD_STOP_EXIT_CODE, None, None, time.monotonic(), list(monitor.signalled_nodes),
+                          monitor.first_error)
     if outcome(returncode).preempted:  # every process of a node got SIGTERM from outside: a scheduler
         nodes = ", ".join(dict.fromkeys(monitor.signalled_nodes))
         console.note(f"roformer pretrain: preempted, resumable: the job's processes on {nodes} got SIGTERM from "

@@ -83,6 +83,7 @@ def _loss_accuracy(curves: Curves, summary: RunSummary, axis: str):
     acc_ax.set_ylabel("MLM accuracy (share of masked tokens)")
     _mark_stages(curves, (loss_ax, acc_ax), axis)
     _mark_restarts(curves, summary, (loss_ax, acc_ax), axis)
+    _mark_guard(curves, loss_ax, axis)
     _x_axis(acc_ax, axis)
     return fig
 
@@ -99,6 +100,26 @@ def _mark_restarts(curves: Curves, summary: RunSummary, axes, axis: str) -> None
         for i, ax in enumerate(axes):
             ax.axvline(x, color="tab:red", linestyle=":" if record.action == "restart" else "-", linewidth=1.5,
                        label=label if i == 0 else None)
+
+
+GUARD_COLOURS = {"warn": "tab:orange", "rewind": "tab:purple", "stop": "black"}
+
+
+def _mark_guard(curves: Curves, loss_ax, axis: str) -> None:
+    """A dashed line at each numerics-guard trigger (colour: its action), with a cross at the spiking loss."""
+    train = curves.train
+    if not len(train):
+        return
+    labelled = set()
+    for event in (e for e in curves.events if e.get("event") == "guard" and isinstance(e.get("step"), int)):
+        action = event.get("action", "warn")
+        x = event["step"] if axis == "step" else float(np.interp(event["step"], train.step, train.tokens))
+        label = None if action in labelled else f"numerics guard: {action}"
+        labelled.add(action)
+        loss_ax.axvline(x, color=GUARD_COLOURS.get(action, "tab:orange"), linestyle="--", linewidth=1.5, label=label)
+        value = event.get("value")
+        if event.get("figure") == "loss" and isinstance(value, (int, float)) and np.isfinite(value):
+            loss_ax.plot([x], [value], "x", color=GUARD_COLOURS.get(action, "tab:orange"), markersize=8)
 
 
 def _learning_rate(curves: Curves, summary: RunSummary):

@@ -40,6 +40,7 @@ def write_report_text(curves: Curves, summary: RunSummary, plots: list[Path], re
              "## Curves", _figures(plots, report_path, [n for n in CAPTIONS if n not in EVAL_PLOTS]),
              "## Checkpoints", _checkpoint_table(summary),
              *(["## Restarts", _restart_table(summary)] if summary.restarts else []),
+             *(["## Numerics guard", _guard_table(curves)] if guard_events(curves) else []),
              "## Evaluations", _evaluations(summary, plots, report_path)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
@@ -200,6 +201,27 @@ def _restart_table(summary: RunSummary) -> str:
                     "seconds lost", "world size after", "time", "why not restarted"], rows)
             + f"\n\n{_plural(restarted, 'restart')}{total}. Seconds lost = stopping the job + backoff + the "
               "restart up to its first step + the lost steps trained again; the loss plots mark each fault.")
+
+
+def guard_events(curves: Curves) -> list[dict]:
+    """The numerics guard's triggers and actions (metrics.jsonl `guard` events, launcher/train/guard_actions.py)."""
+    return [e for e in curves.events if e.get("event") == "guard"]
+
+
+def _guard_table(curves: Curves) -> str:
+    """One row per trigger of the numerics guard and what it did (docs/unattended.md, "The numerics guard")."""
+    rows = []
+    for e in guard_events(curves):
+        rewound = f"`{e['tag']}` (step {e['to_step']}), {e['skipped_batches']} batches skipped" if e.get("tag") else "-"
+        rows.append((str(e.get("step")), e.get("action", "?"), str(e.get("rule", "?")).replace("_", " "),
+                     f"{e.get('figure')} {_num(e.get('value'), '{:.5g}')}", _num(e.get("median"), "{:.5g}"),
+                     _num(e.get("threshold"), "{:.5g}"), str(e.get("began")), rewound,
+                     _num(e.get("seconds"), "{:.2f}")))
+    rewinds = sum(e.get("action") == "rewind" for e in guard_events(curves))
+    return (_table(["step", "action", "rule", "figure", "window median", "threshold", "flagged since", "rewound to",
+                    "rewind seconds"], rows)
+            + f"\n\n{_plural(rewinds, 'rewind')}. No checkpoint is written from a flagged step; the loss plots mark "
+              "each trigger.")
 
 
 def _evaluations(summary: RunSummary, plots: list[Path], report_path: Path) -> str:

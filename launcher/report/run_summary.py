@@ -25,7 +25,7 @@ from launcher.run_dir.sidecar import CheckpointSidecar
 
 # metrics.jsonl events that begin or end a process's training (launcher/train/rank_entry.py).
 START_EVENTS = ("startup", "resume")
-END_EVENTS = ("finished", "stopped")
+END_EVENTS = ("finished", "stopped", "guard_stopped")
 # JSON files of RUN_DIR that the run itself writes (not evaluation reports).
 RUN_FILES = ("stages.json", "ds_config.resolved.json", "restarts.json")
 
@@ -125,6 +125,9 @@ def run_status(layout: RunDir, curves: Curves, now: float | None = None) -> RunS
     if last is not None and last["event"] == "stopped":
         return RunStatus("stopped", f"stopped by a signal at step {step} after a checkpoint "
                                     f"({_ago(now - last.get('time', now))}); the same command resumes it")
+    if last is not None and last["event"] == "guard_stopped":
+        return RunStatus("stopped", f"stopped by the numerics guard at step {step} "
+                                    f"({_ago(now - last.get('time', now))}); see the numerics guard table")
     recent = curves.train.step_time_s[-50:]
     step_time = float(np.nanmedian(recent)) if np.isfinite(recent).any() else 0.0
     # Quiet for much longer than a step (and than a checkpoint or validation could take): gone.

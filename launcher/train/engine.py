@@ -48,6 +48,22 @@ def loss_scale(engine) -> float:
     return 1.0
 
 
+def min_loss_scale(engine, guard_on: bool = False) -> float | None:
+    """The floor of the dynamic fp16 loss scale (fp16.min_loss_scale); None without dynamic loss scaling.
+    guard_on: an overflow at the floor skips the step (as any overflow) instead of raising DeepSpeed's
+    exception, so the numerics guard's rule stops or rewinds the run, recorded, rather than a crash."""
+    optimizer = engine.optimizer
+    scaler = getattr(optimizer, "loss_scaler", None)
+    if scaler is not None and getattr(scaler, "dynamic", False) and hasattr(scaler, "min_scale"):
+        if guard_on and hasattr(scaler, "raise_error_at_min_scale"):
+            scaler.raise_error_at_min_scale = False
+        return float(scaler.min_scale)
+    config = getattr(optimizer, "loss_scale_config", None)  # ZeRO-0 fp16 (FP16_Optimizer)
+    if config is not None and getattr(config, "dynamic_loss_scale", False) and config.min_loss_scale is not None:
+        return float(config.min_loss_scale)
+    return None
+
+
 def precision(engine) -> str:
     """fp32, fp16 or bf16: what the DeepSpeed config the engine was built from trains in."""
     return train_precision(engine.config)

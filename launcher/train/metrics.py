@@ -117,6 +117,27 @@ class Metrics:
         if "seconds" in fields:
             self.tb.add_scalar(f"timing/{event}_s", fields["seconds"], fields.get("step", 0))
 
+    def rewind(self, step: int) -> None:
+        """The numerics guard went back to the checkpoint of `step`: train/valid records past it are dropped from
+        metrics.jsonl and TensorBoard (as on a resume), so both read as one consistent run; events stay."""
+        if not self.active:
+            return
+        self.jsonl.close()
+        _truncate_from(self.path, step)
+        self.jsonl = open(self.path, "a", encoding="utf-8")
+        from torch.utils.tensorboard import SummaryWriter
+
+        log_dir = self.tb.log_dir
+        self.tb.close()
+        self.tb = SummaryWriter(log_dir, purge_step=step + 1)
+
+    def guard_scalars(self, step: int, action: str, rewinds: int) -> None:
+        """TensorBoard: guard/<action> (1 at each trigger's step) and guard/rewinds (rewinds so far)."""
+        if not self.active:
+            return
+        self.tb.add_scalar(f"guard/{action}", 1.0, step)
+        self.tb.add_scalar("guard/rewinds", rewinds, step)
+
     def message(self, text: str) -> None:
         """One line on the console (rank 0 only)."""
         if self.active:

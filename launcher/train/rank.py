@@ -24,7 +24,7 @@ from launcher.config.preflight_checks import check_run
 from launcher.config.run_config import RunConfig, load_run_config
 from launcher.config.stage_end_evals import check_eval_specs
 from launcher.config.stages import ResolvedStage, resolve_stages
-from launcher.defaults import ORDERLY_STOP_EXIT_CODE
+from launcher.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.errors import UserError
 from launcher.io import write_line
 from launcher.report.hook import PlotHook
@@ -188,9 +188,12 @@ def run(started: StartedRank) -> int:
     metrics.event(outcome, step=trainer.state.step)
     if plots is not None:  # RUN_DIR/plots complete when a finished run returns; a stop does not wait
         plots.run_end(trainer.state.step, wait=outcome == "finished")
-    metrics.message(f"{outcome} at step {trainer.state.step}; checkpoints in {started.run_dir.checkpoints}")
+    if outcome == "guard_stopped":  # its own error line, last: step, figure, median, threshold, resume point
+        metrics.message(RANK_ERROR_PREFIX.format(rank=trainer.rank) + trainer.guard.stop_message)
+    else:
+        metrics.message(f"{outcome} at step {trainer.state.step}; checkpoints in {started.run_dir.checkpoints}")
     metrics.close()
-    return 0 if outcome == "finished" else ORDERLY_STOP_EXIT_CODE
+    return {"finished": 0, "guard_stopped": GUARD_STOP_EXIT_CODE}.get(outcome, ORDERLY_STOP_EXIT_CODE)
 
 
 def rank_and_world_size() -> tuple[int, int]:

@@ -18,7 +18,9 @@ from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.train.checkpointer import Checkpointer
 from launcher.train.device_batches import host_counts, to_device
-from launcher.train.engine import loss_scale
+from launcher.train.engine import loss_scale, min_loss_scale
+from launcher.train.guard_actions import GuardActions
+from launcher.train.numerics_guard import NumericsGuard
 from launcher.train.progress_recorder import ProgressRecorder
 from launcher.train.metrics import Metrics
 from launcher.mfu import step_model_flops
@@ -61,23 +63,36 @@ class Trainer:
         self.stop_agreed = False     # all ranks know (carried by the per-step all-reduce)
         # The stage-switch message names the mask rate when some stage does not train at the run config's.
         self._per_stage_mask_prob = any(s.mask_prob != cfg.data.masking.mask_prob for s in stages)
+        guard = cfg.guard
+        self.guard = GuardActions(guard, NumericsGuard(guard, cfg.optimizer.warmup_steps, min_loss_scale(engine,
+                                                       guard_on=guard.action != "off")), self)
 
     def run(self) -> str:
-        """Train to the end of the schedule ("finished") or until a stop signal ("stopped")."""
+        """Train to the end of the schedule ("finished"), until a stop signal ("stopped") or until the numerics
+        guard stops the run ("guard_stopped": no checkpoint from the flagged steps)."""
         stage = None
         while self.state.step < self.cfg.schedule.total_steps:
             current = self.stages[self.cfg.schedule.stage_for_step(self.state.step)[0]]
             if current is not stage:
                 with self.progress.phase("stage switch", self.state.step):
                     stage = self.switch_to(current)
-            self.step(stage)
+            verdict = self.step(stage)
+            if verdict == "stop":
+                return "guard_stopped"
+            if verdict == "rewound":  # an older checkpoint's step: its stage is set up afresh
+                stage = None
+                continue
             stage_done = self.state.step == stage.end_step
             if stage_done or _every(self.cfg.logging.valid_every, self.state.step):
                 with self.progress.phase("validation", self.state.step):
                     self.validate(stage)
             if stage_done or self.stop_agreed or _every(self.cfg.checkpoint.every_steps, self.state.step):
-                with self.progress.phase("checkpoint save", self.state.step):
-                    tag = self.save_checkpoint(stage)
+                if self.guard.flagged:  # never a resume point from a step the guard flagged
+                    self.skip_checkpoint(stage_done)
+                    stage_done = False
+                else:
+                    with self.progress.phase("checkpoint save", self.state.step):
+                        tag = self.save_checkpoint(stage)
                 if stage_done:
                     with self.progress.phase("stage end", self.state.step):
                         self.stage_end(stage, tag)
@@ -85,11 +100,15 @@ class Trainer:
                 return "stopped"
         return "finished"
 
-    def step(self, stage: ResolvedStage) -> None:
-        """One optimizer step of `stage` with its heartbeat and its train record."""
+    def step(self, stage: ResolvedStage) -> str | None:
+        """One optimizer step of `stage` with its heartbeat, its train record and the numerics guard's verdict
+        on it (None, "rewound" or "stop": launcher/train/guard_actions.py)."""
+        skipped_before = int(self.engine.skipped_steps)
         with self.progress.step(self.state.step, stage.index):
-            self.metrics.train_step(self.train_step(stage))
+            record = self.train_step(stage)
+            self.metrics.train_step(dict(record))
         self.state.step += 1
+        return self.guard.after_step(record, skipped_before)
 
     def switch_to(self, stage: ResolvedStage) -> ResolvedStage:
         """New length and batch for the running engine (no rebuild): micro-batch, then grad-accum."""
@@ -179,9 +198,16 @@ class Trainer:
 
     def save_checkpoint(self, stage: ResolvedStage) -> str:
         start = time.perf_counter()
-        tag = self.checkpointer.save(stage)
+        tag = self.checkpointer.save(stage, protect_steps=self.guard.protect_steps())
         self.metrics.event("checkpoint", step=self.state.step, tag=tag, seconds=time.perf_counter() - start)
         return tag
+
+    def skip_checkpoint(self, stage_done: bool) -> None:
+        """The checkpoint due at this step is not written: the guard flagged the step (an open spike)."""
+        began = self.guard.detector.began
+        self.metrics.event("checkpoint_skipped", step=self.state.step, guard_flagged_since=began)
+        self.metrics.message(f"checkpoint at step {self.state.step} not written: the numerics guard flagged the "
+                             f"steps since {began}" + (" (and the stage-end jobs with it)" if stage_done else ""))
 
     def stage_end(self, stage: ResolvedStage, tag: str) -> None:
         """The stage-end callback on rank 0 while the other ranks wait."""

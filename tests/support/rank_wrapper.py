@@ -19,6 +19,13 @@
                                              master weights ("master/<name>") and the module's weights in
                                              the training precision ("module/<name>") go to
                                              RUN_DIR/loaded-<tag>.safetensors
+    ROFORMER_TEST_POISON_SEQUENCES=FIRST:COUNT  global training sequences FIRST .. FIRST+COUNT-1 of the data
+                                             stream are poisoned: every label of a micro-batch holding one
+                                             of them becomes the vocabulary's last id (a data-caused loss
+                                             spike, met again only if the stream hands them out again)
+    ROFORMER_TEST_SKIP_AT=N:BATCHES          before step N the data position skips BATCHES global batches of
+                                             that step's stage (as the numerics guard's rewind does; the
+                                             uninterrupted run a rewound one is compared with)
 Steps are 0-based global steps (the index of the step about to be taken).
 """
 from __future__ import annotations
@@ -64,6 +71,7 @@ def install_faults() -> None:
         return original_step(self, stage)
 
     trainer.Trainer.train_step = train_step
+    _install_data_faults(rank)
 
     kill_in_save = _rank_step("ROFORMER_TEST_SIGKILL_IN_SAVE_AT")
     original_save_rng = checkpointer.save_rng
@@ -93,6 +101,38 @@ def install_faults() -> None:
             save_loaded_weights(self.engine, self.run_dir.root / f"loaded-{source.tag}.safetensors", rank)
 
         checkpointer.Checkpointer.load = load_then_save_weights
+
+
+def _install_data_faults(rank: int) -> None:
+    from data_pipeline.batches import PretrainBatches
+    from launcher.train import trainer
+
+    poison = _rank_step("ROFORMER_TEST_POISON_SEQUENCES")  # (first, count), parsed as a pair
+    if poison:
+        first, count = poison
+        original_next = PretrainBatches.next_batch
+
+        def next_batch(self, seq_len, micro_batch_size):
+            start = self.sequences_consumed + self.rank * micro_batch_size
+            batch = original_next(self, seq_len, micro_batch_size)
+            if batch is not None and start < first + count and first < start + micro_batch_size:
+                labels = batch["labels"]
+                labels[labels != -100] = self.corpus.vocab_size - 1
+            return batch
+
+        PretrainBatches.next_batch = next_batch
+
+    skip_at = _rank_step("ROFORMER_TEST_SKIP_AT")  # (step, batches)
+    if skip_at:
+        original_step = trainer.Trainer.train_step
+
+        def train_step(self, stage):
+            if self.state.step == skip_at[0] and not getattr(self, "_test_skipped", False):
+                self._test_skipped = True
+                self.batches.skip(stage.max_seq_len, skip_at[1] * stage.global_batch_size)
+            return original_step(self, stage)
+
+        trainer.Trainer.train_step = train_step
 
 
 def damage_newest_checkpoint(run_dir, marker_name: str) -> None:

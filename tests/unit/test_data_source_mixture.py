@@ -224,6 +224,21 @@ def test_the_global_stream_resumes_exactly_mid_stage_after_a_mixture_change_on_a
     assert sum(d["zh"] for d in ref_drawn[35:]) == 0  # the third stage's zero weight
 
 
+def test_a_skip_moves_every_source_as_the_skipped_batches_would_have(corpus):
+    """The numerics guard's rewind skips batches (PretrainBatches.skip): on mixed data the skipped
+    sequences' source draws and each source's lanes move exactly as if they had been handed out."""
+    mixture = {"en": 1, "zh": 2, "code": 1}
+    handed, skipped = (PretrainBatches(corpus, rank=1, world_size=2, seed=5) for _ in range(2))
+    for reader in (handed, skipped):
+        reader.set_mixture(mixture)
+        reader.next_batch(32, 4)
+    for _ in range(5):
+        handed.next_batch(48, 4)
+    skipped.skip(48, 5 * 8)
+    assert skipped.state_dict() == handed.state_dict()
+    assert_same([handed.next_batch(32, 4) for _ in range(3)], [skipped.next_batch(32, 4) for _ in range(3)])
+
+
 def test_a_one_source_mixture_is_the_plain_stream(tmp_path_factory):
     corpus = open_corpus(prepared_dir(tmp_path_factory), "train")
     plain = PretrainBatches(corpus, seed=3)
