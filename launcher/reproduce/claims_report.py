@@ -180,6 +180,8 @@ def write_report(results: dict, out: Path, header: list[str]) -> Path:
             plots.loss_curves(results[part], plot_title, out / picture)
             lines += _comparison_section(title, claim, results[part], better, others, picture)
     recipe = results.get("recipe")
+    if recipe and not recipe.get("finished", True):  # planned (e.g. by another part) but not run (yet)
+        recipe = None
     trained = max((s["max_seq_len"] for s in recipe["stages"]), default=None) if recipe else None
     if recipe:
         lines += ["## The recipe's pretraining run", "",
