@@ -29,7 +29,7 @@ class FinetuneConfig:
     export_dir: Path  # transformers-format RoFormer directory with tokenizer files
     task: TaskSpec  # files, columns, task type (launcher.downstream.task_spec)
     max_length: int = 128  # tokens per input incl. [CLS]/[SEP]; longer inputs are truncated (pairs: longest first)
-    epochs: int = 3  # passes over the (possibly subsampled) training split
+    epochs: int = 3  # passes over the (possibly subsampled) training split; retrieval: 0 = zero-shot
     batch_size: int = 32  # training sequences per step
     eval_batch_size: int = 64  # sequences per forward pass when scoring dev/test
     # Peak AdamW learning rate (linear warmup, linear decay to 0). 1e-3 suits this project's small
@@ -50,12 +50,14 @@ class FinetuneConfig:
     # see their data about once run without dropout, but 1000 labelled examples are memorised within
     # a few epochs without it.
     dropout: float | None = None
-    select_metric: str | None = None  # dev metric choosing the epoch (None: macro_f1 / pearson by task type)
+    select_metric: str | None = None  # dev metric choosing the epoch (None: macro_f1 / pearson / ndcg@10 by task type)
     keep_best_state: bool = field(default=False, repr=False)  # keep the best model's weights (--save-model)
 
     def __post_init__(self) -> None:
         self.seeds = tuple(self.seeds)
-        checks = {"max_length": self.max_length >= 8, "epochs": self.epochs >= 1, "batch_size": self.batch_size >= 1,
+        checks = {"max_length": self.max_length >= 8,
+                  "epochs": self.epochs >= (0 if self.task.task_type == "retrieval" else 1),
+                  "batch_size": self.batch_size >= 1,
                   "eval_batch_size": self.eval_batch_size >= 1, "lr": self.lr > 0,
                   "warmup_ratio": 0 <= self.warmup_ratio < 1, "weight_decay": self.weight_decay >= 0,
                   "max_train_examples": self.max_train_examples is None or self.max_train_examples >= 2,
@@ -112,6 +114,11 @@ def run_finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr
     started = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if cfg.task.task_type == "retrieval":  # an embedding model, not a classifier: its own module
+        from launcher.downstream.retrieval import run_retrieval
+
+        report, chosen, data, evals = run_retrieval(cfg, log, progress)
+        return report, chosen, data, None, evals
     # Every input is checked before the slow part starts.
     check_export_dir(cfg.export_dir)
     data = load_task(cfg.task)
