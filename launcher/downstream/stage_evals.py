@@ -9,7 +9,8 @@ After the stage-end checkpoint `tag` is complete, rank 0 starts this module as o
 stage never stacks several eval jobs on the training machine. The log is `RUN_DIR/evals/<tag>.log`.
 
 Evals: `mlm` (eval-mlm on the run's held-out split at the longest trained length and twice it), any
-task of launcher.downstream.tasks (`movie-reviews`, `inews`) and a user's task spec YAML file (a path
+task of launcher.downstream.tasks (`movie-reviews`, `inews`, the retrieval task `wordnet-senses`:
+nDCG@10 etc., launcher.downstream.retrieval) and a user's task spec YAML file (retrieval too; a path
 ending in .yaml / .yml; launcher.downstream.task_spec), each a quick fine-tune (QUICK_FINETUNE, then
 the spec's own settings). A task may override fine-tune fields after colons, e.g.
 `movie-reviews:max_train_examples=500:epochs=1` or `tasks/tickets.yaml:epochs=1`. A spec's files are
@@ -78,12 +79,14 @@ def validate_eval_names(names: list[str], where: str = "logging.stage_end_evals"
     """Every entry a known eval with valid options, and every task spec file with readable, consistent
     labelled files; errors name `where` and the entry."""
     from launcher.downstream.labelled_files import load_task
+    from launcher.downstream.retrieval_data import load_retrieval_task
 
     for spec in names:
         name, _ = parse_eval(spec, where)
         if is_spec_file(name):
             try:
-                load_task(_task_spec(name))
+                task = _task_spec(name)
+                (load_retrieval_task if task.task_type == "retrieval" else load_task)(task)
             except UserError as err:
                 raise UserError(f"{where}: {spec!r}: {err}") from None
 
