@@ -24,13 +24,19 @@ Parts (each can run alone; `lengths` and `downstream` share the recipe's pretrai
               short lengths, then a short last stage at a long length with (a) the same RoPE base,
               (b) a larger one, against (c) no extension stage (the same run's checkpoint before it);
               masked-LM loss at lengths up to twice the extension length.
+- retrieval   the recipe export as an embedding model against its random-init twin on the bundled
+              retrieval task (wordnet-senses): zero-shot and fine-tuned on a budget of pairs
+              (launcher/reproduce/retrieval_part.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-PARTS = ("encodings", "linear", "lengths", "downstream", "extension")
+from launcher.reproduce import retrieval_part
+from launcher.reproduce.retrieval_part import RetrievalProtocol
+
+PARTS = ("encodings", "linear", "lengths", "downstream", "extension", "retrieval")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -172,6 +178,8 @@ class Preset:
     """Pretraining seeds of the recipe (the downstream part fine-tunes each one's export)."""
     extension: Extension | None = None
     """The extension part (None: the preset has none)."""
+    retrieval: RetrievalProtocol | None = None
+    """The retrieval part's protocol (None: the preset has none)."""
 
     @property
     def recipe_run(self) -> str:
@@ -190,7 +198,7 @@ class Preset:
         runs: list[PretrainRun] = []
         variants = {"encodings": [("rope", "softmax"), ("sinusoidal", "softmax"), ("learned", "softmax")],
                     "linear": [("rope", "linear"), ("sinusoidal", "linear")]}
-        needs_recipe = "lengths" in parts or "downstream" in parts
+        needs_recipe = "lengths" in parts or "downstream" in parts or ("retrieval" in parts and self.retrieval is not None)
         # Recipe runs the parts need: the lengths part only the first seed's, downstream every seed's.
         wanted = set(self.recipe_runs if "downstream" in parts else self.recipe_runs[:1]) if needs_recipe else set()
         for part in ("encodings", "linear"):
@@ -253,6 +261,8 @@ class Preset:
                         for seed in self.finetune_seeds:
                             runs.append(FinetuneRun(recipe, task, init, budget, protocol.max_length, seed,
                                                     "downstream", protocol.args_for(budget)))
+        if "retrieval" in parts and self.retrieval is not None:
+            runs += retrieval_part.finetune_runs(self, FinetuneRun)
         if "lengths" in parts:
             for length in self.lengths:
                 for seed in self.lengths_seeds:
@@ -293,6 +303,7 @@ def full_preset() -> Preset:
                   {"name": "long", "max_seq_len": 512, "global_batch_size": 8, "steps": 60}),
             stage={"name": "extend", "max_seq_len": 2048, "global_batch_size": 2, "steps": 40},
             larger_theta=160000.0, seeds=(0, 1), eval_lens=(512, 1024, 2048, 4096)),
+        retrieval=RetrievalProtocol(64, (0, 1000), ("--epochs", "3", "--lr", "1e-4", "--batch-size", "32")),
     )
 
 
@@ -327,6 +338,8 @@ def quick_preset() -> Preset:
         extension=Extension(base=({"name": "short", "max_seq_len": 32, "global_batch_size": 4, "steps": 3},),
                             stage={"name": "extend", "max_seq_len": 64, "global_batch_size": 2, "steps": 2},
                             larger_theta=40000.0, seeds=(0,), eval_lens=(32, 64, 128), eval_tokens=512),
+        # Fine-tuned pairs only (zero-shot jobs are the full preset's; tests/unit/test_retrieval.py runs one).
+        retrieval=RetrievalProtocol(32, (32,), ("--epochs", "1"), eval_args=("--max-eval-examples", "32")),
     )
 
 

@@ -18,6 +18,7 @@ from collections import defaultdict
 
 from launcher.reproduce.reproduction_plan import EvalRun, FinetuneRun, Preset, PretrainRun
 from launcher.reproduce.job_runner import Layout, is_finished, trained_steps
+from launcher.reproduce.retrieval_part import retrieval_table
 from launcher.run_dir.layout import RunDir
 from launcher.train.metrics import read_metrics
 
@@ -138,6 +139,8 @@ def collect(preset: Preset, layout: Layout, parts: tuple[str, ...]) -> dict:
                                             key=lambda r: (str(r.max_length),))
     if "extension" in parts and preset.extension is not None:
         results["extension"] = extension_table(preset.eval_runs(parts), layout, preset)
+    if "retrieval" in parts:
+        results["retrieval"] = retrieval_table([r for r in finetune if r.part == "retrieval"], layout.finetune_report)
     return results
 
 
@@ -178,7 +181,7 @@ def _has_data(part: str, value) -> bool:
 
 GROUP_ORDER = ("rope", "learned", "sinusoidal", "sinusoidal_unscaled",
                "linear+rope", "linear+sinusoidal", "linear+sinusoidal_unscaled")
-MERGED_PARTS = ("encodings", "linear", "recipe", "recipe_runs", "lengths", "downstream", "extension")
+MERGED_PARTS = ("encodings", "linear", "recipe", "recipe_runs", "lengths", "downstream", "extension", "retrieval")
 
 
 def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
@@ -206,6 +209,7 @@ def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
             merged[part] = dict(sorted(groups.items(), key=lambda item: order.get(item[0], len(order))))
         else:
             sources[part], merged[part] = candidates[0]
-    merged["parts"] = [p for p in ("encodings", "linear", "lengths", "downstream", "extension") if p in merged]
+    merged["parts"] = [p for p in ("encodings", "linear", "lengths", "downstream", "extension", "retrieval")
+                       if p in merged]
     merged["sources"] = sources
     return merged
