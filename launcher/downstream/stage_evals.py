@@ -174,13 +174,15 @@ def _to_tensorboard(tb_dir: Path, name: str, report: dict, step: int) -> None:
                 for metric in ("loss", "accuracy", "perplexity"):
                     writer.add_scalar(f"eval/mlm/{metric}_len{row['seq_len']}", row[metric], step)
         else:
-            held_out = report["held_out"]
+            from launcher.downstream.task_metrics import METRICS
+
+            held_out, metrics = report["held_out"], METRICS[report["task_type"]]  # not the example counts
             for split in ("dev", "test"):
                 for metric, value in (report[split] or {}).items():
-                    if metric != "examples" and value is not None:
+                    if metric in metrics and value is not None:
                         writer.add_scalar(f"eval/{name}/{split}_{metric}", value, step)
             for metric, value in report["baseline"][held_out].items():
-                if metric != "examples" and value is not None:
+                if metric in metrics and value is not None:
                     writer.add_scalar(f"eval/{name}/{held_out}_baseline_{metric}", value, step)
     finally:
         writer.close()
