@@ -283,15 +283,22 @@ def _train_epoch(model, data: dict, pad_id: int, batch_size: int, optimizer, sch
         ids, mask, types = _collate(data, rows, pad_id)
         labels = torch.tensor([data["labels"][i] for i in rows], dtype=label_dtype)
         loss = model(ids, attention_mask=mask, token_type_ids=types, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
+        optimizer_step(model, loss, optimizer, scheduler)
         total += float(loss.detach()) * len(rows)
         count += len(rows)
         bar.update(1)
     return total / max(1, count)
+
+
+def optimizer_step(model, loss, optimizer, scheduler) -> None:
+    """Backward, gradients clipped to norm 1.0, AdamW step, schedule step: every fine-tuning loop's update."""
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
 
 
 def _predict(model, data: dict, pad_id: int, batch_size: int, task_type: str) -> list:

@@ -47,9 +47,7 @@ def build_report(cfg, data, encoded: dict, evals: dict, seed_reports: list[dict]
         "columns": {"text": spec.text_column, "text_pair": spec.text_pair_column, "label": spec.label_column},
         "dev_fraction": spec.dev_fraction,
         "export": str(Path(cfg.export_dir).resolve()),
-        "config": {f.name: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-                   for f in dataclasses.fields(cfg) if f.name not in ("task", "keep_best_state")
-                   for v in [getattr(cfg, f.name)]},
+        "config": config_entry(cfg),
         "select_metric": select,
         "held_out": "test" if "test" in evals else "dev",
         "seeds": list(cfg.seeds),
@@ -69,6 +67,12 @@ def build_report(cfg, data, encoded: dict, evals: dict, seed_reports: list[dict]
     if data.task_type == "classification":
         report["majority_baseline"] = {**baseline, "label": guess, "label_name": baseline["prediction"]}
     return report
+
+
+def config_entry(cfg) -> dict:
+    """The report's `config`: every FinetuneConfig setting as JSON values (not the task, which has its own keys)."""
+    return {f.name: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+            for f in dataclasses.fields(cfg) if f.name not in ("task", "keep_best_state") for v in [getattr(cfg, f.name)]}
 
 
 def console_table(report: dict) -> str:
@@ -152,21 +156,26 @@ def save_model(model, export_dir: Path, tokenizer, data, out_dir: Path) -> Path:
 def write_predictions(path: Path, data, split, predictions: list) -> None:
     """One row per held-out example: its row number in the input file, the prediction (label string or
     score) and the gold label; .csv / .tsv / .jsonl by extension, written atomically."""
+    name = (lambda v: data.label_names[v]) if data.label_names else (lambda v: round(float(v), 6))  # noqa: E731
+    rows = [{"row": r, "prediction": name(p), "label": name(g)}
+            for r, p, g in zip(split.rows, predictions, split.labels)]
+    write_table(path, rows, ["row", "prediction", "label"])
+
+
+def write_table(path: Path, rows: list[dict], fields: list[str]) -> None:
+    """`rows` as .csv / .tsv (a header line) or .jsonl by `path`'s extension, written atomically."""
     import csv
     import io
 
     from launcher.io import atomic_write_text
 
-    name = (lambda v: data.label_names[v]) if data.label_names else (lambda v: round(float(v), 6))  # noqa: E731
-    rows = [{"row": r, "prediction": name(p), "label": name(g)}
-            for r, p, g in zip(split.rows, predictions, split.labels)]
     path = Path(path)
     if path.suffix.lower() == ".jsonl":
         text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     else:
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=["row", "prediction", "label"],
-                                delimiter="\t" if path.suffix.lower() == ".tsv" else ",", lineterminator="\n")
+        writer = csv.DictWriter(buffer, fieldnames=fields, delimiter="\t" if path.suffix.lower() == ".tsv" else ",",
+                                lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
         text = buffer.getvalue()

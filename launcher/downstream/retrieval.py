@@ -223,7 +223,7 @@ def _training_setup(model, train, batch_size: int, seed: int):
 
 
 def _train_epoch(model, loss_fn, columns: dict, sampler, epoch: int, optimizer, scheduler, bar) -> tuple[float, int]:
-    import torch
+    from launcher.downstream.fine_tuning import optimizer_step
 
     model.train()
     sampler.set_epoch(epoch)
@@ -231,11 +231,7 @@ def _train_epoch(model, loss_fn, columns: dict, sampler, epoch: int, optimizer, 
     for rows in sampler:
         features = [model.preprocess([values[i] for i in rows]) for values in columns.values()]
         loss = loss_fn(features, None)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
+        optimizer_step(model, loss, optimizer, scheduler)
         total += float(loss.detach()) * len(rows)
         count += len(rows)
         steps += 1
@@ -273,10 +269,7 @@ def write_rankings(path: Path, split, ranked: list[dict]) -> None:
     """--predictions: the top-10 passages of every held-out query, one line per (query, rank): the query's
     first row in its file, the query, rank, passage, cosine score and whether it is a relevant passage;
     .csv / .tsv / .jsonl by extension, written atomically."""
-    import csv
-    import io
-
-    from launcher.io import atomic_write_text
+    from launcher.downstream.finetune_report import write_table
 
     first_row: dict[str, int] = {}
     relevant: dict[str, set[str]] = {}
@@ -286,17 +279,4 @@ def write_rankings(path: Path, split, ranked: list[dict]) -> None:
     lines = [{"row": first_row[entry["query"]], "query": entry["query"], "rank": rank, "passage": hit["passage"],
               "score": hit["score"], "relevant": hit["passage"] in relevant[entry["query"]]}
              for entry in ranked for rank, hit in enumerate(entry["results"], start=1)]
-    path = Path(path)
-    fields = ["row", "query", "rank", "passage", "score", "relevant"]
-    if path.suffix.lower() == ".jsonl":
-        text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
-    else:
-        buffer = io.StringIO()
-        tsv = path.suffix.lower() == ".tsv"
-        writer = csv.DictWriter(buffer, fieldnames=fields, delimiter="\t" if tsv else ",", lineterminator="\n",
-                                **({"quoting": csv.QUOTE_NONE, "escapechar": "\\"} if tsv else {}))
-        writer.writeheader()
-        writer.writerows(lines)
-        text = buffer.getvalue()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, text)
+    write_table(path, lines, ["row", "query", "rank", "passage", "score", "relevant"])

@@ -10,8 +10,9 @@ baseline (zero-shot), seconds. docs/finetune.md lists them for users.
 """
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
+
+from launcher.downstream.finetune_report import config_entry
 
 
 def build_retrieval_report(cfg, data, evals: dict, runs: list[dict], select: str, chosen_seed: int,
@@ -42,9 +43,7 @@ def build_retrieval_report(cfg, data, evals: dict, runs: list[dict], select: str
                     "corpus_text": spec.corpus_text_column if spec.corpus is not None else None},
         "dev_fraction": spec.dev_fraction,
         "export": str(Path(cfg.export_dir).resolve()),
-        "config": {f.name: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-                   for f in dataclasses.fields(cfg) if f.name not in ("task", "keep_best_state")
-                   for v in [getattr(cfg, f.name)]},
+        "config": config_entry(cfg),
         "select_metric": select,
         "held_out": "test" if "test" in evals else "dev",
         "seeds": list(cfg.seeds),
