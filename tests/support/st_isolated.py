@@ -1,28 +1,22 @@
 """A saved retrieval model in plain sentence-transformers: `python -I tests/support/st_isolated.py MODEL_DIR INPUTS_JSON OUT_JSON`.
 
-The project's packages are blocked from import as in tests/support/hf_isolated.py (a meta-path
-finder placed first; the script checks at the end that none was loaded). INPUTS_JSON holds one split
+The project's packages are blocked from import by tests/support/hf_isolated.py's guard (loaded by
+path: a meta-path finder placed first; the script checks at the end that none was loaded). INPUTS_JSON holds one split
 as sentence-transformers' InformationRetrievalEvaluator takes it: {"queries": {qid: text}, "corpus":
 {cid: text}, "relevant": {qid: [cid, ...]}, "batch_size": n}; OUT_JSON gets the evaluator's metrics
 of `SentenceTransformer(MODEL_DIR)` with its own settings (max_seq_length, pooling), and the model's
 max_seq_length and module types.
 """
+import importlib.util
 import os
 import sys
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PROJECT_PACKAGES = {"roformer", "launcher", "data_pipeline", "tests"}
-
-
-class _BlockProjectCode:
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] in PROJECT_PACKAGES:
-            raise ImportError(f"project code is blocked in this process: {fullname}")
-        return None
-
-
-sys.meta_path.insert(0, _BlockProjectCode())
-sys.path = [p for p in sys.path if p and os.path.abspath(p) not in (REPO_ROOT, os.path.join(REPO_ROOT, "tests"), os.path.join(REPO_ROOT, "tests", "support"))]
+# hf_isolated.py blocks the project's packages when it is loaded (its module level): the same guard here.
+_GUARD = importlib.util.spec_from_file_location("hf_isolated", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                            "hf_isolated.py"))
+_guard = importlib.util.module_from_spec(_GUARD)
+_GUARD.loader.exec_module(_guard)
+PROJECT_PACKAGES = _guard.PROJECT_PACKAGES
 
 import json  # noqa: E402
 
