@@ -156,3 +156,20 @@ def test_a_bundled_retrieval_task_is_an_ordinary_task_spec(tasks_dir):
     assert not words["train"] & words["dev"] and not words["train"] & words["test"] and not words["dev"] & words["test"]
     assert len(data.train) > 10000 and len(data.dev) > 1000 and len(data.test) > 1000
     assert all(n != p for p, n in zip(data.test.passages, data.test.negatives))
+
+
+def test_a_dev_fraction_holds_out_whole_queries(tmp_path):
+    """--dev-fraction for retrieval holds out a share of the distinct queries, each with all its rows, so a
+    query with several relevant passages is never split between train and dev."""
+    from launcher.downstream.retrieval_data import load_retrieval_task
+    from launcher.downstream.task_spec import TaskSpec
+
+    train = write_rows(tmp_path / "train.jsonl", wordnet_retrieval_rows("train", 40))
+    spec = TaskSpec(name="senses", train=train, dev_fraction=0.25, text_column="question", text_pair_column="answer",
+                    task_type="retrieval")
+    data = load_retrieval_task(spec)
+    assert not set(data.train.queries) & set(data.dev.queries)
+    assert len(set(data.dev.queries)) == round(0.25 * len(set(data.train.queries) | set(data.dev.queries)))
+    assert len(data.train) + len(data.dev) == 40 + sum(r["question"].startswith("what does") for r in
+                                                        wordnet_retrieval_rows("train", 40))
+    assert data.train.negatives is None and data.dev.name == "dev" and data.test is None
