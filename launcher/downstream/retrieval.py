@@ -171,7 +171,7 @@ def _run_seed(cfg, seed: int, data, train, evals: dict, select: str, log, progre
     best = (0, zero_shot["dev"], copy.deepcopy(model.state_dict()) if cfg.keep_best_state else None)
     train_seconds, steps = 0.0, 0
     if cfg.epochs:
-        loss_fn, dataset, sampler = _training_setup(model, train, cfg.batch_size, seed)
+        loss_fn, columns, sampler = _training_setup(model, train, cfg.batch_size, seed)
         optimizer, scheduler = _optimizer(model, cfg, total_steps=len(sampler) * cfg.epochs)
         name = data.spec.name + ("" if cfg.init == "pretrained" else " (random init)")
         bar = tqdm(total=len(sampler) * cfg.epochs, desc=f"{name} seed {seed}", unit="step", file=sys.stderr,
@@ -180,7 +180,7 @@ def _run_seed(cfg, seed: int, data, train, evals: dict, select: str, log, progre
         try:
             for epoch in range(1, cfg.epochs + 1):
                 epoch_started = time.perf_counter()
-                train_loss, epoch_steps = _train_epoch(model, loss_fn, dataset, sampler, epoch, optimizer, scheduler, bar)
+                train_loss, epoch_steps = _train_epoch(model, loss_fn, columns, sampler, epoch, optimizer, scheduler, bar)
                 train_seconds += time.perf_counter() - epoch_started
                 steps += epoch_steps
                 dev, _ = evaluate(model, evals["dev"], data.corpus, cfg.eval_batch_size)
@@ -208,8 +208,9 @@ def _run_seed(cfg, seed: int, data, train, evals: dict, select: str, log, progre
 
 
 def _training_setup(model, train, batch_size: int, seed: int):
-    """(MultipleNegativesRankingLoss, the columns as a datasets.Dataset, NoDuplicatesBatchSampler):
-    exactly what sentence-transformers' own trainer builds for these rows and this batch size."""
+    """(MultipleNegativesRankingLoss, the text columns {anchor, positive[, negative]}, a
+    NoDuplicatesBatchSampler over them as a datasets.Dataset): what sentence-transformers' own trainer
+    builds for these rows and this batch size (bench/bench_retrieval.py compares the two)."""
     import datasets
     from sentence_transformers.base.sampler import NoDuplicatesBatchSampler
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss

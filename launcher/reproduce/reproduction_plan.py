@@ -303,7 +303,8 @@ def full_preset() -> Preset:
                   {"name": "long", "max_seq_len": 512, "global_batch_size": 8, "steps": 60}),
             stage={"name": "extend", "max_seq_len": 2048, "global_batch_size": 2, "steps": 40},
             larger_theta=160000.0, seeds=(0, 1), eval_lens=(512, 1024, 2048, 4096)),
-        retrieval=RetrievalProtocol(64, (0, 1000), ("--epochs", "3", "--lr", "1e-4", "--batch-size", "32")),
+        # lr 1e-3 (of 1e-4, 3e-4, 1e-3) and 3 epochs: the best dev nDCG@10 on the demo export, 1000 pairs.
+        retrieval=RetrievalProtocol(64, (0, 1000), ("--epochs", "3", "--lr", "1e-3", "--batch-size", "32")),
     )
 
 
