@@ -150,6 +150,7 @@ def test_a_bundled_retrieval_task_is_an_ordinary_task_spec(tasks_dir):
     spec = bundled_spec("wordnet-senses", tasks_dir)
     assert (spec.task_type, spec.text_column, spec.text_pair_column, spec.negative_column) == \
         ("retrieval", "query", "passage", "negative")
+    assert spec.settings == {"max_length": 64}  # the task's own setting; the command line's flag wins
     data = load_retrieval_task(spec)
     words = {split: {json.loads(line)["word"] for line in (tasks_dir / "wordnet-senses" / f"{split}.jsonl").open()}
              for split in ("train", "dev", "test")}
