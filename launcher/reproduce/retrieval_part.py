@@ -78,8 +78,10 @@ def retrieval_section(table: dict, fmt) -> list[str]:
     for budget, cell in table.items():
         if "gain_ndcg@10" in cell:
             pre, rnd = cell["pretrained"]["ndcg@10"], cell["random"]["ndcg@10"]
-            verdict = ("every seed above every seed" if pre["min"] > rnd["max"] else
-                       "NOT above" if cell["gain_ndcg@10"] <= 0 else "above on the mean; seed ranges overlap")
+            verdict = ("NOT above" if cell["gain_ndcg@10"] <= 0 else
+                       "above; one seed, no spread measured" if min(pre["n"], rnd["n"]) < 2 else
+                       "every seed above every seed" if pre["min"] > rnd["max"] else
+                       "above on the mean; seed ranges overlap")
             lines.append(f"- {'zero-shot' if budget == '0' else f'{budget} pairs'}: pretraining changed test nDCG@10 "
                          f"by {cell['gain_ndcg@10']:+.3f} ({verdict}).")
     return lines + [""]
