@@ -9,6 +9,7 @@ size and label counts, truncated and [UNK] shares, seconds.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -130,11 +131,8 @@ def save_model(model, export_dir: Path, tokenizer, data, out_dir: Path) -> Path:
     problem_type, model.safetensors, the tokenizer), built beside `out_dir` and renamed into place."""
     from roformer.hf_interop import DEFAULT_HF_MAX_POSITIONS, write_pretrained_files
 
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     export_config = json.loads((Path(export_dir) / "config.json").read_text(encoding="utf-8"))
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    with staged_directory(out_dir) as staging:
         write_pretrained_files(model, staging, export_config.get("max_position_embeddings", DEFAULT_HF_MAX_POSITIONS))
         config_path = staging / "config.json"
         config = json.loads(config_path.read_text(encoding="utf-8"))
@@ -144,13 +142,25 @@ def save_model(model, export_dir: Path, tokenizer, data, out_dir: Path) -> Path:
         config["problem_type"] = "single_label_classification" if data.label_names else "regression"
         config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         tokenizer.save_pretrained(str(staging))
+    return Path(out_dir)
+
+
+@contextlib.contextmanager
+def staged_directory(out_dir: Path):
+    """--save-model's directory: yields a hidden directory beside `out_dir` to write into, renamed to
+    `out_dir` when the block ends without error (never replacing one that appeared meanwhile); removed
+    otherwise."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        yield staging
         if out_dir.exists():
             raise UserError(f"--save-model {out_dir}: appeared while fine-tuning; nothing is replaced")
         os.replace(staging, out_dir)
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-    return out_dir
 
 
 def write_predictions(path: Path, data, split, predictions: list) -> None:

@@ -247,23 +247,13 @@ def save_sentence_model(cfg, chosen: RetrievalSeedResult, out_dir: Path) -> Path
     """The chosen seed's best model as a sentence-transformers directory (SentenceTransformer.save: the
     transformers files, modules.json, pooling config, max_seq_length = --max-length), built beside
     `out_dir` and renamed into place; an existing `out_dir` is never replaced."""
-    import os
-    import shutil
+    from launcher.downstream.finetune_report import staged_directory
 
     model = load_sentence_model(cfg.export_dir, cfg.max_length, random_init=cfg.init == "random", dropout=cfg.dropout)
     model.load_state_dict(chosen.best_state)
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    with staged_directory(out_dir) as staging:
         model.save(str(staging), create_model_card=False)
-        if out_dir.exists():
-            raise UserError(f"--save-model {out_dir}: appeared while fine-tuning; nothing is replaced")
-        os.replace(staging, out_dir)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
-    return out_dir
+    return Path(out_dir)
 
 
 def write_rankings(path: Path, split, ranked: list[dict]) -> None:
