@@ -21,6 +21,7 @@ def test_sentence_transformers_loads_an_export_without_guessing(stored_export, c
 
     info = json.loads((stored_export / "export_info.json").read_text())
     assert set(FILES) <= set(info["sha256"])
+    assert "`sentence_transformers.SentenceTransformer(dir)`" in (stored_export / "README.md").read_text()  # model card
     with caplog.at_level(logging.INFO, logger="sentence_transformers"):
         model = SentenceTransformer(str(stored_export), device="cpu")
     # A directory without modules.json is logged as "No modules.json found ..., initializing a new ... model".
