@@ -58,7 +58,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                             default=None if name in SPEC_SETTINGS else default, help=f"{help_text} ({shown})")
     parser.add_argument("--select-metric", default=None,
                         help="dev metric that picks the epoch and the saved model: accuracy, macro_f1, mcc | pearson, "
-                             "spearman, mse, mae (default: macro_f1 for classification, pearson for regression)")
+                             "spearman, mse, mae | ndcg@10, mrr@10, recall@1, recall@10, map@100 (default: macro_f1 "
+                             "for classification, pearson for regression, ndcg@10 for retrieval)")
     seeds = parser.add_mutually_exclusive_group()
     seeds.add_argument("--seeds", default=None, help="comma-separated seeds, one fine-tune each; the report gives "
                                                     "mean, min, max and n of every metric (default: 0)")

@@ -74,7 +74,8 @@ INITS = ("pretrained", "random")
 
 _HELP = {
     "max_length": "tokens per input incl. [CLS]/[SEP]; longer texts are truncated (try 128 vs 512 on inews)",
-    "epochs": "passes over the training examples; the epoch with the best dev --select-metric is kept",
+    "epochs": "passes over the training examples; the epoch with the best dev --select-metric is kept "
+              "(retrieval: 0 scores the export as it is, zero-shot)",
     "batch_size": "training sequences per step",
     "eval_batch_size": "sequences per forward pass on dev/test",
     "lr": "peak AdamW learning rate (10%% warmup, linear decay); ~5e-5..1e-4 for base-size models",
