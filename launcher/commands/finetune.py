@@ -16,7 +16,8 @@ from launcher.errors import UserError
 
 # FinetuneConfig fields a task spec may set: their command-line default is None ("not given").
 SPEC_SETTINGS = ("max_length", "epochs", "lr", "batch_size", "select_metric")
-OWN_FILE_FLAGS = ("dev", "test", "dev_fraction", "text_column", "text_pair_column", "label_column", "task_type")
+OWN_FILE_FLAGS = ("dev", "test", "dev_fraction", "text_column", "text_pair_column", "label_column", "task_type",
+                  "negative_column", "corpus", "corpus_text_column")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -36,10 +37,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     task.add_argument("--test", type=Path, help="your test file (default: none; dev is then the held-out split)")
     task.add_argument("--dev-fraction", type=float, help="hold out this share of --train as dev, instead of a --dev file (default: none)")
     task.add_argument("--text-column", default=None, help="text column of your files (default: text)")
-    task.add_argument("--text-pair-column", default=None, help="second text column: a text-pair task (default: none, single texts)")
+    task.add_argument("--text-pair-column", default=None, help="second text column: a text-pair task; retrieval: "
+                                                               "the relevant passage (default: none, single texts)")
     task.add_argument("--label-column", default=None, help="label column (default: label)")
-    task.add_argument("--task-type", choices=("classification", "regression"), default=None,
-                      help="default: inferred from train's labels (floating-point numbers: regression)")
+    task.add_argument("--task-type", choices=("classification", "regression", "retrieval"), default=None,
+                      help="default: inferred from train's labels (floating-point numbers: regression); retrieval: "
+                           "rows are (query --text-column, relevant passage --text-pair-column) pairs, no labels")
+    task.add_argument("--negative-column", default=None,
+                      help="retrieval: a hard-negative passage per row (default: none, in-batch negatives only)")
+    task.add_argument("--corpus", type=Path, default=None,
+                      help="retrieval: a file of extra passages every dev/test query is also ranked against (default: none)")
+    task.add_argument("--corpus-text-column", default=None, help="retrieval: the --corpus file's passage column (default: text)")
 
     defaults = FinetuneConfig.__dataclass_fields__
     for name, help_text in _HELP.items():
@@ -50,7 +58,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                             default=None if name in SPEC_SETTINGS else default, help=f"{help_text} ({shown})")
     parser.add_argument("--select-metric", default=None,
                         help="dev metric that picks the epoch and the saved model: accuracy, macro_f1, mcc | pearson, "
-                             "spearman, mse, mae (default: macro_f1 for classification, pearson for regression)")
+                             "spearman, mse, mae | ndcg@10, mrr@10, recall@1, recall@10, map@100 (default: macro_f1 "
+                             "for classification, pearson for regression, ndcg@10 for retrieval)")
     seeds = parser.add_mutually_exclusive_group()
     seeds.add_argument("--seeds", default=None, help="comma-separated seeds, one fine-tune each; the report gives "
                                                     "mean, min, max and n of every metric (default: 0)")
@@ -66,9 +75,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the JSON report to this file (default: none; the console shows a table only)")
     parser.add_argument("--save-model", type=Path, default=None,
                         help="save the best model (best seed, best epoch) as a transformers directory with its "
-                             "tokenizer, for pipeline('text-classification', model=DIR); must not exist yet (default: none)")
+                             "tokenizer, for pipeline('text-classification', model=DIR); retrieval: a sentence-transformers "
+                             "directory, for SentenceTransformer(DIR); must not exist yet (default: none)")
     parser.add_argument("--predictions", type=Path, default=None,
-                        help="write the held-out predictions (.csv, .tsv or .jsonl: row, prediction, label; default: none)")
+                        help="write the held-out predictions (.csv, .tsv or .jsonl: row, prediction, label; retrieval: "
+                             "the top 10 passages per query: row, query, rank, passage, score, relevant; default: none)")
 
 
 def task_spec_from_args(args: argparse.Namespace):
@@ -92,7 +103,8 @@ def task_spec_from_args(args: argparse.Namespace):
     return TaskSpec(name=args.train.stem, train=args.train, dev=args.dev, test=args.test,
                     dev_fraction=args.dev_fraction, text_column=args.text_column or "text",
                     text_pair_column=args.text_pair_column, label_column=args.label_column or "label",
-                    task_type=args.task_type)
+                    task_type=args.task_type, negative_column=args.negative_column, corpus=args.corpus,
+                    corpus_text_column=args.corpus_text_column or "text")
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -134,10 +146,12 @@ def run(args: argparse.Namespace) -> int:
         report["random_init"] = run_finetune(dataclasses.replace(cfg, init="random", keep_best_state=False))[0]
     print(console_table(report))
     held_out = "test" if "test" in evals else "dev"
-    if args.predictions is not None:
+    if cfg.task.task_type == "retrieval":
+        _retrieval_outputs(args, cfg, chosen, evals[held_out], held_out)
+    elif args.predictions is not None:
         write_predictions(args.predictions, data, evals[held_out], chosen.held_out_predictions)
         print(f"finetune: {held_out} predictions of seed {chosen.report['seed']} -> {args.predictions}", file=sys.stderr)
-    if args.save_model is not None:
+    if args.save_model is not None and cfg.task.task_type != "retrieval":
         from launcher.downstream.export_reader import load_classifier
 
         model = load_classifier(cfg.export_dir, data.num_labels, random_init=cfg.init == "random", dropout=cfg.dropout)
@@ -151,3 +165,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("finetune: no JSON report written (pass --out FILE for one)", file=sys.stderr)
     return 0
+
+
+def _retrieval_outputs(args: argparse.Namespace, cfg, chosen, held_out_split, held_out: str) -> None:
+    from launcher.downstream.retrieval import save_sentence_model, write_rankings
+
+    seed = chosen.report["seed"]
+    if args.predictions is not None:
+        write_rankings(args.predictions, held_out_split, chosen.held_out_predictions)
+        print(f"finetune: {held_out} top-10 passages per query of seed {seed} -> {args.predictions}", file=sys.stderr)
+    if args.save_model is not None:
+        save_sentence_model(cfg, chosen, args.save_model)
+        print(f"finetune: sentence-transformers model of seed {seed} (epoch {chosen.report['best_epoch']}) -> "
+              f"{args.save_model}", file=sys.stderr)

@@ -2,8 +2,10 @@
 (`--average-last N` / `--average TAG,...`: the mean of several checkpoints, launcher/downstream/weight_averaging.py).
 
 The directory holds `config.json` + `model.safetensors` (fp32, consolidated from the ZeRO shards of
-any stage and world size), the tokenizer files, `README.md` (model card) and `export_info.json`
-(source run/tag and file checksums, which later jobs use to detect a corrupt file).
+any stage and world size), the tokenizer files, `README.md` (model card), the sentence-transformers
+files (modules.json, sentence_bert_config.json, config_sentence_transformers.json, 1_Pooling/config.json:
+mean pooling; launcher/downstream/sentence_transformers_files.py) and `export_info.json` (source
+run/tag and the checksum of every file, which later jobs use to detect a corrupt file).
 
 Length: our model computes RoPE for any position, but transformers' RoFormer reads positions from a
 sinusoid table of `max_position_embeddings` rows stored in the export and raises IndexError past
@@ -37,6 +39,7 @@ import yaml
 
 from launcher.downstream.export_reader import EXPORT_INFO
 from launcher.downstream.model_card import render_model_card, run_stages, trained_length
+from launcher.downstream.sentence_transformers_files import write_sentence_transformers_files
 from launcher.errors import UserError
 from launcher.io import file_sha256, fsync_dir
 from launcher.run_dir.layout import SIDECAR_NAME, RunDir, sidecar_path
@@ -98,6 +101,9 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
         tmp.chmod(0o755)
         write_pretrained_files(model, tmp, max_position_embeddings=max_positions)
         _copy_tokenizer(tokenizer_source, tmp)
+        # SentenceTransformer(export) truncates at the longest length trained (transformers' limit without one).
+        write_sentence_transformers_files(tmp, model_config.hidden_size,
+                                          min(trained_length(ref.sidecar, stages) or max_positions, max_positions))
         (tmp / "README.md").write_text(render_model_card(ref.sidecar, stages, ref.tag, run_dir, max_positions,
                                                          started_from=describe_start(ref.run_dir),
                                                          averaged=averaged),
@@ -289,7 +295,7 @@ def _read_run_config(path: Path) -> dict | None:
 
 def _write_export_info(export_dir: Path, ref: CheckpointRef, stages: list[dict] | None, max_positions: int,
                        averaged: list[AveragedCheckpoint] | None = None) -> None:
-    files = {p.name: file_sha256(p) for p in sorted(export_dir.iterdir()) if p.is_file()}
+    files = {p.relative_to(export_dir).as_posix(): file_sha256(p) for p in sorted(export_dir.rglob("*")) if p.is_file()}
     reached = [s["max_seq_len"] for s in stages or [] if s["reached"]]
     info = {
         "format": "roformer-ds-export",
@@ -313,6 +319,10 @@ def _write_export_info(export_dir: Path, ref: CheckpointRef, stages: list[dict] 
 
 def _fsync_tree(directory: Path) -> None:
     for path in directory.iterdir():
+        if path.is_dir():  # the sentence-transformers pooling config (1_Pooling/)
+            path.chmod(0o755)
+            _fsync_tree(path)
+            continue
         path.chmod(0o644)  # some writers create 0600 files; an export is shared read-only
         with open(path, "rb") as f:
             os.fsync(f.fileno())

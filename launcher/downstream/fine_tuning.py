@@ -29,7 +29,7 @@ class FinetuneConfig:
     export_dir: Path  # transformers-format RoFormer directory with tokenizer files
     task: TaskSpec  # files, columns, task type (launcher.downstream.task_spec)
     max_length: int = 128  # tokens per input incl. [CLS]/[SEP]; longer inputs are truncated (pairs: longest first)
-    epochs: int = 3  # passes over the (possibly subsampled) training split
+    epochs: int = 3  # passes over the (possibly subsampled) training split; retrieval: 0 = zero-shot
     batch_size: int = 32  # training sequences per step
     eval_batch_size: int = 64  # sequences per forward pass when scoring dev/test
     # Peak AdamW learning rate (linear warmup, linear decay to 0). 1e-3 suits this project's small
@@ -50,12 +50,14 @@ class FinetuneConfig:
     # see their data about once run without dropout, but 1000 labelled examples are memorised within
     # a few epochs without it.
     dropout: float | None = None
-    select_metric: str | None = None  # dev metric choosing the epoch (None: macro_f1 / pearson by task type)
+    select_metric: str | None = None  # dev metric choosing the epoch (None: macro_f1 / pearson / ndcg@10 by task type)
     keep_best_state: bool = field(default=False, repr=False)  # keep the best model's weights (--save-model)
 
     def __post_init__(self) -> None:
         self.seeds = tuple(self.seeds)
-        checks = {"max_length": self.max_length >= 8, "epochs": self.epochs >= 1, "batch_size": self.batch_size >= 1,
+        checks = {"max_length": self.max_length >= 8,
+                  "epochs": self.epochs >= (0 if self.task.task_type == "retrieval" else 1),
+                  "batch_size": self.batch_size >= 1,
                   "eval_batch_size": self.eval_batch_size >= 1, "lr": self.lr > 0,
                   "warmup_ratio": 0 <= self.warmup_ratio < 1, "weight_decay": self.weight_decay >= 0,
                   "max_train_examples": self.max_train_examples is None or self.max_train_examples >= 2,
@@ -72,7 +74,8 @@ INITS = ("pretrained", "random")
 
 _HELP = {
     "max_length": "tokens per input incl. [CLS]/[SEP]; longer texts are truncated (try 128 vs 512 on inews)",
-    "epochs": "passes over the training examples; the epoch with the best dev --select-metric is kept",
+    "epochs": "passes over the training examples; the epoch with the best dev --select-metric is kept "
+              "(retrieval: 0 scores the export as it is, zero-shot)",
     "batch_size": "training sequences per step",
     "eval_batch_size": "sequences per forward pass on dev/test",
     "lr": "peak AdamW learning rate (10%% warmup, linear decay); ~5e-5..1e-4 for base-size models",
@@ -112,6 +115,11 @@ def run_finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr
     started = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if cfg.task.task_type == "retrieval":  # an embedding model, not a classifier: its own module
+        from launcher.downstream.retrieval import run_retrieval
+
+        report, chosen, data, evals = run_retrieval(cfg, log, progress)
+        return report, chosen, data, None, evals
     # Every input is checked before the slow part starts.
     check_export_dir(cfg.export_dir)
     data = load_task(cfg.task)
@@ -277,15 +285,22 @@ def _train_epoch(model, data: dict, pad_id: int, batch_size: int, optimizer, sch
         ids, mask, types = _collate(data, rows, pad_id)
         labels = torch.tensor([data["labels"][i] for i in rows], dtype=label_dtype)
         loss = model(ids, attention_mask=mask, token_type_ids=types, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
+        optimizer_step(model, loss, optimizer, scheduler)
         total += float(loss.detach()) * len(rows)
         count += len(rows)
         bar.update(1)
     return total / max(1, count)
+
+
+def optimizer_step(model, loss, optimizer, scheduler) -> None:
+    """Backward, gradients clipped to norm 1.0, AdamW step, schedule step: every fine-tuning loop's update."""
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
 
 
 def _predict(model, data: dict, pad_id: int, batch_size: int, task_type: str) -> list:

@@ -9,6 +9,7 @@ size and label counts, truncated and [UNK] shares, seconds.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -47,9 +48,7 @@ def build_report(cfg, data, encoded: dict, evals: dict, seed_reports: list[dict]
         "columns": {"text": spec.text_column, "text_pair": spec.text_pair_column, "label": spec.label_column},
         "dev_fraction": spec.dev_fraction,
         "export": str(Path(cfg.export_dir).resolve()),
-        "config": {f.name: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-                   for f in dataclasses.fields(cfg) if f.name not in ("task", "keep_best_state")
-                   for v in [getattr(cfg, f.name)]},
+        "config": config_entry(cfg),
         "select_metric": select,
         "held_out": "test" if "test" in evals else "dev",
         "seeds": list(cfg.seeds),
@@ -69,6 +68,12 @@ def build_report(cfg, data, encoded: dict, evals: dict, seed_reports: list[dict]
     if data.task_type == "classification":
         report["majority_baseline"] = {**baseline, "label": guess, "label_name": baseline["prediction"]}
     return report
+
+
+def config_entry(cfg) -> dict:
+    """The report's `config`: every FinetuneConfig setting as JSON values (not the task, which has its own keys)."""
+    return {f.name: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+            for f in dataclasses.fields(cfg) if f.name not in ("task", "keep_best_state") for v in [getattr(cfg, f.name)]}
 
 
 def console_table(report: dict) -> str:
@@ -126,11 +131,8 @@ def save_model(model, export_dir: Path, tokenizer, data, out_dir: Path) -> Path:
     problem_type, model.safetensors, the tokenizer), built beside `out_dir` and renamed into place."""
     from roformer.hf_interop import DEFAULT_HF_MAX_POSITIONS, write_pretrained_files
 
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     export_config = json.loads((Path(export_dir) / "config.json").read_text(encoding="utf-8"))
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    with staged_directory(out_dir) as staging:
         write_pretrained_files(model, staging, export_config.get("max_position_embeddings", DEFAULT_HF_MAX_POSITIONS))
         config_path = staging / "config.json"
         config = json.loads(config_path.read_text(encoding="utf-8"))
@@ -140,33 +142,50 @@ def save_model(model, export_dir: Path, tokenizer, data, out_dir: Path) -> Path:
         config["problem_type"] = "single_label_classification" if data.label_names else "regression"
         config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         tokenizer.save_pretrained(str(staging))
+    return Path(out_dir)
+
+
+@contextlib.contextmanager
+def staged_directory(out_dir: Path):
+    """--save-model's directory: yields a hidden directory beside `out_dir` to write into, renamed to
+    `out_dir` when the block ends without error (never replacing one that appeared meanwhile); removed
+    otherwise."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        yield staging
         if out_dir.exists():
             raise UserError(f"--save-model {out_dir}: appeared while fine-tuning; nothing is replaced")
         os.replace(staging, out_dir)
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-    return out_dir
 
 
 def write_predictions(path: Path, data, split, predictions: list) -> None:
     """One row per held-out example: its row number in the input file, the prediction (label string or
     score) and the gold label; .csv / .tsv / .jsonl by extension, written atomically."""
+    name = (lambda v: data.label_names[v]) if data.label_names else (lambda v: round(float(v), 6))  # noqa: E731
+    rows = [{"row": r, "prediction": name(p), "label": name(g)}
+            for r, p, g in zip(split.rows, predictions, split.labels)]
+    write_table(path, rows, ["row", "prediction", "label"])
+
+
+def write_table(path: Path, rows: list[dict], fields: list[str]) -> None:
+    """`rows` as .csv / .tsv (a header line) or .jsonl by `path`'s extension, written atomically."""
     import csv
     import io
 
     from launcher.io import atomic_write_text
 
-    name = (lambda v: data.label_names[v]) if data.label_names else (lambda v: round(float(v), 6))  # noqa: E731
-    rows = [{"row": r, "prediction": name(p), "label": name(g)}
-            for r, p, g in zip(split.rows, predictions, split.labels)]
     path = Path(path)
     if path.suffix.lower() == ".jsonl":
         text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     else:
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=["row", "prediction", "label"],
-                                delimiter="\t" if path.suffix.lower() == ".tsv" else ",", lineterminator="\n")
+        writer = csv.DictWriter(buffer, fieldnames=fields, delimiter="\t" if path.suffix.lower() == ".tsv" else ",",
+                                lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
         text = buffer.getvalue()

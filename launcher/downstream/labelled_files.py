@@ -119,7 +119,8 @@ def _root_cause(err: BaseException) -> str:
 
 
 def load_task(spec: TaskSpec) -> TaskData:
-    """Read and check every file of `spec`; the label mapping and task type come from train."""
+    """Read and check every file of `spec`; the label mapping and task type come from train.
+    (Retrieval tasks are read by launcher.downstream.retrieval_data.)"""
     tables = {split: (path, read_table(path)) for split, path in spec.files.items()}
     train_path, train_table = tables["train"]
     label_values = _column(train_path, train_table, spec.label_column)
@@ -160,14 +161,18 @@ def _column(path: Path, table: dict, column: str) -> list:
 
 def _texts(path: Path, table: dict, spec: TaskSpec) -> tuple[list[str], list[str] | None]:
     columns = [spec.text_column] + ([spec.text_pair_column] if spec.text_pair_column else [])
-    result = []
-    for column in columns:
-        values = _column(path, table, column)
-        for row, value in enumerate(values, start=1):
-            if value is None or (isinstance(value, float) and math.isnan(value)) or not str(value).strip():
-                raise UserError(f"{path}: row {row}, column {column!r}: empty or missing text")
-        result.append([value if isinstance(value, str) else str(value) for value in values])
+    result = [text_column(path, table, column) for column in columns]
     return result[0], (result[1] if len(result) > 1 else None)
+
+
+def text_column(path: Path, table: dict, column: str) -> list[str]:
+    """A text column of a file read by read_table: the column must exist and every value be a non-empty
+    text (errors name the file, row and column)."""
+    values = _column(path, table, column)
+    for row, value in enumerate(values, start=1):
+        if value is None or (isinstance(value, float) and math.isnan(value)) or not str(value).strip():
+            raise UserError(f"{path}: row {row}, column {column!r}: empty or missing text")
+    return [value if isinstance(value, str) else str(value) for value in values]
 
 
 def _is_float_column(values: list) -> bool:

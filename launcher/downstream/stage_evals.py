@@ -9,7 +9,8 @@ After the stage-end checkpoint `tag` is complete, rank 0 starts this module as o
 stage never stacks several eval jobs on the training machine. The log is `RUN_DIR/evals/<tag>.log`.
 
 Evals: `mlm` (eval-mlm on the run's held-out split at the longest trained length and twice it), any
-task of launcher.downstream.tasks (`movie-reviews`, `inews`) and a user's task spec YAML file (a path
+task of launcher.downstream.tasks (`movie-reviews`, `inews`, the retrieval task `wordnet-senses`:
+nDCG@10 etc., launcher.downstream.retrieval) and a user's task spec YAML file (retrieval too; a path
 ending in .yaml / .yml; launcher.downstream.task_spec), each a quick fine-tune (QUICK_FINETUNE, then
 the spec's own settings). A task may override fine-tune fields after colons, e.g.
 `movie-reviews:max_train_examples=500:epochs=1` or `tasks/tickets.yaml:epochs=1`. A spec's files are
@@ -78,12 +79,14 @@ def validate_eval_names(names: list[str], where: str = "logging.stage_end_evals"
     """Every entry a known eval with valid options, and every task spec file with readable, consistent
     labelled files; errors name `where` and the entry."""
     from launcher.downstream.labelled_files import load_task
+    from launcher.downstream.retrieval_data import load_retrieval_task
 
     for spec in names:
         name, _ = parse_eval(spec, where)
         if is_spec_file(name):
             try:
-                load_task(_task_spec(name))
+                task = _task_spec(name)
+                (load_retrieval_task if task.task_type == "retrieval" else load_task)(task)
             except UserError as err:
                 raise UserError(f"{where}: {spec!r}: {err}") from None
 
@@ -171,13 +174,15 @@ def _to_tensorboard(tb_dir: Path, name: str, report: dict, step: int) -> None:
                 for metric in ("loss", "accuracy", "perplexity"):
                     writer.add_scalar(f"eval/mlm/{metric}_len{row['seq_len']}", row[metric], step)
         else:
-            held_out = report["held_out"]
+            from launcher.downstream.task_metrics import METRICS
+
+            held_out, metrics = report["held_out"], METRICS[report["task_type"]]  # not the example counts
             for split in ("dev", "test"):
                 for metric, value in (report[split] or {}).items():
-                    if metric != "examples" and value is not None:
+                    if metric in metrics and value is not None:
                         writer.add_scalar(f"eval/{name}/{split}_{metric}", value, step)
             for metric, value in report["baseline"][held_out].items():
-                if metric != "examples" and value is not None:
+                if metric in metrics and value is not None:
                     writer.add_scalar(f"eval/{name}/{held_out}_baseline_{metric}", value, step)
     finally:
         writer.close()

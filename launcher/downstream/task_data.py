@@ -46,6 +46,25 @@ def prepare_task_data(out_dir: Path) -> None:
         _write_task(out_dir, task, splits)
         counts = ", ".join(f"{s}={len(rows)}" for s, rows in splits.items())
         print(f"tasks: wrote {name} ({counts})", file=sys.stderr)
+    _prepare_wordnet_senses(out_dir)
+
+
+def _prepare_wordnet_senses(out_dir: Path) -> None:
+    """The retrieval task from the installed WordNet files (no download); skipped, saying so, without them."""
+    from data_pipeline.wordnet import WORDNET_ROOT, read_synsets, sense_queries
+
+    task = TASKS["wordnet-senses"]
+    if _is_complete(out_dir / task.name, task):
+        return
+    if not WORDNET_ROOT.is_dir():
+        print(f"tasks: {task.name} skipped: {WORDNET_ROOT} missing (apt-get install wordnet-base)", file=sys.stderr)
+        return
+    splits: dict[str, list[dict]] = {split: [] for split in SPLITS}
+    for row in sense_queries(read_synsets(WORDNET_ROOT)):
+        splits[row.split].append({"query": row.query, "passage": row.passage, "negative": row.negative,
+                                  "word": row.word})
+    _write_task(out_dir, task, splits)
+    print(f"tasks: wrote {task.name} ({', '.join(f'{s}={len(r)}' for s, r in splits.items())})", file=sys.stderr)
 
 
 def _is_complete(task_dir: Path, task: BundledTask) -> bool:
@@ -182,7 +201,7 @@ def _write_task(out_dir: Path, task: BundledTask, splits: dict[str, list[dict]])
     label_counts = {
         split: [sum(1 for r in rows if r["label"] == k) for k in range(task.num_labels)]
         for split, rows in splits.items()
-    }
+    } if task.label_names else None
     manifest = {
         "format_version": FORMAT_VERSION,
         "task": task.name,

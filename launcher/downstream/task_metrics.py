@@ -14,8 +14,10 @@ from collections import Counter
 
 # metric -> True when higher is better (model selection and the console table read this)
 METRICS = {"classification": {"accuracy": True, "macro_f1": True, "mcc": True},
-           "regression": {"pearson": True, "spearman": True, "mse": False, "mae": False}}
-DEFAULT_SELECT = {"classification": "macro_f1", "regression": "pearson"}
+           "regression": {"pearson": True, "spearman": True, "mse": False, "mae": False},
+           # computed by sentence-transformers' InformationRetrievalEvaluator (launcher.downstream.retrieval)
+           "retrieval": {"ndcg@10": True, "mrr@10": True, "recall@1": True, "recall@10": True, "map@100": True}}
+DEFAULT_SELECT = {"classification": "macro_f1", "regression": "pearson", "retrieval": "ndcg@10"}
 
 
 def check_select_metric(task_type: str, name: str | None) -> str:

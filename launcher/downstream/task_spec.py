@@ -14,10 +14,21 @@ YAML task spec (paths relative to the YAML file's directory; docs/finetune.md):
     text_column: text
     text_pair_column: text2    # optional: text-pair tasks
     label_column: label
-    task_type: classification  # optional: inferred from train's label column
+    task_type: classification  # optional: inferred from train's label column; "retrieval": below
     max_length: 128            # optional fine-tune settings (the command line wins)
     epochs: 3
     lr: 1e-3
+
+A retrieval task (launcher.downstream.retrieval) has no labels: rows are (query, relevant passage)
+pairs, `text_column` the query, `text_pair_column` the passage, plus optional hard negatives and a
+corpus of extra passages every dev/test query is ranked against:
+
+    task_type: retrieval
+    text_column: question
+    text_pair_column: answer
+    negative_column: wrong_answer    # optional: one hard negative per row
+    corpus: data/corpus.jsonl        # optional
+    corpus_text_column: text
 """
 from __future__ import annotations
 
@@ -28,8 +39,9 @@ from pathlib import Path
 
 from launcher.errors import UserError
 
-TASK_TYPES = ("classification", "regression")
+TASK_TYPES = ("classification", "regression", "retrieval")
 FILE_FIELDS = ("train", "dev", "test")
+EXTRA_FILE_FIELDS = ("corpus",)  # read by retrieval tasks only
 # Fine-tune settings a task spec may carry (FinetuneConfig fields), with their type.
 SETTINGS = {"max_length": int, "epochs": int, "lr": float, "batch_size": int, "select_metric": str}
 
@@ -53,9 +65,17 @@ class TaskSpec:
     """Second text of text-pair tasks (encoded as `[CLS] a [SEP] b [SEP]`)."""
     label_column: str = "label"
     task_type: str | None = None
-    """"classification", "regression" or None: inferred from train's label column (floats: regression)."""
+    """"classification", "regression", "retrieval" or None: inferred from train's label column (floats:
+    regression; retrieval is never inferred)."""
     label_names: tuple[str, ...] | None = None
     """Names of integer labels 0..k-1 (the bundled tasks); None: the labels themselves name the classes."""
+    negative_column: str | None = None
+    """Retrieval: a hard-negative passage per row (required non-empty in train; in dev/test, when the
+    file has the column, its passages join the ranking pool)."""
+    corpus: Path | None = None
+    """Retrieval: a file of extra passages every dev/test query is also ranked against."""
+    corpus_text_column: str = "text"
+    """Retrieval: the corpus file's passage column."""
     settings: dict = dataclasses.field(default_factory=dict)
     """Fine-tune settings of this task (keys of SETTINGS); the command line's explicit values win."""
     source: Path | None = None
@@ -78,6 +98,16 @@ class TaskSpec:
                 raise UserError(f"{where}{field}: must be a non-empty column name")
         if self.text_pair_column is not None and self.text_pair_column == self.text_column:
             raise UserError(f"{where}text_pair_column: same column as text_column ({self.text_column!r})")
+        retrieval_only = [f for f in ("negative_column", "corpus") if getattr(self, f) is not None]
+        if self.task_type != "retrieval" and retrieval_only:
+            raise UserError(f"{where}{retrieval_only[0]}: only for task_type retrieval")
+        if self.task_type == "retrieval":
+            if self.text_pair_column is None:
+                raise UserError(f"{where}text_pair_column: a retrieval task needs the passage column "
+                                "(--text-pair-column / text_pair_column:)")
+            if self.negative_column in (self.text_column, self.text_pair_column):
+                raise UserError(f"{where}negative_column: same column as the query or passage column "
+                                f"({self.negative_column!r})")
 
     @property
     def files(self) -> dict[str, Path]:
@@ -107,13 +137,14 @@ def load_task_spec(path: Path) -> TaskSpec:
     if "train" not in raw:
         raise UserError(f"{path}: field 'train' missing (the labelled training file)")
     values: dict = {"name": str(raw.get("name") or path.stem), "source": path}
-    for field in FILE_FIELDS:
+    for field in FILE_FIELDS + EXTRA_FILE_FIELDS:
         if raw.get(field) is not None:
             if not isinstance(raw[field], str):
                 raise UserError(f"{path}: {field}: expected a file path, got {raw[field]!r}")
             file = Path(raw[field]).expanduser()
             values[field] = file if file.is_absolute() else path.parent / file
-    for field in ("text_column", "text_pair_column", "label_column", "task_type", "dev_fraction"):
+    for field in ("text_column", "text_pair_column", "label_column", "task_type", "dev_fraction", "negative_column",
+                  "corpus_text_column"):
         if field in raw:
             values[field] = raw[field]
     if raw.get("label_names") is not None:

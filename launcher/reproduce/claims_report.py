@@ -5,6 +5,7 @@ from pathlib import Path
 
 from launcher.io import atomic_write_json, atomic_write_text
 from launcher.reproduce import claim_plots as plots
+from launcher.reproduce.retrieval_part import retrieval_section
 
 
 def _fmt(stats: dict, digits: int = 3, scale: float = 1.0) -> str:
@@ -204,6 +205,8 @@ def write_report(results: dict, out: Path, header: list[str]) -> Path:
         lines += _recipes_section(results["recipes"])
     if results.get("recipe_comparison", {}).get("tasks"):
         lines += _shipped_recipe_section(results["recipe_comparison"])
+    if results.get("retrieval"):
+        lines += retrieval_section(results["retrieval"], _fmt)
     if results.get("sources"):
         lines += ["## Where each part's numbers come from", "",
                   "| part | source |", "|---|---|", *[f"| {part} | {label} |" for part, label in results["sources"].items()],

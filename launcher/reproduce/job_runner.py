@@ -184,7 +184,7 @@ class Runner:
             child.wait()
 
     def finetune(self, run: FinetuneRun) -> None:
-        budget = [] if run.budget is None else ["--max-train-examples", str(run.budget)]
+        budget = [] if not run.budget else ["--max-train-examples", str(run.budget)]  # None: all; 0: zero-shot
         self._run(f"finetune-{run.name}",
                   ["finetune", str(self.layout.export(run.pretrain)), "--task", run.task, "--init", run.init,
                    "--max-length", str(run.max_length), "--seed", str(run.seed), "--threads", "1", *budget,

@@ -34,13 +34,19 @@ Parts (each can run alone; `lengths` and `downstream` share the recipe's pretrai
               0.15, RoPE base raised 2500 -> 10000, WSD) against the recipe run and its random-init twin,
               fine-tuned on every task at one label budget (the recipe's fine-tunes are the downstream
               part's, run once).
+- retrieval   the recipe export as an embedding model against its random-init twin on the bundled
+              retrieval task (wordnet-senses): zero-shot and fine-tuned on a budget of pairs
+              (launcher/reproduce/retrieval_part.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-PARTS = ("encodings", "linear", "lengths", "downstream", "extension", "recipes")
+from launcher.reproduce import retrieval_part
+from launcher.reproduce.retrieval_part import RetrievalProtocol
+
+PARTS = ("encodings", "linear", "lengths", "downstream", "extension", "recipes", "retrieval")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -237,6 +243,8 @@ class Preset:
 
         schedule = Path(read_mapping(self.ablation_config, "run config")["schedule"]["file"])
         return schedule if schedule.is_absolute() else self.ablation_config.parent / schedule
+    retrieval: RetrievalProtocol | None = None
+    """The retrieval part's protocol (None: the preset has none)."""
 
     @property
     def recipe_run(self) -> str:
@@ -255,7 +263,8 @@ class Preset:
         runs: list[PretrainRun] = []
         variants = {"encodings": [("rope", "softmax"), ("sinusoidal", "softmax"), ("learned", "softmax")],
                     "linear": [("rope", "linear"), ("sinusoidal", "linear")]}
-        needs_recipe = "lengths" in parts or "downstream" in parts or self.compares_recipe(parts)
+        needs_recipe = ("lengths" in parts or "downstream" in parts or self.compares_recipe(parts)
+                        or ("retrieval" in parts and self.retrieval is not None))
         # Recipe runs the parts need: the lengths part only the first seed's, downstream every seed's.
         wanted = set(self.recipe_runs if "downstream" in parts else self.recipe_runs[:1]) if needs_recipe else set()
         for part in ("encodings", "linear"):
@@ -340,6 +349,8 @@ class Preset:
                         for seed in self.finetune_seeds:
                             runs.append(FinetuneRun(recipe, task, init, budget, protocol.max_length, seed,
                                                     "downstream", protocol.args_for(budget)))
+        if "retrieval" in parts and self.retrieval is not None:
+            runs += retrieval_part.finetune_runs(self, FinetuneRun)
         if "lengths" in parts:
             for length in self.lengths:
                 for seed in self.lengths_seeds:
@@ -399,6 +410,8 @@ def full_preset() -> Preset:
         # The ablation schedule's short / long / medium stages at 30% / 20% / 15% masked.
         recipes=RecipeAblation(mask_probs=(0.3, 0.2, 0.15), seeds=(0, 1, 2)),
         recipe_comparison=RecipeComparison(config=_configs() / "recipe_three_phase.yaml", budget=1000),
+        # lr 1e-3 (of 1e-4, 3e-4, 1e-3) and 3 epochs: the best dev nDCG@10 on the demo export, 1000 pairs.
+        retrieval=RetrievalProtocol(64, (0, 1000), ("--epochs", "3", "--lr", "1e-3", "--batch-size", "32")),
     )
 
 
@@ -434,6 +447,8 @@ def quick_preset() -> Preset:
                             stage={"name": "extend", "max_seq_len": 64, "global_batch_size": 2, "steps": 2},
                             larger_theta=40000.0, seeds=(0,), eval_lens=(32, 64, 128), eval_tokens=512),
         recipes=RecipeAblation(mask_probs=(0.3, 0.15), seeds=(0,)),  # quick_schedule.yaml's two stages
+        # Fine-tuned pairs only (zero-shot jobs are the full preset's; tests/unit/test_retrieval.py runs one).
+        retrieval=RetrievalProtocol(32, (32,), ("--epochs", "1"), eval_args=("--max-eval-examples", "32")),
     )
 
 

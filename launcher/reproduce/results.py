@@ -19,6 +19,7 @@ from collections import defaultdict
 
 from launcher.reproduce.reproduction_plan import EvalRun, FinetuneRun, Preset, PretrainRun
 from launcher.reproduce.job_runner import Layout, is_finished, trained_steps
+from launcher.reproduce.retrieval_part import retrieval_table
 from launcher.run_dir.layout import RunDir
 from launcher.train.metrics import read_metrics
 
@@ -143,6 +144,8 @@ def collect(preset: Preset, layout: Layout, parts: tuple[str, ...]) -> dict:
         results["recipes"] = recipe_comparison(pretrain, preset, layout)
     if preset.compares_recipe(parts):
         results["recipe_comparison"] = shipped_recipe_table(preset, layout)
+    if "retrieval" in parts:
+        results["retrieval"] = retrieval_table([r for r in finetune if r.part == "retrieval"], layout.finetune_report)
     return results
 
 
@@ -218,7 +221,7 @@ def _has_data(part: str, value) -> bool:
 GROUP_ORDER = ("rope", "learned", "sinusoidal", "sinusoidal_unscaled",
                "linear+rope", "linear+sinusoidal", "linear+sinusoidal_unscaled", RECIPE_BASELINE, "wsd", "mask-annealed")
 MERGED_PARTS = ("encodings", "linear", "recipe", "recipe_runs", "lengths", "downstream", "extension", "recipes",
-                "recipe_comparison")
+                "recipe_comparison", "retrieval")
 
 
 def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
@@ -246,6 +249,7 @@ def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
             merged[part] = dict(sorted(groups.items(), key=lambda item: order.get(item[0], len(order))))
         else:
             sources[part], merged[part] = candidates[0]
-    merged["parts"] = [p for p in ("encodings", "linear", "lengths", "downstream", "extension", "recipes") if p in merged]
+    merged["parts"] = [p for p in ("encodings", "linear", "lengths", "downstream", "extension", "recipes", "retrieval")
+                       if p in merged]
     merged["sources"] = sources
     return merged

@@ -40,11 +40,12 @@ def test_trainer_checkpoint_exports_with_card_and_parity(trainer_run, trainer_ex
     assert torch.allclose(ours[real], hf["logits"][real], atol=1e-4, rtol=1e-4)
 
 
-def test_stage_end_evals_run_detached_and_report(run_copy):
+def test_stage_end_evals_run_detached_and_report(run_copy, tasks_dir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     point = newest_checkpoint(run_copy)
-    specs = ["mlm", "movie-reviews:max_train_examples=64:epochs=1:max_eval_examples=32:max_length=32"]
+    specs = ["mlm", "movie-reviews:max_train_examples=64:epochs=1:max_eval_examples=32:max_length=32",
+             "wordnet-senses:max_train_examples=64:epochs=1:max_eval_examples=32:max_length=32"]
     started = time.perf_counter()
     proc = start_stage_end_job(RunDir(run_copy), point.tag, TINY_STAGES[-1]["name"], specs)
     assert time.perf_counter() - started < 5  # returns at once; the work happens in the child
@@ -62,10 +63,15 @@ def test_stage_end_evals_run_detached_and_report(run_copy):
     movie = json.loads((run_copy / "evals" / f"{point.tag}.movie-reviews.json").read_text())
     assert "error" not in movie and movie["train_examples"] == 64 and movie["test"]["examples"] == 32
     assert (run_copy / "exports" / point.tag / "model.safetensors").is_file()
+    senses = json.loads((run_copy / "evals" / f"{point.tag}.wordnet-senses.json").read_text())
+    assert "error" not in senses and senses["task_type"] == "retrieval" and senses["train_examples"] == 64
+    assert senses["test"]["queries"] == 32 and senses["baseline"]["kind"] == "zero-shot"
 
     events = EventAccumulator(str(run_copy / "tb" / "evals"))
     events.Reload()
     scalars = events.Tags()["scalars"]
-    assert {"eval/mlm/loss_len64", "eval/mlm/perplexity_len128", "eval/movie-reviews/test_accuracy"} <= set(scalars)
+    assert {"eval/mlm/loss_len64", "eval/mlm/perplexity_len128", "eval/movie-reviews/test_accuracy",
+            "eval/wordnet-senses/test_ndcg@10", "eval/wordnet-senses/test_baseline_recall@10"} <= set(scalars)
+    assert not [tag for tag in scalars if tag.endswith(("_queries", "_passages", "_examples"))]
     (event,) = events.Scalars("eval/mlm/loss_len128")
     assert event.step == point.sidecar.step and event.value == pytest.approx(mlm["results"][1]["loss"], rel=1e-5)

@@ -40,6 +40,10 @@ def test_quick_reproduction_writes_the_report_and_resumes(tmp_path):
         assert set(cell["by_pretraining_run"]) == {"rope-s0"} and "gain_points" in cell
     assert set(results["lengths"]) == {"32", "64"}
     assert set(results["recipe_runs"]) == {"rope-s0"}
+    retrieval = results["retrieval"]["32"]
+    assert retrieval["pretrained"]["ndcg@10"]["n"] == 1 and retrieval["random"]["ndcg@10"]["n"] == 1
+    assert retrieval["pretrained"]["queries"] == 32 and "gain_ndcg@10" in retrieval
+    assert "Retrieval: the export as an embedding model" in text
     ext = results["extension"]["variants"]
     assert {name: v["rope_theta"] for name, v in ext.items()} == {
         "no-extension": 10000.0, "same-theta": 10000.0, "larger-theta": 40000.0}
@@ -54,11 +58,11 @@ def test_quick_reproduction_writes_the_report_and_resumes(tmp_path):
     assert "Recipe fields: WSD and an annealed mask rate" in text and "(recipes.png)" in text
     # Ordinary run directories: an export that transformers' format describes, per-job logs.
     assert (out / "runs" / "rope-s0" / "export" / "config.json").is_file()
-    assert len(list((out / "finetune").glob("*.json"))) == 6
+    assert len(list((out / "finetune").glob("*.json"))) == 8
     assert len(list((out / "eval").glob("*.json"))) == 3
 
     second = roformer("reproduce", "--quick", "--out", str(out), timeout=1800)
     assert second.returncode == 0, second.stdout + second.stderr
     assert second.stdout.count("finished earlier") == 9
-    assert "pretrain-" not in second.stdout and "6 of 6 reports exist" in second.stdout
+    assert "pretrain-" not in second.stdout and "8 of 8 reports exist" in second.stdout
     assert "eval-" not in second.stdout

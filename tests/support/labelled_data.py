@@ -3,12 +3,14 @@
 Text comes from what the set-up step installed (tests/../shared/DATA.md): the movie-review sentences
 of the bundled task (binary polarity, as words), their mean human ratings (regression, read from the
 vaderSentiment sdist by launcher.downstream.task_data.rated_movie_reviews) and WordNet (text pairs:
-an example sentence with its own gloss, label `same`, or with the gloss of another synset, `different`).
+an example sentence with its own gloss, label `same`, or with the gloss of another synset, `different`;
+and retrieval rows of the bundled `wordnet-senses` task, data_pipeline/wordnet.py).
 """
 from __future__ import annotations
 
 import csv
 import json
+import functools
 import random
 from pathlib import Path
 
@@ -48,6 +50,32 @@ def wordnet_pairs(count: int, seed: int = 0) -> list[dict]:
             gloss = synsets[i + count][1]  # another synset's gloss
         rows.append({"sentence": sentence, "gloss": gloss, "label": "different" if i % 2 else "same"})
     return rows
+
+
+@functools.lru_cache(maxsize=1)
+def _sense_queries() -> tuple:
+    from data_pipeline.wordnet import read_synsets, sense_queries
+
+    return tuple(sense_queries(read_synsets(WORDNET)))
+
+
+def wordnet_retrieval_rows(split: str, count: int, words: int = 2) -> list[dict]:
+    """Retrieval rows {"question", "answer", "wrong"} from the WordNet senses task's `split`: `count`
+    (example sentence, its sense's gloss, another sense's gloss) rows, then for the split's first `words`
+    words with several senses the question "what does WORD mean?" once per sense: a string query
+    with several relevant passages (its negative then the gloss of a word not asked about)."""
+    every = [r for r in _sense_queries() if r.split == split]
+    rows = every[:count]
+    result = [{"question": r.query, "answer": r.passage, "wrong": r.negative} for r in rows]
+    senses: dict[str, list] = {}
+    for row in every:
+        senses.setdefault(row.word, []).append(row)
+    asked = [word for word, found in senses.items() if len(found) >= 2][:words]
+    unrelated = [r.passage for r in rows if r.word not in asked]
+    for i, word in enumerate(asked):
+        result += [{"question": f"what does {word} mean?", "answer": r.passage, "wrong": unrelated[i]}
+                   for r in senses[word]]
+    return result
 
 
 def write_rows(path: Path, rows: list[dict]) -> Path:

@@ -23,6 +23,21 @@ def spec_file(tasks_dir, tmp_path):
     return spec
 
 
+def test_a_retrieval_task_spec_is_checked_with_its_files(tmp_path):
+    from tests.support.labelled_data import wordnet_retrieval_rows
+
+    for split, n in (("train", 12), ("dev", 6)):
+        write_rows(tmp_path / "data" / f"{split}.jsonl", wordnet_retrieval_rows(split, n, words=0))
+    spec = tmp_path / "senses.yaml"
+    spec.write_text("name: own-senses\ntask_type: retrieval\ntrain: data/train.jsonl\ndev: data/dev.jsonl\n"
+                    "text_column: question\ntext_pair_column: answer\nnegative_column: wrong\n", encoding="utf-8")
+    validate_eval_names([f"{spec}:epochs=1", "wordnet-senses:max_train_examples=64"])
+    write_rows(tmp_path / "data" / "dev.jsonl", [{"question": "q", "answer": "a"}, {"question": "q", "answer": "a"}])
+    with pytest.raises(UserError) as err:
+        check_eval_specs([str(spec)])
+    assert str(err.value).startswith(f"logging.stage_end_evals: '{spec}': {tmp_path / 'data' / 'dev.jsonl'}: row 2")
+
+
 def test_a_task_spec_entry_is_checked_with_its_files_before_training(spec_file):
     validate_eval_names(["mlm", str(spec_file), f"{spec_file}:epochs=1:lr=0.002"])
     check_eval_specs([f"{spec_file}:epochs=1"])  # the run config's check: a separate process, exit 0

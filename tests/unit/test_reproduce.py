@@ -51,6 +51,11 @@ def test_full_preset_compares_every_variant_over_at_least_three_seeds():
     assert {f.pretrain for f in downstream if f.init == "random"} == {"recipe"}
     recipe = {r.name: r for r in runs if r.group == "recipe"}
     assert set(recipe) == {"recipe", "recipe-s1"} and "seed=1" in recipe["recipe-s1"].overrides
+    # Retrieval: the first recipe export and its twin, zero-shot and on 1000 pairs, every fine-tuning seed.
+    retrieval = [f for f in finetunes if f.part == "retrieval"]
+    assert {(f.pretrain, f.task, f.budget, f.init, f.seed) for f in retrieval} == {
+        ("recipe", "wordnet-senses", b, i, s) for b in (0, 1000) for i in ("pretrained", "random") for s in (0, 1, 2)}
+    assert all(("--epochs", "0") == f.args[-2:] for f in retrieval if f.budget == 0)
     # The whole training split gets its own (shorter) epoch count; finetune's argparse keeps the last --epochs.
     for f in downstream:
         epochs = [f.args[i + 1] for i, flag in enumerate(f.args) if flag == "--epochs"]
@@ -61,6 +66,7 @@ def test_each_part_runs_alone_with_only_what_it_needs():
     preset = PRESETS["full"]()
     assert [r.name for r in preset.pretrain_runs(("downstream",))] == ["recipe", "recipe-s1"]
     assert [r.name for r in preset.pretrain_runs(("lengths",))] == ["recipe"]
+    assert [r.name for r in preset.pretrain_runs(("retrieval",))] == ["recipe"]
     assert preset.eval_runs(("encodings",)) == []
     assert {r.group for r in preset.pretrain_runs(("linear",))} == {"linear+rope", "linear+sinusoidal"}
     assert preset.finetune_runs(("encodings",)) == []
@@ -357,3 +363,29 @@ def test_recipes_part_compares_the_three_phase_recipe_at_the_recipes_tokens():
         {(t, "pretrained", 1000) for t in ("movie-reviews", "inews")}
     assert "recipe-three-phase" in preset.exported_runs
     assert PRESETS["quick"]().finetune_runs(("recipes",)) == []  # the quick check stays cheap
+
+
+def test_retrieval_part_on_written_reports(tmp_path):
+    """The full preset's retrieval jobs on written reports (no job runs): per budget and init the test
+    metrics over 3 fine-tuning seeds, the twin gap, and the report's section with its verdicts."""
+    import json
+
+    from launcher.reproduce.claims_report import write_report
+    from launcher.reproduce.job_runner import Layout
+    from launcher.reproduce.results import collect
+
+    preset, layout = PRESETS["full"](), Layout(tmp_path)
+    for run in preset.finetune_runs(("retrieval",)):
+        ndcg = (0.10 if run.init == "random" else 0.30) + (0.2 if run.budget else 0.0) + 0.01 * run.seed
+        metrics = {"ndcg@10": ndcg, "mrr@10": ndcg - 0.02, "recall@1": ndcg / 2, "recall@10": ndcg + 0.1,
+                   "map@100": ndcg - 0.01, "queries": 2324, "passages": 4000}
+        path = layout.finetune_report(run)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"held_out": "test", "test": metrics, "train_examples": run.budget, "seconds": 2.0}))
+    table = collect(preset, layout, ("retrieval",))["retrieval"]
+    assert list(table) == ["0", "1000"]
+    assert table["1000"]["pretrained"]["ndcg@10"] == {"mean": pytest.approx(0.51), "min": 0.50, "max": 0.52, "n": 3}
+    assert table["0"]["gain_ndcg@10"] == pytest.approx(0.2) and table["1000"]["random"]["train_examples"] == 1000
+    text = write_report({"retrieval": table}, tmp_path / "report", ["header"]).read_text()
+    assert "| zero-shot | pretrained export | 0.310 (0.300-0.320, n=3) |" in text
+    assert "- 1000 pairs: pretraining changed test nDCG@10 by +0.200 (every seed above every seed)." in text

@@ -1,0 +1,157 @@
+"""Retrieval fine-tuning speed: `roformer finetune --task-type retrieval` against sentence-transformers'
+own trainer (`SentenceTransformerTrainer`, what `model.fit` runs), same export, data and settings.
+
+    .venv/bin/python bench/bench_retrieval.py [EXPORT] [--train-examples 1024] [--rounds 3] [--threads 1]
+
+(sentence-transformers' trainer needs `accelerate`: `.venv/bin/pip install -e '.[bench]'`.)
+
+Both fine-tune the same export on the same (query, passage, hard negative) rows: the bundled
+`wordnet-senses` training split's first N rows, written to a temporary CSV. Same settings: max length
+128, batch 32, MultipleNegativesRankingLoss (scale 20, cosine), NoDuplicatesBatchSampler, AdamW lr
+1e-3 with 10% linear warmup and linear decay, weight decay 0.01, gradient clipping at 1.0, the
+export's dropout, fp32, the same torch thread count, 1 epoch. Measured: training examples per second
+of the optimisation loop alone (ours: the report's `train_examples_per_second`; sentence-transformers:
+wall time of `trainer.train()` with evaluation, saving and logging off), in alternating rounds in one
+process, with the load average before and after each measurement. Ours also scores dev zero-shot and
+after the epoch; that time is in `job_seconds`, not counted. Without EXPORT: a random-init model of the
+demo's shape (bench/bench_finetune.py's `demo_shaped_export`). Writes bench/results/retrieval.json
+(goal: ours not slower).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SETTINGS = dict(max_length=128, batch_size=32, lr=1e-3, epochs=1, warmup_ratio=0.1, weight_decay=0.01)
+
+
+def write_task(out: Path, count: int) -> dict[str, Path]:
+    """The first `count` training rows of the bundled retrieval task (and 128 dev rows) as CSV files."""
+    from launcher.downstream.tasks import default_tasks_dir
+    from tests.support.labelled_data import write_rows
+
+    files = {}
+    for split, n in (("train", count), ("dev", 128)):
+        with (default_tasks_dir() / "wordnet-senses" / f"{split}.jsonl").open(encoding="utf-8") as f:
+            rows = [json.loads(line) for _, line in zip(range(n), f)]
+        files[split] = write_rows(out / f"{split}.csv", [{k: r[k] for k in ("query", "passage", "negative")}
+                                                         for r in rows])
+    return files
+
+
+def ours(export: Path, files: dict, threads: int) -> dict:
+    from launcher.downstream.fine_tuning import FinetuneConfig, finetune
+    from launcher.downstream.task_spec import TaskSpec
+
+    spec = TaskSpec(name="senses-csv", train=files["train"], dev=files["dev"], text_column="query",
+                    text_pair_column="passage", negative_column="negative", task_type="retrieval")
+    started = time.perf_counter()
+    report = finetune(FinetuneConfig(export_dir=export, task=spec, threads=threads, **SETTINGS), progress=False,
+                      log=lambda msg: None)
+    run = report["runs"][0]
+    return {"examples_per_second": run["train_examples_per_second"], "job_seconds": round(time.perf_counter() - started, 1),
+            "train_examples": run["train_examples"], "steps": run["steps"], "dev_ndcg@10": report["dev"]["ndcg@10"]}
+
+
+def sentence_transformers_trainer(export: Path, files: dict, threads: int) -> dict:
+    import datasets
+    import torch
+    import transformers
+    from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
+                                       SentenceTransformerTrainingArguments)
+    from sentence_transformers.base.sampler import BatchSamplers
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    torch.set_num_threads(threads)
+    train = datasets.load_dataset("csv", data_files=str(files["train"]), split="train", keep_in_memory=True)
+    train = train.rename_columns({"query": "anchor", "passage": "positive"})
+    torch.manual_seed(0)
+    model = SentenceTransformer(str(export), device="cpu")
+    model.max_seq_length = SETTINGS["max_length"]
+    total_steps = math.ceil(len(train) / SETTINGS["batch_size"]) * SETTINGS["epochs"]
+    with tempfile.TemporaryDirectory() as out_dir:
+        args = SentenceTransformerTrainingArguments(
+            output_dir=out_dir, per_device_train_batch_size=SETTINGS["batch_size"], learning_rate=SETTINGS["lr"],
+            num_train_epochs=SETTINGS["epochs"], warmup_steps=max(1, int(SETTINGS["warmup_ratio"] * total_steps)),
+            weight_decay=SETTINGS["weight_decay"], max_grad_norm=1.0, lr_scheduler_type="linear", use_cpu=True,
+            batch_sampler=BatchSamplers.NO_DUPLICATES, eval_strategy="no", save_strategy="no",
+            logging_strategy="no", report_to=[], disable_tqdm=True, dataloader_num_workers=0, seed=0)
+        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train,
+                                             loss=MultipleNegativesRankingLoss(model))
+        trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # no metrics dict on the console
+        started = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - started
+    return {"examples_per_second": round(len(train) * SETTINGS["epochs"] / seconds, 2), "train_examples": len(train)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("export_dir", type=Path, nargs="?", default=None)
+    parser.add_argument("--train-examples", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating measurements of each side")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "retrieval.json")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    import sentence_transformers
+    import transformers
+
+    from bench.bench_finetune import demo_shaped_export
+    from launcher.io import atomic_write_json
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory(prefix="bench-retrieval-") as tmp:
+        export = args.export_dir or demo_shaped_export(Path(tmp))
+        files = write_task(Path(tmp) / "task", args.train_examples)
+        rounds = []
+        for index in range(args.rounds):
+            for name, measure in (("ours", ours), ("sentence_transformers_trainer", sentence_transformers_trainer)):
+                load_before = os.getloadavg()
+                result = measure(export, files, args.threads)
+                rounds.append({"round": index, "side": name, **result,
+                               "load_before": [round(x, 2) for x in load_before],
+                               "load_after": [round(x, 2) for x in os.getloadavg()]})
+                print(f"round {index} {name}: {result['examples_per_second']:.1f} examples/s", file=sys.stderr)
+    sides = ("ours", "sentence_transformers_trainer")
+    medians = {side: statistics.median(r["examples_per_second"] for r in rounds if r["side"] == side) for side in sides}
+    results = {
+        "what": "retrieval fine-tuning examples/s of the optimisation loop: roformer finetune --task-type retrieval "
+                "vs SentenceTransformerTrainer, same export, rows (wordnet-senses train: query, passage, hard "
+                "negative), loss, batch sampler, settings and threads",
+        "export": str(args.export_dir) if args.export_dir else "random-init, demo shape (h128 L2, vocab 8000)",
+        "settings": {**SETTINGS, "train_examples": args.train_examples, "torch_threads": args.threads,
+                     "loss": "MultipleNegativesRankingLoss", "batch_sampler": "NoDuplicatesBatchSampler"},
+        "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
+        "versions": {"sentence_transformers": sentence_transformers.__version__,
+                     "transformers": transformers.__version__, "torch": __import__("torch").__version__},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "rounds": rounds,
+        "median_examples_per_second": medians,
+        "ours_over_sentence_transformers": round(medians["ours"] / medians["sentence_transformers_trainer"], 3),
+        "paired_ratios": [round(a["examples_per_second"] / b["examples_per_second"], 3)
+                          for a, b in zip(rounds[0::2], rounds[1::2])],
+    }
+    atomic_write_json(args.out, results)
+    print(f"ours {medians['ours']:.1f} vs SentenceTransformerTrainer {medians['sentence_transformers_trainer']:.1f} "
+          f"examples/s (x{results['ours_over_sentence_transformers']}); -> {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
