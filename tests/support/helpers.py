@@ -281,3 +281,17 @@ def write_complete_checkpoint(run_dir, step: int, files: dict | None = None, tag
         files=files or {}))
     run_dir.latest.write_text(directory.name)
     return directory
+
+
+def finetune_refused(capsys, export: Path, tmp_path: Path, flags: list[str], predictions: str = "predictions.csv") -> str:
+    """`roformer finetune EXPORT FLAGS` with every output flag set: exit 2, one line, nothing written; the line."""
+    from launcher.cli import main as cli_main
+
+    outputs = {"--out": tmp_path / "report.json", "--save-model": tmp_path / "model",
+               "--predictions": tmp_path / predictions}
+    capsys.readouterr()
+    rc = cli_main(["finetune", str(export), *flags, *[str(a) for pair in outputs.items() for a in pair]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("roformer finetune: error: "), err
+    assert not any(path.exists() for path in outputs.values())
+    return err[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.cli import main as cli_main
+from tests.support.helpers import finetune_refused
 from tests.support.labelled_data import movie_review_rows, write_rows
 
 
@@ -15,14 +16,7 @@ def rows(tasks_dir):
 
 
 def _fails(capsys, export, tmp_path, flags) -> str:
-    outputs = {"--out": tmp_path / "report.json", "--save-model": tmp_path / "model",
-               "--predictions": tmp_path / "predictions.csv"}
-    capsys.readouterr()
-    rc = cli_main(["finetune", str(export), *flags, *[str(a) for pair in outputs.items() for a in pair]])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and err[0].startswith("roformer finetune: error: "), err
-    assert not any(path.exists() for path in outputs.values())
-    return err[0]
+    return finetune_refused(capsys, export, tmp_path, flags, predictions="predictions.csv")
 
 
 def _own(train, dev, *extra) -> list[str]:
