@@ -25,7 +25,7 @@ from pathlib import Path
 from data_pipeline import DataError, PretrainBatches, open_corpus
 from launcher.config.deepspeed_json import resolve_ds_config
 from launcher.config.precision import train_precision
-from launcher.config.branch_from import check_branch
+from launcher.config.branch_from import BranchPoint, check_branch, check_branch_target
 from launcher.config.init_from import check_init_tokenizer
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
@@ -43,6 +43,9 @@ class CheckedRun:
     """This rank's validation batches."""
     notes: list[str] = field(default_factory=list)
     """What could not be decided on this machine (one line each), for the caller to print."""
+    branch: BranchPoint | None = None
+    """The branch point `branch_from` names, checked (None: no branch, or a branch that has started, whose
+    recorded point rank 0 checks: launcher/train/resume.py)."""
 
 
 def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, rank: int = 0,
@@ -60,6 +63,9 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, r
     train_corpus, valid_corpus = open_data(cfg, verify_data)
     if cfg.init_from:  # the data must be tokenized with the starting model's tokenizer
         notes += [note] if (note := check_init_tokenizer(cfg.init_from, train_corpus, cfg.source)) else []
+    point = None
+    if cfg.branch_from and run_dir is not None:
+        check_branch_target(cfg, Path(run_dir))  # never into its own source
     if cfg.branch_from and not (run_dir and read_branch_record(RunDir(Path(run_dir)))):
         point = check_branch(cfg, stages, train_corpus)  # the source's model, data and schedule up to the branch step
         notes.append(f"a branch of {point.source.run_dir} at {point.tag} (step {point.step:,}, stage "
@@ -69,7 +75,7 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, r
     for stage in stages:
         train.check_min_size(stage.max_seq_len, stage.global_batch_size)
     check_mixtures(cfg, stages, train)
-    return CheckedRun(train, valid, notes)
+    return CheckedRun(train, valid, notes, point)
 
 
 def check_mixtures(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainBatches) -> None:

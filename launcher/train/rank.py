@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_pipeline import PretrainBatches
+from launcher.config.branch_from import BranchPoint
 from launcher.config.preflight_checks import check_run
 from launcher.config.run_config import RunConfig, load_run_config
 from launcher.config.stage_end_evals import check_eval_specs
@@ -65,6 +66,8 @@ class RankInputs:
     train_batches: PretrainBatches
     """This rank's training stream (data checked: launcher/config/preflight_checks.py)."""
     valid_batches: PretrainBatches
+    branch_point: BranchPoint | None = None
+    """The branch point of `branch_from`, checked with the inputs (None: no branch, or one already started)."""
 
 
 @dataclass
@@ -95,7 +98,7 @@ def check_inputs(argv: list[str] | None) -> RankInputs:
     stages = resolve_stages(cfg, world_size)
     checked = check_run(cfg, stages, world_size, rank=rank, verify_data=cfg.data.verify and rank == 0,
                         run_dir=run_dir.root)
-    return RankInputs(cfg, rank, world_size, stages, run_dir, checked.train, checked.valid)
+    return RankInputs(cfg, rank, world_size, stages, run_dir, checked.train, checked.valid, checked.branch)
 
 
 def check_run_dir(path: Path) -> RunDir:
@@ -133,7 +136,8 @@ def agree_on_resume(inputs: RankInputs, progress: ProgressRecorder, timer: Phase
     cfg, rank, world_size = inputs.cfg, inputs.rank, inputs.world_size
     decided = None  # off rank 0: rank 0's plan arrives in `share`
     if rank == 0:
-        decided = resume.decide(inputs.run_dir, cfg, inputs.stages, world_size, inputs.train_batches)
+        decided = resume.decide(inputs.run_dir, cfg, inputs.stages, world_size, inputs.train_batches,
+                                inputs.branch_point)
     timer.phase("checks_and_data")
     progress.start_up("rendezvous (init_distributed)")
     startup.init_distributed()

@@ -40,7 +40,7 @@ from launcher.io import write_line
 from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, CheckpointEntry
 from launcher.run_dir.checkpoint_files import move_aside
 from launcher.run_dir.layout import RunDir, sidecar_path
-from launcher.config.branch_from import check_branch, check_branch_target
+from launcher.config.branch_from import BranchPoint, check_branch
 from launcher.io import file_sha256
 from launcher.run_dir.records import (BRANCH_FROM_RECORD, describe_change, files_in_effect, read_branch_record,
                                       record_start, write_branch_record)
@@ -138,9 +138,11 @@ class ResumePlan:
         return run_dir.universal / self.source.tag if self.universal else None
 
 
-def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches) -> ResumePlan:
+def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches,
+           branch_point: BranchPoint | None = None) -> ResumePlan:
     """Rank 0: the plan of this start of RUN_DIR (its newest intact checkpoint, else a fresh start) and every
-    check on it; UserError (nothing written) on a refusal."""
+    check on it; UserError (nothing written) on a refusal. branch_point: the one the input checks found
+    (launcher/config/preflight_checks.py), for a branch's first start."""
     check_foreign_checkpoints(run_dir)
     catalogue = CheckpointCatalogue.scan(run_dir)
     for newer in catalogue.newer():  # not damaged: refused as it is, never set aside
@@ -150,21 +152,21 @@ def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_s
     if source is None and damaged:
         raise UserError(f"--run-dir {run_dir.root}: no intact checkpoint to resume from: "
                         + "; ".join(f"{d.tag}: {d.problem}" for d in damaged) + " (move them away to start over)")
-    if cfg.branch_from:
-        check_branch_target(cfg, run_dir.root)  # `roformer pretrain` refused it before its lock already
-        if source is None:  # a branch's first start; later starts resume from the branch's own checkpoints
-            return decide_branch(run_dir, cfg, stages, world_size, batches)
+    if cfg.branch_from and source is None:  # a branch's first start; later starts resume from its own checkpoints
+        return decide_branch(run_dir, cfg, stages, world_size, batches, branch_point)
     return plan_start(source, run_dir, cfg, stages, world_size, batches, set_aside=damaged)
 
 
 def decide_branch(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int,
-                  batches) -> ResumePlan:
-    """Rank 0, a branch's first start: the source checkpoint (checked again: the source may have moved on
-    since the pre-flight), its files verified in place, then `plan_start` as for any resume. Reads the source
+                  batches, found: BranchPoint | None = None) -> ResumePlan:
+    """Rank 0, a branch's first start: the source checkpoint the input checks found (`found`; checked again
+    when its newest intact checkpoint is another one), its files verified in place, then `plan_start` as for
+    any resume. Reads the source
     only. A first start that ended before its first checkpoint left RUN_DIR/branch_from.json: the branch
     point stays the one it recorded, even when the source has a newer checkpoint by now."""
-    recorded = read_branch_record(run_dir)
-    found = check_branch(cfg, stages, batches.corpus, tag=recorded["tag"] if recorded else None)
+    if found is None:  # not checked by the input checks: a started branch keeps the point it recorded
+        recorded = read_branch_record(run_dir)
+        found = check_branch(cfg, stages, batches.corpus, tag=recorded["tag"] if recorded else None)
     catalogue = CheckpointCatalogue.scan(found.source.run_dir)  # read only: nothing is set aside in the source
     if found.source.tag is None:  # the newest complete checkpoint whose files are intact (else an older one)
         source = catalogue.newest_intact()
