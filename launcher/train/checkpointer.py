@@ -76,7 +76,7 @@ class Checkpointer:
             model_config=self.model_config.to_dict(), world_size=self.world_size, loss_scale=loss_scale(self.engine),
             skipped_steps=int(self.engine.skipped_steps), zero_stage=self.engine.zero_optimization_stage(),
             precision=precision(self.engine), total_steps=self.total_steps, tokenizer_sha256=self.tokenizer_sha256,
-            rope_theta=stage.rope_theta)
+            rope_theta=stage.rope_theta, mask_prob=stage.mask_prob, mixture=stage.mixture_dict)
         failure = self._agree(self._write_files(directory, tag, sidecar))  # also the barrier after the writes
         if failure is None:
             sidecar.files = self._record_files(directory)
