@@ -137,7 +137,7 @@ def test_plan_and_report_see_bf16_in_a_bfloat16_config(stored_run, copy_of, tmp_
 
 def shape_point(precision="fp32", zero_stage=2, world_size=2, loss_scale=1.0):
     sidecar = SimpleNamespace(precision=precision, zero_stage=zero_stage, world_size=world_size, loss_scale=loss_scale)
-    return SimpleNamespace(tag="global_step8", directory=Path("/runs/r/checkpoints/global_step8"), sidecar=sidecar)
+    return SimpleNamespace(tag="global_step8", path=Path("/runs/r/checkpoints/global_step8"), sidecar=sidecar)
 
 
 ROUTES = [  # (saved, now) as (stage, precision, ranks) -> universal?
