@@ -47,12 +47,7 @@ def build_report(cfg, data, encoded: dict, evals: dict, seed_reports: list[dict]
         "files": {s: str(Path(p).resolve()) for s, p in spec.files.items()},
         "columns": {"text": spec.text_column, "text_pair": spec.text_pair_column, "label": spec.label_column},
         "dev_fraction": spec.dev_fraction,
-        "export": str(Path(cfg.export_dir).resolve()),
-        "config": config_entry(cfg),
-        "select_metric": select,
-        "held_out": "test" if "test" in evals else "dev",
-        "seeds": list(cfg.seeds),
-        "chosen_seed": chosen_seed,
+        **run_entries(cfg, select, evals, chosen_seed),
         "train_examples": len(train_labels),
         "train_label_counts": [train_labels.count(k) for k in range(data.num_labels)]
         if data.task_type == "classification" else None,
@@ -68,6 +63,13 @@ def build_report(cfg, data, encoded: dict, evals: dict, seed_reports: list[dict]
     if data.task_type == "classification":
         report["majority_baseline"] = {**baseline, "label": guess, "label_name": baseline["prediction"]}
     return report
+
+
+def run_entries(cfg, select: str, evals: dict, chosen_seed: int) -> dict:
+    """The report keys every task type shares: the export, the settings, the metric that picked the epoch
+    and seed, the held-out split and the seeds."""
+    return {"export": str(Path(cfg.export_dir).resolve()), "config": config_entry(cfg), "select_metric": select,
+            "held_out": "test" if "test" in evals else "dev", "seeds": list(cfg.seeds), "chosen_seed": chosen_seed}
 
 
 def config_entry(cfg) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.downstream.finetune_report import config_entry
+from launcher.downstream.finetune_report import run_entries
 
 
 def build_retrieval_report(cfg, data, evals: dict, runs: list[dict], select: str, chosen_seed: int,
@@ -42,12 +42,7 @@ def build_retrieval_report(cfg, data, evals: dict, runs: list[dict], select: str
         "columns": {"query": spec.text_column, "passage": spec.text_pair_column, "negative": spec.negative_column,
                     "corpus_text": spec.corpus_text_column if spec.corpus is not None else None},
         "dev_fraction": spec.dev_fraction,
-        "export": str(Path(cfg.export_dir).resolve()),
-        "config": config_entry(cfg),
-        "select_metric": select,
-        "held_out": "test" if "test" in evals else "dev",
-        "seeds": list(cfg.seeds),
-        "chosen_seed": chosen_seed,
+        **run_entries(cfg, select, evals, chosen_seed),
         "train_examples": runs[0]["train_examples"],
         "sizes": {"train": {"rows": len(data.train), "queries": len(set(data.train.queries))},
                   **{s: {"rows": len(split), "queries": len(set(split.queries)), "passages": len(split.pool(data.corpus))}
