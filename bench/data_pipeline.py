@@ -37,7 +37,8 @@ import numpy as np  # noqa: E402
 
 from data_pipeline import MaskingConfig, PretrainBatches, open_corpus  # noqa: E402
 from data_pipeline.config import InputConfig, PrepareConfig, TokenizerConfig  # noqa: E402
-from data_pipeline.prepare import _worker_init, prepare  # noqa: E402
+from data_pipeline.prepare import prepare  # noqa: E402
+from data_pipeline.worker_pool import progress_counter, worker_init  # noqa: E402
 from data_pipeline.sources import corpus_dir, default_corpus_files, install_corpus_sources  # noqa: E402
 
 PAPER_CORPUS_BYTES = 34e9
@@ -61,7 +62,7 @@ def worker_startup_seconds() -> float:
     import multiprocessing
 
     start = time.perf_counter()
-    pool = multiprocessing.get_context("spawn").Pool(1, initializer=_worker_init)
+    pool = multiprocessing.get_context("spawn").Pool(1, initializer=worker_init, initargs=(progress_counter(),))
     try:
         pool.apply(_open_tiny_dataset)
     finally:

@@ -20,13 +20,10 @@ phase (reading, tokenizer training, encoding) reports its progress with an ETA (
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import multiprocessing
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -41,9 +38,10 @@ from data_pipeline.errors import DataError
 from data_pipeline.inputs import (FileCheck, check_file, clean_text, estimated_text_bytes, file_format,
                                   iter_raw_documents)
 from data_pipeline.named_sources import check_sources, resolve_sources, source_entries
-from data_pipeline.progress import advance, counted_phase, install_counter
+from data_pipeline.progress import advance, counted_phase
 from data_pipeline.shards import (FORMAT_NAME, FORMAT_VERSION, MANIFEST, SPLITS, ShardWriter,
                                   file_sha256, token_dtype, write_manifest)
+from data_pipeline.worker_pool import progress_counter, worker_pool
 from data_pipeline.tokenizer import (SPM_FILE, FastTokenizer, TransformersTokenizer, open_tokenizer,
                                      resolve_model_path, tokenizer_files, tokenizer_hash, tokenizer_special_ids,
                                      train_sentencepiece, write_hf_tokenizer_files)
@@ -114,9 +112,9 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
     partial = out_dir / f".partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "samples").mkdir(parents=True)
-    counter = _progress_counter()
+    counter = progress_counter()
     try:
-        with _pool(cfg.workers, counter) as pool:
+        with worker_pool(cfg.workers, counter) as pool:
             phases = {}
             mark = time.perf_counter()
             scans, total_bytes = _scan_all(cfg, source_files, formats, pool, partial / "samples", log, counter)
@@ -171,8 +169,8 @@ def train_tokenizer_only(input_cfg: InputConfig, tok_cfg: TokenizerConfig, out_d
                         cleaning=CleaningConfig(valid_fraction=0.0, max_documents=max_documents))
     source_files = resolve_sources(input_cfg.named_sources())
     formats = [[file_format(p, input_cfg.text_format) for p in files] for files in source_files]
-    counter = _progress_counter()
-    with tempfile.TemporaryDirectory(prefix="roformer-tok-") as tmp, _pool(workers, counter) as pool:
+    counter = progress_counter()
+    with tempfile.TemporaryDirectory(prefix="roformer-tok-") as tmp, worker_pool(workers, counter) as pool:
         _scan_all(cfg, source_files, formats, pool, Path(tmp), log, counter)
         staged = Path(tmp) / "tokenizer"
         train_sentencepiece(sorted(Path(tmp).glob("*.txt")), staged, tok_cfg, threads=workers, log=log)
@@ -223,63 +221,6 @@ def _scan_files(cfg: PrepareConfig, files: list[Path], formats: list[str], pool,
         cut = next((end for doc, end in reversed(scan.sample_marks) if doc < inside), 0)
         os.truncate(samples_dir / f"{first + i:05d}.txt", cut)
     return scans, sum(estimated_text_bytes(s.path) for s in scans)
-
-
-def _worker_init(counter) -> None:
-    # Workers only read text and run SentencePiece; without this `datasets` imports torch (~3 s).
-    os.environ["USE_TORCH"] = "0"
-    install_counter(counter)  # the progress lines' shared byte count
-    # Ctrl-C reaches the whole foreground process group, workers included. Stopping the pool is the
-    # parent's job (KeyboardInterrupt there -> pool.terminate()); a worker's own KeyboardInterrupt would
-    # only print a traceback, and the pool would start a replacement. SIGINT arrived blocked (_pool):
-    # ignoring it before unblocking drops one that came while this worker was starting.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
-def _progress_counter():
-    """The byte count every worker adds to (data_pipeline/progress.py)."""
-    return multiprocessing.get_context("spawn").Value("q", 0)
-
-
-class _InlinePool:
-    """`workers=1`: run tasks in this process (no start-up cost, easier debugging)."""
-
-    def imap(self, fn, tasks):
-        return map(fn, tasks)
-
-
-@contextlib.contextmanager
-def _pool(workers: int, counter):
-    if workers == 1:
-        install_counter(counter)
-        try:
-            yield _InlinePool()
-        finally:
-            install_counter(None)
-        return
-    # spawn, not fork: pyarrow/datasets threads in the parent must not be inherited half-locked.
-    # Each worker pays the `datasets` start-up (~3-5 s) once, for both passes.
-    # SIGINT is blocked while the workers are spawned: each inherits the blocked mask, so a Ctrl-C during
-    # its seconds of start-up (before _worker_init ignores SIGINT) cannot kill it with a traceback; in
-    # this process a SIGINT that came meanwhile is taken once the mask is restored, inside the `try`,
-    # where `pool` exists and is terminated.
-    pool = None
-    try:
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init, initargs=(counter,))
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        yield pool
-        pool.close()
-    except BaseException:
-        if pool is not None:
-            pool.terminate()
-        raise
-    finally:
-        if pool is not None:
-            pool.join()
 
 
 def _documents(path: Path, fmt: str, cfg: PrepareConfig, check) -> "iter[str]":
