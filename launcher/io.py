@@ -1,5 +1,5 @@
-"""Files that are never seen half-written, console lines never glued to another process's, and file
-checksums (the one copy of each).
+"""Files that are never seen half-written, console lines never glued to another process's, file
+checksums, and config files read as a mapping with one-line errors (the one copy of each).
 
 A write goes to a hidden temporary file next to the target, is flushed to disk, and is renamed over
 the target (os.replace is atomic on POSIX): a reader sees the old file or the new one, never a mix,
@@ -15,7 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+import yaml
+
 from data_pipeline.durable import fsync_dir, fsync_file, fsync_tree  # noqa: F401  (re-exported)
+from launcher.errors import UserError
 
 
 def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -73,3 +76,22 @@ def write_line(text: str, stream: TextIO | None = None) -> None:
     stream = sys.stderr if stream is None else stream
     stream.write(text + "\n")
     stream.flush()
+
+
+def read_mapping(path: str | Path, what: str) -> dict:
+    """The mapping a config file stores (run config, schedule, DeepSpeed JSON): JSON for *.json, else YAML;
+    every error one line naming the file (and the line, for JSON); `what` names the file's kind."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: {what} not found") from None
+    try:
+        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}: line {err.lineno}: not valid JSON: {err.msg}") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: a {what} must be a mapping, got {type(raw).__name__}")
+    return raw

@@ -7,7 +7,7 @@ import copy
 import re
 from pathlib import Path
 
-from launcher.config.files import read_mapping
+from launcher.io import read_mapping
 from launcher.config.precision import train_precision
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
@@ -43,6 +43,13 @@ def load_ds_json(path: str | Path, overrides: dict | None = None) -> dict:
         raise UserError(f"{path}: scheduler: the learning rate comes from the run config's optimizer section "
                         f"(launcher/config/schedule.py); remove the DeepSpeed scheduler")
     return config
+
+
+def ds_config_source(cfg: RunConfig) -> str:
+    """The DeepSpeed JSON as named in errors, with the run config's overrides when there are any."""
+    if cfg.deepspeed.overrides:
+        return f"{cfg.deepspeed.config} (with deepspeed.overrides of {cfg.source})"
+    return cfg.deepspeed.config
 
 
 def resolve_ds_config(run_config: RunConfig, stage: ResolvedStage, world_size: int,

@@ -7,9 +7,9 @@ the engine exists): what plan passes, a rank accepts.
      (`get_accelerator().is_fp16_supported()` / `is_bf16_supported()`);
   2. the prepared data: manifest, both splits and the tokenizer (`data_pipeline.open_corpus`);
      `model.vocab_size` must equal the tokenizer's vocabulary, `model.pad_token_id` its pad id (manifest);
-  3. one epoch of the train split holds at least one global batch of every stage.
-  4. with `init_from`, the data was tokenized with that model's tokenizer (launcher/config/init_from.py);
-  5. every stage's `mixture` names sources of the prepared data (and only ones with train documents);
+  3. one epoch of the train split holds at least one global batch of every stage;
+  4. every stage's `mixture` names sources of the prepared data (and only ones with train documents);
+  5. with `init_from`, the data was tokenized with that model's tokenizer (launcher/config/init_from.py);
   6. with `branch_from`, the source checkpoint's model, tokenizer, data and schedule up to its step
      (launcher/config/branch_from.py).
 
@@ -23,15 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_pipeline import DataError, PretrainBatches, open_corpus
-from launcher.config.deepspeed_json import resolve_ds_config
+from launcher.config.deepspeed_json import ds_config_source, resolve_ds_config
 from launcher.config.precision import train_precision
-from launcher.config.branch_from import BranchPoint, check_branch, check_branch_target
+from launcher.config.branch_from import BranchPoint, check_branch, find_branch_point
 from launcher.config.init_from import check_init_tokenizer
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
-from launcher.run_dir.layout import RunDir
-from launcher.run_dir.records import read_branch_record
 
 @dataclass
 class CheckedRun:
@@ -44,8 +42,8 @@ class CheckedRun:
     notes: list[str] = field(default_factory=list)
     """What could not be decided on this machine (one line each), for the caller to print."""
     branch: BranchPoint | None = None
-    """The branch point `branch_from` names, checked (None: no branch, or a branch that has started, whose
-    recorded point rank 0 checks: launcher/train/resume.py)."""
+    """The branch point, checked (None: no branch, or a branch with checkpoints of its own); rank 0 verifies
+    its files at start-up (launcher/train/resume.py)."""
 
 
 def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, rank: int = 0,
@@ -56,25 +54,23 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, r
     accelerator_is_the_ranks: this process sees the accelerator the ranks will have (a rank; a local
     run; DS_ACCELERATOR set, which the ranks inherit). Otherwise an unsupported precision is a note:
     a login node without GPUs may plan a GPU run.
-    run_dir: the run directory, when there is one (a branch that has started is checked against its
-    recorded branch point by rank 0, not against the source's newest checkpoint: launcher/train/resume.py).
+    run_dir: the run directory, when there is one (a branch that has started keeps its recorded branch point,
+    and one with checkpoints of its own resumes from those: branch_from.find_branch_point).
     """
     notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks)
     train_corpus, valid_corpus = open_data(cfg, verify_data)
-    if cfg.init_from:  # the data must be tokenized with the starting model's tokenizer
-        notes += [note] if (note := check_init_tokenizer(cfg.init_from, train_corpus, cfg.source)) else []
-    point = None
-    if cfg.branch_from and run_dir is not None:
-        check_branch_target(cfg, Path(run_dir))  # never into its own source
-    if cfg.branch_from and not (run_dir and read_branch_record(RunDir(Path(run_dir)))):
-        point = check_branch(cfg, stages, train_corpus)  # the source's model, data and schedule up to the branch step
-        notes.append(f"a branch of {point.source.run_dir} at {point.tag} (step {point.step:,}, stage "
-                     f"'{point.sidecar.stage_name}'): the schedule agrees up to there; this run starts there")
     train, valid = (PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed,
                                     masking=cfg.data.masking) for corpus in (train_corpus, valid_corpus))
     for stage in stages:
         train.check_min_size(stage.max_seq_len, stage.global_batch_size)
     check_mixtures(cfg, stages, train)
+    if cfg.init_from:  # the data must be tokenized with the starting model's tokenizer
+        notes += [note] if (note := check_init_tokenizer(cfg.init_from, train_corpus, cfg.source)) else []
+    point = find_branch_point(cfg, run_dir)  # None: no branch, or a branch with checkpoints of its own
+    if point is not None:  # the source's model, data and schedule up to the branch step
+        check_branch(cfg, stages, train_corpus, point)
+        notes.append(f"a branch of {point.source.run_dir} at {point.tag} (step {point.step:,}, stage "
+                     f"'{point.sidecar.stage_name}'): the schedule agrees up to there; this run starts there")
     return CheckedRun(train, valid, notes, point)
 
 
@@ -96,13 +92,6 @@ def check_mixtures(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainB
         except DataError as err:
             raise UserError(f"{where}: {err}") from None
     train.set_mixture(None)  # the trainer sets each stage's at its switch
-
-
-def ds_config_source(cfg: RunConfig) -> str:
-    """The DeepSpeed JSON as named in errors, with the run config's overrides when there are any."""
-    if cfg.deepspeed.overrides:
-        return f"{cfg.deepspeed.config} (with deepspeed.overrides of {cfg.source})"
-    return cfg.deepspeed.config
 
 
 def check_deepspeed_configs(cfg: RunConfig, stages: list[ResolvedStage], world_size: int,

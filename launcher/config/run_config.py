@@ -21,7 +21,7 @@ import yaml
 
 from data_pipeline.errors import DataError
 from data_pipeline.masking import MaskingConfig
-from launcher.config.files import read_mapping
+from launcher.io import read_mapping
 from launcher.config.branch_from import BranchFrom
 from launcher.config.init_from import model_from_init_dir
 from launcher.config.schedule import (

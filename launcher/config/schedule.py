@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_pipeline.config import MIN_SEQ_LEN
-from launcher.config.files import read_mapping
+from launcher.io import read_mapping
 from launcher.errors import UserError
 
 STAGE_KEYS = ("name", "max_seq_len", "global_batch_size", "steps", "micro_batch_size", "lr_scale", "rope_theta",

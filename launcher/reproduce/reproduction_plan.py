@@ -239,7 +239,7 @@ class Preset:
         for item in reversed(self.overrides):
             if item.startswith("schedule.file="):
                 return Path(item.partition("=")[2])
-        from launcher.config.files import read_mapping
+        from launcher.io import read_mapping
 
         schedule = Path(read_mapping(self.ablation_config, "run config")["schedule"]["file"])
         return schedule if schedule.is_absolute() else self.ablation_config.parent / schedule

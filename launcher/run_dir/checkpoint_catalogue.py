@@ -113,14 +113,9 @@ class CheckpointCatalogue:
     def verify(self, entry: CheckpointEntry) -> CheckpointEntry:
         """The entry with its files checked (once per snapshot): verified, or DAMAGED with the file named."""
         current = self.entry(entry.tag)
-        if current is None or current.state != COMPLETE or current.verified:
-            return current or entry
-        try:
-            verify_files(current.path, current.sidecar)
-        except DamagedCheckpoint as err:
-            checked = dataclasses.replace(current, state=DAMAGED, problem=str(err))
-        else:
-            checked = dataclasses.replace(current, verified=True)
+        if current is None:
+            return entry
+        checked = verified(current)
         self._entries[self._entries.index(current)] = checked
         return checked
 
@@ -173,6 +168,18 @@ def entry_of(directory: Path) -> CheckpointEntry:
 
 
 # --------------------------------------------------------------------------- verification
+
+
+def verified(entry: CheckpointEntry) -> CheckpointEntry:
+    """A complete `entry` with its files checked: verified, or DAMAGED with the file named (`verify_files`);
+    any other entry as it is."""
+    if entry.state != COMPLETE or entry.verified:
+        return entry
+    try:
+        verify_files(entry.path, entry.sidecar)
+    except DamagedCheckpoint as err:
+        return dataclasses.replace(entry, state=DAMAGED, problem=str(err))
+    return dataclasses.replace(entry, verified=True)
 
 
 def verify_files(directory: Path, sidecar: CheckpointSidecar) -> None:

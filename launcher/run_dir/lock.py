@@ -4,10 +4,10 @@
         ... run the job ...               # a thread refreshes the file every `refresh_every` seconds
 
 Who holds it: `roformer pretrain` (launcher/commands/pretrain.py) for the whole job, across the
-restarts of its ranks, and hands its id to the ranks in LOCK_ID_ENV; rank 0 (launcher/train/rank_entry.py)
-then only checks that the file still holds that id. A job started without `roformer pretrain` (plain
-mpirun / srun, docs/multinode.md) has no id: its rank 0 takes the lock itself. Read-only commands
-(`export`, `report`, `eval-mlm`) never look at it.
+restarts of its ranks, and hands its id to the ranks in LOCK_ID_ENV; rank 0 (`held_run_dir`, around the
+rank's life in launcher/train/rank_entry.py) then only checks that the file still holds that id. A job
+started without `roformer pretrain` (plain mpirun / srun, docs/multinode.md) has no id: its rank 0 takes
+the lock itself. Read-only commands (`export`, `report`, `eval-mlm`) never look at it.
 
 The file is JSON (a `LockHolder`): host, pid, when the holder started and when it last refreshed the
 file. It is created atomically (written to a private file, then hard-linked to the lock's name:
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from launcher.errors import UserError
+from launcher.io import write_line
 from launcher.run_dir.layout import RunDir
 
 LOCK_ID_ENV = "ROFORMER_RUN_LOCK_ID"
@@ -208,6 +209,30 @@ def acquire(run_dir: Path, *, command: str = "roformer pretrain", lock_id: str |
         note(f"--run-dir {root}: took over the lock of {lock.took_over.describe()}: "
              f"{stale_reason(lock.took_over, stale_after)}")
     return lock
+
+
+@contextlib.contextmanager
+def held_run_dir(run_dir: Path, rank: int) -> Iterator[None]:
+    """RUN_DIR for as long as a pretraining rank runs (the rank entry's `with`): created when new, and on rank 0
+    its lock, released on the way out however the rank ends. Under `roformer pretrain` the launcher holds the
+    lock and passed its id in LOCK_ID_ENV: rank 0 finds it there and writes nothing (the launcher keeps it
+    across restarts). A job started by plain mpirun / srun has no launcher: rank 0 takes the lock itself.
+    Either way another live job's lock is refused (RunDirInUse, one line naming it) before the rank writes
+    anything else."""
+    if not run_dir.is_dir():  # checked by the rank's input checks: its parent exists
+        try:
+            (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+            probe = run_dir / f".write-test-{os.getpid()}"  # access(2) alone trusts a root that /proc refuses
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as err:
+            raise UserError(f"--run-dir {run_dir}: not writable ({err.strerror})") from None
+    if rank != 0:
+        yield
+        return
+    with acquire(run_dir, command="rank 0", lock_id=os.environ.get(LOCK_ID_ENV) or None,
+                 note=lambda text: write_line(f"pretrain (rank 0): note: {text}")):
+        yield
 
 
 def _take(root: Path, path: Path, command: str, lock_id: str | None, stale_after: float,

@@ -28,7 +28,7 @@ from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, Checkpoin
 from launcher.run_dir.layout import RunDir, sidecar_path, tag_for_step
 from launcher.run_dir.sidecar import CheckpointSidecar, write_sidecar
 from launcher.train.engine import loss_scale, precision
-from launcher.train.rng import load_rng, save_rng, seed_everything
+from launcher.train.rng import restore_rng, save_rng
 from roformer.config import RoFormerConfig
 
 
@@ -179,8 +179,8 @@ class Checkpointer:
                                     "consumed_tokens": sidecar.consumed_tokens,
                                     "last_validation": sidecar.last_validation})
         self.data.load_state_dict(sidecar.data_state)
-        if sidecar.world_size != self.world_size or not load_rng(source.path, self.rank):
-            seed_everything(seed * 1009 + self.rank + 7919 * sidecar.step)  # other world size: fresh streams
+        restore_rng(source.path, self.rank, sidecar.world_size == self.world_size,
+                    fresh_seed=seed * 1009 + self.rank + 7919 * sidecar.step)
 
 
 # What DeepSpeed's ZeRO optimizers load from a checkpoint as their loss scaling (stage_1_and_2.py

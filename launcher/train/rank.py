@@ -23,7 +23,6 @@ from data_pipeline import PretrainBatches
 from launcher.config.branch_from import BranchPoint
 from launcher.config.preflight_checks import check_run
 from launcher.config.run_config import RunConfig, load_run_config
-from launcher.config.stage_end_evals import check_eval_specs
 from launcher.config.stages import ResolvedStage, resolve_stages
 from launcher.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.errors import UserError
@@ -62,7 +61,7 @@ class RankInputs:
     stages: list[ResolvedStage]
     """The schedule's stages at this world size."""
     run_dir: RunDir
-    """Checked, not created (the rank entry creates and holds it: rank_entry.held_run_dir)."""
+    """Checked, not created (the rank entry creates and holds it: lock.held_run_dir)."""
     train_batches: PretrainBatches
     """This rank's training stream (data checked: launcher/config/preflight_checks.py)."""
     valid_batches: PretrainBatches
@@ -83,18 +82,18 @@ class StartedRank:
 
 
 def check_inputs(argv: list[str] | None) -> RankInputs:
-    """Step 1: the command line, this rank's place, the run directory, the run config, its stage-end evals, the
-    stages at this world size and the data, with every check `roformer plan` and `--dry-run` run too
+    """Step 1: the command line, this rank's place, the run directory, the run config, the stages at this world
+    size and the data, with every check `roformer plan` and `--dry-run` run too
     (check_run: each stage's DeepSpeed config through DeepSpeed's own parser and against this accelerator,
     the data and its tokenizer against model.vocab_size, each stage against the corpus size). Shard content
     is verified once, by rank 0 (re-hashing only shards changed since they were written:
     data_pipeline/shards.py); the others check structure and sizes. UserError / DataError, one line, before
-    anything is written and before any process group exists."""
+    anything is written and before any process group exists. The stage-end evals were checked by the launch
+    plan that started the ranks (launcher/launch/launch_plan.py), once per job and restart, not per rank."""
     args = parse_args(argv)
     rank, world_size = rank_and_world_size()
     run_dir = check_run_dir(Path(args.run_dir))
     cfg = load_run_config(args.config, args.overrides)
-    check_eval_specs(cfg.logging.stage_end_evals, where=f"{cfg.source}: logging.stage_end_evals")
     stages = resolve_stages(cfg, world_size)
     checked = check_run(cfg, stages, world_size, rank=rank, verify_data=cfg.data.verify and rank == 0,
                         run_dir=run_dir.root)
@@ -104,7 +103,7 @@ def check_inputs(argv: list[str] | None) -> RankInputs:
 def check_run_dir(path: Path) -> RunDir:
     """RUN_DIR checked, nothing written: an existing one must be a directory this rank may write (access(2),
     which also sees a read-only mount; a refused resume leaves it exactly as it was, down to its mtime); a new
-    one needs an existing parent (the rank entry creates it: rank_entry.held_run_dir)."""
+    one needs an existing parent (the rank entry creates it: lock.held_run_dir)."""
     root = path.expanduser().resolve()
     if root.exists() and not root.is_dir():
         raise UserError(f"--run-dir {root}: exists and is not a directory")

@@ -15,12 +15,9 @@ then the process group destroyed before the interpreter finalizes (launcher/trai
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
-from pathlib import Path
-from typing import Iterator
 
 PROCESS_START = time.time()  # for the start-up timing event
 
@@ -47,33 +44,6 @@ def prepare_process_environment(environ: dict[str, str] = os.environ) -> None:
     environ["PATH"] = append_venv_bin(environ.get("PATH", os.defpath))
 
 
-@contextlib.contextmanager
-def held_run_dir(run_dir: Path, rank: int) -> Iterator[None]:
-    """RUN_DIR for as long as the rank runs: created when new, and on rank 0 its lock (launcher/run_dir/lock.py),
-    released on the way out however the rank ends. Under `roformer pretrain` the launcher holds the lock and
-    passed its id in LOCK_ID_ENV: rank 0 finds it there and writes nothing (the launcher keeps it across
-    restarts). A job started by plain mpirun / srun has no launcher: rank 0 takes the lock itself. Either way
-    another live job's lock is refused (RunDirInUse, one line naming it) before this rank writes anything else."""
-    from launcher.errors import UserError
-    from launcher.io import write_line
-    from launcher.run_dir.lock import LOCK_ID_ENV, acquire
-
-    if not run_dir.is_dir():  # checked by the rank's input checks: its parent exists
-        try:
-            (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-            probe = run_dir / f".write-test-{os.getpid()}"  # access(2) alone trusts a root that /proc refuses
-            probe.write_text("ok")
-            probe.unlink()
-        except OSError as err:
-            raise UserError(f"--run-dir {run_dir}: not writable ({err.strerror})") from None
-    if rank != 0:
-        yield
-        return
-    with acquire(run_dir, command="rank 0", lock_id=os.environ.get(LOCK_ID_ENV) or None,
-                 note=lambda text: write_line(f"pretrain (rank 0): note: {text}")):
-        yield
-
-
 def main(argv: list[str] | None = None) -> int:
     """The rank: its environment, its inputs checked, then, holding the run directory, the resume agreed,
     the components built and training run (launcher/train/rank.py)."""
@@ -81,13 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     from launcher.defaults import BAD_INPUT_EXIT_CODE, RANK_ERROR_PREFIX
     from launcher.errors import user_errors
     from launcher.io import write_line
+    from launcher.run_dir.lock import held_run_dir
     from launcher.train import rank  # torch and DeepSpeed: after the environment above
     from launcher.train.teardown import end_rank
 
     timer = rank.PhaseTimer(PROCESS_START)
     try:
         inputs = rank.check_inputs(argv)
-        with held_run_dir(inputs.run_dir.root, inputs.rank):
+        with held_run_dir(inputs.run_dir.root, inputs.rank):  # created when new; rank 0: its lock
             started = rank.start(inputs, timer)
             return rank.run(started) if started is not None else 0
     except user_errors() as err:

@@ -30,20 +30,18 @@ import deepspeed.comm as dist
 
 from data_pipeline import check_state_format
 from data_pipeline.errors import DataError
-from launcher.config.deepspeed_json import resolve_ds_config
+from launcher.config.deepspeed_json import ds_config_source, resolve_ds_config
 from launcher.config.precision import train_precision
-from launcher.config.preflight_checks import ds_config_source
 from launcher.config.run_config import RunConfig
+from launcher.config.schedule import stage_index_at
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
 from launcher.io import write_line
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, CheckpointEntry
+from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, CheckpointEntry, verified
 from launcher.run_dir.checkpoint_files import move_aside
 from launcher.run_dir.layout import RunDir, sidecar_path
-from launcher.config.branch_from import BranchPoint, check_branch
-from launcher.io import file_sha256
-from launcher.run_dir.records import (BRANCH_FROM_RECORD, describe_change, files_in_effect, read_branch_record,
-                                      record_start, write_branch_record)
+from launcher.config.branch_from import BranchPoint
+from launcher.run_dir.records import BRANCH_FROM_RECORD, describe_change, record_start, write_branch_record
 from launcher.run_dir.sidecar import NewerSidecarFormat
 from launcher.train.universal_folder import convert_to_universal
 from roformer.config import ConfigError, RoFormerConfig
@@ -153,42 +151,23 @@ def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_s
         raise UserError(f"--run-dir {run_dir.root}: no intact checkpoint to resume from: "
                         + "; ".join(f"{d.tag}: {d.problem}" for d in damaged) + " (move them away to start over)")
     if cfg.branch_from and source is None:  # a branch's first start; later starts resume from its own checkpoints
-        return decide_branch(run_dir, cfg, stages, world_size, batches, branch_point)
+        if branch_point is None:  # the input checks saw checkpoints of this run that are gone now
+            raise UserError(f"--run-dir {run_dir.root}: its checkpoints changed during start-up; start again")
+        return decide_branch(cfg, stages, world_size, batches, branch_point)
     return plan_start(source, run_dir, cfg, stages, world_size, batches, set_aside=damaged)
 
 
-def decide_branch(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int,
-                  batches, found: BranchPoint | None = None) -> ResumePlan:
-    """Rank 0, a branch's first start: the source checkpoint the input checks found (`found`; checked again
-    when its newest intact checkpoint is another one), its files verified in place, then `plan_start` as for
-    any resume. Reads the source
-    only. A first start that ended before its first checkpoint left RUN_DIR/branch_from.json: the branch
-    point stays the one it recorded, even when the source has a newer checkpoint by now."""
-    if found is None:  # not checked by the input checks: a started branch keeps the point it recorded
-        recorded = read_branch_record(run_dir)
-        found = check_branch(cfg, stages, batches.corpus, tag=recorded["tag"] if recorded else None)
-    catalogue = CheckpointCatalogue.scan(found.source.run_dir)  # read only: nothing is set aside in the source
-    if found.source.tag is None:  # the newest complete checkpoint whose files are intact (else an older one)
-        source = catalogue.newest_intact()
-        if source is None:
-            raise UserError(f"{cfg.source}: branch_from {found.source}: no intact checkpoint: "
-                            + "; ".join(f"{d.tag}: {d.problem}" for d in catalogue.damaged()))
-        if source.tag != found.tag:
-            found = check_branch(cfg, stages, batches.corpus, tag=source.tag)
-    else:
-        source = catalogue.entry(found.tag)
-        source = catalogue.verify(source) if source is not None else None
-        if source is None or not source.verified:
-            raise UserError(f"{cfg.source}: branch_from {found.source}: "
-                            f"{source.problem if source else 'not a checkpoint directory'}")
-    source_run = RunDir(found.source.run_dir)
-    in_effect = files_in_effect(source_run, source.step)
-    record = {"source_run_dir": str(source_run.root), "tag": source.tag, "step": source.step,
-              "stage": source.sidecar.stage_name, "sidecar_sha256": file_sha256(sidecar_path(source.path)),
-              "source_config": str(in_effect["config"]), "source_stages": str(in_effect["stages"]),
-              "branch_from": cfg.branch_from}
-    plan = plan_start(source, source_run, cfg, stages, world_size, batches)
-    return dataclasses.replace(plan, branch=record)
+def decide_branch(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches,
+                  point: BranchPoint) -> ResumePlan:
+    """Rank 0, a branch's first start: the point the input checks read and checked
+    (launcher/config/preflight_checks.py), its files verified in place, then `plan_start` as for any resume.
+    The source is only read: a damaged checkpoint there is refused, naming the file, never set aside."""
+    source = verified(point.entry)
+    if not source.verified:
+        raise UserError(f"{cfg.source}: branch_from {point.source}: {source.problem}; branch from another of its "
+                        f"checkpoints (RUN_DIR:TAG)")
+    plan = plan_start(source, RunDir(point.source.run_dir), cfg, stages, world_size, batches)
+    return dataclasses.replace(plan, branch=point.record)
 
 
 def plan_start(source: CheckpointEntry | None, source_run: RunDir, cfg: RunConfig, stages: list[ResolvedStage],
@@ -203,7 +182,7 @@ def plan_start(source: CheckpointEntry | None, source_run: RunDir, cfg: RunConfi
             return ResumePlan(source, source_run, {}, finished=True)
         check_tokenizer(source, batches.corpus)
         check_data_position(source, batches)
-    start_stage = stages[cfg.schedule.stage_for_step(step)[0]]
+    start_stage = stages[stage_index_at([stage.steps for stage in stages], step)[0]]
     ds_config = resolve_ds_config(cfg, start_stage, world_size)
     if source is None:
         return ResumePlan(None, None, ds_config, init_from=Path(cfg.init_from) if cfg.init_from else None)

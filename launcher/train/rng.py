@@ -44,3 +44,10 @@ def load_rng(checkpoint_dir: Path, rank: int) -> bool:
     torch.set_rng_state(state["torch_cpu"])
     get_accelerator().set_rng_state(state["accelerator"])
     return True
+
+
+def restore_rng(checkpoint_dir: Path, rank: int, same_world_size: bool, fresh_seed: int) -> None:
+    """This rank's generators as the checkpoint saved them; fresh streams from `fresh_seed` when it was
+    written at another world size (its ranks' streams are not this one's) or holds none for this rank."""
+    if not (same_world_size and load_rng(checkpoint_dir, rank)):
+        seed_everything(fresh_seed)

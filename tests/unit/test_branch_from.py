@@ -14,7 +14,7 @@ import yaml
 
 from data_pipeline import open_corpus
 from launcher.cli import main as cli_main
-from launcher.config.branch_from import BranchFrom, check_branch, lr_difference, schedule_difference
+from launcher.config.branch_from import BranchFrom, check_branch, find_branch_point, lr_difference, schedule_difference
 from launcher.config.run_config import OptimizerSection, load_run_config
 from launcher.config.stages import resolve_stages
 from launcher.errors import UserError
@@ -95,7 +95,9 @@ def _check(source: Path, *overrides: str, branch_from: str | None = None, stages
         overrides.append(f"schedule.file={stages_file}")
     cfg = load_run_config(config, overrides)
     corpus = open_corpus(Path(cfg.data.data_dir), split="train", verify=False)
-    return check_branch(cfg, resolve_stages(cfg, 2), corpus)
+    point = find_branch_point(cfg)
+    check_branch(cfg, resolve_stages(cfg, 2), corpus, point)
+    return point
 
 
 def test_a_branch_of_the_stored_run_passes(source):
@@ -162,12 +164,17 @@ def test_pretrain_refuses_before_anything_starts(capsys, source, tmp_path):
     assert err[0].startswith("roformer pretrain: error: ") and "the learning rate of step 0 is" in err[0]
     assert not (tmp_path / "new").exists()
     assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before
-    # A branch that has started (its record written) is not checked against the source again: its branch
-    # point is the recorded one (rank 0 resumes from its own checkpoints, or from that point).
-    (tmp_path / "new").mkdir()
-    write_branch_record(RunDir(tmp_path / "new"), {"source_run_dir": str(source), "tag": TAG, "step": 5})
-    assert cli_main(["pretrain", "--num_gpus", "2", "--config", str(config), "--run-dir", str(tmp_path / "new"),
-                     "--branch-from", f"{source}:{TAG}", "--set", "optimizer.warmup_steps=3", "--dry-run"]) == 0
+    # A branch that has started (its record written) but has no checkpoint of its own yet is checked against
+    # its recorded point, as rank 0 would; once it has one it resumes from its own and the source is not read.
+    new = RunDir(tmp_path / "new")
+    new.root.mkdir()
+    write_branch_record(new, {"source_run_dir": str(source), "tag": TAG, "step": 5})
+    args = ["pretrain", "--num_gpus", "2", "--config", str(config), "--run-dir", str(new.root),
+            "--branch-from", str(source), "--set", "optimizer.warmup_steps=3", "--dry-run"]
+    assert cli_main(args) == 2
+    assert f"before the branch step 5 ({TAG})" in capsys.readouterr().err
+    shutil.copytree(source / "checkpoints" / TAG, new.checkpoints / TAG)
+    assert cli_main(args) == 0
     assert "a branch of" not in capsys.readouterr().err
     # A first start that agrees is announced by the dry run.
     assert cli_main(["pretrain", "--num_gpus", "2", "--config", str(config), "--run-dir", str(tmp_path / "other"),
@@ -183,3 +190,24 @@ def test_a_branch_into_its_own_source_is_refused_before_the_lock(capsys, source)
                      "--branch-from", str(source)]) == 2
     assert "is the branch source itself" in capsys.readouterr().err
     assert sorted(p.name for p in source.iterdir()) == before  # no lock, no log written into it
+
+
+def test_rank_zero_verifies_the_branch_point_and_refuses_a_damaged_one(source, tmp_path):
+    """decide (rank 0) verifies the files of the point the input checks read (a branch that starts is
+    tests/multirank/test_branch.py); a damaged source checkpoint is refused naming the file, and nothing
+    is written in either run directory."""
+    from launcher.config.preflight_checks import check_run
+    from launcher.train import resume
+
+    cfg = load_run_config(stored_run_resume_config(source), [f"branch_from={source}"])
+    stages = resolve_stages(cfg, 2)
+    new = RunDir(tmp_path / "new")
+    new.root.mkdir()
+    checked = check_run(cfg, stages, 2, run_dir=new.root)
+    assert checked.branch.tag == TAG and not checked.branch.entry.verified
+    (source / "checkpoints" / TAG / "mp_rank_00_model_states.pt").unlink()  # the stored run's format-1 sidecar:
+    before = {p: p.read_bytes() for p in source.rglob("*") if p.is_file()}  # every rank's files must be there
+    with pytest.raises(UserError, match=rf"branch_from {source}: .*{TAG}: partial checkpoint: "
+                                        r"no model state file .*; branch from another of its checkpoints \(RUN_DIR:TAG\)"):
+        resume.decide(new, cfg, stages, 2, checked.train, checked.branch)
+    assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before and not any(new.root.iterdir())
