@@ -100,6 +100,7 @@ class BranchPoint:
     def sidecar(self) -> CheckpointSidecar:
         return self.entry.sidecar
 
+
 def check_branch_target(cfg, run_dir: Path) -> None:
     """A branch is a new run directory: never its own source (which is only read)."""
     if cfg.branch_from and BranchFrom.parse(cfg.branch_from, cfg.source).run_dir == Path(run_dir).resolve():

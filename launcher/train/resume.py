@@ -17,8 +17,9 @@ The rank's start-up (launcher/train/rank.py) is three steps; this module is the 
   3. every rank builds its components from the plan (engine, `Checkpointer.load(plan.source, ...)`, trainer).
 
 A branch (`branch_from`, launcher/config/branch_from.py) is a first start whose source is a checkpoint of
-another run directory (`decide_branch`): the same checks and route (`plan_start`), the checkpoint's files
-verified in place through the source's catalogue (read only), and RUN_DIR/branch_from.json recorded.
+another run directory, read and checked with the inputs (step 1): `decide_branch` verifies its files in place
+(read only: a damaged one is refused, never set aside), then the same checks and route (`plan_start`), and
+RUN_DIR/branch_from.json is recorded.
 """
 from __future__ import annotations
 
