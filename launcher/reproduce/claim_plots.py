@@ -8,6 +8,8 @@
   one panel per task, with the majority baseline dashed.
 - extension.png: masked-LM loss against evaluation length per context-extension variant (mean,
   min-max over seeds), with the base and extension training lengths marked.
+- recipe_comparison.png: test accuracy per task of the three-phase recipe, recipe.yaml and the random-init
+  twin (mean, min-max over fine-tuning seeds), with each pretraining run's final loss in the legend.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ COLOURS = {"rope": "tab:blue", "sinusoidal": "tab:orange", "learned": "tab:green
            "sinusoidal_unscaled": "tab:red", "linear+sinusoidal_unscaled": "tab:red",
            "no-extension": "tab:gray", "same-theta": "tab:blue", "larger-theta": "tab:purple",
            "pretrained": "tab:blue", "random": "tab:gray",
-           "linear": "tab:gray", "wsd": "tab:green", "mask-annealed": "tab:purple"}
+           "linear": "tab:gray", "wsd": "tab:green", "mask-annealed": "tab:purple",
+           "three-phase": "tab:green", "recipe": "tab:blue", "random-init twin": "tab:gray"}
 SIZE = (10, 6)  # inches at 110 dpi: 1100 x 660 px
 DPI = 110
 
@@ -130,6 +133,29 @@ def extension(table: dict, path: Path) -> Path:
            xlabel="evaluation length (tokens)", ylabel="MLM validation loss (nats per masked token)")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left")
+    return _save(fig, path)
+
+
+def recipe_comparison(table: dict, path: Path) -> Path:
+    """Test accuracy per task: the three-phase recipe, recipe.yaml and the random-init twin side by side."""
+    tasks = list(table["tasks"])
+    xs = np.arange(len(tasks))
+    losses = {name: run.get("final_valid_loss") for name, run in table.get("pretraining", {}).items()}
+    fig, ax = plt.subplots(figsize=(SIZE[0] * 0.8, SIZE[1] * 0.8))
+    for offset, name in ((-0.15, "three-phase"), (0.0, "recipe"), (0.15, "random-init twin")):
+        stats = [table["tasks"][task].get(name, {}).get("accuracy", {"n": 0}) for task in tasks]
+        keep = [i for i, stat in enumerate(stats) if stat["n"]]
+        err = np.array([[stats[i]["mean"] - stats[i]["min"] for i in keep],
+                        [stats[i]["max"] - stats[i]["mean"] for i in keep]])
+        loss = losses.get(name)
+        ax.errorbar(xs[keep] + offset, [stats[i]["mean"] for i in keep], yerr=err, marker="o", capsize=4,
+                    linestyle="none", color=COLOURS[name],
+                    label=name + (f" (final MLM loss {loss:.3f})" if loss is not None else ""))
+    ax.set_xticks(xs, tasks)
+    ax.set(title=f"Three-phase recipe vs recipe.yaml at equal tokens\n({table['budget']} labels; mean, min-max over "
+                 "fine-tuning seeds)", ylabel="test accuracy", xlim=(-0.5, len(tasks) - 0.5))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
     return _save(fig, path)
 
 

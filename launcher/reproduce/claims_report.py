@@ -54,6 +54,7 @@ def _shipped_recipe_section(table: dict) -> list[str]:
              "trained at 30% masked and RoPE base 2500, then 512 tokens at 10000, then a WSD (1-sqrt) decay at 15%. "
              f"Final validation loss at the fixed 15% mask rate on the same tokens: {loss_text}. Test accuracy at "
              f"{table['budget']} labels, mean (min-max, n) over fine-tuning seeds.", "",
+             "![The shipped three-phase recipe against the recipe](recipe_comparison.png)", "",
              "| task | three-phase | recipe | random-init twin | three-phase minus recipe (points) |",
              "|---|---|---|---|---|"]
     for task, cells in table["tasks"].items():
@@ -204,6 +205,7 @@ def write_report(results: dict, out: Path, header: list[str]) -> Path:
                           out / "recipes.png")
         lines += _recipes_section(results["recipes"])
     if results.get("recipe_comparison", {}).get("tasks"):
+        plots.recipe_comparison(results["recipe_comparison"], out / "recipe_comparison.png")
         lines += _shipped_recipe_section(results["recipe_comparison"])
     if results.get("retrieval"):
         lines += retrieval_section(results["retrieval"], _fmt)

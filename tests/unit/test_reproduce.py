@@ -340,6 +340,7 @@ def test_recipes_report_compares_each_variant_with_the_linear_run(tmp_path):
     assert (tmp_path / "recipes.png").read_bytes()[:8] == PNG_MAGIC
     assert "validation loss at the fixed 15% mask rate on the same tokens: three-phase 5.100, recipe 5.300" in text
     assert "| inews | 0.710 (0.700-0.720, n=2) | 0.680 (0.680-0.680, n=1) | 0.620 (0.620-0.620, n=1) | +3.0 |" in text
+    assert "](recipe_comparison.png)" in text and (tmp_path / "recipe_comparison.png").read_bytes()[:8] == PNG_MAGIC
 
 
 def test_recipes_part_compares_the_three_phase_recipe_at_the_recipes_tokens():
