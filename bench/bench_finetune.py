@@ -115,6 +115,27 @@ def transformers_trainer(export: Path, files: dict, threads: int) -> dict:
     return {"examples_per_second": round(len(train) * SETTINGS["epochs"] / seconds, 2), "train_examples": len(train)}
 
 
+def side_by_side(sides: dict, rounds: int, export: Path, files: dict, threads: int) -> dict:
+    """Each side's `measure(export, files, threads)` alternately, `rounds` times (each round's pair back to back,
+    under about the same load): every round with the load around it, each side's median examples/s, and the
+    paired ratios of the first side over the second."""
+    measured = []
+    for index in range(rounds):
+        for name, measure in sides.items():
+            load_before = os.getloadavg()
+            result = measure(export, files, threads)
+            measured.append({"round": index, "side": name, **result,
+                             "load_before": [round(x, 2) for x in load_before],
+                             "load_after": [round(x, 2) for x in os.getloadavg()]})
+            print(f"round {index} {name}: {result['examples_per_second']:.1f} examples/s", file=sys.stderr)
+    first, second = sides
+    return {"rounds": measured,
+            "median_examples_per_second": {side: statistics.median(r["examples_per_second"] for r in measured
+                                                                    if r["side"] == side) for side in sides},
+            "paired_ratios": [round(a["examples_per_second"] / b["examples_per_second"], 3)
+                              for a, b in zip(measured[0::2], measured[1::2])]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("export_dir", type=Path, nargs="?", default=None)
@@ -136,17 +157,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-finetune-") as tmp:
         export = args.export_dir or demo_shaped_export(Path(tmp))
         files = write_task(Path(tmp) / "task", args.train_examples)
-        rounds = []
-        for index in range(args.rounds):
-            for name, measure in (("ours", ours), ("transformers_trainer", transformers_trainer)):
-                load_before = os.getloadavg()
-                result = measure(export, files, args.threads)
-                rounds.append({"round": index, "side": name, **result,
-                               "load_before": [round(x, 2) for x in load_before],
-                               "load_after": [round(x, 2) for x in os.getloadavg()]})
-                print(f"round {index} {name}: {result['examples_per_second']:.1f} examples/s", file=sys.stderr)
-    medians = {side: statistics.median(r["examples_per_second"] for r in rounds if r["side"] == side)
-               for side in ("ours", "transformers_trainer")}
+        compared = side_by_side({"ours": ours, "transformers_trainer": transformers_trainer}, args.rounds, export,
+                                files, args.threads)
+    medians = compared["median_examples_per_second"]
     results = {
         "what": "fine-tuning examples/s of the optimisation loop: roformer finetune vs transformers Trainer, "
                 "same export, task (movie-review sentences, CSV, word labels), settings and threads",
@@ -155,12 +168,8 @@ def main() -> int:
         "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
         "versions": {"transformers": transformers.__version__, "torch": __import__("torch").__version__},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "rounds": rounds,
-        "median_examples_per_second": medians,
+        **compared,
         "ours_over_transformers": round(medians["ours"] / medians["transformers_trainer"], 3),
-        # each round's pair was measured back to back, under about the same load
-        "paired_ratios": [round(a["examples_per_second"] / b["examples_per_second"], 3)
-                          for a, b in zip(rounds[0::2], rounds[1::2])],
     }
     atomic_write_json(args.out, results)
     print(f"ours {medians['ours']:.1f} vs Trainer {medians['transformers_trainer']:.1f} examples/s "

@@ -24,7 +24,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -111,7 +110,7 @@ def main() -> int:
     import sentence_transformers
     import transformers
 
-    from bench.bench_finetune import demo_shaped_export
+    from bench.bench_finetune import demo_shaped_export, side_by_side
     from launcher.io import atomic_write_json
 
     transformers.logging.set_verbosity_error()
@@ -119,17 +118,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-retrieval-") as tmp:
         export = args.export_dir or demo_shaped_export(Path(tmp))
         files = write_task(Path(tmp) / "task", args.train_examples)
-        rounds = []
-        for index in range(args.rounds):
-            for name, measure in (("ours", ours), ("sentence_transformers_trainer", sentence_transformers_trainer)):
-                load_before = os.getloadavg()
-                result = measure(export, files, args.threads)
-                rounds.append({"round": index, "side": name, **result,
-                               "load_before": [round(x, 2) for x in load_before],
-                               "load_after": [round(x, 2) for x in os.getloadavg()]})
-                print(f"round {index} {name}: {result['examples_per_second']:.1f} examples/s", file=sys.stderr)
-    sides = ("ours", "sentence_transformers_trainer")
-    medians = {side: statistics.median(r["examples_per_second"] for r in rounds if r["side"] == side) for side in sides}
+        compared = side_by_side({"ours": ours, "sentence_transformers_trainer": sentence_transformers_trainer},
+                                args.rounds, export, files, args.threads)
+    medians = compared["median_examples_per_second"]
     results = {
         "what": "retrieval fine-tuning examples/s of the optimisation loop: roformer finetune --task-type retrieval "
                 "vs SentenceTransformerTrainer, same export, rows (wordnet-senses train: query, passage, hard "
@@ -141,11 +132,8 @@ def main() -> int:
         "versions": {"sentence_transformers": sentence_transformers.__version__,
                      "transformers": transformers.__version__, "torch": __import__("torch").__version__},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "rounds": rounds,
-        "median_examples_per_second": medians,
+        **compared,
         "ours_over_sentence_transformers": round(medians["ours"] / medians["sentence_transformers_trainer"], 3),
-        "paired_ratios": [round(a["examples_per_second"] / b["examples_per_second"], 3)
-                          for a, b in zip(rounds[0::2], rounds[1::2])],
     }
     atomic_write_json(args.out, results)
     print(f"ours {medians['ours']:.1f} vs SentenceTransformerTrainer {medians['sentence_transformers_trainer']:.1f} "

@@ -137,11 +137,7 @@ def write_init_record(run_dir: RunDir, record: dict) -> None:
 def read_init_record(run_dir: RunDir) -> dict | None:
     """The record, None when the run started from random weights (or the file is unreadable: readers
     such as the report and the model card then say nothing about it)."""
-    path = run_dir.root / INIT_FROM_RECORD
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    record = _load(run_dir.root / INIT_FROM_RECORD)
     return record if isinstance(record, dict) and "path" in record else None
 
 
@@ -168,11 +164,7 @@ def write_branch_record(run_dir: RunDir, record: dict) -> None:
 
 def read_branch_record(run_dir: RunDir) -> dict | None:
     """The record, None when the run is no branch (or the file is unreadable: readers then say nothing)."""
-    path = run_dir.root / BRANCH_FROM_RECORD
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    record = _load(run_dir.root / BRANCH_FROM_RECORD)
     return record if isinstance(record, dict) and "source_run_dir" in record else None
 
 
