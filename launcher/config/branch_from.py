@@ -33,7 +33,7 @@ from launcher.io import file_sha256
 from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, CheckpointEntry
 from launcher.run_dir.layout import RunDir, sidecar_path
 from launcher.run_dir.records import files_in_effect, read_branch_record
-from launcher.run_dir.sidecar import CheckpointSidecar
+from launcher.run_dir.sidecar import CheckpointSidecar, saved_model_config
 
 WORLD_SIZE_FIELDS = ("index", "name", "micro_batch_size", "grad_accum_steps")
 """Fields of a resolved stage (stages.json) that may differ between a branch and its source: the
@@ -175,11 +175,11 @@ def check_branch(cfg, stages: list, corpus, point: BranchPoint) -> None:
 
 
 def _check_model_and_data(cfg, point: BranchPoint, corpus) -> None:
-    from roformer.config import ConfigError, RoFormerConfig
+    from roformer.config import ConfigError
 
     sidecar_file = sidecar_path(point.entry.path)
     try:
-        saved = RoFormerConfig.from_dict(point.sidecar.model_config, source=str(sidecar_file))
+        saved = saved_model_config(point.entry.path, point.sidecar)
     except ConfigError as err:
         raise UserError(str(err)) from None
     differing = saved.diff(cfg.model)

@@ -73,14 +73,15 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
         resolve_checkpoint,
     )
     from launcher.downstream.weight_averaging import AveragedCheckpoint, averaged_fp32, select_checkpoints
-    from roformer import RoFormerConfig, RoFormerForMaskedLM
+    from launcher.run_dir.sidecar import saved_model_config
+    from roformer import RoFormerForMaskedLM
     from roformer.hf_interop import check_exportable, write_pretrained_files
 
     run_dir, out = Path(run_dir), Path(out)
     _check_destination(out, run_dir)
     refs = select_checkpoints(run_dir, average) if average is not None else [resolve_checkpoint(run_dir, tag)]
     ref = refs[-1]  # the newest
-    model_config = RoFormerConfig.from_dict(ref.sidecar.model_config, source=f"{ref.path}/{SIDECAR_NAME}: model_config")
+    model_config = saved_model_config(ref.path, ref.sidecar)
     for each in refs:
         check_stage_rope_theta(each)
     check_exportable(model_config)  # e.g. linear attention has no transformers counterpart

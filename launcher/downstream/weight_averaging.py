@@ -108,14 +108,14 @@ def _newest_complete(layout: RunDir, count: int) -> list[str]:
 def check_same_model(refs: list[CheckpointRef]) -> None:
     """Averaging mixes weights element by element: only checkpoints of one architecture, trained with one
     tokenizer (the same token ids) and at one RoPE base, mean something together."""
-    from launcher.run_dir.sidecar import effective_rope_theta
-    from roformer.config import ConfigError, RoFormerConfig
+    from launcher.run_dir.sidecar import effective_rope_theta, saved_model_config
+    from roformer.config import ConfigError
 
     first = refs[0]
     try:
-        base = RoFormerConfig.from_dict(first.sidecar.model_config, source=str(sidecar_path(first.path)))
+        base = saved_model_config(first.path, first.sidecar)
         for ref in refs[1:]:
-            other = RoFormerConfig.from_dict(ref.sidecar.model_config, source=str(sidecar_path(ref.path)))
+            other = saved_model_config(ref.path, ref.sidecar)
             differing = base.diff(other)
             if differing:
                 name = differing[0]

@@ -28,13 +28,13 @@ def evaluate_checkpoint(run_dir: Path, data_dir: Path, seq_lens: list[int], toke
     )
     from launcher.downstream.mlm_evaluation import figures_per_length
     from launcher.downstream.model_card import run_stages, trained_length
-    from launcher.run_dir.sidecar import effective_rope_theta
-    from roformer import RoFormerConfig, RoFormerForMaskedLM
+    from launcher.run_dir.sidecar import effective_rope_theta, saved_model_config
+    from roformer import RoFormerForMaskedLM
 
     if not seq_lens or min(seq_lens) < 2:
         raise UserError(f"--seq-lens: {seq_lens}: need lengths >= 2")
     ref = resolve_checkpoint(run_dir, tag)
-    config = RoFormerConfig.from_dict(ref.sidecar.model_config, source=f"{ref.path}: model_config")
+    config = saved_model_config(ref.path, ref.sidecar)
     theta = effective_rope_theta(ref.sidecar)
     if theta is not None:
         config = dataclasses.replace(config, rope_theta=theta)

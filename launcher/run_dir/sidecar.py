@@ -131,6 +131,15 @@ def effective_rope_theta(sidecar: CheckpointSidecar) -> float | None:
         "position_encoding", "rope") == "rope" else None
 
 
+def saved_model_config(checkpoint_dir: Path, sidecar: CheckpointSidecar):
+    """The RoFormerConfig the checkpoint was saved with: roformer.config.ConfigError naming this sidecar.json's
+    model_config field when it is not one of this project's models (imported here: the catalogue, which reads
+    sidecars for the report, stays free of torch)."""
+    from roformer.config import RoFormerConfig
+
+    return RoFormerConfig.from_dict(sidecar.model_config, source=f"{sidecar_path(checkpoint_dir)}: model_config")
+
+
 def write_sidecar(checkpoint_dir: Path, sidecar: CheckpointSidecar) -> None:
     """The completion marker (call after every rank finished its files)."""
     atomic_write_json(sidecar_path(checkpoint_dir), sidecar.to_dict())

@@ -43,7 +43,7 @@ from launcher.run_dir.checkpoint_files import move_aside
 from launcher.run_dir.layout import RunDir, sidecar_path
 from launcher.config.branch_from import BranchPoint
 from launcher.run_dir.records import BRANCH_FROM_RECORD, describe_change, record_start, write_branch_record
-from launcher.run_dir.sidecar import NewerSidecarFormat
+from launcher.run_dir.sidecar import NewerSidecarFormat, saved_model_config
 from launcher.train.universal_folder import convert_to_universal
 from roformer.config import ConfigError, RoFormerConfig
 
@@ -212,7 +212,7 @@ def check_foreign_checkpoints(run_dir: RunDir) -> None:
 def check_compatible(point: CheckpointEntry, model_config: RoFormerConfig) -> None:
     """Refuse to resume a checkpoint of another model (names the differing fields)."""
     try:
-        saved = RoFormerConfig.from_dict(point.sidecar.model_config, source=str(sidecar_path(point.path)))
+        saved = saved_model_config(point.path, point.sidecar)
     except ConfigError as err:
         raise UserError(f"{point.path}: not a checkpoint of this project's model: {err}") from None
     differing = saved.diff(model_config)
