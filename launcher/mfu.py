@@ -26,6 +26,7 @@ from roformer.flops import training_flops
 PEAK_TFLOPS_TABLE: tuple[tuple[str, dict[str, float]], ...] = (
     ("h100 pcie", {"fp16": 756.0, "bf16": 756.0, "fp32": 51.0}),
     ("h100", {"fp16": 989.0, "bf16": 989.0, "fp32": 67.0}),  # SXM
+    ("h200", {"fp16": 989.0, "bf16": 989.0, "fp32": 67.0}),  # the H100 SXM's compute, more memory
     ("a100", {"fp16": 312.0, "bf16": 312.0, "fp32": 19.5}),
     ("v100", {"fp16": 125.0, "fp32": 15.7}),  # SXM2
 )

@@ -60,6 +60,31 @@ def extensions_dir(environ=None, python: str | None = None) -> Path:
     return root / environment_key(python)
 
 
+ARCH_LIST_VAR = "TORCH_CUDA_ARCH_LIST"
+
+
+def deepspeed_arch_list(value: str) -> str:
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed's JIT builder can read it: '9.0a' -> '9.0'.
+
+    CUDA images for Hopper set arch-specific entries ('9.0a'); DeepSpeed 0.19 parses each entry with
+    int() and fails, so FusedAdam never builds. Its ops use no arch-specific instructions."""
+    entries = [entry for entry in value.replace(" ", ";").split(";") if entry]
+    plain = []
+    for entry in entries:
+        number, ptx = (entry[:-4], "+PTX") if entry.endswith("+PTX") else (entry, "")
+        number = number.rstrip("af") + ptx
+        if number not in plain:
+            plain.append(number)
+    return ";".join(plain)
+
+
+def prepare_arch_list(environ=None) -> None:
+    """Rewrites TORCH_CUDA_ARCH_LIST in `environ` (default os.environ) for DeepSpeed, when it is set."""
+    environ = os.environ if environ is None else environ
+    if environ.get(ARCH_LIST_VAR):
+        environ[ARCH_LIST_VAR] = deepspeed_arch_list(environ[ARCH_LIST_VAR])
+
+
 def op_built(directory: Path, name: str = CPU_COMM_OP) -> bool:
     """Whether torch has a built `name` op in `directory` (its loader reuses it without compiling)."""
     return (directory / name / f"{name}.so").is_file()

@@ -51,7 +51,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from launcher.gpu_check.run_checks import run_parts
     from launcher.io import atomic_write_json
+    from launcher.ops_cache import prepare_arch_list
 
+    prepare_arch_list()  # the memory part builds FusedAdam in this process
+    args.out = args.out.resolve()  # the run configs written under it name their schedule file by path
     work = args.out.parent / "work"
     work.mkdir(parents=True, exist_ok=True)
     report = run_parts(parts, work, args.iters, say=lambda text: print(text, file=sys.stderr, flush=True))

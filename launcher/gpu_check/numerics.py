@@ -25,13 +25,20 @@ def supported_precisions(device: torch.device) -> list[str]:
     return ["fp32", "fp16"] + (["bf16"] if torch.cuda.is_bf16_supported(including_emulation=False) else [])
 
 
-def _run(model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+# fp16 backward under a static loss scale, as training runs it (DeepSpeed's dynamic scaling): unscaled, the
+# query/key bias gradients (~1e-5 here, the largest 0.24) fall below fp16's smallest normal (6e-5).
+LOSS_SCALE = {"fp16": 2.0 ** 10}
+
+
+def _run(model, batch: dict, loss_scale: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """fp32 logits (no labels: every position) and each parameter's fp32 gradient of the masked-LM loss."""
     model.zero_grad(set_to_none=True)
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-    model(**batch).loss.backward()
-    grads = {name: p.grad.float() for name, p in model.named_parameters() if p.grad is not None}
+    (model(**batch).loss * loss_scale).backward()
+    # Copies: Module.cpu()/.to() later move a parameter's .grad in place, which would move these too.
+    grads = {name: p.grad.detach().float().clone() / loss_scale for name, p in model.named_parameters()
+             if p.grad is not None}
     return logits, grads
 
 
@@ -70,8 +77,9 @@ def check_numerics(device: torch.device, precisions: list[str] | None = None, ba
             ours = RoFormerForMaskedLM(CONFIG).eval()
             ours.load_state_dict(weights)
             theirs = transformers.RoFormerForMaskedLM.from_pretrained(export).eval()
-            logits, grads = _run(ours.to(device=device, dtype=dtype), batch)
-            hf_logits, hf_grads = _run(theirs.to(device=device, dtype=dtype), batch)
+            scale = LOSS_SCALE.get(precision, 1.0)
+            logits, grads = _run(ours.to(device=device, dtype=dtype), batch, scale)
+            hf_logits, hf_grads = _run(theirs.to(device=device, dtype=dtype), batch, scale)
             grads = to_hf_state_dict(grads)  # under transformers' parameter names (the export's key map)
             key = precision
             if precision != "fp32":

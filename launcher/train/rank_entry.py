@@ -32,7 +32,7 @@ def prepare_process_environment(environ: dict[str, str] = os.environ) -> None:
     node's torch (a CPU torch on the login node and a CUDA torch here must not share one:
     launcher/ops_cache.py). PATH: the node's own, with the venv's bin appended (its tools, e.g. ninja)."""
     from launcher.launch.env_forwarding import RANKS_PER_NODE_VAR, append_venv_bin
-    from launcher.ops_cache import ENV_VAR, extensions_dir
+    from launcher.ops_cache import ENV_VAR, extensions_dir, prepare_arch_list
 
     if "OMP_NUM_THREADS" not in environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -41,6 +41,7 @@ def prepare_process_environment(environ: dict[str, str] = os.environ) -> None:
                                                   RANKS_PER_NODE_VAR) if environ.get(k, "").isdigit()), "1")
         environ["OMP_NUM_THREADS"] = str(max(1, cores // max(1, int(local_ranks))))
     environ[ENV_VAR] = str(extensions_dir(environ))
+    prepare_arch_list(environ)
     environ["PATH"] = append_venv_bin(environ.get("PATH", os.defpath))
 
 

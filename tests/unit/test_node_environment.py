@@ -125,3 +125,16 @@ def test_a_node_computes_its_own_environment_at_rank_start(tmp_path):
     environ = {**node_shell, **forwarded, "LOCAL_SIZE": "1"}
     prepare_process_environment(environ)
     assert environ["OMP_NUM_THREADS"] == str(cores)
+
+
+def test_a_hopper_arch_list_is_rewritten_for_deepspeeds_jit_builder():
+    """CUDA images for Hopper set TORCH_CUDA_ARCH_LIST='9.0a'; DeepSpeed's JIT builder (op_builder/builder.py,
+    compute_capability_args) sorts the entries by int() of each part and failed on it on an H200."""
+    environ = {"TORCH_CUDA_ARCH_LIST": "8.0 9.0a;9.0+PTX;10.0f", "PATH": "/usr/bin"}
+    prepare_process_environment(environ)
+    assert environ["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0;9.0+PTX;10.0"
+    for entry in environ["TORCH_CUDA_ARCH_LIST"].split(";"):
+        tuple(int(part.split("+")[0]) for part in entry.split("."))  # DeepSpeed 0.19.8's sort key
+    environ = {"PATH": "/usr/bin"}
+    prepare_process_environment(environ)
+    assert "TORCH_CUDA_ARCH_LIST" not in environ  # unset stays unset: DeepSpeed then asks the GPUs
