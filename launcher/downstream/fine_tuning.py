@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.downstream.task_spec import TaskSpec
+from launcher.downstream.training_loop import optimizer_and_schedule, optimizer_step, training_rows
 from launcher.errors import UserError
 
 
@@ -131,7 +132,7 @@ def run_finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr
         evals = {s: split.subset(list(range(min(len(split), cfg.max_eval_examples)))) for s, split in evals.items()}
     # Only the training rows some seed draws are tokenized: a 1000-label subset of a long-document
     # split is a fraction of the whole, and tokenizing (twice: full and cut) dominated small jobs.
-    rows_of_seed = {seed: _training_rows(len(data.train), cfg.max_train_examples, seed) for seed in cfg.seeds}
+    rows_of_seed = {seed: training_rows(len(data.train), cfg.max_train_examples, seed) for seed in cfg.seeds}
     drawn = sorted(set().union(*rows_of_seed.values()))
     encoded = {"train": _encode(tokenizer, data.train.subset(drawn), cfg.max_length),
                **{s: _encode(tokenizer, split, cfg.max_length) for s, split in evals.items()}}
@@ -151,16 +152,6 @@ def run_finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr
     return report, chosen, data, tokenizer, evals
 
 
-def _training_rows(size: int, max_examples: int | None, seed: int) -> list[int]:
-    """The train split's rows one seed trains on, in file order: all, or a seeded random subset."""
-    import torch
-
-    if max_examples is None or max_examples >= size:
-        return list(range(size))
-    order = torch.randperm(size, generator=torch.Generator().manual_seed(seed)).tolist()
-    return sorted(order[:max_examples])
-
-
 def _run_seed(cfg: FinetuneConfig, seed: int, data, train: dict, encoded: dict, tokenizer, select: str, log,
               progress: bool) -> SeedResult:
     """One seed's fine-tune on `train` (its encoded training rows); `encoded` holds dev (and test)."""
@@ -178,7 +169,7 @@ def _run_seed(cfg: FinetuneConfig, seed: int, data, train: dict, encoded: dict, 
 
     history, best, train_seconds = [], None, 0.0
     steps_per_epoch = math.ceil(len(train["labels"]) / cfg.batch_size)
-    optimizer, scheduler = _optimizer(model, cfg, total_steps=steps_per_epoch * cfg.epochs)
+    optimizer, scheduler = optimizer_and_schedule(model, cfg, total_steps=steps_per_epoch * cfg.epochs)
     shuffle = torch.Generator().manual_seed(seed + 1)
     name = data.spec.name + ("" if cfg.init == "pretrained" else " (random init)")
     # A bar on a terminal; plain lines (each epoch's end, at most one every 30 s between) in a file or a pipe.
@@ -254,24 +245,6 @@ def _collate(data: dict, rows: list[int], pad_id: int):
     return ids, mask, types
 
 
-def _optimizer(model, cfg: FinetuneConfig, total_steps: int):
-    import torch
-
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        (no_decay if param.ndim < 2 else decay).append(param)  # biases and LayerNorm weights
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-    warmup = max(1, int(cfg.warmup_ratio * total_steps))
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
-
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
 def _train_epoch(model, data: dict, pad_id: int, batch_size: int, optimizer, scheduler, generator, task_type: str,
                  bar) -> float:
     import torch
@@ -290,17 +263,6 @@ def _train_epoch(model, data: dict, pad_id: int, batch_size: int, optimizer, sch
         count += len(rows)
         bar.update(1)
     return total / max(1, count)
-
-
-def optimizer_step(model, loss, optimizer, scheduler) -> None:
-    """Backward, gradients clipped to norm 1.0, AdamW step, schedule step: every fine-tuning loop's update."""
-    import torch
-
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    scheduler.step()
 
 
 def _predict(model, data: dict, pad_id: int, batch_size: int, task_type: str) -> list:

@@ -6,7 +6,7 @@ carries the sentence-transformers files, launcher/downstream/sentence_transforme
 without them gets mean pooling explicitly). Training: sentence-transformers' MultipleNegativesRankingLoss
 (in-batch negatives, plus the row's hard negative with a negative column), batches from its
 NoDuplicatesBatchSampler (a query's other relevant passage is never an in-batch "negative"), AdamW
-with linear warmup/decay as the other task types (launcher.downstream.fine_tuning._optimizer).
+with linear warmup/decay as the other task types (launcher.downstream.training_loop).
 Evaluation: sentence-transformers' InformationRetrievalEvaluator, cosine similarity, every dev/test
 query against all passages of its split plus the corpus: nDCG@10, MRR@10, recall@1, recall@10, MAP@100.
 `epochs=0` scores the export as it is (zero-shot). Per seed the epoch with the best dev select metric
@@ -123,7 +123,7 @@ def run_retrieval(cfg, log, progress: bool):
     """Every seed of `cfg` (a FinetuneConfig of a retrieval task): (report, the chosen seed's
     RetrievalSeedResult, the RetrievalData, the scored dev/test splits) -- run_finetune's shape."""
     from launcher.downstream.export_reader import check_export_dir, load_auto_tokenizer
-    from launcher.downstream.fine_tuning import _training_rows
+    from launcher.downstream.training_loop import training_rows
     from launcher.downstream.retrieval_data import load_retrieval_task
     from launcher.downstream.retrieval_report import build_retrieval_report, truncation
     from launcher.downstream.task_metrics import better, check_select_metric
@@ -136,7 +136,7 @@ def run_retrieval(cfg, log, progress: bool):
     evals = {"dev": data.dev, **({"test": data.test} if data.test is not None else {})}
     if cfg.max_eval_examples:
         evals = {s: split.subset(list(range(min(len(split), cfg.max_eval_examples)))) for s, split in evals.items()}
-    rows_of_seed = {seed: _training_rows(len(data.train), cfg.max_train_examples, seed) for seed in cfg.seeds}
+    rows_of_seed = {seed: training_rows(len(data.train), cfg.max_train_examples, seed) for seed in cfg.seeds}
     results = [_run_seed(cfg, seed, data, data.train.subset(rows_of_seed[seed]), evals, select, log, progress)
                for seed in cfg.seeds]
     chosen = results[0]
@@ -154,7 +154,7 @@ def _run_seed(cfg, seed: int, data, train, evals: dict, select: str, log, progre
     import torch
 
     from data_pipeline.progress import progress_bar
-    from launcher.downstream.fine_tuning import _optimizer
+    from launcher.downstream.training_loop import optimizer_and_schedule
     from launcher.downstream.task_metrics import better
 
     started = time.perf_counter()
@@ -172,7 +172,7 @@ def _run_seed(cfg, seed: int, data, train, evals: dict, select: str, log, progre
     train_seconds, steps = 0.0, 0
     if cfg.epochs:
         loss_fn, columns, sampler = _training_setup(model, train, cfg.batch_size, seed)
-        optimizer, scheduler = _optimizer(model, cfg, total_steps=len(sampler) * cfg.epochs)
+        optimizer, scheduler = optimizer_and_schedule(model, cfg, total_steps=len(sampler) * cfg.epochs)
         name = data.spec.name + ("" if cfg.init == "pretrained" else " (random init)")
         # A bar on a terminal; plain lines (each epoch's end, at most one every 30 s between) in a file or a pipe.
         bar = progress_bar(len(sampler) * cfg.epochs, f"{name} seed {seed}", "step", sys.stderr, enabled=progress)
@@ -224,7 +224,7 @@ def _training_setup(model, train, batch_size: int, seed: int):
 
 
 def _train_epoch(model, loss_fn, columns: dict, sampler, epoch: int, optimizer, scheduler, bar) -> tuple[float, int]:
-    from launcher.downstream.fine_tuning import optimizer_step
+    from launcher.downstream.training_loop import optimizer_step
 
     model.train()
     sampler.set_epoch(epoch)

@@ -20,15 +20,9 @@ from collections import defaultdict
 from launcher.reproduce.reproduction_plan import EvalRun, FinetuneRun, Preset, PretrainRun
 from launcher.reproduce.job_runner import Layout, is_finished, trained_steps
 from launcher.reproduce.retrieval_part import retrieval_table
+from launcher.reproduce.seed_spread import spread
 from launcher.run_dir.layout import RunDir
 from launcher.train.metrics import read_metrics
-
-
-def spread(values: list[float]) -> dict:
-    """mean / min / max / n of some seeds' values ({"n": 0} when there are none)."""
-    if not values:
-        return {"n": 0}
-    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 def pretrain_summary(run: PretrainRun, layout: Layout) -> dict:

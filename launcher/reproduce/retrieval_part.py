@@ -9,6 +9,8 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 
+from launcher.reproduce.seed_spread import spread
+
 TASK = "wordnet-senses"
 METRICS = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "map@100")
 
@@ -39,8 +41,6 @@ def finetune_runs(preset, run_type) -> list:
 
 def retrieval_table(runs: list, report_path) -> dict:
     """{budget: {init: {metric: spread over seeds of the test value}, "train_examples", "seconds"}, "gain"}."""
-    from launcher.reproduce.results import spread
-
     grouped: dict[tuple, list[dict]] = defaultdict(list)
     for run in runs:
         path = report_path(run)
