@@ -3,7 +3,7 @@ the stages and, per stage, the memory per rank (FITS / DOES NOT FIT the device) 
 (launcher/config/estimate.py); `--json` prints the same as one JSON document.
 
 Nothing is started and nothing is written; every error names the file, stage or field. The checks
-are the ones every rank runs at start-up (launcher/config/preflight_checks.py): data, tokenizer
+are the ones every rank runs at start-up (launcher/inputs/run_checks.py): data, tokenizer
 size, DeepSpeed config and precision.
 """
 from __future__ import annotations
@@ -83,8 +83,8 @@ def _swap_stream(handler: logging.StreamHandler, stream):
 def plan(args: argparse.Namespace) -> int:
     # Imported here: the run config imports torch (through roformer), `roformer plan --help` must not wait.
     from launcher.config.deepspeed_json import resolve_ds_config
-    from launcher.config.run_config import load_run_config
     from launcher.config.stages import format_plan, resolve_stages
+    from launcher.inputs.init_from import load_run_config
 
     cfg = load_run_config(args.config, args.overrides)
     check_eval_specs(cfg.logging.stage_end_evals, where=f"{cfg.source}: logging.stage_end_evals")
@@ -163,12 +163,12 @@ class PlanEstimates:
 
 
 def plan_checks(cfg, stages, world_size: int) -> list[str]:
-    """The ranks' own start-up checks (launcher/config/preflight_checks.py; DS_ACCELERATOR set here is what
+    """The ranks' own start-up checks (launcher/inputs/run_checks.py; DS_ACCELERATOR set here is what
     the ranks get: forwarded), as notes. Sizing a cluster comes before preparing its corpus: without
     data.data_dir the model, schedule and DeepSpeed configs are checked and a note says the data was not."""
     from pathlib import Path
 
-    from launcher.config.preflight_checks import check_deepspeed_configs, check_run
+    from launcher.inputs.run_checks import check_deepspeed_configs, check_run
 
     here = "DS_ACCELERATOR" in os.environ
     if not Path(cfg.data.data_dir).is_dir():

@@ -8,7 +8,7 @@ launching (locally, or through pdsh / OpenMPI / MPICH / Slurm). Before anything 
 what DeepSpeed would only find out on the nodes: the hostfile and host filters
 (launcher.config.hostfile), the batch arithmetic of every stage at the resulting world size and the
 variables forwarded to the ranks (launcher.launch.launch_plan), the ranks' own start-up checks of the
-data and the DeepSpeed config (launcher.config.preflight_checks), then ssh reachability and the shared
+data and the DeepSpeed config (launcher.inputs.run_checks), then ssh reachability and the shared
 run directory (launcher.launch.preflight). While it runs, launcher.launch.supervise names the node and rank of a
 failure and makes sure the whole job stops. With --max-restarts N (or the run config's `restarts:`),
 launcher.launch.restart_loop then starts it again from the newest intact checkpoint (docs/unattended.md).
@@ -85,9 +85,8 @@ def run(args: argparse.Namespace) -> int:
 def refuse_branch_into_its_source(plan) -> None:
     """A branch's source is only read: refused as --run-dir before the lock would write into it."""
     from launcher.config.branch_from import check_branch_target
-    from launcher.config.run_config import load_run_config
 
-    check_branch_target(load_run_config(plan.config_path, plan.overrides), plan.run_dir)
+    check_branch_target(plan.run_config, plan.run_dir)
 
 
 def claim_run_dir(run_dir: Path):
@@ -112,13 +111,12 @@ def plan_and_launch(args: argparse.Namespace, plan) -> int:
 
         print(describe_plan(plan))
         # Memory and time per rank on the run's target (hardware.device), as `roformer plan` prices it.
-        print(dry_run_estimate(plan.config_path, plan.overrides, plan.stages, plan.world_size))
+        print(dry_run_estimate(plan.run_config, plan.stages, plan.world_size))
         return 0
 
-    from launcher.config.run_config import load_run_config
     from launcher.launch.restart_loop import RestartPolicy, run_with_restarts
 
-    section = load_run_config(plan.config_path, plan.overrides).restarts
+    section = plan.run_config.restarts
     policy = RestartPolicy.from_args(args, section)
 
     def launch(this_plan):
@@ -198,12 +196,10 @@ def announce_op_build(plan, console) -> None:
 
 
 def check_inputs(plan) -> list[str]:
-    """The checks every rank runs at start-up (launcher/config/preflight_checks.py: data, tokenizer
+    """The checks every rank runs at start-up (launcher/inputs/run_checks.py: data, tokenizer
     size, DeepSpeed config, precision), here before anything starts. The accelerator is the ranks'
     when they run on this machine or DS_ACCELERATOR is set (they inherit it)."""
-    from launcher.config.preflight_checks import check_run  # imports torch: not at `--help` time
-    from launcher.config.run_config import load_run_config
+    from launcher.inputs.run_checks import check_run  # imports torch: not at `--help` time
 
-    cfg = load_run_config(plan.config_path, plan.overrides)
     here = is_local_only(plan.resources) or "DS_ACCELERATOR" in plan.env
-    return check_run(cfg, plan.stages, plan.world_size, accelerator_is_the_ranks=here, run_dir=plan.run_dir).notes
+    return check_run(plan.run_config, plan.stages, plan.world_size, accelerator_is_the_ranks=here, run_dir=plan.run_dir).notes

@@ -1,22 +1,15 @@
-"""`init_from` of a run config (`roformer pretrain --init-from DIR`): what a continued run takes from DIR.
+"""`init_from` of a run config (`roformer pretrain --init-from DIR`): the model section over DIR's.
 
-DIR is our export or any local transformers RoFormer directory (`RoFormerForMaskedLM`, or a bare
-`RoFormerModel`, whose MLM head the run then initialises). From it come:
-  * the model section: DIR's config.json (roformer.hf_interop.config_from_hf), with the run config's
-    own `model:` keys (and `--set model.*`) laid over it. A key that would give a weight another
-    shape, or make the weights mean something else (WEIGHT_FIELDS), is refused when it differs from
-    DIR's, naming both values; the dropouts, initializer_range, and the RoPE / attention variants
-    (no weights of their own) may change;
-  * the weights, loaded on a fresh start only (launcher/train/init_weights.py); a resumed run continues
-    from its checkpoint. Optimizer state, LR schedule and data position start fresh;
-  * the tokenizer check: the data must be tokenized with DIR's tokenizer (`roformer data prepare
-    --tokenizer DIR`): its fingerprint (sha256 of spm.model, else tokenizer.json, else vocab.txt) must be the data
-    manifest's; checked before any compute (launcher/config/preflight_checks.py).
+DIR is our export or any local transformers RoFormer directory. Its config.json is read by the caller
+(launcher/inputs/init_from.py, which also reads the weights and the tokenizer); here only the rule of laying
+the run config's own `model:` keys (and `--set model.*`) over DIR's: a key that would give a weight another
+shape, or make the weights mean something else (WEIGHT_FIELDS), is refused when it differs from DIR's, naming
+both values; the dropouts, initializer_range and the RoPE / attention variants may change.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Callable
 
 from launcher.errors import UserError
 from roformer.config import ConfigError, RoFormerConfig
@@ -26,74 +19,22 @@ WEIGHT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
                  "pad_token_id")
 """Model fields fixed by DIR's weights: their shapes (sizes, position tables) or their meaning (how the
 hidden size splits into heads, which embedding row is padding)."""
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-"""Where transformers' save_pretrained puts the weights, in the order roformer.hf_interop reads them."""
+
+InitModelReader = Callable[[str, str], tuple[dict, Path]]
+"""(init_from directory, config source) -> (DIR's model fields, the config.json they came from)."""
 
 
-def model_from_init_dir(init_dir: str, explicit: dict | None, source: str) -> RoFormerConfig:
-    """DIR's model config with the run config's `model:` keys (`explicit`, None = no section) laid over it."""
-    from roformer.hf_interop import config_from_hf  # imports torch: only when a run continues a model
-
-    directory = check_init_dir(init_dir, source)
-    config_path = directory / "config.json"
-    try:
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-        base = config_from_hf(raw, source=str(config_path))
-    except (ValueError, ConfigError) as err:  # JSONDecodeError is a ValueError
-        raise UserError(f"{config_path}: not a transformers RoFormer config ({err})") from None
-    values = base.to_dict()
+def model_over_init(init_dir: str, base: dict, config_path: Path, explicit: dict | None, source: str) -> RoFormerConfig:
+    """DIR's model fields (`base`, read from `config_path`) with the run config's `model:` keys (`explicit`,
+    None = no section) laid over them."""
+    values = dict(base)
     for key, value in (explicit or {}).items():
         if key in WEIGHT_FIELDS and key in values and value != values[key]:
             raise UserError(f"{source}: model.{key}: {value!r} differs from {values[key]!r} in {config_path} "
-                            f"(init_from {directory}): it changes the shape or meaning of the weights; drop "
+                            f"(init_from {init_dir}): it changes the shape or meaning of the weights; drop "
                             f"model.{key} or set it to {values[key]!r}")
         values[key] = value
     try:
         return RoFormerConfig.from_dict(values, source=f"{source}: model (over {config_path})")
     except ConfigError as err:
         raise UserError(str(err)) from None
-
-
-def check_init_dir(init_dir: str, source: str) -> Path:
-    """DIR exists and holds config.json and weights (UserError naming what is missing)."""
-    directory = Path(init_dir)
-    if not directory.is_dir():
-        raise UserError(f"{source}: init_from: {directory} is not a directory")
-    if not (directory / "config.json").is_file():
-        raise UserError(f"{source}: init_from: {directory}/config.json missing (not a transformers model directory)")
-    if weights_file(directory) is None:
-        raise UserError(f"{source}: init_from: {directory} has no weights ({', '.join(WEIGHT_FILES)})")
-    return directory
-
-
-def weights_file(directory: Path) -> Path | None:
-    """The file the weights are read from (a sharded checkpoint: its index), None when there is none."""
-    return next((directory / name for name in WEIGHT_FILES if (directory / name).is_file()), None)
-
-
-def init_tokenizer_sha256(directory: Path) -> tuple[Path, str] | None:
-    """(file, fingerprint) of DIR's tokenizer, None when DIR has none."""
-    from data_pipeline.errors import DataError
-    from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
-
-    try:
-        path = resolve_model_path(directory)
-    except DataError:
-        return None
-    return path, tokenizer_hash(path)
-
-
-def check_init_tokenizer(init_dir: str, corpus, source: str) -> str | None:
-    """UserError when the data was tokenized with another tokenizer than DIR's; a note (returned)
-    when DIR has no tokenizer to compare with (then only model.vocab_size is checked)."""
-    found = init_tokenizer_sha256(Path(init_dir))
-    manifest = corpus.data_dir / "manifest.json"
-    if found is None:
-        return (f"init_from {init_dir} has no tokenizer (spm.model / tokenizer.json / vocab.txt): cannot check that "
-                f"{corpus.data_dir} was tokenized with the model's vocabulary, only its size")
-    path, sha = found
-    if sha != corpus.tokenizer_sha256:
-        raise UserError(f"{source}: data.data_dir {corpus.data_dir} was tokenized with tokenizer "
-                        f"{corpus.tokenizer_sha256[:12]} ({manifest}), not init_from's {path} ({sha[:12]}): prepare "
-                        f"it with `roformer data prepare --tokenizer {init_dir} ...`")
-    return None

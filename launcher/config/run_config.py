@@ -23,7 +23,7 @@ from data_pipeline.errors import DataError
 from data_pipeline.masking import MaskingConfig
 from launcher.io import read_mapping
 from launcher.config.branch_from import BranchFrom
-from launcher.config.init_from import model_from_init_dir
+from launcher.config.init_from import InitModelReader, model_over_init
 from launcher.config.schedule import (
     DECAY_SHAPES,
     Stage,
@@ -156,7 +156,7 @@ class RunConfig:
     """A model directory to continue pretraining from (`roformer pretrain --init-from DIR`): our export or
     any transformers RoFormer directory. The model section then comes from DIR's config.json (the `model:`
     keys given here may only change what keeps the weights' shapes, e.g. dropout), its weights are loaded
-    on a fresh start, and the data must be tokenized with its tokenizer (launcher/config/init_from.py).
+    on a fresh start, and the data must be tokenized with its tokenizer (launcher/inputs/init_from.py).
     Empty = random initialisation."""
     branch_from: str = ""
     """`RUN_DIR[:TAG]` (`roformer pretrain --branch-from`): start at that run's checkpoint (default: its newest
@@ -219,16 +219,20 @@ TOP_LEVEL_SCALARS = ("seed", "init_from", "branch_from")
 PATH_FIELDS = {("data", "data_dir"), ("schedule", "file"), ("deepspeed", "config")}
 
 
-def load_run_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read, override (`section.key=value`, value parsed as YAML) and validate a run config."""
+def load_run_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (),
+                    read_init_model: InitModelReader | None = None) -> RunConfig:
+    """Read, override (`section.key=value`, value parsed as YAML) and validate a run config.
+    read_init_model: how an `init_from` directory's model section is read (launcher/inputs/init_from.py,
+    whose load_run_config passes it); without it a config with init_from is refused."""
     path = Path(path)
     raw = read_mapping(path, "run config")
     for item in overrides:
         _apply_override(raw, item, path)
-    return run_config_from_dict(raw, source=str(path), base_dir=path.resolve().parent)
+    return run_config_from_dict(raw, source=str(path), base_dir=path.resolve().parent, read_init_model=read_init_model)
 
 
-def run_config_from_dict(raw: dict, source: str, base_dir: Path) -> RunConfig:
+def run_config_from_dict(raw: dict, source: str, base_dir: Path,
+                         read_init_model: InitModelReader | None = None) -> RunConfig:
     known = set(SECTIONS) | {"model"} | set(TOP_LEVEL_SCALARS)
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -246,9 +250,11 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path) -> RunConfig:
     seed = raw.get("seed", RunConfig.seed)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise UserError(f"{source}: seed: must be an integer, got {seed!r}")
+    if init_from and read_init_model is None:  # parsing alone cannot know DIR's model
+        raise ValueError(f"{source}: init_from: load it with launcher.inputs.init_from.load_run_config")
     try:
-        model = model_from_init_dir(init_from, raw.get("model"), source) if init_from else \
-            RoFormerConfig.from_dict(dict(raw["model"]), source=f"{source}: model")
+        model = model_over_init(init_from, *read_init_model(init_from, source), raw.get("model"), source) \
+            if init_from else RoFormerConfig.from_dict(dict(raw["model"]), source=f"{source}: model")
     except ConfigError as err:
         raise UserError(str(err)) from None
     cfg = RunConfig(model=model, seed=seed, source=source, init_from=init_from, branch_from=branch_from, **sections)

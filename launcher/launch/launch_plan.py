@@ -33,6 +33,7 @@ from launcher.run_dir.layout import RunDir
 from launcher.config.stage_end_evals import check_eval_specs
 
 if TYPE_CHECKING:  # the run config imports torch (through roformer): not needed for `roformer pretrain --help`
+    from launcher.config.run_config import RunConfig
     from launcher.config.stages import ResolvedStage
 
 RANK_ENTRY_MODULE = "launcher.train.rank_entry"
@@ -58,6 +59,7 @@ class LaunchPlan:
     """Everything about one launch; built by `build_plan` and never changed afterwards."""
 
     config_path: Path  # absolute run config (YAML)
+    run_config: RunConfig  # that file with `overrides`, parsed once here; every rank parses it again itself
     run_dir: Path  # absolute run directory, shared by every node
     overrides: list[str]  # `--set section.key=value` items, passed to every rank unchanged
     hostfile: Hostfile | None  # None: local run on this machine
@@ -250,7 +252,7 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None,
 
     config_path = Path(args.config).resolve()
     run_dir = Path(args.run_dir).resolve()
-    stages = check_stages(config_path, list(args.overrides), world_size, resources, hostfile)
+    run_config, stages = check_stages(config_path, list(args.overrides), world_size, resources, hostfile)
 
     ranks_per_node = max(len(slots) for slots in resources.values())
     # Other nodes get only what they need; each computes its own PATH, op cache and thread count.
@@ -259,7 +261,7 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None,
         # DeepSpeed's MPI discovery sets MASTER_PORT itself; ranks read this one (see docs/multinode.md).
         env["MASTER_PORT"] = str(args.master_port)
     plan = LaunchPlan(
-        config_path=config_path, run_dir=run_dir, overrides=list(args.overrides), hostfile=hostfile,
+        config_path=config_path, run_config=run_config, run_dir=run_dir, overrides=list(args.overrides), hostfile=hostfile,
         resources=resources, world_size=world_size, stages=stages, launcher=launcher,
         force_multi=multi_node and (len(resources) == 1 or args.force_multi), master_addr=master_addr,
         master_port=args.master_port, launcher_args=args.launcher_args,
@@ -311,15 +313,17 @@ def _local_device_count() -> int:
     return max(1, get_accelerator().device_count())
 
 
-def check_stages(config_path: Path, overrides: list[str], world_size: int, resources, hostfile) -> list[ResolvedStage]:
-    """Load the run config and resolve every stage's batch arithmetic at this world size."""
-    from launcher.config.run_config import load_run_config
+def check_stages(config_path: Path, overrides: list[str], world_size: int, resources,
+                 hostfile) -> tuple[RunConfig, list[ResolvedStage]]:
+    """Load the run config (the launch's one parse of it) and resolve every stage's batch arithmetic at this
+    world size."""
     from launcher.config.stages import resolve_stages
+    from launcher.inputs.init_from import load_run_config
 
     run_config = load_run_config(config_path, overrides)
     check_eval_specs(run_config.logging.stage_end_evals, where=f"{run_config.source}: logging.stage_end_evals")
     try:
-        return resolve_stages(run_config, world_size)
+        return run_config, resolve_stages(run_config, world_size)
     except UserError as err:
         where = f"{hostfile.path}" if hostfile else "--num_gpus"
         hosts = ", ".join(f"{h} x{len(s)}" for h, s in resources.items())

@@ -1,4 +1,4 @@
-"""The weights a fresh run starts from when its config has `init_from` (launcher/config/init_from.py).
+"""The weights a fresh run starts from when its config has `init_from` (launcher/inputs/init_from.py).
 
 Every rank reads DIR (our export or a transformers RoFormer directory; safetensors, or
 pytorch_model.bin through torch.load(weights_only=True): roformer.hf_interop.read_hf_directory) and
@@ -15,7 +15,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from launcher.config.init_from import WEIGHT_FIELDS, init_tokenizer_sha256, weights_file
+from launcher.config.init_from import WEIGHT_FIELDS
+from launcher.inputs.init_from import init_tokenizer_sha256, weights_file
 from launcher.errors import UserError
 from launcher.io import file_sha256
 

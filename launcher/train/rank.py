@@ -21,11 +21,12 @@ from pathlib import Path
 
 from data_pipeline import PretrainBatches
 from launcher.config.branch_from import BranchPoint
-from launcher.config.preflight_checks import check_run
-from launcher.config.run_config import RunConfig, load_run_config
+from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage, resolve_stages
 from launcher.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.errors import UserError
+from launcher.inputs.init_from import load_run_config
+from launcher.inputs.run_checks import check_data, check_deepspeed_configs, open_data
 from launcher.io import write_line
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
@@ -63,7 +64,7 @@ class RankInputs:
     run_dir: RunDir
     """Checked, not created (the rank entry creates and holds it: lock.held_run_dir)."""
     train_batches: PretrainBatches
-    """This rank's training stream (data checked: launcher/config/preflight_checks.py)."""
+    """This rank's training stream (data checked: launcher/inputs/run_checks.py)."""
     valid_batches: PretrainBatches
     branch_point: BranchPoint | None = None
     """The branch point of `branch_from`, checked with the inputs (None: no branch, or one already started)."""
@@ -84,7 +85,7 @@ class StartedRank:
 def check_inputs(argv: list[str] | None) -> RankInputs:
     """Step 1: the command line, this rank's place, the run directory, the run config, the stages at this world
     size and the data, with every check `roformer plan` and `--dry-run` run too
-    (check_run: each stage's DeepSpeed config through DeepSpeed's own parser and against this accelerator,
+    (launcher/inputs/run_checks.py: each stage's DeepSpeed config through DeepSpeed's own parser and against this accelerator,
     the data and its tokenizer against model.vocab_size, each stage against the corpus size). Shard content
     is verified once, by rank 0 (re-hashing only shards changed since they were written:
     data_pipeline/shards.py); the others check structure and sizes. UserError / DataError, one line, before
@@ -95,9 +96,18 @@ def check_inputs(argv: list[str] | None) -> RankInputs:
     run_dir = check_run_dir(Path(args.run_dir))
     cfg = load_run_config(args.config, args.overrides)
     stages = resolve_stages(cfg, world_size)
-    checked = check_run(cfg, stages, world_size, rank=rank, verify_data=cfg.data.verify and rank == 0,
-                        run_dir=run_dir.root)
-    return RankInputs(cfg, rank, world_size, stages, run_dir, checked.train, checked.valid, checked.branch)
+    check_deepspeed_configs(cfg, stages, world_size)
+    train, valid = open_streams(cfg, rank, world_size, verify=cfg.data.verify and rank == 0)
+    findings = check_data(cfg, stages, train, run_dir.root)
+    return RankInputs(cfg, rank, world_size, stages, run_dir, train, valid, findings.branch)
+
+
+def open_streams(cfg: RunConfig, rank: int, world_size: int, verify: bool = False) -> tuple[PretrainBatches, PretrainBatches]:
+    """This rank's training and validation streams over data.data_dir (its manifest, shards and tokenizer
+    checked on opening; `verify`: also re-hash shards changed since they were prepared)."""
+    corpora = open_data(cfg, verify)
+    return tuple(PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed,
+                                 masking=cfg.data.masking) for corpus in corpora)
 
 
 def check_run_dir(path: Path) -> RunDir:

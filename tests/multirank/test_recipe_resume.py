@@ -14,13 +14,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launcher.config.preflight_checks import check_run
 from launcher.config.run_config import load_run_config
 from launcher.config.stages import resolve_stages
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.sidecar import read_sidecar
 from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
+from launcher.train.rank import open_streams
 from tests.support.corpus_files import named_sources_dir
 from tests.support.helpers import (
     NO_DROPOUT,
@@ -78,7 +78,7 @@ def replayed_steps(config) -> list[tuple[int, dict[str, int]]]:
     alone: both ranks' readers, each stage's mask rate and mixture set as the trainer sets them."""
     cfg = load_run_config(config)
     stages = resolve_stages(cfg, 2)
-    readers = [check_run(cfg, stages, 2, rank=rank).train for rank in range(2)]
+    readers = [open_streams(cfg, rank, 2)[0] for rank in range(2)]
     steps = []
     for stage in stages:
         for reader in readers:

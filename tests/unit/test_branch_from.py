@@ -196,8 +196,9 @@ def test_rank_zero_verifies_the_branch_point_and_refuses_a_damaged_one(source, t
     """decide (rank 0) verifies the files of the point the input checks read (a branch that starts is
     tests/multirank/test_branch.py); a damaged source checkpoint is refused naming the file, and nothing
     is written in either run directory."""
-    from launcher.config.preflight_checks import check_run
+    from launcher.inputs.run_checks import check_run
     from launcher.train import resume
+    from launcher.train.rank import open_streams
 
     cfg = load_run_config(stored_run_resume_config(source), [f"branch_from={source}"])
     stages = resolve_stages(cfg, 2)
@@ -209,5 +210,5 @@ def test_rank_zero_verifies_the_branch_point_and_refuses_a_damaged_one(source, t
     before = {p: p.read_bytes() for p in source.rglob("*") if p.is_file()}  # every rank's files must be there
     with pytest.raises(UserError, match=rf"branch_from {source}: .*{TAG}: partial checkpoint: "
                                         r"no model state file .*; branch from another of its checkpoints \(RUN_DIR:TAG\)"):
-        resume.decide(new, cfg, stages, 2, checked.train, checked.branch)
+        resume.decide(new, cfg, stages, 2, open_streams(cfg, 0, 2)[0], checked.branch)
     assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before and not any(new.root.iterdir())

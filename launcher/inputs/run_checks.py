@@ -1,6 +1,7 @@
-"""Every check of a run's input that needs no process group, in one function used by `roformer plan`,
-`roformer pretrain` (also with --dry-run, before anything starts) and every rank at start-up (before
-the engine exists): what plan passes, a rank accepts.
+"""Every check of a run's input that needs no process group, used by `roformer plan`, `roformer pretrain`
+(also with --dry-run, before anything starts) and every rank at start-up (before the engine exists): what plan
+passes, a rank accepts. The checks return findings (notes, the branch point); they keep no data stream: the
+rank's builder opens its own (launcher/train/rank.py).
 
   1. the DeepSpeed config of every stage, parsed by DeepSpeed's own `DeepSpeedConfig` (its pydantic
      models reject e.g. `zero_optimization.stage: 7`), and its precision against the accelerator
@@ -9,7 +10,7 @@ the engine exists): what plan passes, a rank accepts.
      `model.vocab_size` must equal the tokenizer's vocabulary, `model.pad_token_id` its pad id (manifest);
   3. one epoch of the train split holds at least one global batch of every stage;
   4. every stage's `mixture` names sources of the prepared data (and only ones with train documents);
-  5. with `init_from`, the data was tokenized with that model's tokenizer (launcher/config/init_from.py);
+  5. with `init_from`, the data was tokenized with that model's tokenizer (launcher/inputs/init_from.py);
   6. with `branch_from`, the source checkpoint's model, tokenizer, data and schedule up to its step
      (launcher/config/branch_from.py).
 
@@ -26,19 +27,15 @@ from data_pipeline import DataError, PretrainBatches, open_corpus
 from launcher.config.deepspeed_json import ds_config_source, resolve_ds_config
 from launcher.config.precision import train_precision
 from launcher.config.branch_from import BranchPoint, check_branch, find_branch_point
-from launcher.config.init_from import check_init_tokenizer
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
+from launcher.inputs.init_from import check_init_tokenizer
 
 @dataclass
-class CheckedRun:
-    """What the checks opened: a rank trains on these batches."""
+class Findings:
+    """What the checks found beyond a pass."""
 
-    train: PretrainBatches
-    """This rank's training batches (rank 0's for plan and --dry-run)."""
-    valid: PretrainBatches
-    """This rank's validation batches."""
     notes: list[str] = field(default_factory=list)
     """What could not be decided on this machine (one line each), for the caller to print."""
     branch: BranchPoint | None = None
@@ -46,32 +43,42 @@ class CheckedRun:
     its files at start-up (launcher/train/resume.py)."""
 
 
-def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, rank: int = 0,
-              verify_data: bool = False, accelerator_is_the_ranks: bool = True, run_dir: Path | None = None) -> CheckedRun:
-    """All checks above; UserError / DataError (one line) on the first failure.
+def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, verify_data: bool = False,
+              accelerator_is_the_ranks: bool = True, run_dir: Path | None = None) -> Findings:
+    """All checks above, on rank 0's view of the data (the launching side: `roformer plan`, `pretrain`);
+    UserError / DataError (one line) on the first failure.
 
-    verify_data: also hash shards changed since they were prepared (one rank of a run does it).
-    accelerator_is_the_ranks: this process sees the accelerator the ranks will have (a rank; a local
-    run; DS_ACCELERATOR set, which the ranks inherit). Otherwise an unsupported precision is a note:
+    verify_data: also hash shards changed since they were prepared.
+    accelerator_is_the_ranks: this process sees the accelerator the ranks will have (a local run;
+    DS_ACCELERATOR set, which the ranks inherit). Otherwise an unsupported precision is a note:
     a login node without GPUs may plan a GPU run.
     run_dir: the run directory, when there is one (a branch that has started keeps its recorded branch point,
     and one with checkpoints of its own resumes from those: branch_from.find_branch_point).
     """
     notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks)
-    train_corpus, valid_corpus = open_data(cfg, verify_data)
-    train, valid = (PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed,
-                                    masking=cfg.data.masking) for corpus in (train_corpus, valid_corpus))
+    train_corpus, _ = open_data(cfg, verify_data)
+    train = PretrainBatches(train_corpus, rank=0, world_size=world_size, seed=cfg.data.seed, masking=cfg.data.masking)
+    findings = check_data(cfg, stages, train, run_dir)
+    findings.notes[:0] = notes
+    return findings
+
+
+def check_data(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainBatches,
+               run_dir: Path | None = None) -> Findings:
+    """Checks 3 to 6 on a training stream (a rank's own, or the launching side's rank 0 view), which is left
+    as it was found (no mixture set)."""
+    notes = []
     for stage in stages:
         train.check_min_size(stage.max_seq_len, stage.global_batch_size)
     check_mixtures(cfg, stages, train)
     if cfg.init_from:  # the data must be tokenized with the starting model's tokenizer
-        notes += [note] if (note := check_init_tokenizer(cfg.init_from, train_corpus, cfg.source)) else []
+        notes += [note] if (note := check_init_tokenizer(cfg.init_from, train.corpus, cfg.source)) else []
     point = find_branch_point(cfg, run_dir)  # None: no branch, or a branch with checkpoints of its own
     if point is not None:  # the source's model, data and schedule up to the branch step
-        check_branch(cfg, stages, train_corpus, point)
+        check_branch(cfg, stages, train.corpus, point)
         notes.append(f"a branch of {point.source.run_dir} at {point.tag} (step {point.step:,}, stage "
                      f"'{point.sidecar.stage_name}'): the schedule agrees up to there; this run starts there")
-    return CheckedRun(train, valid, notes, point)
+    return Findings(notes, point)
 
 
 def check_mixtures(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainBatches) -> None:

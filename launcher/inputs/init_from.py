@@ -1,0 +1,87 @@
+"""What a run continued from a model directory (`init_from`, `roformer pretrain --init-from DIR`) reads of DIR.
+
+DIR is our export or any local transformers RoFormer directory (`RoFormerForMaskedLM`, or a bare
+`RoFormerModel`, whose MLM head the run then initialises). From it come:
+  * the model section: DIR's config.json (roformer.hf_interop.config_from_hf) under the run config's own
+    `model:` keys (the rule: launcher/config/init_from.py);
+  * the weights, loaded on a fresh start only (launcher/train/init_weights.py); a resumed run continues
+    from its checkpoint. Optimizer state, LR schedule and data position start fresh;
+  * the tokenizer check: the data must be tokenized with DIR's tokenizer (`roformer data prepare
+    --tokenizer DIR`): its fingerprint (sha256 of spm.model, else tokenizer.json, else vocab.txt) must be the
+    data manifest's; checked before any compute (launcher/inputs/run_checks.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from launcher.config.run_config import RunConfig, load_run_config as parse_run_config
+from launcher.errors import UserError
+from roformer.config import ConfigError
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+"""Where transformers' save_pretrained puts the weights, in the order roformer.hf_interop reads them."""
+
+
+def load_run_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """The run config (launcher.config.run_config.load_run_config) with the model section of its init_from
+    directory read from DIR: what the launch plan, `roformer plan` and every rank load."""
+    return parse_run_config(path, overrides, read_init_model=read_init_model)
+
+
+def read_init_model(init_dir: str, source: str) -> tuple[dict, Path]:
+    """DIR's model fields from its config.json, and that file (UserError naming what is missing or wrong)."""
+    from roformer.hf_interop import config_from_hf  # imports torch: only when a run continues a model
+
+    config_path = check_init_dir(init_dir, source) / "config.json"
+    try:
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
+        return config_from_hf(raw, source=str(config_path)).to_dict(), config_path
+    except (ValueError, ConfigError) as err:  # JSONDecodeError is a ValueError
+        raise UserError(f"{config_path}: not a transformers RoFormer config ({err})") from None
+
+
+def check_init_dir(init_dir: str, source: str) -> Path:
+    """DIR exists and holds config.json and weights (UserError naming what is missing)."""
+    directory = Path(init_dir)
+    if not directory.is_dir():
+        raise UserError(f"{source}: init_from: {directory} is not a directory")
+    if not (directory / "config.json").is_file():
+        raise UserError(f"{source}: init_from: {directory}/config.json missing (not a transformers model directory)")
+    if weights_file(directory) is None:
+        raise UserError(f"{source}: init_from: {directory} has no weights ({', '.join(WEIGHT_FILES)})")
+    return directory
+
+
+def weights_file(directory: Path) -> Path | None:
+    """The file the weights are read from (a sharded checkpoint: its index), None when there is none."""
+    return next((directory / name for name in WEIGHT_FILES if (directory / name).is_file()), None)
+
+
+def init_tokenizer_sha256(directory: Path) -> tuple[Path, str] | None:
+    """(file, fingerprint) of DIR's tokenizer, None when DIR has none."""
+    from data_pipeline.errors import DataError
+    from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
+
+    try:
+        path = resolve_model_path(directory)
+    except DataError:
+        return None
+    return path, tokenizer_hash(path)
+
+
+def check_init_tokenizer(init_dir: str, corpus, source: str) -> str | None:
+    """UserError when the data was tokenized with another tokenizer than DIR's; a note (returned)
+    when DIR has no tokenizer to compare with (then only model.vocab_size is checked)."""
+    found = init_tokenizer_sha256(Path(init_dir))
+    manifest = corpus.data_dir / "manifest.json"
+    if found is None:
+        return (f"init_from {init_dir} has no tokenizer (spm.model / tokenizer.json / vocab.txt): cannot check that "
+                f"{corpus.data_dir} was tokenized with the model's vocabulary, only its size")
+    path, sha = found
+    if sha != corpus.tokenizer_sha256:
+        raise UserError(f"{source}: data.data_dir {corpus.data_dir} was tokenized with tokenizer "
+                        f"{corpus.tokenizer_sha256[:12]} ({manifest}), not init_from's {path} ({sha[:12]}): prepare "
+                        f"it with `roformer data prepare --tokenizer {init_dir} ...`")
+    return None
