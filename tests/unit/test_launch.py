@@ -96,6 +96,25 @@ def test_dry_run_local_shows_command_ranks_and_batch_arithmetic(cli, tmp_path):
     assert not run_dir.exists()  # a dry run writes nothing
 
 
+def test_pretrain_parses_the_run_config_once(cli, tmp_path, monkeypatch):
+    """The launch plan parses the run config and holds it: the branch target, the checks, the dry run's
+    estimate and the restart policy read that one parse (each rank parses the file again in its own process)."""
+    from launcher.config import run_config
+
+    parses = []
+    parse = run_config.run_config_from_dict
+
+    def counted(*args, **kwargs):
+        parses.append(kwargs.get("source", args[1] if len(args) > 1 else None))
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(run_config, "run_config_from_dict", counted)
+    code, _, err = cli("pretrain", "--num_gpus", "2", "--config", str(DEMO), "--run-dir", str(tmp_path / "run"),
+                       "--dry-run")
+    assert code == 0, err
+    assert parses == [str(DEMO.resolve())]
+
+
 def test_dry_run_reference_hostfile_prints_each_nodes_pdsh_command(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("ROFORMER_MARK", "forwarded")
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
