@@ -1,5 +1,5 @@
 """The `watchdog:` section of a run config: how long a rank may go without progress before the job is
-stopped as hung (launcher.train.progress_recorder computes the bounds, launcher.launch.watchdog enforces them).
+stopped as hung (launcher.train.heartbeats computes the bounds, launcher.launch.watchdog enforces them).
 
     watchdog:
       enabled: true

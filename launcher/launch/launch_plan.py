@@ -5,7 +5,7 @@ every stage's batch arithmetic at that world size, the variables forwarded to th
 argument list for DeepSpeed's runner (`python -m deepspeed.launcher.runner ...`), which does the
 actual launch. `--dry-run` prints it; `launcher.commands.pretrain` runs it.
 
-Each rank runs `python -u -m launcher.launch.rank_guard launcher.train.rank_entry --config CFG --run-dir RUN
+Each rank runs `python -u -m launcher.launch.rank_process launcher.train.rank_entry --config CFG --run-dir RUN
 [--set k=v ...]` with the venv's Python (DeepSpeed's launcher uses its own sys.executable, which is
 ours), from the project root (pdsh's remote command `cd`s into the runner's working directory).
 """
@@ -37,11 +37,11 @@ if TYPE_CHECKING:  # the run config imports torch (through roformer): not needed
     from launcher.config.stages import ResolvedStage
 
 RANK_ENTRY_MODULE = "launcher.train.rank_entry"
-RANK_GUARD_MODULE = "launcher.launch.rank_guard"
+RANK_PROCESS_MODULE = "launcher.launch.rank_process"
 LAUNCHERS = ("pdsh", "openmpi", "mpich", "slurm")
 MPI_LAUNCHERS = ("openmpi", "mpich")
 # DeepSpeed's MPICH runner turns --module into `python -u -m <path of launcher_helper.py>` and its
-# Slurm runner drops it (`python -u launcher.launch.rank_guard`): both can start a script by path only.
+# Slurm runner drops it (`python -u launcher.launch.rank_process`): both can start a script by path only.
 SCRIPT_PATH_LAUNCHERS = ("mpich", "slurm")
 # Per MPI launcher: what its `mpirun --version` prints (MPICH's process manager is Hydra), and the
 # name Debian gives that MPI's own mpirun when both are installed.
@@ -101,7 +101,7 @@ class LaunchPlan:
     @property
     def rank_command(self) -> list[str]:
         """What DeepSpeed's launcher (or mpirun) starts for every rank, after `python -u -m`."""
-        return [RANK_GUARD_MODULE, self.entry_module, *self.rank_args]
+        return [RANK_PROCESS_MODULE, self.entry_module, *self.rank_args]
 
     def rank_hosts(self) -> list[tuple[int, str, int]]:
         """(global rank, host, local rank) in rank order, as DeepSpeed's launcher numbers them."""
@@ -140,9 +140,9 @@ class LaunchPlan:
 
     @property
     def runner_command(self) -> list[str]:
-        """The rank command as DeepSpeed's runner gets it: the guard by file path where it cannot take a module."""
+        """The rank command as DeepSpeed's runner gets it: the rank's wrapper by file path where it cannot take a module."""
         if self.launcher in SCRIPT_PATH_LAUNCHERS:
-            return [importlib.util.find_spec(RANK_GUARD_MODULE).origin, *self.rank_command[1:]]
+            return [importlib.util.find_spec(RANK_PROCESS_MODULE).origin, *self.rank_command[1:]]
         return self.rank_command
 
 

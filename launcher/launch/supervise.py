@@ -8,7 +8,7 @@ runner do it: its pdsh signal handler runs
 other DeepSpeed job on those nodes. We instead match this job's own command line
 (`launcher.train.rank_entry --config CFG --run-dir RUN_DIR`, unique per run directory).
 
-Failure naming: each rank runs under launcher.launch.rank_guard, which prints a `[roformer-rank-exit]`
+Failure naming: each rank runs under launcher.launch.rank_process, which prints a `[roformer-rank-exit]`
 line when its rank dies (even by SIGKILL); pdsh prefixes it with the node name. The first such
 line is the cause; ranks failing after it (a peer's collective erroring out) are consequences.
 A rank that ends on its own error prints it first, on one line ("pretrain (rank N): error: ...",
@@ -42,7 +42,7 @@ from launcher.defaults import (GUARD_STOP_EXIT_CODE, HUNG_EXIT_CODE, ORDERLY_STO
 from launcher.launch import env_forwarding
 from launcher.launch.console import Console
 from launcher.launch.launch_plan import LaunchPlan
-from launcher.launch.rank_guard import MARKER
+from launcher.launch.rank_process import MARKER
 from launcher.launch.ssh import ssh
 from launcher.launch.watchdog import Verdict
 from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
@@ -159,14 +159,14 @@ def job_pattern(plan: LaunchPlan) -> str:
     """A pkill -f regex (POSIX ERE) for this job's per-node launchers, guards and ranks.
 
     It matches `deepspeed.launcher.launch ... launcher.train.rank_entry --config C --run-dir R`,
-    `-m launcher.launch.rank_guard launcher.train.rank_entry ...` and `-m launcher.train.rank_entry ...`, and
+    `-m launcher.launch.rank_process launcher.train.rank_entry ...` and `-m launcher.train.rank_entry ...`, and
     NOT DeepSpeed's runner (`-m deepspeed.launcher.runner ...`), whose SIGTERM handler would pkill
     every DeepSpeed launcher on the nodes. Literal characters are bracketed ('.' -> '[.]'), so the
     regex does not match the command line of the shell running pkill, which holds the regex text.
     """
     tail = " ".join(["--config", str(plan.config_path), "--run-dir", str(plan.run_dir)])
     entry = _ere_literal(plan.entry_module)
-    return (f"(deepspeed[.]launcher[.]launch .*|-m )({_ere_literal('launcher.launch.rank_guard')} )?"
+    return (f"(deepspeed[.]launcher[.]launch .*|-m )({_ere_literal('launcher.launch.rank_process')} )?"
             f"{entry} {_ere_literal(tail)}( |$)")
 
 

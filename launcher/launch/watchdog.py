@@ -1,10 +1,10 @@
-"""The hang watchdog, run by every rank guard: stops a job whose ranks stopped making progress.
+"""The hang watchdog, run by every rank's wrapper process: stops a job whose ranks stopped making progress.
 
 A rank blocked in a collective (a peer died silently, the network is partitioned: gloo notices
 neither) or stopped by SIGSTOP cannot act itself, and a partitioned node's output never reaches
-`roformer pretrain`. So the guard of every rank (launcher.launch.rank_guard, a separate process on
+`roformer pretrain`. So the wrapper of every rank (launcher.launch.rank_process, a separate process on
 the rank's node) watches its own rank's heartbeat (RUN_DIR/heartbeats/rank<r>.json, written by
-launcher.train.progress_recorder at every step and phase start, with the phase's bound):
+launcher.train.heartbeats at every step and phase start, with the phase's bound):
 
 1. Every POLL_SECONDS it publishes what it sees in RUN_DIR/heartbeats/rank<r>.guard.json (a
    GuardStatus: the rank's phase and step, seconds since its heartbeat, its process state from

@@ -1,6 +1,6 @@
 """A rank's heartbeat: what it is doing and for how long that may take, in RUN_DIR/heartbeats/.
 
-Written by the rank (launcher.train.progress_recorder) at the start of every step and phase, read by its
+Written by the rank (launcher.train.heartbeats) at the start of every step and phase, read by its
 rank guard (launcher.launch.watchdog), which stops the job when the phase outlives its bound. One
 small JSON file per rank, replaced atomically (a reader never sees half a record) but not fsynced:
 a heartbeat is worthless after a crash, and it is written every step on a shared filesystem.

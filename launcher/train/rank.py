@@ -37,7 +37,7 @@ from launcher.train.engine import build_engine
 from launcher.train.init_weights import InitialWeights
 from launcher.train.metrics import Metrics
 from launcher.train.progress_line import progress_every
-from launcher.train.progress_recorder import ProgressRecorder
+from launcher.train.heartbeats import HeartbeatWriter
 from launcher.train.resume import ResumePlan
 from launcher.train.startup import PhaseTimer
 from launcher.train.trainer import Trainer, TrainState
@@ -76,7 +76,7 @@ class StartedRank:
 
     trainer: Trainer
     metrics: Metrics
-    progress: ProgressRecorder
+    progress: HeartbeatWriter
     plots: PlotHook | None
     """Rank 0's RUN_DIR/plots renderer (None on the other ranks and with `logging.plots: false`)."""
     run_dir: RunDir
@@ -127,7 +127,7 @@ def check_run_dir(path: Path) -> RunDir:
 def start(inputs: RankInputs, timer: PhaseTimer) -> StartedRank | None:
     """Steps 2 and 3, once the rank entry holds the run directory (launcher/train/rank_entry.py); None when
     the run is already at the end of its schedule."""
-    progress = ProgressRecorder(inputs.run_dir, inputs.rank, inputs.cfg.watchdog)  # heartbeats for the rank guard
+    progress = HeartbeatWriter(inputs.run_dir, inputs.rank, inputs.cfg.watchdog)  # heartbeats for the hang watchdog
     progress.start_up("resume checks")
     plan = agree_on_resume(inputs, progress, timer)
     if plan.finished:
@@ -138,7 +138,7 @@ def start(inputs: RankInputs, timer: PhaseTimer) -> StartedRank | None:
     return build_components(inputs, plan, progress, timer)
 
 
-def agree_on_resume(inputs: RankInputs, progress: ProgressRecorder, timer: PhaseTimer) -> ResumePlan:
+def agree_on_resume(inputs: RankInputs, progress: HeartbeatWriter, timer: PhaseTimer) -> ResumePlan:
     """Step 2: rank 0 decides where the run starts (writing nothing: a refusal leaves RUN_DIR as it was), the
     process group starts, every rank gets rank 0's plan, and (unless there is nothing left to train) rank 0
     carries out its writes: the conversion, damaged checkpoints set aside, the record files."""
@@ -160,7 +160,7 @@ def agree_on_resume(inputs: RankInputs, progress: ProgressRecorder, timer: Phase
     return plan
 
 
-def build_components(inputs: RankInputs, plan: ResumePlan, progress: ProgressRecorder,
+def build_components(inputs: RankInputs, plan: ResumePlan, progress: HeartbeatWriter,
                      timer: PhaseTimer) -> StartedRank:
     """Step 3: the engine (init_from's weights on a fresh start), the checkpointer (which loads the plan's
     source), metrics, plots and the trainer."""

@@ -21,7 +21,7 @@ from launcher.train.device_batches import host_counts, to_device
 from launcher.train.engine import loss_scale, min_loss_scale
 from launcher.train.guard_actions import GuardActions
 from launcher.train.numerics_guard import NumericsGuard
-from launcher.train.progress_recorder import ProgressRecorder
+from launcher.train.heartbeats import HeartbeatWriter
 from launcher.train.metrics import Metrics
 from launcher.mfu import step_model_flops
 from roformer.rope import set_rope_theta
@@ -54,10 +54,10 @@ class TrainState:
 class Trainer:
     def __init__(self, cfg: RunConfig, stages: list[ResolvedStage], engine, batches, valid_batches,
                  state: TrainState, checkpointer: Checkpointer, metrics: Metrics,
-                 on_stage_end: StageEndCallback | None = None, progress: ProgressRecorder | None = None):
+                 on_stage_end: StageEndCallback | None = None, progress: HeartbeatWriter | None = None):
         self.cfg, self.stages, self.engine, self.batches, self.valid_batches = cfg, stages, engine, batches, valid_batches
         self.state, self.checkpointer, self.metrics, self.on_stage_end = state, checkpointer, metrics, on_stage_end
-        self.progress = progress or ProgressRecorder.disabled()  # heartbeats for the hang watchdog
+        self.progress = progress or HeartbeatWriter.disabled()  # heartbeats for the hang watchdog
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.stop_signalled = False  # set by a signal handler on this rank
         self.stop_agreed = False     # all ranks know (carried by the per-step all-reduce)

@@ -9,7 +9,7 @@ also gets WORLD_SIZE/MASTER_ADDR/MASTER_PORT as `-genv`; mpi4py (built against O
 Slurm (Debian `slurm-wlm`): a one-node cluster (`slurmctld` + `slurmd`, tests/support/slurm_cluster.py)
 is started for the module; DeepSpeed's Slurm runner runs `srun -n 2 ...` and each rank takes its
 numbers from SLURM_PROCID / SLURM_STEP_NUM_TASKS / SLURM_LOCALID and rank 0's host from the step's
-node list (launcher.rank_guard). Real DeepSpeed engines train the tiny three-stage schedule.
+node list (launcher.launch.rank_process). Real DeepSpeed engines train the tiny three-stage schedule.
 """
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_mpich_dry_run_starts_the_guard_by_path_through_launcher_helper(config, 
     # DeepSpeed's MPICH runner puts `-m` before the helper's path when given --module, which Python
     # cannot run ("No module named /...launcher_helper.py"): the guard must be passed as a file.
     assert not re.search(r" -m \S*launcher_helper\.py", command), command
-    assert re.search(r"launcher_helper\.py --launcher mpich \S*rank_guard\.py ", command), command
+    assert re.search(r"launcher_helper\.py --launcher mpich \S*rank_process\.py ", command), command
     assert not run_dir.exists()  # a dry run writes nothing
 
 
@@ -179,9 +179,9 @@ def test_slurm_dry_run_starts_the_guard_by_path(config, hostfile, slurm, tmp_pat
     command = next(line for line in output.splitlines() if "[this machine] srun " in line)
     assert command.split("] ", 1)[1].startswith("srun -n 2 --export=ALL,"), command
     assert re.search(r"MASTER_PORT=\d+", command), command
-    # DeepSpeed's Slurm runner drops --module (`python -u launcher.rank_guard`: "can't open file"):
+    # DeepSpeed's Slurm runner drops --module (`python -u launcher.launch.rank_process`: "can't open file"):
     # the guard must be passed as a file.
-    assert re.search(r" -u \S*rank_guard\.py ", command), command
+    assert re.search(r" -u \S*rank_process\.py ", command), command
     assert not run_dir.exists()
 
 

@@ -1,7 +1,7 @@
 """Two ranks under OpenMPI: `mpirun` directly, and `roformer pretrain --launcher openmpi`.
 
 Neither sets RANK/WORLD_SIZE/MASTER_*; DeepSpeed's MPI discovery (mpi4py) finds them (run by
-launcher.rank_guard before the trainer starts). Real DeepSpeed engines train the tiny schedule.
+launcher.launch.rank_process before the trainer starts). Real DeepSpeed engines train the tiny schedule.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_mpirun_directly(config, tmp_path):
     cmd = ["mpirun", "--allow-run-as-root", "-np", "2", "--mca", "btl_tcp_if_include", "lo",
            "--mca", "oob_tcp_if_include", "lo", *[arg for name in forwarded for arg in ("-x", name)],
            "-x", f"MASTER_PORT={free_port()}",
-           sys.executable, "-u", "-m", "launcher.launch.rank_guard", "launcher.train.rank_entry",
+           sys.executable, "-u", "-m", "launcher.launch.rank_process", "launcher.train.rank_entry",
            "--config", str(config), "--run-dir", str(run_dir)]
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
                             stdin=subprocess.DEVNULL)

@@ -17,7 +17,7 @@ makes the race of issue 33 frequent. The expensive part of a rank start, importi
 all-reduce op, is done once: this process does it, then forks the two ranks of every repetition, all
 at once (no thread of ours is running at a fork). The ranks write to this process's stdout/stderr (one
 pipe, as under DeepSpeed's launcher); once all ended, this process prints the rank guard's exit line
-for each that failed (launcher.launch.rank_guard.exit_line) and `[teardown-test] {"repetition": i,
+for each that failed (launcher.launch.rank_process.exit_line) and `[teardown-test] {"repetition": i,
 "exit": {rank: code}}` per repetition (a signal death as -N).
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ def free_port() -> int:
 def main(argv: list[str]) -> int:
     scenarios, work = argv[0].split(","), Path(argv[1])
     prepare_process_environment()
-    from launcher.launch.rank_guard import _rank_identity, exit_line
+    from launcher.launch.rank_process import _rank_identity, exit_line
     from launcher.train import rank as rank_module
     from launcher.train import rank_entry
 

@@ -28,7 +28,7 @@ NOT_SHOWN = [
     "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully",
     DS + "[INFO] [launch.py:253:sigkill_handler] Killing subprocess 9808",
     DS + "[ERROR] [launch.py:259:sigkill_handler] ['/work/main/.venv/bin/python', '-u', '-m', "
-         "'launcher.launch.rank_guard'] exits with return code = 143",
+         "'launcher.launch.rank_process'] exits with return code = 143",
     DS + "[INFO] [launch.py:285:main] Process 10022 exits successfully.",
 ]
 SHOWN = [

@@ -90,7 +90,7 @@ def test_dry_run_local_shows_command_ranks_and_batch_arithmetic(cli, tmp_path):
     assert f"{sys.executable} -u -m deepspeed.launcher.launch" in launch
     assert world_info_of(launch) == {"localhost": [0, 1]}
     assert "DS_ACCELERATOR=cpu" in launch
-    expected_rank = f"-m launcher.launch.rank_guard launcher.train.rank_entry --config {DEMO} --run-dir {run_dir}"
+    expected_rank = f"-m launcher.launch.rank_process launcher.train.rank_entry --config {DEMO} --run-dir {run_dir}"
     assert expected_rank in commands["localhost rank 0"] and expected_rank in commands["localhost rank 1"]
     assert "RANK=1 LOCAL_RANK=1" in commands["localhost rank 1"]
     assert not run_dir.exists()  # a dry run writes nothing
@@ -303,11 +303,11 @@ def test_stop_patterns_match_only_this_jobs_processes(tmp_path):
     tail = plan.rank_args
     procs = {
         "node launcher": _sleeper("-u", "-m", "deepspeed.launcher.launch", "--world_info=e30=", "--module",
-                                  "launcher.launch.rank_guard", "launcher.train.rank_entry", *tail),
-        "guard": _sleeper("-u", "-m", "launcher.launch.rank_guard", "launcher.train.rank_entry", *tail),
+                                  "launcher.launch.rank_process", "launcher.train.rank_entry", *tail),
+        "guard": _sleeper("-u", "-m", "launcher.launch.rank_process", "launcher.train.rank_entry", *tail),
         "rank": _sleeper("-u", "-m", "launcher.train.rank_entry", *tail),
         "runner": _sleeper("-u", "-m", "deepspeed.launcher.runner", "--hostfile", "h", "--module",
-                           "launcher.launch.rank_guard", "launcher.train.rank_entry", *tail),
+                           "launcher.launch.rank_process", "launcher.train.rank_entry", *tail),
         "other run": _sleeper("-u", "-m", "launcher.train.rank_entry", "--config", str(DEMO), "--run-dir",
                               f"{run_dir}-other"),
         "wrapper": _sleeper("-m", "launcher", "pretrain", "--config", str(DEMO), "--run-dir", str(run_dir)),
@@ -345,7 +345,7 @@ def test_local_stop_matches_ranks_of_a_run_dir_with_any_character(tmp_path):
         config=str(DEMO), run_dir=str(run_dir), overrides=[], entry_module="launcher.train.rank_entry"))
     procs = {
         "rank": _sleeper("-u", "-m", "launcher.train.rank_entry", *plan.rank_args),
-        "guard": _sleeper("-u", "-m", "launcher.launch.rank_guard", "launcher.train.rank_entry", *plan.rank_args),
+        "guard": _sleeper("-u", "-m", "launcher.launch.rank_process", "launcher.train.rank_entry", *plan.rank_args),
         "other run": _sleeper("-u", "-m", "launcher.train.rank_entry", "--config", str(DEMO), "--run-dir",
                               f"{plan.run_dir}x"),
     }
@@ -360,7 +360,7 @@ def test_local_stop_matches_ranks_of_a_run_dir_with_any_character(tmp_path):
 
 
 def _guard(*module_args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "launcher.launch.rank_guard", *module_args], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-m", "launcher.launch.rank_process", *module_args], cwd=REPO,
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, **kwargs)
 
 
@@ -411,7 +411,7 @@ def test_rank_guard_quiet_on_requested_stop_and_stops_rank_when_orphaned(tmp_pat
     pid_file = tmp_path / "guard.pid"
     parent = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time\n"
-        f"g = subprocess.Popen([sys.executable, '-m', 'launcher.launch.rank_guard', 'http.server', '0', '--bind', '127.0.0.1'],"
+        f"g = subprocess.Popen([sys.executable, '-m', 'launcher.launch.rank_process', 'http.server', '0', '--bind', '127.0.0.1'],"
         f" cwd={str(REPO)!r})\n"
         f"open({str(pid_file)!r}, 'w').write(str(g.pid))\n"
         "time.sleep(120)\n")])
@@ -431,7 +431,7 @@ def test_guard_treats_the_trainers_orderly_stop_as_no_failure(tmp_path):
 
     script = tmp_path / "orderly_stop.py"
     script.write_text(f"import sys\nsys.exit({ORDERLY_STOP_EXIT_CODE})\n")
-    proc = subprocess.run([sys.executable, "-m", "launcher.launch.rank_guard", "orderly_stop"], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "launcher.launch.rank_process", "orderly_stop"], cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}"}, capture_output=True, text=True)
     assert proc.returncode == ORDERLY_STOP_EXIT_CODE
     assert "[roformer-rank-exit]" not in proc.stderr

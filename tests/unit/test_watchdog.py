@@ -26,7 +26,7 @@ from launcher.launch import watchdog as guard_watchdog
 from launcher.launch.watchdog import GuardStatus, PeerView, Verdict, Watchdog, diagnose
 from launcher.run_dir.heartbeat_file import Heartbeat, read_record, write_record
 from launcher.run_dir.layout import RunDir
-from launcher.train.progress_recorder import PhaseBounds, ProgressRecorder
+from launcher.train.heartbeats import PhaseBounds, HeartbeatWriter
 from tests.support.helpers import run_config_dict, write_complete_checkpoint, write_yaml
 
 CFG = WatchdogSection(step_factor=4.0, min_step_seconds=10.0, warmup_steps=2, history_steps=3,
@@ -103,7 +103,7 @@ class FakeClock:
 
 def test_recorder_writes_phase_step_and_bound_before_the_work(tmp_path):
     run_dir, clock = RunDir(tmp_path), FakeClock()
-    progress = ProgressRecorder(run_dir, 3, CFG, clock=clock)
+    progress = HeartbeatWriter(run_dir, 3, CFG, clock=clock)
     progress.start_up("engine")
     beat = read_record(run_dir.heartbeat(3), Heartbeat)
     assert (beat.phase, beat.step, beat.bound_seconds, beat.pid) == ("start-up: engine", None, 600.0, os.getpid())
@@ -121,7 +121,7 @@ def test_recorder_writes_phase_step_and_bound_before_the_work(tmp_path):
 
 
 def test_disabled_recorder_writes_nothing(tmp_path):
-    progress = ProgressRecorder(RunDir(tmp_path), 0, WatchdogSection(enabled=False))
+    progress = HeartbeatWriter(RunDir(tmp_path), 0, WatchdogSection(enabled=False))
     progress.start_up("engine")
     with progress.step(0, stage=0):
         pass
@@ -216,7 +216,7 @@ def test_guards_stop_a_stopped_rank_and_agree_on_it(tmp_path, monkeypatch):
 
 def test_guard_ignores_a_previous_runs_heartbeat(tmp_path):
     run_dir = RunDir(tmp_path)
-    with ProgressRecorder(run_dir, 0, CFG).step(5, stage=0):  # written by this process, not the guard's child
+    with HeartbeatWriter(run_dir, 0, CFG).step(5, stage=0):  # written by this process, not the guard's child
         pass
     identity = {"rank": "0", "local_rank": "0", "node_rank": "0", "host": "n0"}
     guard = Watchdog(run_dir, identity, 1, 999999, "127.0.0.1", 9, report=print, clock=lambda: time.monotonic() + 1e6)

@@ -1,6 +1,6 @@
-"""A rank's side of the hang watchdog: heartbeats with a bound derived from the step times seen so far.
+"""A rank's side of the hang watchdog: its heartbeats, each with a bound from the step times seen so far.
 
-    progress = ProgressRecorder(run_dir, rank, cfg.watchdog)
+    progress = HeartbeatWriter(run_dir, rank, cfg.watchdog)
     progress.start_up("engine")                  # each start-up phase: bound watchdog.startup_seconds
     with progress.step(step, stage.index):       # a training step: bound from this stage's step times
         ...
@@ -9,9 +9,9 @@
     progress.ended("finished", step)             # no longer watched
 
 Each call replaces RUN_DIR/heartbeats/rank<r>.json (launcher.run_dir.heartbeat_file) before the work starts, so the
-file always says what the rank is doing now and how long that may take. The rank guard (a separate
-process, launcher.launch.watchdog) compares that with the time since the file was written: a rank
-blocked in a collective or stopped by a signal cannot act itself, its guard can. The bounds
+file always says what the rank is doing now and how long that may take. The rank's wrapper (a separate
+process running launcher.launch.watchdog) compares that with the time since the file was written: a rank
+blocked in a collective or stopped by a signal cannot act itself, its wrapper can. The bounds
 (PhaseBounds) are pure arithmetic on the observed times, tested without processes.
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ class PhaseBounds:
         return self.cfg.startup_seconds
 
 
-class ProgressRecorder:
+class HeartbeatWriter:
     """Writes this rank's heartbeat at every step and phase start (nothing when the watchdog is off)."""
 
     def __init__(self, run_dir: RunDir | None, rank: int, cfg: WatchdogSection,
@@ -81,7 +81,7 @@ class ProgressRecorder:
             run_dir.heartbeats.mkdir(parents=True, exist_ok=True)
 
     @classmethod
-    def disabled(cls) -> "ProgressRecorder":
+    def disabled(cls) -> "HeartbeatWriter":
         """Records nothing (a trainer built without a watchdog, e.g. in a test)."""
         return cls(None, 0, WatchdogSection(enabled=False))
 

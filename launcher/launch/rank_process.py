@@ -1,10 +1,10 @@
 """Run one rank as a child process and say which rank died, and how, if it fails.
 
-    python -m launcher.launch.rank_guard launcher.train.rank_entry --config CFG --run-dir RUN_DIR ...
+    python -m launcher.launch.rank_process launcher.train.rank_entry --config CFG --run-dir RUN_DIR ...
 
 A rank killed by SIGKILL (the OOM killer, a node problem) cannot report anything itself, and
 DeepSpeed's per-node launcher only logs "exits with return code" for the last command it started,
-not for the rank that failed. This guard sits between DeepSpeed's launcher (or mpirun) and the
+not for the rank that failed. This wrapper sits between DeepSpeed's launcher (or mpirun) and the
 rank, which it starts with the same Python. When the rank ends badly it prints one line
 
     [roformer-rank-exit] rank=1 local_rank=0 node_rank=1 host=gpu07 pid=4242 status=killed by SIGKILL
@@ -12,12 +12,12 @@ rank, which it starts with the same Python. When the rank ends badly it prints o
 that `roformer pretrain` picks out of the (pdsh-prefixed) output to name the node and rank, and
 then exits with the rank's status so DeepSpeed's launcher stops the node's other ranks as usual.
 A rank stopped by SIGTERM/SIGINT is not reported (that is the stop, not the cause). If whoever
-started the guard dies, the kernel sends it SIGTERM (Linux PR_SET_PDEATHSIG) and the guard stops
-the rank, so no rank outlives its launcher. Under mpirun the guard also runs DeepSpeed's MPI
+started the wrapper dies, the kernel sends it SIGTERM (Linux PR_SET_PDEATHSIG) and the wrapper stops
+the rank, so no rank outlives its launcher. Under mpirun the wrapper also runs DeepSpeed's MPI
 discovery for the rank (see mpi_environment), under srun it reads Slurm's numbers (slurm_environment).
-DeepSpeed's MPICH and Slurm runners start it by file path (`python -u .../rank_guard.py MODULE ...`).
+DeepSpeed's MPICH and Slurm runners start it by file path (`python -u .../rank_process.py MODULE ...`).
 
-The guard also runs the hang watchdog (launcher.launch.watchdog) for a rank with a `--run-dir`: when
+The wrapper also runs the hang watchdog (launcher.launch.watchdog) for a rank with a `--run-dir`: when
 the rank stops making progress it prints a `[roformer-watchdog] {...}` line naming the ranks that hold
 the job up, SIGKILLs the rank and exits with HUNG_EXIT_CODE.
 """
@@ -146,7 +146,7 @@ def _first_slurm_host(nodelist: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("-"):
-        print("usage: python -m launcher.launch.rank_guard MODULE [ARGS...]", file=sys.stderr)
+        print("usage: python -m launcher.launch.rank_process MODULE [ARGS...]", file=sys.stderr)
         return 2
     parent = os.getppid()
     _die_with_parent()
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         env = {**os.environ, **mpi_environment(), **slurm_environment()}
     except RuntimeError as err:
-        print(f"rank_guard: error: {err}", file=sys.stderr, flush=True)
+        print(f"rank_process: error: {err}", file=sys.stderr, flush=True)
         return BAD_INPUT_EXIT_CODE
     child = subprocess.Popen([sys.executable, "-u", "-m", *argv], env=env, preexec_fn=_die_with_parent)
     identity = _rank_identity(env)
