@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from launcher.errors import UserError
 from launcher.config.hostfile import read_hostfile
 from launcher.config.precision import train_precision
-from launcher.config.stage_end_evals import check_eval_specs
+from launcher.stage_evals.specs import check_eval_specs
 
 if TYPE_CHECKING:  # the estimator imports torch (through roformer): not at `roformer plan --help`
     from launcher.config.estimate import StageEstimate, TrainingSetup

@@ -127,7 +127,7 @@ class LoggingSection:
     accelerators in launcher/mfu.py, or measured by a timed matmul at start-up on CPU)."""
     stage_end_evals: list = field(default_factory=list)
     """Evals run in the background on each stage-end checkpoint (`mlm` or a task name with optional
-    `:field=value` fine-tune options; launcher/downstream/stage_evals.py). Empty = none."""
+    `:field=value` fine-tune options; launcher/stage_evals/job.py). Empty = none."""
 
 
 @dataclass

@@ -30,7 +30,7 @@ from launcher.launch import env_forwarding
 from launcher.config.guard_section import GUARD_ACTIONS
 from launcher.config.hostfile import Hostfile, is_local_only, read_hostfile, resolve_resources, world_size_of
 from launcher.run_dir.layout import RunDir
-from launcher.config.stage_end_evals import check_eval_specs
+from launcher.stage_evals.specs import check_eval_specs
 
 if TYPE_CHECKING:  # the run config imports torch (through roformer): not needed for `roformer pretrain --help`
     from launcher.config.run_config import RunConfig

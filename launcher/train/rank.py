@@ -31,16 +31,18 @@ from launcher.io import write_line
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import write_init_record
-from launcher.train import resume, startup
+from launcher.train import resume
 from launcher.train.checkpointer import Checkpointer
-from launcher.train.engine import build_engine
+from launcher.train.engine import build_engine, init_distributed, loss_scale, precision
 from launcher.train.init_weights import InitialWeights
 from launcher.train.metrics import Metrics
 from launcher.train.progress_line import progress_every
 from launcher.train.heartbeats import HeartbeatWriter
 from launcher.train.resume import ResumePlan
-from launcher.train.startup import PhaseTimer
-from launcher.train.trainer import Trainer, TrainState
+from launcher.train.phase_timer import PhaseTimer
+from launcher.train.trainer import StageEndCallback, Trainer, TrainState
+from launcher.mfu import resolve_peak
+from launcher.stage_evals.start import start_stage_end_job
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -149,7 +151,7 @@ def agree_on_resume(inputs: RankInputs, progress: HeartbeatWriter, timer: PhaseT
                                 inputs.branch_point)
     timer.phase("checks_and_data")
     progress.start_up("rendezvous (init_distributed)")
-    startup.init_distributed()
+    init_distributed()
     timer.phase("init_distributed")
     plan = resume.share(decided)
     if plan.finished:
@@ -185,11 +187,55 @@ def build_components(inputs: RankInputs, plan: ResumePlan, progress: HeartbeatWr
     metrics = Metrics(run_dir, rank, inputs.stages, cfg.schedule.total_steps, state.step, cfg.logging.log_every,
                       cfg.logging.progress_bar, progress_every(cfg.logging.progress_every, cfg.schedule.total_steps))
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 and cfg.logging.plots else None
-    on_stage_end = startup.stage_end_callback(cfg, run_dir, plots)
-    startup.report_start(metrics, timer, plan, engine, cfg, world_size)
+    on_stage_end = stage_end_callback(cfg, run_dir, plots)
+    report_start(metrics, timer, plan, engine, cfg, world_size)
     trainer = Trainer(cfg, inputs.stages, engine, inputs.train_batches, inputs.valid_batches, state, checkpointer,
                       metrics, on_stage_end=on_stage_end, progress=progress)
     return StartedRank(trainer, metrics, progress, plots, run_dir)
+
+
+def report_start(metrics: Metrics, timer: PhaseTimer, plan: ResumePlan, engine, cfg: RunConfig, world_size: int) -> None:
+    """The start-up's events: `resume` (and its console line) on a start from a checkpoint, `startup` (phases,
+    memory), one `resume_note` per line the resume said, then rank 0's peak for MFU (a timed matmul on CPU)."""
+    scale, skipped, trained_in = loss_scale(engine), int(engine.skipped_steps), precision(engine)
+    if plan.source is not None:
+        seconds = timer.phases["checkpoint_load"]
+        metrics.event("resume", step=plan.step, tag=plan.source.tag, from_world_size=plan.source.sidecar.world_size,
+                      world_size=world_size, universal=plan.universal, seconds=seconds, loss_scale=scale,
+                      skipped_steps=skipped)
+        metrics.message(f"resumed from {plan.source.tag} (step {plan.step}) in {seconds:.2f} s"
+                        f"{' via a universal checkpoint' if plan.universal else ''}")
+    metrics.event("startup", step=plan.step, seconds=time.time() - timer.process_start,
+                  phases={k: round(v, 3) for k, v in timer.phases.items()}, resident_bytes=timer.resident)
+    for note in plan.notes:  # the route, damaged checkpoints set aside, a new config version (printed already)
+        metrics.event("resume_note", step=plan.step, message=note)
+    if not metrics.active:
+        return
+    measured_from = time.perf_counter()
+    peak = resolve_peak(cfg.logging.peak_tflops, trained_in)
+    metrics.set_peak(peak)
+    if peak.source == "measured":
+        metrics.message(f"peak for MFU: {peak.tflops:.3f} TFLOP/s fp32 (matmul measured in "
+                        f"{time.perf_counter() - measured_from:.1f} s)")
+    elif peak.tflops is None:
+        metrics.message(f"peak for MFU: unknown for {peak.device!r} ({peak.precision}); set logging.peak_tflops "
+                        "to report MFU")
+
+
+def stage_end_callback(cfg: RunConfig, run_dir: RunDir, plots: PlotHook | None = None) -> StageEndCallback | None:
+    """On each stage-end checkpoint (rank 0): refresh RUN_DIR/plots and start the configured
+    stage-end evals, each a detached process."""
+    specs = list(cfg.logging.stage_end_evals)
+    if not specs and plots is None:
+        return None
+
+    def on_stage_end(tag: str, stage: ResolvedStage) -> None:
+        if plots is not None:
+            plots.stage_end(stage.end_step)
+        if specs:
+            start_stage_end_job(run_dir, tag, stage.name, specs)
+
+    return on_stage_end
 
 
 def run(started: StartedRank) -> int:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from launcher.run_dir.layout import RunDir
-from launcher.train.stage_end_jobs import start_stage_end_job
+from launcher.stage_evals.start import start_stage_end_job
 from roformer.hf_interop import load_pretrained
 from tests.support.helpers import TINY_STAGES, hf_isolated_logits, newest_checkpoint
 

@@ -4,7 +4,7 @@
 
 What one repetition is: two ranks, each the real rank entry (launcher.train.rank_entry.main: its error
 line, its teardown, then the interpreter's own finalization) around a `start` that only does what
-ends such a rank: the real rendezvous (startup.init_distributed: DeepSpeed's gloo process group) and
+ends such a rank: the real rendezvous (engine.init_distributed: DeepSpeed's gloo process group) and
 then, by SCENARIO,
   save   the end of a save that failed on a full disk: rank 1's write fails with ENOSPC, all ranks
          agree on it (Checkpointer._agree: all_gather_object), rank 0 removes the partial checkpoint,
@@ -52,12 +52,12 @@ def failing_start(scenarios: list[str]):
 
         from launcher.errors import UserError
         from launcher.run_dir.checkpoint_files import write_failure
-        from launcher.train import startup
+        from launcher.train import engine
         from launcher.train.checkpointer import Checkpointer
 
         rank = int(os.environ["RANK"])
         with gloo_threads_behind(rank):
-            startup.init_distributed()
+            engine.init_distributed()
         world_size = dist.get_world_size()
         scenario = scenarios[int(inputs.run_dir.root.name.removeprefix("run"))]
         if scenario == "input":  # as resume.share, then a refusal: the broadcast's work holds Python-owned tensors

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.downstream.stage_evals import validate_eval_names
+from launcher.stage_evals.job import validate_eval_names
 from launcher.errors import UserError
 
 

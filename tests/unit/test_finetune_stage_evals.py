@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from launcher.config.stage_end_evals import check_eval_specs
-from launcher.downstream.stage_evals import run_stage_evals, validate_eval_names
+from launcher.stage_evals.specs import check_eval_specs
+from launcher.stage_evals.job import run_stage_evals, validate_eval_names
 from launcher.errors import UserError
 from tests.support.labelled_data import movie_review_rows, write_rows
 

@@ -1,6 +1,6 @@
-"""Start a checkpoint's stage-end evals as a detached job (launcher.downstream.stage_evals, a separate
+"""Start a checkpoint's stage-end evals as a detached job (launcher.stage_evals.job, a separate
 process, so the trainer never imports the fine-tuning code; its specs were checked at start-up by
-launcher.config.stage_end_evals.check_eval_specs).
+launcher.stage_evals.specs.check_eval_specs).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.config.stage_end_evals import STAGE_EVALS_MODULE, eval_args
+from launcher.stage_evals.specs import STAGE_EVALS_MODULE, eval_args
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import files_in_effect
 from launcher.run_dir.sidecar import read_sidecar

@@ -1,7 +1,7 @@
 """The stage-end eval job: exports a stage-end checkpoint and evaluates it beside training.
 
 After the stage-end checkpoint `tag` is complete, rank 0 starts this module as one detached process
-(launcher.train.stage_end_jobs.start_stage_end_job: own session, lowered priority) when
+(launcher.stage_evals.start.start_stage_end_job: own session, lowered priority) when
 `logging.stage_end_evals` lists evals. It exports the checkpoint to
 `RUN_DIR/exports/<tag>/` and runs the evals one after another; results land in
 `RUN_DIR/evals/<tag>.<eval>.json` and as scalars in TensorBoard under `RUN_DIR/tb/evals`

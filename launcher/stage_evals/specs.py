@@ -1,10 +1,10 @@
 """The `logging.stage_end_evals` entries of a run config, checked by the one place that knows them.
 
-The eval job itself (export + eval-mlm / quick fine-tunes) is launcher.downstream.stage_evals. It is
-reached only as a separate process (`python -m launcher.downstream.stage_evals`), so neither the run
+The eval job itself (export + eval-mlm / quick fine-tunes) is launcher.stage_evals.job. It is
+reached only as a separate process (`python -m launcher.stage_evals.job`), so neither the run
 config, the launcher nor the trainer imports the fine-tuning code; the job's `--check` mode is the
 one place that knows which evals and options exist. Starting the job at a checkpoint:
-launcher.train.stage_end_jobs.
+launcher.stage_evals.start.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 from launcher.defaults import BAD_INPUT_EXIT_CODE
 from launcher.errors import UserError
 
-STAGE_EVALS_MODULE = "launcher.downstream.stage_evals"
+STAGE_EVALS_MODULE = "launcher.stage_evals.job"
 
 
 def eval_args(specs: list[str]) -> list[str]:
