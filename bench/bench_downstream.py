@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm  # noqa: E402
-from launcher.downstream.export_reader import trained_max_seq_len  # noqa: E402
+from launcher.export.export_reader import trained_max_seq_len  # noqa: E402
 from launcher.downstream.fine_tuning import FinetuneConfig, finetune  # noqa: E402
 from launcher.downstream.tasks import bundled_spec  # noqa: E402
 from roformer import RoFormerForMaskedLM  # noqa: E402

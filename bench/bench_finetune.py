@@ -41,8 +41,8 @@ def demo_shaped_export(out: Path) -> Path:
     import torch
     import yaml
 
-    from launcher.downstream.exporter import export_checkpoint
-    from launcher.downstream.sentence_transformers_files import write_sentence_transformers_files
+    from launcher.export.exporter import export_checkpoint
+    from launcher.export.sentence_transformers_files import write_sentence_transformers_files
     from roformer import RoFormerConfig, RoFormerForMaskedLM
     from roformer.hf_interop import write_pretrained_files
 

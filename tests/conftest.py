@@ -80,7 +80,7 @@ def trainer_run(tmp_path_factory, tiny_data) -> Path:
 @pytest.fixture(scope="session")
 def trainer_export(tmp_path_factory, trainer_run) -> Path:
     """`roformer export` of trainer_run's latest checkpoint (read-only)."""
-    from launcher.downstream.exporter import export_checkpoint
+    from launcher.export.exporter import export_checkpoint
 
     return export_checkpoint(trainer_run, tmp_path_factory.mktemp("trainer_export") / "export")
 
@@ -103,7 +103,7 @@ def stored_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def stored_export(tmp_path_factory, stored_run) -> Path:
     """`roformer export` of stored_run (consolidated in this process; no DeepSpeed job). Read-only."""
-    from launcher.downstream.exporter import export_checkpoint
+    from launcher.export.exporter import export_checkpoint
 
     return export_checkpoint(stored_run, tmp_path_factory.mktemp("stored_export") / "export")
 

@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         write_predictions(args.predictions, data, evals[held_out], chosen.held_out_predictions)
         print(f"finetune: {held_out} predictions of seed {chosen.report['seed']} -> {args.predictions}", file=sys.stderr)
     if args.save_model is not None and cfg.task.task_type != "retrieval":
-        from launcher.downstream.export_reader import load_classifier
+        from launcher.export.export_reader import load_classifier
 
         model = load_classifier(cfg.export_dir, data.num_labels, random_init=cfg.init == "random", dropout=cfg.dropout)
         model.load_state_dict(chosen.best_state)

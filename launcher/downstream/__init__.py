@@ -1,2 +1,2 @@
-"""What is done with a trained checkpoint: `roformer export` (+ model card), reading an export,
-`roformer eval-mlm`, `roformer finetune` on the labelled tasks, and the stage-end eval job."""
+"""What is done with an export: `roformer eval-mlm`, `roformer finetune` on the labelled tasks and the
+retrieval task. The export itself is launcher.export; the stage-end eval job is launcher.stage_evals."""

@@ -107,7 +107,7 @@ def run_finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr
                  progress: bool = True):
     """(report, the selected seed's SeedResult (best dev value of the selection metric), the task's
     TaskData, the tokenizer, the scored dev/test splits)."""
-    from launcher.downstream.export_reader import check_export_dir, load_auto_tokenizer
+    from launcher.export.export_reader import check_export_dir, load_auto_tokenizer
     from launcher.downstream.finetune_report import build_report
     from launcher.downstream.labelled_files import load_task
     from launcher.downstream.task_metrics import better, check_select_metric
@@ -158,7 +158,7 @@ def _run_seed(cfg: FinetuneConfig, seed: int, data, train: dict, encoded: dict, 
     import torch
 
     from data_pipeline.progress import progress_bar
-    from launcher.downstream.export_reader import load_classifier
+    from launcher.export.export_reader import load_classifier
     from launcher.downstream.task_metrics import better, scores
 
     started = time.perf_counter()

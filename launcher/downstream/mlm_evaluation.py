@@ -58,7 +58,7 @@ class MLMEvalConfig:
 def evaluate_mlm(cfg: MLMEvalConfig) -> dict:
     import torch  # here, not at import: `roformer eval-mlm --help` must not wait for torch
 
-    from launcher.downstream.export_reader import load_masked_lm
+    from launcher.export.export_reader import load_masked_lm
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -91,7 +91,7 @@ def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
     from data_pipeline.errors import DataError
     from data_pipeline.tokenizer import resolve_model_path
 
-    from launcher.downstream.export_reader import trained_max_seq_len
+    from launcher.export.export_reader import trained_max_seq_len
 
     try:
         tokenizer = resolve_model_path(Path(cfg.export_dir))

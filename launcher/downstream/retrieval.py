@@ -2,7 +2,7 @@
 with sentence-transformers.
 
 The model is `SentenceTransformer(export)`: transformers' RoFormerModel + mean pooling (every export
-carries the sentence-transformers files, launcher/downstream/sentence_transformers_files.py; a directory
+carries the sentence-transformers files, launcher/export/sentence_transformers_files.py; a directory
 without them gets mean pooling explicitly). Training: sentence-transformers' MultipleNegativesRankingLoss
 (in-batch negatives, plus the row's hard negative with a negative column), batches from its
 NoDuplicatesBatchSampler (a query's other relevant passage is never an in-batch "negative"), AdamW
@@ -45,7 +45,7 @@ class RetrievalSeedResult:
 def load_sentence_model(export_dir: Path, max_length: int, random_init: bool = False, dropout: float | None = None):
     """SentenceTransformer on the export (mean pooling), truncating at `max_length` tokens; with
     `random_init` its random-init twin: the encoder weights of roformer's own initialisation (from the
-    current torch seed), as the classification twin (launcher.downstream.export_reader.load_classifier)."""
+    current torch seed), as the classification twin (launcher.export.export_reader.load_classifier)."""
     import transformers
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Transformer
@@ -122,7 +122,7 @@ def _read_rankings(out: Path, passages: dict[str, str]) -> list[dict]:
 def run_retrieval(cfg, log, progress: bool):
     """Every seed of `cfg` (a FinetuneConfig of a retrieval task): (report, the chosen seed's
     RetrievalSeedResult, the RetrievalData, the scored dev/test splits) -- run_finetune's shape."""
-    from launcher.downstream.export_reader import check_export_dir, load_auto_tokenizer
+    from launcher.export.export_reader import check_export_dir, load_auto_tokenizer
     from launcher.downstream.training_loop import training_rows
     from launcher.downstream.retrieval_data import load_retrieval_task
     from launcher.downstream.retrieval_report import build_retrieval_report, truncation

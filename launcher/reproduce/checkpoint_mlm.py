@@ -2,7 +2,7 @@
 
 `roformer eval-mlm` reads a transformers export; a checkpoint whose last stage raised RoPE's base
 (schedule `rope_theta`) cannot be exported (transformers' RoFormer fixes the base at 10000, see
-launcher/downstream/exporter.py), so the reproduction's `extension` part evaluates checkpoints with
+launcher/export/exporter.py), so the reproduction's `extension` part evaluates checkpoints with
 this module instead: the same text, masking and figures as eval-mlm (its helpers are reused), the
 model built from the sidecar's model_config with the sidecar's rope_theta.
 
@@ -27,7 +27,7 @@ def evaluate_checkpoint(run_dir: Path, data_dir: Path, seq_lens: list[int], toke
         resolve_checkpoint,
     )
     from launcher.downstream.mlm_evaluation import figures_per_length
-    from launcher.downstream.model_card import run_stages, trained_length
+    from launcher.export.model_card import run_stages, trained_length
     from launcher.run_dir.sidecar import effective_rope_theta, saved_model_config
     from roformer import RoFormerForMaskedLM
 

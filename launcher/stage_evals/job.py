@@ -110,7 +110,7 @@ def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str], snaps
                     ) -> dict[str, Path]:
     """Export `tag` (from `snapshot` when given, see snapshot_checkpoint), run each eval, write JSON +
     TensorBoard; one failing eval does not stop the rest. The snapshot is removed at the end."""
-    from launcher.downstream.exporter import export_checkpoint, run_data_dir
+    from launcher.export.exporter import export_checkpoint, run_data_dir
 
     layout = RunDir(Path(run_dir))
     evals_dir = layout.evals
@@ -144,7 +144,7 @@ def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str], snaps
 
 
 def _run_one(name: str, overrides: dict, export_dir: Path, data_dir: str | None) -> dict:
-    from launcher.downstream.export_reader import trained_max_seq_len
+    from launcher.export.export_reader import trained_max_seq_len
 
     if name == MLM_EVAL:
         from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm

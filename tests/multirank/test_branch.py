@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from launcher.run_dir.layout import RunDir
-from launcher.downstream.exporter import export_checkpoint
+from launcher.export.exporter import export_checkpoint
 from launcher.run_dir.records import describe_start, read_branch_record, read_versions
 from tests.support.helpers import TINY_TOTAL_STEPS, events, run_to_end, train_losses
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from data_pipeline import load_tokenizer
 from data_pipeline.config import CLS_ID, SEP_ID
-from launcher.downstream.exporter import export_checkpoint
+from launcher.export.exporter import export_checkpoint
 from launcher.train.metrics import read_metrics
 from roformer import RoFormerConfig, RoFormerForMaskedLM
 from roformer.hf_interop import load_pretrained

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from launcher.cli import main as cli_main
-from launcher.downstream.exporter import export_checkpoint
+from launcher.export.exporter import export_checkpoint
 from launcher.io import file_sha256
 
 

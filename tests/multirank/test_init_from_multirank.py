@@ -21,7 +21,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from launcher.downstream.exporter import export_checkpoint
+from launcher.export.exporter import export_checkpoint
 from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
 from tests.support.corpus_files import chinese_paragraphs, write_jsonl
 from tests.support.helpers import (NO_DROPOUT, REPO, free_port, hf_isolated_logits, report_of, roformer,

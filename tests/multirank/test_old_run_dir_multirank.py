@@ -22,7 +22,7 @@ TAG = "global_step5"
 
 def test_stored_run_resumes_from_its_checkpoint_and_exports(stored_run, copy_of, tmp_path):
     from data_pipeline import MaskingConfig, PretrainBatches, open_corpus
-    from launcher.downstream.exporter import export_checkpoint
+    from launcher.export.exporter import export_checkpoint
 
     run_dir = copy_of(stored_run.parent) / "run"
     config = stored_run_resume_config(run_dir)

@@ -136,7 +136,7 @@ def test_resume_with_zero_stage_1_continues_a_zero_2_run(resumable, trainer_run,
 
 def test_export_refuses_a_tokenizer_the_checkpoint_was_not_trained_with(trainer_run, trainer_export, stored_run,
                                                                         tmp_path):
-    from launcher.downstream.exporter import export_checkpoint
+    from launcher.export.exporter import export_checkpoint
 
     trained = read_sidecar(trainer_run / "checkpoints" / "global_step16").tokenizer_sha256
     assert hashlib.sha256((trainer_export / "spm.model").read_bytes()).hexdigest() == trained
@@ -157,7 +157,7 @@ def test_export_refuses_a_tokenizer_the_checkpoint_was_not_trained_with(trainer_
 
 
 def test_export_of_a_truncated_checkpoint_names_the_file(trainer_run, tmp_path):
-    from launcher.downstream.exporter import export_checkpoint
+    from launcher.export.exporter import export_checkpoint
     from launcher.run_dir.checkpoint_catalogue import DamagedCheckpoint
 
     run_dir = tmp_path / "run"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.downstream.exporter import export_checkpoint
+from launcher.export.exporter import export_checkpoint
 from launcher.errors import UserError
 from launcher.run_dir.sidecar import read_sidecar
 from launcher.train.metrics import read_metrics

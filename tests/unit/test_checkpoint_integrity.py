@@ -280,7 +280,7 @@ def test_a_save_reaches_the_disk_before_it_is_marked_complete(tmp_path, stored_r
 
 
 def test_an_export_is_flushed_before_and_after_it_appears(stored_run, tmp_path, monkeypatch):
-    from launcher.downstream.exporter import export_checkpoint
+    from launcher.export.exporter import export_checkpoint
 
     out = tmp_path / "exports" / "model"
     disk = DiskLog(monkeypatch)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import launcher.downstream.exporter as export_module
+import launcher.export.exporter as export_module
 from launcher.cli import main as cli_main
 from tests.support.helpers import REPO, roformer_env
 
@@ -137,7 +137,7 @@ def test_killed_export_leaves_old_export_and_next_export_cleans_up(run_copy):
     before = _tree_digest(out)
     script = (
         "import os, signal, sys\n"
-        "import roformer.hf_interop as h, launcher.downstream.exporter as e\n"
+        "import roformer.hf_interop as h, launcher.export.exporter as e\n"
         "orig = h.write_pretrained_files\n"
         "def write_then_die(model, d, *a, **k):\n"
         "    orig(model, d, *a, **k); os.kill(os.getpid(), signal.SIGKILL)\n"

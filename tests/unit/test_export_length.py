@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from launcher.downstream.exporter import MIN_MAX_POSITIONS, export_checkpoint
+from launcher.export.exporter import MIN_MAX_POSITIONS, export_checkpoint
 from launcher.errors import UserError
 from roformer.hf_interop import load_pretrained
 from tests.support.helpers import roformer

@@ -90,7 +90,7 @@ def test_dropout_override_keeps_the_weights_and_sets_every_dropout(stored_export
     attention's probability set, for the export and for its random-init twin alike."""
     import torch
 
-    from launcher.downstream.export_reader import load_classifier
+    from launcher.export.export_reader import load_classifier
 
     kept = load_classifier(stored_export, 2)
     changed = load_classifier(stored_export, 2, dropout=0.25)

@@ -115,7 +115,7 @@ def test_text_pairs_from_tsv_keep_both_texts_and_load_in_a_pipeline(capsys, stor
     assert report["label_names"] == ["different", "same"] and report["truncated_share"]["train"] > 0.3
 
     # Truncation keeps a share of both texts: each cut input still has [CLS] a [SEP] b [SEP] with a and b non-empty.
-    from launcher.downstream.export_reader import load_auto_tokenizer
+    from launcher.export.export_reader import load_auto_tokenizer
     from launcher.downstream.fine_tuning import _encode
     from launcher.downstream.labelled_files import load_task
     from launcher.downstream.task_spec import TaskSpec

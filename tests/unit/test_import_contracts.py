@@ -34,9 +34,9 @@ def test_a_wrong_import_breaks_its_contract(tmp_path):
     shutil.copy2(REPO / "setup.cfg", tmp_path / "setup.cfg")
     trainer = tmp_path / "launcher" / "train" / "trainer.py"
     clean = _lint_imports(tmp_path).stdout
-    trainer.write_text(trainer.read_text() + "\nfrom launcher.downstream.exporter import export_checkpoint  # wrong way\n")
+    trainer.write_text(trainer.read_text() + "\nfrom launcher.downstream.fine_tuning import finetune  # wrong way\n")
     result = _lint_imports(tmp_path)
     assert result.returncode != 0
     assert "launcher.train does not import launcher.downstream KEPT" in clean
     assert "launcher.train does not import launcher.downstream BROKEN" in result.stdout
-    assert "launcher.train.trainer -> launcher.downstream.exporter" in result.stdout
+    assert "launcher.train.trainer -> launcher.downstream.fine_tuning" in result.stdout

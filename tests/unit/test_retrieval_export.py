@@ -10,8 +10,8 @@ import logging
 import pytest
 import torch
 
-from launcher.downstream.export_reader import check_export_dir
-from launcher.downstream.sentence_transformers_files import FILES
+from launcher.export.export_reader import check_export_dir
+from launcher.export.sentence_transformers_files import FILES
 from launcher.errors import UserError
 
 

@@ -4,7 +4,7 @@
 The directory holds `config.json` + `model.safetensors` (fp32, consolidated from the ZeRO shards of
 any stage and world size), the tokenizer files, `README.md` (model card), the sentence-transformers
 files (modules.json, sentence_bert_config.json, config_sentence_transformers.json, 1_Pooling/config.json:
-mean pooling; launcher/downstream/sentence_transformers_files.py) and `export_info.json` (source
+mean pooling; launcher/export/sentence_transformers_files.py) and `export_info.json` (source
 run/tag and the checksum of every file, which later jobs use to detect a corrupt file).
 
 Length: our model computes RoPE for any position, but transformers' RoFormer reads positions from a
@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from launcher.downstream.export_reader import EXPORT_INFO
-from launcher.downstream.model_card import render_model_card, run_stages, trained_length
-from launcher.downstream.sentence_transformers_files import write_sentence_transformers_files
+from launcher.export.export_reader import EXPORT_INFO
+from launcher.export.model_card import render_model_card, run_stages, trained_length
+from launcher.export.sentence_transformers_files import write_sentence_transformers_files
 from launcher.errors import UserError
 from launcher.io import file_sha256, fsync_dir
 from launcher.run_dir.layout import SIDECAR_NAME, RunDir, sidecar_path
