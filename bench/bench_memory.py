@@ -98,7 +98,7 @@ def main() -> int:
                 runs.append(measure(root, data_dir, shape, ranks, args.steps, args.timeout, args.malloc))
                 print(json.dumps({key: runs[-1][key] for key in ("shape", "ranks", "ratio_measured_over_estimate",
                                                                   "measured_before_model_bytes")}), flush=True)
-    from launcher.config.estimate import CPU_RUNTIME_ALLOWANCE_BYTES
+    from launcher.pricing.estimate import CPU_RUNTIME_ALLOWANCE_BYTES
 
     result = json.loads(args.out.read_text()) if args.out.exists() else {}
     result.update({

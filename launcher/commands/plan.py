@@ -1,6 +1,6 @@
 """`roformer plan --config CFG --world-size N | --hostfile H`: validate a run config for N ranks, print
 the stages and, per stage, the memory per rank (FITS / DOES NOT FIT the device) and the time
-(launcher/config/estimate.py); `--json` prints the same as one JSON document.
+(launcher/pricing/estimate.py); `--json` prints the same as one JSON document.
 
 Nothing is started and nothing is written; every error names the file, stage or field. The checks
 are the ones every rank runs at start-up (launcher/inputs/run_checks.py): data, tokenizer
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher.errors import UserError
-from launcher.config.hostfile import read_hostfile
+from launcher.launch.hostfile import read_hostfile
 from launcher.config.precision import train_precision
 from launcher.stage_evals.specs import check_eval_specs
 
 if TYPE_CHECKING:  # the estimator imports torch (through roformer): not at `roformer plan --help`
-    from launcher.config.estimate import StageEstimate, TrainingSetup
+    from launcher.pricing.estimate import StageEstimate, TrainingSetup
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -132,7 +132,7 @@ def plan(args: argparse.Namespace) -> int:
 
 @dataclass
 class PlanEstimates:
-    """Memory and time per stage (launcher/config/estimate.py) with the device and peak they assume."""
+    """Memory and time per stage (launcher/pricing/estimate.py) with the device and peak they assume."""
 
     setup: TrainingSetup
     """Model, world size, ZeRO stage, precision, activation checkpointing, CPU or accelerator ranks."""
@@ -143,10 +143,10 @@ class PlanEstimates:
     peak_source: str
     mfu: float
     device: str = ""
-    """The device priced on and where it came from (launcher/config/target.py), e.g. 'V100 16 GiB (hardware.device)'."""
+    """The device priced on and where it came from (launcher/pricing/target.py), e.g. 'V100 16 GiB (hardware.device)'."""
 
     def table(self) -> str:
-        from launcher.config.estimate import format_estimates
+        from launcher.pricing.estimate import format_estimates
 
         return f"on {self.device}: " + format_estimates(self.stages, self.setup, self.device_bytes, self.peak_tflops, self.peak_source,
                                 self.mfu)
@@ -194,9 +194,9 @@ def plan_sources(cfg, stages):
 
 def plan_estimates(args: argparse.Namespace, cfg, ds_config: dict, stages) -> PlanEstimates | str:
     """The estimates of every stage on the flags' device, else the run config's target (hardware.device),
-    else this machine's (launcher/config/target.py); a note (str) when there is nothing to price on."""
-    from launcher.config.estimate import estimate_stages, setup_from_configs
-    from launcher.config.target import NoTarget, resolve_target
+    else this machine's (launcher/pricing/target.py); a note (str) when there is nothing to price on."""
+    from launcher.pricing.estimate import estimate_stages, setup_from_configs
+    from launcher.pricing.target import NoTarget, resolve_target
 
     if not 0 < args.mfu <= 1:
         raise UserError(f"--mfu: must be in (0, 1], got {args.mfu}")

@@ -6,7 +6,7 @@
 A thin wrapper around DeepSpeed's runner (`python -m deepspeed.launcher.runner`), which does the
 launching (locally, or through pdsh / OpenMPI / MPICH / Slurm). Before anything starts we check
 what DeepSpeed would only find out on the nodes: the hostfile and host filters
-(launcher.config.hostfile), the batch arithmetic of every stage at the resulting world size and the
+(launcher.launch.hostfile), the batch arithmetic of every stage at the resulting world size and the
 variables forwarded to the ranks (launcher.launch.launch_plan), the ranks' own start-up checks of the
 data and the DeepSpeed config (launcher.inputs.run_checks), then ssh reachability and the shared
 run directory (launcher.launch.preflight). While it runs, launcher.launch.supervise names the node and rank of a
@@ -30,7 +30,7 @@ from launcher.defaults import PROGRESS_ENV
 from launcher.run_dir.lock import LOCK_ID_ENV
 from launcher.io import atomic_write_text
 from launcher.launch import env_forwarding
-from launcher.config.hostfile import is_local_only
+from launcher.launch.hostfile import is_local_only
 from launcher.launch.launch_plan import add_launch_arguments, build_plan
 
 
@@ -106,7 +106,7 @@ def plan_and_launch(args: argparse.Namespace, plan) -> int:
     for note in check_inputs(plan):
         print(f"roformer pretrain: note: {note}", file=sys.stderr, flush=True)
     if args.dry_run:
-        from launcher.config.target import dry_run_estimate
+        from launcher.pricing.target import dry_run_estimate
         from launcher.launch.node_commands import describe_plan
 
         print(describe_plan(plan))

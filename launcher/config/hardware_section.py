@@ -6,7 +6,7 @@
 `roformer plan` and `roformer pretrain --dry-run` price memory and time on this device by default
 (the FITS verdicts against its memory, the time against its table peak in the run's precision), so a
 login node without GPUs plans a GPU run as it will run, not as its own CPU would
-(launcher/config/target.py). Flags (`--device-name`, `--device-memory`, `--peak-tflops`) still win.
+(launcher/pricing/target.py). Flags (`--device-name`, `--device-memory`, `--peak-tflops`) still win.
 Empty = the machine `plan` runs on. Only the launching machine reads this section: the ranks run on
 whatever they find, so it is not part of the run's recorded config.
 """
@@ -40,8 +40,6 @@ class HardwareSection:
     @property
     def memory_bytes(self) -> int:
         """Memory per device in bytes (GB and GiB both mean 2^30, as vendors size these devices)."""
-        from launcher.config.estimate import parse_memory
-
         match = DEVICE_RE.fullmatch(self.device.strip())
         return parse_memory(match.group("memory"), "hardware.device") if match else 0
 
@@ -57,3 +55,11 @@ class HardwareSection:
         if not any(key in self.product_name.lower() for key, _ in PEAK_TFLOPS_TABLE):
             fail("hardware.device", f"{self.name!r} is not in the peak table of launcher/mfu.py "
                                     f"(known: {', '.join(known)}); add it there, or plan with --peak-tflops")
+
+
+def parse_memory(text: str, where: str = "--device-memory") -> int:
+    """'16GB', '32 GiB', '800MB' -> bytes (GB and GiB both mean 2^30: a '16 GB' V100 has 16 GiB)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*", text.upper())
+    if not match:
+        raise ValueError(f"{where}: expected a size like 16GB or 800MB, got {text!r}")
+    return int(float(match.group(1)) * 1024 ** "_KMGT".index(match.group(2) or "_"))

@@ -7,7 +7,7 @@
 (d) memory: a real single-rank DeepSpeed engine with the V100-style fp16 ZeRO-2 config
     (ds_configs/v100_fp16_zero2.json) trains a few steps of one stage shape of the reference model;
     torch.cuda.max_memory_allocated against `roformer plan`'s estimate of the same stage at world size 1
-    (launcher/config/estimate.py, without the runtime allowance: max_memory_allocated does not count the
+    (launcher/pricing/estimate.py, without the runtime allowance: max_memory_allocated does not count the
     CUDA context).
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ def check_memory(device: torch.device, micro_batch: int = 16, seq_len: int = 512
     """Part (d): one rank, fp16 ZeRO-2 (the reference DeepSpeed config), the reference model at micro x len."""
     import deepspeed
 
-    from launcher.config.estimate import estimate_memory, setup_from_configs
+    from launcher.pricing.estimate import estimate_memory, setup_from_configs
 
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(key, value)

@@ -28,7 +28,7 @@ from launcher.defaults import DEFAULT_MASTER_PORT
 from launcher.errors import UserError
 from launcher.launch import env_forwarding
 from launcher.config.guard_section import GUARD_ACTIONS
-from launcher.config.hostfile import Hostfile, is_local_only, read_hostfile, resolve_resources, world_size_of
+from launcher.launch.hostfile import Hostfile, is_local_only, read_hostfile, resolve_resources, world_size_of
 from launcher.run_dir.layout import RunDir
 from launcher.stage_evals.specs import check_eval_specs
 

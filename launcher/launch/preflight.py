@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from launcher.errors import UserError
-from launcher.config.hostfile import LOCAL_HOSTNAMES
+from launcher.launch.hostfile import LOCAL_HOSTNAMES
 from launcher.launch.ssh import ssh
 
 PREFLIGHT_DIR_PREFIX = ".preflight-"

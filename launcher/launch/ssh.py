@@ -1,7 +1,7 @@
 """`ssh HOST COMMAND` as every part of `roformer pretrain` runs it: batch mode, bounded in time.
 
 Host names reach ssh as separate arguments (never through a local shell) and were validated by
-launcher.config.hostfile; callers build the remote command from constants and `shlex.quote`d values.
+launcher.launch.hostfile; callers build the remote command from constants and `shlex.quote`d values.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ read while the rank's heartbeat (RUN_DIR/heartbeats/rank<r>.json: its pid and ph
 the stage-end validation and checkpoint are not in it; and rank 0's resident memory before the model
 exists (the `startup` event's resident_bytes after run_files_and_conversion: interpreter, torch,
 DeepSpeed, data readers, process group). The model-dependent part, peak minus that, is what the
-estimate (launcher/config/estimate.py, without its fixed runtime allowance) predicts. Linux only.
+estimate (launcher/pricing/estimate.py, without its fixed runtime allowance) predicts. Linux only.
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def estimated_model_bytes(config: Path, world_size: int) -> dict:
     """The estimate of the run's first stage per rank, as `roformer plan` computes it: the model-dependent
     part (model states, activations, buckets) and the fixed allowance on top of it."""
     from launcher.config.deepspeed_json import resolve_ds_config
-    from launcher.config.estimate import estimate_memory, setup_from_configs
+    from launcher.pricing.estimate import estimate_memory, setup_from_configs
     from launcher.config.run_config import load_run_config
     from launcher.config.stages import resolve_stages
 

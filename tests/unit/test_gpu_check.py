@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from launcher.cli import main as cli_main
-from launcher.config.estimate import estimate_memory, setup_from_configs
+from launcher.pricing.estimate import estimate_memory, setup_from_configs
 from launcher.gpu_check import check_report as gpu_report
 from launcher.gpu_check.check_report import (Check, GpuCheckReport, SpeedRow, memory_check, overflow_check, resume_checks,
                                        tolerance_check)

@@ -11,7 +11,7 @@ import torch
 
 import roformer.attention as attention_module
 import roformer.dropout as dropout_module
-from launcher.config.estimate import setup_from_configs, optimizer_step_bytes
+from launcher.pricing.estimate import setup_from_configs, optimizer_step_bytes
 from launcher.train.device_batches import host_counts, to_device
 from roformer import RoFormerConfig, RoFormerForMaskedLM
 from tests.support.helpers import REPO

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.hostfile import (
+from launcher.launch.hostfile import (
     check_hostname,
     is_local_only,
     parse_hostfile_text,

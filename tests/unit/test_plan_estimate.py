@@ -1,4 +1,4 @@
-"""launcher.config.estimate (what `roformer plan` prints about memory and time): DeepSpeed's own
+"""launcher.pricing.estimate (what `roformer plan` prints about memory and time): DeepSpeed's own
 model-state estimators, the activation formula by hand, FITS / DOES NOT FIT and the largest micro-batch."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from launcher.config.estimate import (
+from launcher.pricing.estimate import (
     GIB,
     TrainingSetup,
     activation_bytes,
@@ -107,7 +107,7 @@ def test_plan_on_a_hostfile_flags_the_stage_that_cannot_fit(tiny_data, tmp_path,
     stage whose micro-batch is too big for --device-memory is DOES NOT FIT, the small one FITS."""
     from launcher.cli import main as cli_main
     from launcher.config.deepspeed_json import resolve_ds_config
-    from launcher.config.estimate import setup_from_configs
+    from launcher.pricing.estimate import setup_from_configs
     from launcher.config.run_config import load_run_config
     from launcher.config.stages import resolve_stages
     from tests.support.helpers import tiny_run_config

@@ -1,6 +1,6 @@
 """A run config's target (`hardware.device`) as the default of `roformer plan` and `roformer pretrain
 --dry-run` on a machine without that accelerator (this one: CPU), the note instead of a CPU-priced
-estimate when a config names none, and `plan` before the data exists (launcher/config/target.py)."""
+estimate when a config names none, and `plan` before the data exists (launcher/pricing/target.py)."""
 from __future__ import annotations
 
 import json

@@ -31,7 +31,7 @@ class Target:
     peak_source: str
     """Where the peak came from, as printed after the time."""
     cpu_ranks: bool
-    """The ranks compute on CPUs (launcher/config/estimate.py's CPU terms)."""
+    """The ranks compute on CPUs (launcher/pricing/estimate.py's CPU terms)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class NoTarget:
 def resolve_target(cfg, precision: str, *, device_name: str | None = None, device_memory: str | None = None,
                    peak_tflops: float | None = None) -> Target | NoTarget:
     """The device of the estimates (see the module docstring); UserError naming the flag or field."""
-    from launcher.config.estimate import parse_memory
+    from launcher.config.hardware_section import parse_memory
 
     declared = cfg.hardware
     memory = None
@@ -111,7 +111,7 @@ def dry_run_estimate(cfg, stages, world_size: int, mfu: float = 0.4) -> str:
     """The memory / time table `roformer pretrain --dry-run` prints (on the run's target by default, at
     `roformer plan`'s default MFU), or the note saying why there is none. `cfg`: the launch plan's RunConfig."""
     from launcher.config.deepspeed_json import resolve_ds_config
-    from launcher.config.estimate import estimate_stages, format_estimates, setup_from_configs
+    from launcher.pricing.estimate import estimate_stages, format_estimates, setup_from_configs
     from launcher.config.precision import train_precision
 
     ds_config = resolve_ds_config(cfg, stages[0], world_size)

@@ -36,10 +36,10 @@ Pure functions of the configs; DeepSpeed's estimators are imported when first ca
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 from launcher.config.precision import train_precision
+from launcher.config.hardware_section import parse_memory
 from roformer import RoFormerConfig
 from roformer.flops import hardware_training_flops, parameter_count
 
@@ -100,14 +100,6 @@ class MemoryEstimate:
     @property
     def total(self) -> int:
         return self.model_dependent + self.runtime
-
-
-def parse_memory(text: str, where: str = "--device-memory") -> int:
-    """'16GB', '32 GiB', '800MB' -> bytes (GB and GiB both mean 2^30: a '16 GB' V100 has 16 GiB)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*", text.upper())
-    if not match:
-        raise ValueError(f"{where}: expected a size like 16GB or 800MB, got {text!r}")
-    return int(float(match.group(1)) * 1024 ** "_KMGT".index(match.group(2) or "_"))
 
 
 def format_bytes(count: float) -> str:
