@@ -15,7 +15,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -23,7 +23,6 @@ from data_pipeline.errors import DataError
 from data_pipeline.masking import MaskingConfig
 from launcher.io import read_mapping
 from launcher.config.branch_from import BranchFrom
-from launcher.config.init_from import InitModelReader, model_over_init
 from launcher.config.schedule import (
     DECAY_SHAPES,
     Stage,
@@ -41,6 +40,10 @@ from launcher.io import atomic_write_text
 from roformer.config import ConfigError, RoFormerConfig
 
 DECAY_KINDS = ("linear", "cosine", "constant", "wsd")
+
+InitModelReader = Callable[[str, str], tuple[dict, Path]]
+"""How a config with `init_from` gets DIR's model section: (DIR, config source) -> (DIR's model fields, the
+config.json they came from). launcher/inputs/init_from.py reads them; parsing reads no model directory."""
 
 
 @dataclass
@@ -427,3 +430,28 @@ def _apply_override(raw: dict, item: str, path: Path) -> None:
             raise UserError(f"--set {item!r}: {part} in {path} is not a section")
         node = child
     node[parts[-1]] = value
+
+
+WEIGHT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "embedding_size", "type_vocab_size", "position_encoding", "max_position_embeddings",
+                 "pad_token_id")
+"""Model fields fixed by DIR's weights: their shapes (sizes, position tables) or their meaning (how the
+hidden size splits into heads, which embedding row is padding)."""
+
+
+def model_over_init(init_dir: str, base: dict, config_path: Path, explicit: dict | None, source: str) -> RoFormerConfig:
+    """The model section of a config with `init_from`: DIR's model fields (`base`, read from `config_path`) with the
+    run config's `model:` keys (`explicit`, None = no section) laid over them. A key that would give a weight another
+    shape or meaning (WEIGHT_FIELDS) is refused when it differs from DIR's, naming both values; the dropouts,
+    initializer_range and the RoPE / attention variants may change."""
+    values = dict(base)
+    for key, value in (explicit or {}).items():
+        if key in WEIGHT_FIELDS and key in values and value != values[key]:
+            raise UserError(f"{source}: model.{key}: {value!r} differs from {values[key]!r} in {config_path} "
+                            f"(init_from {init_dir}): it changes the shape or meaning of the weights; drop "
+                            f"model.{key} or set it to {values[key]!r}")
+        values[key] = value
+    try:
+        return RoFormerConfig.from_dict(values, source=f"{source}: model (over {config_path})")
+    except ConfigError as err:
+        raise UserError(str(err)) from None

@@ -3,7 +3,7 @@
 DIR is our export or any local transformers RoFormer directory (`RoFormerForMaskedLM`, or a bare
 `RoFormerModel`, whose MLM head the run then initialises). From it come:
   * the model section: DIR's config.json (roformer.hf_interop.config_from_hf) under the run config's own
-    `model:` keys (the rule: launcher/config/init_from.py);
+    `model:` keys (the rule: launcher/config/run_config.py model_over_init);
   * the weights, loaded on a fresh start only (launcher/train/init_weights.py); a resumed run continues
     from its checkpoint. Optimizer state, LR schedule and data position start fresh;
   * the tokenizer check: the data must be tokenized with DIR's tokenizer (`roformer data prepare
@@ -16,7 +16,8 @@ import json
 import os
 from pathlib import Path
 
-from launcher.config.run_config import RunConfig, load_run_config as parse_run_config
+from launcher.config import run_config
+from launcher.config.run_config import RunConfig
 from launcher.errors import UserError
 from roformer.config import ConfigError
 
@@ -27,7 +28,7 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 def load_run_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """The run config (launcher.config.run_config.load_run_config) with the model section of its init_from
     directory read from DIR: what the launch plan, `roformer plan` and every rank load."""
-    return parse_run_config(path, overrides, read_init_model=read_init_model)
+    return run_config.load_run_config(path, overrides, read_init_model=read_init_model)
 
 
 def read_init_model(init_dir: str, source: str) -> tuple[dict, Path]:

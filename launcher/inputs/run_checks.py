@@ -1,7 +1,7 @@
 """Every check of a run's input that needs no process group, used by `roformer plan`, `roformer pretrain`
 (also with --dry-run, before anything starts) and every rank at start-up (before the engine exists): what plan
-passes, a rank accepts. The checks return findings (notes, the branch point); they keep no data stream: the
-rank's builder opens its own (launcher/train/rank.py).
+passes, a rank accepts. The checks return findings (notes, the branch point) and keep no data stream: a rank
+opens its own (open_streams, from launcher/train/rank.py) and hands it to check_data.
 
   1. the DeepSpeed config of every stage, parsed by DeepSpeed's own `DeepSpeedConfig` (its pydantic
      models reject e.g. `zero_optimization.stage: 7`), and its precision against the accelerator
@@ -56,8 +56,7 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, v
     and one with checkpoints of its own resumes from those: branch_from.find_branch_point).
     """
     notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks)
-    train_corpus, _ = open_data(cfg, verify_data)
-    train = PretrainBatches(train_corpus, rank=0, world_size=world_size, seed=cfg.data.seed, masking=cfg.data.masking)
+    train, _ = open_streams(cfg, 0, world_size, verify_data)
     findings = check_data(cfg, stages, train, run_dir)
     findings.notes[:0] = notes
     return findings
@@ -136,6 +135,13 @@ def _check_precision(precision: str, source: str, binding: bool) -> str | None:
         other = "bf16 or fp32" if precision == "fp16" else "fp32"
         raise UserError(f"{what}; use a {other} DeepSpeed config, e.g. ds_configs/cpu_fp32_zero2.json on CPU")
     return f"{what} on this machine; each rank checks it again on its own node"
+
+
+def open_streams(cfg: RunConfig, rank: int, world_size: int, verify: bool = False) -> tuple[PretrainBatches, PretrainBatches]:
+    """Rank `rank`'s training and validation streams over data.data_dir (open_data's checks on opening; `verify`:
+    also re-hash shards changed since they were prepared). A rank opens and keeps its own; the checks only read."""
+    return tuple(PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed, masking=cfg.data.masking)
+                 for corpus in open_data(cfg, verify))
 
 
 def open_data(cfg: RunConfig, verify: bool):

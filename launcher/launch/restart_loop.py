@@ -30,7 +30,7 @@ NOT_REPEATABLE_KINDS = ("preempted", "preflight")  # not a property of the step:
 EXCLUDABLE_KINDS = ("rank", "node", "hung")  # a fault that names the node it happened on
 FIRST_STEP_POLL_SECONDS = 1.0
 _DURATION_RE = re.compile(r"\b\d+(\.\d+)? s\b")
-STARTUP_EVENT = "startup"  # rank 0's metrics.jsonl event when it is ready for its first step (launcher/train/rank.py report_start)
+STARTUP_EVENT = "startup"  # rank 0's metrics.jsonl event when it is ready for its first step (launcher/train/metrics.py Metrics.report_start)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""Start a checkpoint's stage-end evals as a detached job (launcher.stage_evals.job, a separate
-process, so the trainer never imports the fine-tuning code; its specs were checked at start-up by
-launcher.stage_evals.specs.check_eval_specs).
+"""Rank 0's stage-end callback, and starting a checkpoint's stage-end evals as a detached job
+(launcher.stage_evals.job, a separate process, so the trainer never imports the fine-tuning code; its specs
+were checked at start-up by launcher.stage_evals.specs.check_eval_specs).
 """
 from __future__ import annotations
 
@@ -9,11 +9,30 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
-from launcher.stage_evals.specs import STAGE_EVALS_MODULE, eval_args
+from launcher.config.stages import ResolvedStage
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import files_in_effect
 from launcher.run_dir.sidecar import read_sidecar
+from launcher.stage_evals.specs import STAGE_EVALS_MODULE, eval_args
+
+
+def stage_end_callback(cfg, run_dir: RunDir, plots=None) -> Callable[[str, ResolvedStage], None] | None:
+    """What rank 0 does on each stage-end checkpoint (the trainer's on_stage_end): refresh RUN_DIR/plots
+    (`plots`, a launcher.report.hook.PlotHook) and start the configured stage-end evals (`cfg`: the RunConfig),
+    each a detached process. None when there is nothing to do."""
+    specs = list(cfg.logging.stage_end_evals)
+    if not specs and plots is None:
+        return None
+
+    def on_stage_end(tag: str, stage: ResolvedStage) -> None:
+        if plots is not None:
+            plots.stage_end(stage.end_step)
+        if specs:
+            start_stage_end_job(run_dir, tag, stage.name, specs)
+
+    return on_stage_end
 
 
 def start_stage_end_job(run_dir: RunDir, tag: str, stage_name: str, specs: list[str]) -> subprocess.Popen:

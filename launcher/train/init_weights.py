@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from launcher.config.init_from import WEIGHT_FIELDS
+from launcher.config.run_config import WEIGHT_FIELDS
 from launcher.inputs.init_from import init_tokenizer_sha256, weights_file
 from launcher.errors import UserError
 from launcher.io import file_sha256

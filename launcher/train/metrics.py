@@ -18,7 +18,7 @@ from launcher.config.stages import ResolvedStage
 from launcher.io import atomic_write_text, write_line
 from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, normalise
 from launcher.run_dir.layout import RunDir
-from launcher.mfu import Peak, speed_fields
+from launcher.mfu import Peak, resolve_peak, speed_fields
 from launcher.train.progress_line import ProgressPrinter
 
 # TensorBoard tag of each train-record field.
@@ -56,6 +56,35 @@ class Metrics:
         """The peak MFU is measured against, from now on (recorded as a `peak_flops` event)."""
         self.peak = peak
         self.event("peak_flops", **peak.to_dict())
+
+    def report_start(self, timer, plan, world_size: int, scale: float | None, skipped: int, trained_in: str,
+                     peak_tflops: float) -> None:
+        """The start-up's events: `resume` (and its console line) on a start from a checkpoint, `startup` (phases and
+        memory of `timer`, a PhaseTimer), one `resume_note` per line the resume `plan` said, then rank 0's peak for
+        MFU (logging.peak_tflops, else the table, else a timed matmul on CPU). `scale`, `skipped`, `trained_in`: the
+        engine's loss scale, skipped steps and precision."""
+        if plan.source is not None:
+            seconds = timer.phases["checkpoint_load"]
+            self.event("resume", step=plan.step, tag=plan.source.tag, from_world_size=plan.source.sidecar.world_size,
+                       world_size=world_size, universal=plan.universal, seconds=seconds, loss_scale=scale,
+                       skipped_steps=skipped)
+            self.message(f"resumed from {plan.source.tag} (step {plan.step}) in {seconds:.2f} s"
+                         f"{' via a universal checkpoint' if plan.universal else ''}")
+        self.event("startup", step=plan.step, seconds=time.time() - timer.process_start,
+                   phases={k: round(v, 3) for k, v in timer.phases.items()}, resident_bytes=timer.resident)
+        for note in plan.notes:  # the route, damaged checkpoints set aside, a new config version (printed already)
+            self.event("resume_note", step=plan.step, message=note)
+        if not self.active:
+            return
+        measured_from = time.perf_counter()
+        peak = resolve_peak(peak_tflops, trained_in)
+        self.set_peak(peak)
+        if peak.source == "measured":
+            self.message(f"peak for MFU: {peak.tflops:.3f} TFLOP/s fp32 (matmul measured in "
+                         f"{time.perf_counter() - measured_from:.1f} s)")
+        elif peak.tflops is None:
+            self.message(f"peak for MFU: unknown for {peak.device!r} ({peak.precision}); set logging.peak_tflops "
+                         "to report MFU")
 
     def train_step(self, record: dict) -> None:
         """record: step (steps completed, this one included), the TRAIN_SCALARS fields and

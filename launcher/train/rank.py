@@ -26,7 +26,7 @@ from launcher.config.stages import ResolvedStage, resolve_stages
 from launcher.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.errors import UserError
 from launcher.inputs.init_from import load_run_config
-from launcher.inputs.run_checks import check_data, check_deepspeed_configs, open_data
+from launcher.inputs.run_checks import check_data, check_deepspeed_configs, open_streams
 from launcher.io import write_line
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
@@ -40,9 +40,8 @@ from launcher.train.progress_line import progress_every
 from launcher.train.heartbeats import HeartbeatWriter
 from launcher.train.resume import ResumePlan
 from launcher.train.phase_timer import PhaseTimer
-from launcher.train.trainer import StageEndCallback, Trainer, TrainState
-from launcher.mfu import resolve_peak
-from launcher.stage_evals.start import start_stage_end_job
+from launcher.train.trainer import Trainer, TrainState
+from launcher.stage_evals.start import stage_end_callback
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -99,17 +98,9 @@ def check_inputs(argv: list[str] | None) -> RankInputs:
     cfg = load_run_config(args.config, args.overrides)
     stages = resolve_stages(cfg, world_size)
     check_deepspeed_configs(cfg, stages, world_size)
-    train, valid = open_streams(cfg, rank, world_size, verify=cfg.data.verify and rank == 0)
+    train, valid = open_streams(cfg, rank, world_size, verify=cfg.data.verify and rank == 0)  # this rank's, kept
     findings = check_data(cfg, stages, train, run_dir.root)
     return RankInputs(cfg, rank, world_size, stages, run_dir, train, valid, findings.branch)
-
-
-def open_streams(cfg: RunConfig, rank: int, world_size: int, verify: bool = False) -> tuple[PretrainBatches, PretrainBatches]:
-    """This rank's training and validation streams over data.data_dir (its manifest, shards and tokenizer
-    checked on opening; `verify`: also re-hash shards changed since they were prepared)."""
-    corpora = open_data(cfg, verify)
-    return tuple(PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed,
-                                 masking=cfg.data.masking) for corpus in corpora)
 
 
 def check_run_dir(path: Path) -> RunDir:
@@ -188,54 +179,11 @@ def build_components(inputs: RankInputs, plan: ResumePlan, progress: HeartbeatWr
                       cfg.logging.progress_bar, progress_every(cfg.logging.progress_every, cfg.schedule.total_steps))
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 and cfg.logging.plots else None
     on_stage_end = stage_end_callback(cfg, run_dir, plots)
-    report_start(metrics, timer, plan, engine, cfg, world_size)
+    metrics.report_start(timer, plan, world_size, loss_scale(engine), int(engine.skipped_steps), precision(engine),
+                         cfg.logging.peak_tflops)
     trainer = Trainer(cfg, inputs.stages, engine, inputs.train_batches, inputs.valid_batches, state, checkpointer,
                       metrics, on_stage_end=on_stage_end, progress=progress)
     return StartedRank(trainer, metrics, progress, plots, run_dir)
-
-
-def report_start(metrics: Metrics, timer: PhaseTimer, plan: ResumePlan, engine, cfg: RunConfig, world_size: int) -> None:
-    """The start-up's events: `resume` (and its console line) on a start from a checkpoint, `startup` (phases,
-    memory), one `resume_note` per line the resume said, then rank 0's peak for MFU (a timed matmul on CPU)."""
-    scale, skipped, trained_in = loss_scale(engine), int(engine.skipped_steps), precision(engine)
-    if plan.source is not None:
-        seconds = timer.phases["checkpoint_load"]
-        metrics.event("resume", step=plan.step, tag=plan.source.tag, from_world_size=plan.source.sidecar.world_size,
-                      world_size=world_size, universal=plan.universal, seconds=seconds, loss_scale=scale,
-                      skipped_steps=skipped)
-        metrics.message(f"resumed from {plan.source.tag} (step {plan.step}) in {seconds:.2f} s"
-                        f"{' via a universal checkpoint' if plan.universal else ''}")
-    metrics.event("startup", step=plan.step, seconds=time.time() - timer.process_start,
-                  phases={k: round(v, 3) for k, v in timer.phases.items()}, resident_bytes=timer.resident)
-    for note in plan.notes:  # the route, damaged checkpoints set aside, a new config version (printed already)
-        metrics.event("resume_note", step=plan.step, message=note)
-    if not metrics.active:
-        return
-    measured_from = time.perf_counter()
-    peak = resolve_peak(cfg.logging.peak_tflops, trained_in)
-    metrics.set_peak(peak)
-    if peak.source == "measured":
-        metrics.message(f"peak for MFU: {peak.tflops:.3f} TFLOP/s fp32 (matmul measured in "
-                        f"{time.perf_counter() - measured_from:.1f} s)")
-    elif peak.tflops is None:
-        metrics.message(f"peak for MFU: unknown for {peak.device!r} ({peak.precision}); set logging.peak_tflops "
-                        "to report MFU")
-
-
-def stage_end_callback(cfg: RunConfig, run_dir: RunDir, plots: PlotHook | None = None) -> StageEndCallback | None:
-    """On each stage-end checkpoint (rank 0): refresh RUN_DIR/plots and start the configured
-    stage-end evals, each a detached process."""
-    specs = list(cfg.logging.stage_end_evals)
-    if not specs and plots is None:
-        return None
-
-    def on_stage_end(tag: str, stage: ResolvedStage) -> None:
-        if plots is not None:
-            plots.stage_end(stage.end_step)
-        if specs:
-            start_stage_end_job(run_dir, tag, stage.name, specs)
-
-    return on_stage_end
 
 
 def run(started: StartedRank) -> int:

@@ -20,7 +20,7 @@ from launcher.run_dir.layout import RunDir
 from launcher.run_dir.sidecar import read_sidecar
 from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
-from launcher.train.rank import open_streams
+from launcher.inputs.run_checks import open_streams
 from tests.support.corpus_files import named_sources_dir
 from tests.support.helpers import (
     NO_DROPOUT,

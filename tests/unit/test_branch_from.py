@@ -196,9 +196,8 @@ def test_rank_zero_verifies_the_branch_point_and_refuses_a_damaged_one(source, t
     """decide (rank 0) verifies the files of the point the input checks read (a branch that starts is
     tests/multirank/test_branch.py); a damaged source checkpoint is refused naming the file, and nothing
     is written in either run directory."""
-    from launcher.inputs.run_checks import check_run
+    from launcher.inputs.run_checks import check_run, open_streams
     from launcher.train import resume
-    from launcher.train.rank import open_streams
 
     cfg = load_run_config(stored_run_resume_config(source), [f"branch_from={source}"])
     stages = resolve_stages(cfg, 2)

@@ -1,5 +1,5 @@
 """`roformer plan`, `roformer pretrain --dry-run` and a rank's start-up run the same checks
-(launcher/config/preflight_checks.py, issue 12 item 2): each bad input below gets the same one line
+(launcher/inputs/run_checks.py, issue 12 item 2): each bad input below gets the same one line
 from all three, naming the file and the field, before DeepSpeed runs or anything is launched.
 
 All in this process: the CLI's `main` and the rank entry's `main` (as rank 0 of 2, which must stop
