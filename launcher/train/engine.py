@@ -75,7 +75,7 @@ def precision(engine) -> str:
 
 # DeepSpeed's CPU shared-memory all-reduce (ops/csrc/cpu/comm/shm.cpp, used when every rank is on one
 # node) creates /dev/shm/<prefix>_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank> (~66 MB each) and never
-# removes it: /dev/shm is RAM, and every run used to leave world-size such files behind.
+# removes it: /dev/shm is RAM, and each run would leave world-size such files behind.
 SHM_ALLREDUCE_PREFIX = "deepspeed_allreduce_buffer"
 
 
