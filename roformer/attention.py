@@ -91,7 +91,8 @@ class SelfAttention(nn.Module):
                 query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
                 if self.rotary_value:
                     value = apply_rotary(value, cos, sin)
-            mask = None if attention_mask is None else additive_padding_mask(attention_mask, query.dtype)  # (B, 1, 1, T)
+            # (B, 1, 1, T) additive, or None
+            mask = None if attention_mask is None else additive_padding_mask(attention_mask, query.dtype)
             dropout_p = self.dropout_prob if self.training else 0.0
             context = scaled_dot_product_attention(query, key, value, mask, dropout_p)  # (B, H, T, D)
 

@@ -1,8 +1,10 @@
 """The RoFormer encoder and its heads, in dependency order.
 
 Embeddings -> post-LN blocks (as transformers' RoFormer / BERT) -> encoder -> MLM head (tied to the
-word embeddings) and sequence-classification head. Pure PyTorch: tensors stay on their input's device.
-Shapes: B batch, T sequence length, E embedding size, H hidden size, V vocabulary, M masked tokens.
+word embeddings) and sequence-classification head. Pure PyTorch: tensors stay on their input's device;
+the ops imported from `cpu_kernels` pick their kernel by that device (docs/model.md).
+Shapes: B batch, T sequence length, E embedding size, H hidden size, I intermediate size, D head size,
+V vocabulary, M masked tokens.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class Embeddings(nn.Module):
             if self.position_encoding == "learned":
                 embedded = embedded + self.position.weight[:length]  # (T, E) broadcast over B
             else:
-                embedded = embedded + self.position_table[:length].to(embedded.dtype)
+                embedded = embedded + self.position_table[:length].to(embedded.dtype)  # (T, E) broadcast over B
         embedded = self.dropout(self.norm(embedded))
         return embedded if self.project is None else self.project(embedded)  # (B, T, H)
 
@@ -139,9 +141,9 @@ class RoFormerModel(nn.Module):
         rotary = self.rope.cos_sin(input_ids.shape[1], input_ids.device) if self.rope is not None else None
         for layer in self.layers:
             if self.gradient_checkpointing and self.training:
-                hidden = checkpoint(layer, hidden, attention_mask, rotary, use_reentrant=False)
+                hidden = checkpoint(layer, hidden, attention_mask, rotary, use_reentrant=False)  # (B, T, H)
             else:
-                hidden = layer(hidden, attention_mask, rotary)
+                hidden = layer(hidden, attention_mask, rotary)  # (B, T, H)
         return hidden
 
 
