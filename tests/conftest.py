@@ -101,6 +101,22 @@ def stored_run(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def previous_run(tmp_path_factory, stored_run) -> Path:
+    """A run directory written by the release before the checkpoint component (tests/fixtures/README.md):
+    2 ranks, ZeRO-2, checkpoint global_step5 with a format-2 sidecar (file sizes and sha256), config
+    versions. Trained on stored_run's corpus, which `previous_run.parent / "data"` links to. Read-only."""
+    root = tmp_path_factory.mktemp("previous")
+    with tarfile.open(FIXTURES / "previous_run_dir.tar.xz") as archive:
+        archive.extractall(root, filter="data")
+    run_dir = root / "prev_run" / "run"
+    (run_dir.parent / "data").symlink_to(stored_run.parent / "data")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    config["data"]["data_dir"] = str(run_dir.parent / "data")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return run_dir
+
+
+@pytest.fixture(scope="session")
 def stored_export(tmp_path_factory, stored_run) -> Path:
     """`roformer export` of stored_run (consolidated in this process; no DeepSpeed job). Read-only."""
     from launcher.downstream.exporter import export_checkpoint
