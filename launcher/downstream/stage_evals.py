@@ -26,11 +26,11 @@ import shutil
 import sys
 from pathlib import Path
 
+from launcher.checkpoint.catalogue import read_sidecar
 from launcher.defaults import BAD_INPUT_EXIT_CODE
 from launcher.errors import UserError
 from launcher.io import atomic_write_json
 from launcher.run_dir.layout import RunDir
-from launcher.run_dir.sidecar import read_sidecar
 
 MLM_EVAL = "mlm"
 # A stage-end fine-tune is a progress signal, not the final number: small and bounded in time.

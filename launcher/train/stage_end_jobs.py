@@ -10,10 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher.checkpoint.catalogue import read_sidecar
 from launcher.config.stage_end_evals import STAGE_EVALS_MODULE, eval_args
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import files_in_effect
-from launcher.run_dir.sidecar import read_sidecar
 
 
 def start_stage_end_job(run_dir: RunDir, tag: str, stage_name: str, specs: list[str]) -> subprocess.Popen:

@@ -13,7 +13,7 @@ import json
 import yaml
 
 from launcher.run_dir.layout import RunDir, sidecar_path
-from launcher.run_dir.sidecar import read_sidecar
+from launcher.checkpoint.catalogue import read_sidecar
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import TEST_RANK_ENTRY, run_to_end, stored_run_resume_config
 

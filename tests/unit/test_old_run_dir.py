@@ -13,7 +13,7 @@ import json
 import torch
 
 from launcher.run_dir.layout import sidecar_path
-from launcher.run_dir.sidecar import read_sidecar, write_sidecar
+from launcher.checkpoint.catalogue import read_sidecar, write_sidecar
 from roformer.hf_interop import load_pretrained
 from tests.support.helpers import stored_run_resume_config
 
@@ -67,7 +67,7 @@ def test_previous_release_checkpoint_verifies_and_exports(previous_run, tmp_path
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     from launcher.downstream.exporter import export_checkpoint
-    from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+    from launcher.checkpoint.catalogue import CheckpointCatalogue
 
     point = CheckpointCatalogue.scan(previous_run).newest_intact()
     assert (point.tag, point.verified, point.sidecar.format, point.sidecar.world_size) == (TAG, True, 2, 2)

@@ -1,32 +1,133 @@
-"""`roformer export RUN_DIR --average-last N` / `--average TAG,TAG,...`: the element-wise mean of several
-checkpoints' fp32 weights (a merge of the end of a decay, as the mmBERT / Ettin recipes do).
+"""Read-only views of a run's checkpoints for export, averaging and evaluation: one checkpoint found and
+verified (`resolve_checkpoint`), its weights as one fp32 state dict (`consolidate_fp32`), and the mean of
+several (`roformer export RUN_DIR --average-last N` / `--average TAG,TAG,...`, as the mmBERT / Ettin recipes
+merge the end of a decay).
 
-Which checkpoints: the N newest complete ones (by step: launcher/run_dir/checkpoint_catalogue.py), or the
-tags named. Every one is verified as a
-single export's checkpoint is (sidecar complete, files' sizes and sha256 as recorded at save time,
-launcher/downstream/checkpoint_weights.py) and consolidated the same way (zero_to_fp32 / universal /
-ZeRO-0), one at a time, into a float64 running sum (the mean is exact to fp32 rounding whatever N).
-They must be checkpoints of one model: same architecture (roformer.config.RoFormerConfig.diff), same
-tokenizer sha256 and the same RoPE base at save time. Every refusal comes before anything is loaded.
+The weights are consolidated with DeepSpeed's own `deepspeed.utils.zero_to_fp32` for ZeRO 1/2/3 at any
+world size; universal checkpoints (`ds_to_universal` output: `zero/<param>/fp32.pt`) and plain (ZeRO-0)
+checkpoints are read directly. Checkpoints are the run's own files: DeepSpeed's reader unpickles its
+`*_states.pt` files with `weights_only=False` (they hold DeepSpeed objects), and so does the ZeRO-0 path
+here for the same files. Universal `fp32.pt` files are plain tensors and are read with `weights_only=True`.
 
-The export's model card and export_info.json (`averaged`) list each checkpoint averaged: tag, step,
-stage and the sha256 of its sidecar.json (which itself records every file's sha256).
+Averaging: the N newest complete checkpoints (by step), or the tags named; each verified and consolidated
+as a single export's, one at a time, into a float64 running sum (the mean is exact to fp32 rounding
+whatever N). They must be checkpoints of one model: same architecture (RoFormerConfig.diff), same
+tokenizer sha256 and the same RoPE base at save time. Every refusal comes before anything is loaded. The
+export's model card and export_info.json (`averaged`) list each checkpoint averaged: tag, step, stage and
+the sha256 of its sidecar.json (which itself records every file's sha256).
 """
 from __future__ import annotations
 
+import contextlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.checkpoint.catalogue import (CheckpointCatalogue, CheckpointSidecar, DamagedCheckpoint,
+                                           effective_rope_theta, saved_model_config)
 from launcher.errors import UserError
 from launcher.io import file_sha256
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.run_dir.layout import RunDir, sidecar_path
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where weights are read: `roformer export --help` answers without it
     import torch
 
-    from launcher.downstream.checkpoint_weights import CheckpointRef
+
+@dataclass
+class CheckpointRef:
+    """One complete checkpoint of a run."""
+
+    run_dir: RunDir  # the run directory given on the command line
+    tag: str  # sub-directory name under checkpoints/
+    sidecar: CheckpointSidecar
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir.checkpoint(self.tag)
+
+
+def resolve_checkpoint(run_dir: Path, tag: str | None) -> CheckpointRef:
+    """Find the checkpoint (`tag`, or the one `checkpoints/latest` names) and check it is complete and
+    its files are the ones its save recorded (sizes, sha256), before anything is loaded."""
+    layout = RunDir(Path(run_dir))
+    if not layout.root.is_dir():
+        raise UserError(f"{layout.root}: run directory not found")
+    ckpt_dir = layout.checkpoints
+    if not ckpt_dir.is_dir():
+        raise UserError(f"{ckpt_dir}: no checkpoints directory (has this run saved a checkpoint yet?)")
+    catalogue = CheckpointCatalogue.scan(layout)
+    available = [e.tag for e in catalogue.entries]
+    if tag is None:
+        latest = layout.latest
+        if not latest.is_file():
+            raise UserError(f"{latest}: missing, so there is no latest checkpoint; pass --tag "
+                            f"(available: {', '.join(available) or 'none'})")
+        tag = latest.read_text(encoding="utf-8").strip()
+        if not tag:
+            raise UserError(f"{latest}: empty")
+    if "/" in tag or tag in ("", ".", ".."):
+        raise UserError(f"--tag {tag!r}: not a checkpoint tag")
+    entry = catalogue.entry(tag)
+    if entry is None:
+        raise UserError(f"{ckpt_dir}: unknown checkpoint tag {tag!r} (available: {', '.join(available) or 'none'})")
+    entry = catalogue.verify(entry)
+    if not entry.verified:
+        raise (DamagedCheckpoint if entry.sidecar is not None else UserError)(entry.problem)
+    return CheckpointRef(run_dir=layout, tag=tag, sidecar=entry.sidecar)
+
+
+def consolidate_fp32(ref: CheckpointRef) -> dict[str, torch.Tensor]:
+    """All parameters of the checkpoint in fp32 on CPU, keyed like the trained module's state dict."""
+    import torch
+
+    tag_dir = ref.path
+    chatter = io.StringIO()  # zero_to_fp32's prints and shard-loading bar: shown only if it fails
+    try:
+        if any(tag_dir.glob("*_optim_states.pt")):
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+            with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
+                state = get_fp32_state_dict_from_zero_checkpoint(str(ref.run_dir.checkpoints), tag=ref.tag)
+        elif (tag_dir / "zero").is_dir():
+            state = _read_universal(tag_dir / "zero")
+        else:
+            state = _read_unpartitioned(tag_dir)
+    except UserError:
+        raise
+    except (OSError, RuntimeError, ValueError, KeyError, EOFError) as err:
+        # Truncated or mismatched shards surface here from DeepSpeed / torch.load.
+        said = chatter.getvalue().strip().splitlines()[-3:]
+        raise UserError(f"{tag_dir}: cannot consolidate checkpoint: {type(err).__name__}: {err}"
+                        + (f" (DeepSpeed's zero_to_fp32 said: {' | '.join(said)})" if said else "")) from None
+    return {name: tensor.detach().to(torch.float32).contiguous() if tensor.is_floating_point() else tensor
+            for name, tensor in state.items()}
+
+
+def _read_universal(zero_dir: Path) -> dict[str, torch.Tensor]:
+    import torch
+
+    state = {}
+    for fp32_file in sorted(zero_dir.rglob("fp32.pt")):
+        name = fp32_file.parent.relative_to(zero_dir).as_posix()
+        # ds_to_universal saves {"param": tensor} (a missing key is reported by consolidate_fp32).
+        state[name] = torch.load(fp32_file, map_location="cpu", weights_only=True)["param"]
+    if not state:
+        raise UserError(f"{zero_dir}: universal checkpoint without any */fp32.pt parameter file")
+    return state
+
+
+def _read_unpartitioned(tag_dir: Path) -> dict[str, torch.Tensor]:
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_model_state_file
+
+    path = get_model_state_file(str(tag_dir), zero_stage=0)
+    # A ZeRO-0 model state file also holds DeepSpeed objects (hence weights_only=False), and its
+    # weights are in the training dtype: fp32 master weights exist only with ZeRO >= 1.
+    return torch.load(path, map_location="cpu", weights_only=False)["module"]
+
+
+# --------------------------------------------------------------------------- averaging
 
 
 @dataclass(frozen=True)
@@ -83,8 +184,6 @@ class AveragedCheckpoint:
 def select_checkpoints(run_dir: Path, request: AverageRequest) -> list[CheckpointRef]:
     """The checkpoints to average, oldest first, each verified (resolve_checkpoint) and checked to be of
     one model (`check_same_model`); UserError naming the flag, tag or field otherwise."""
-    from launcher.downstream.checkpoint_weights import resolve_checkpoint
-
     layout = RunDir(Path(run_dir))
     tags = list(request.tags)
     if request.last is not None:
@@ -108,7 +207,6 @@ def _newest_complete(layout: RunDir, count: int) -> list[str]:
 def check_same_model(refs: list[CheckpointRef]) -> None:
     """Averaging mixes weights element by element: only checkpoints of one architecture, trained with one
     tokenizer (the same token ids) and at one RoPE base, mean something together."""
-    from launcher.run_dir.sidecar import effective_rope_theta, saved_model_config
     from roformer.config import ConfigError
 
     first = refs[0]
@@ -136,8 +234,6 @@ def averaged_fp32(refs: list[CheckpointRef]) -> dict[str, torch.Tensor]:
     """The element-wise mean of the checkpoints' consolidated fp32 weights (float64 sums, one checkpoint in
     memory at a time besides the sums). Non-float tensors (buffers) must be equal in all of them."""
     import torch
-
-    from launcher.downstream.checkpoint_weights import consolidate_fp32
 
     sums: dict[str, torch.Tensor] = {}
     for index, ref in enumerate(refs):
