@@ -1,5 +1,6 @@
 """Read-only views of a run's checkpoints for export, averaging and evaluation: one checkpoint found and
-verified (`resolve_checkpoint`), its weights as one fp32 state dict (`consolidate_fp32`), and the mean of
+verified (`resolve_checkpoint`), its weights as one fp32 state dict (`consolidate_fp32`), a linked snapshot
+that a stage-end eval job reads while retention goes on (`snapshot_checkpoint`), and the mean of
 several (`roformer export RUN_DIR --average-last N` / `--average TAG,TAG,...`, as the mmBERT / Ettin recipes
 merge the end of a decay).
 
@@ -20,15 +21,18 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.checkpoint.catalogue import (CheckpointCatalogue, CheckpointSidecar, DamagedCheckpoint,
-                                           effective_rope_theta, saved_model_config)
+                                           effective_rope_theta, read_sidecar, saved_model_config)
 from launcher.errors import UserError
 from launcher.io import file_sha256
 from launcher.run_dir.layout import RunDir, sidecar_path
+from launcher.run_dir.records import files_in_effect
 
 if TYPE_CHECKING:  # torch is imported where weights are read: `roformer export --help` answers without it
     import torch
@@ -125,6 +129,30 @@ def _read_unpartitioned(tag_dir: Path) -> dict[str, torch.Tensor]:
     # A ZeRO-0 model state file also holds DeepSpeed objects (hence weights_only=False), and its
     # weights are in the training dtype: fp32 master weights exist only with ZeRO >= 1.
     return torch.load(path, map_location="cpu", weights_only=False)["module"]
+
+
+def snapshot_checkpoint(run_dir: RunDir, tag: str) -> Path:
+    """Hard links to the checkpoint's files (instant, no copy) in a run-dir-shaped folder under
+    RUN_DIR/evals/: the eval job reads those, so the trainer's retention may delete the original
+    while the job is queued or running. Returns the snapshot's run directory."""
+    snapshot = RunDir(run_dir.evals / f".snapshot-{tag}" / run_dir.root.name)
+    shutil.rmtree(snapshot.root.parent, ignore_errors=True)
+    snapshot.checkpoint(tag).mkdir(parents=True)
+    for path in run_dir.checkpoint(tag).iterdir():
+        if path.is_file():
+            _link_or_copy(path, snapshot.checkpoint(tag) / path.name)
+    in_effect = files_in_effect(run_dir, read_sidecar(run_dir.checkpoint(tag)).step)  # the run's config versions
+    for source, dest in ((in_effect["config"], snapshot.config), (in_effect["stages"], snapshot.stages)):
+        if source.is_file():
+            shutil.copy2(source, dest)
+    return snapshot.root
+
+
+def _link_or_copy(source: Path, dest: Path) -> None:
+    try:
+        os.link(source, dest)
+    except OSError:  # another filesystem, or links not allowed
+        shutil.copy2(source, dest)
 
 
 # --------------------------------------------------------------------------- averaging

@@ -108,7 +108,7 @@ def _result_name(name: str) -> str:
 
 def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str], snapshot: Path | None = None
                     ) -> dict[str, Path]:
-    """Export `tag` (from `snapshot` when given, see snapshot_checkpoint), run each eval, write JSON +
+    """Export `tag` (from `snapshot` when given, see launcher.checkpoint.weights.snapshot_checkpoint), run each eval, write JSON +
     TensorBoard; one failing eval does not stop the rest. The snapshot is removed at the end."""
     from launcher.downstream.exporter import export_checkpoint, run_data_dir
 
