@@ -3,7 +3,6 @@ from it (loss-scale floor, precision; the loss scale itself: launcher/checkpoint
 from __future__ import annotations
 
 import deepspeed
-import torch
 
 from launcher.checkpoint.checkpointer import seed_everything
 from launcher.config.precision import train_precision
