@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import deepspeed.comm as dist
 
+from launcher.checkpoint.catalogue import newest_complete_before, rewind_point
 from launcher.config.guard_section import GuardSection
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.train.engine import min_loss_scale, precision
 from launcher.train.numerics_guard import NumericsGuard, StepFigures, Trigger
 
@@ -57,9 +57,8 @@ class GuardActions:
         the latest rewind went back to while the run is within that rewind's reach."""
         steps = []
         if self.detector.began is not None:
-            before = [e.step for e in CheckpointCatalogue.scan(self.trainer.checkpointer.run_dir).complete()
-                      if e.step is not None and e.step < self.detector.began]
-            steps += before[-1:]
+            before = newest_complete_before(self.trainer.checkpointer.run_dir, self.detector.began)
+            steps += [before.step] if before is not None else []
         if self.rewinds and self.trainer.state.step <= self.rewinds[-1].reach:
             steps.append(self.rewinds[-1].to_step)
         return tuple(steps)
@@ -134,7 +133,7 @@ class GuardActions:
         """Rank 0's view of the newest intact checkpoint at or before the step (for the stop line)."""
         if self.trainer.rank != 0 or at_or_before < 0:
             return None
-        return CheckpointCatalogue.scan(self.trainer.checkpointer.run_dir).newest_intact(at_or_before=at_or_before)
+        return rewind_point(self.trainer.checkpointer.run_dir, at_or_before)
 
     def _agreed_point(self, at_or_before: int):
         """Rank 0 picks the newest intact checkpoint at or before the step if it has this run's shape (world size,

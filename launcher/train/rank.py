@@ -3,7 +3,7 @@ its start-up in three steps, then training.
 
     inputs = check_inputs(argv)            # 1. config, stages, run directory, data: nothing written, no process group
     plan = agree_on_resume(inputs, ...)    # 2. rank 0 decides, the process group starts, every rank gets ONE
-                                           #    ResumePlan (launcher/train/resume.py), rank 0 carries out its writes
+                                           #    ResumePlan (launcher/checkpoint/resume.py), rank 0 carries out its writes
     started = build_components(inputs, plan, ...)  # 3. engine, checkpointer (loads the plan's source), trainer
     run(started)                           # to the end of the schedule or a stop
 """
@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_pipeline import PretrainBatches
-from launcher.config.branch_from import BranchPoint
+from launcher.checkpoint import resume
+from launcher.checkpoint.checkpointer import Checkpointer
+from launcher.checkpoint.resume import BranchPoint, ResumePlan
 from launcher.config.preflight_checks import check_run
 from launcher.config.run_config import RunConfig, load_run_config
 from launcher.config.stages import ResolvedStage, resolve_stages
@@ -30,14 +32,12 @@ from launcher.io import write_line
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import write_init_record
-from launcher.train import resume, startup
-from launcher.train.checkpointer import Checkpointer
+from launcher.train import startup
 from launcher.train.engine import build_engine
 from launcher.train.init_weights import InitialWeights
 from launcher.train.metrics import Metrics
 from launcher.train.progress_line import progress_every
 from launcher.train.progress_recorder import ProgressRecorder
-from launcher.train.resume import ResumePlan
 from launcher.train.startup import PhaseTimer
 from launcher.train.trainer import Trainer, TrainState
 

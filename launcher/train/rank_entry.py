@@ -5,7 +5,7 @@
 Everything that can be wrong with the input is checked before the engine exists and before anything
 in RUN_DIR is written: the run config, the stages for this world size, the run directory, the data
 (launcher/train/rank.py check_inputs); then, holding the run directory (rank 0: its lock), rank 0
-checks the checkpoint to resume (launcher/train/resume.py): its files against the checksums of its
+checks the checkpoint to resume (launcher/checkpoint/resume.py): its files against the checksums of its
 save, its model, tokenizer, data position, precision and ZeRO stage. Then the run resumes from the
 newest intact checkpoint of RUN_DIR (through a universal checkpoint when the shape changed; damaged
 newer ones are moved aside and named) or starts fresh, and trains to the end.

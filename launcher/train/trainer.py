@@ -14,11 +14,11 @@ from typing import Callable
 import deepspeed.comm as dist
 import torch
 
+from launcher.checkpoint.checkpointer import Checkpointer, loss_scale
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
-from launcher.train.checkpointer import Checkpointer
 from launcher.train.device_batches import host_counts, to_device
-from launcher.train.engine import loss_scale, min_loss_scale
+from launcher.train.engine import min_loss_scale
 from launcher.train.guard_actions import GuardActions
 from launcher.train.numerics_guard import NumericsGuard
 from launcher.train.progress_recorder import ProgressRecorder

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
 from tests.support.fp16_cpu import fp16_rank_env
 from tests.support.helpers import (

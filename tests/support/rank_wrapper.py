@@ -46,7 +46,8 @@ def _rank_step(var: str) -> tuple[int, int] | None:
 
 def install_faults() -> None:
     from launcher.run_dir.layout import tag_for_step
-    from launcher.train import checkpointer, trainer
+    from launcher.checkpoint import checkpointer
+    from launcher.train import trainer
 
     rank = int(os.environ["RANK"])
     original_step = trainer.Trainer.train_step

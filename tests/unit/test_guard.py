@@ -238,7 +238,7 @@ def test_pruning_keeps_the_checkpoint_before_an_open_spike_and_the_rewind_target
     """GuardActions.protect_steps (what Checkpointer.save passes to CheckpointCatalogue.to_prune)."""
     from types import SimpleNamespace
 
-    from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+    from launcher.checkpoint.catalogue import CheckpointCatalogue
     from launcher.run_dir.layout import RunDir
     from launcher.train.guard_actions import GuardActions, Rewound
     from tests.support.helpers import write_complete_checkpoint
