@@ -28,7 +28,7 @@ from pathlib import Path
 from launcher import ops_cache
 from launcher.defaults import PROGRESS_ENV
 from launcher.run_dir.lock import LOCK_ID_ENV
-from launcher.io import atomic_write_text
+from launcher.io import atomic_write_text, write_line
 from launcher.launch import env_forwarding
 from launcher.config.hostfile import is_local_only
 from launcher.launch.launch_plan import add_launch_arguments, build_plan
@@ -134,7 +134,7 @@ def say(plan, text: str) -> None:
     """A line of the restart loop: on the console and in RUN_DIR/logs/launcher.log, as the job's own notes."""
     from launcher.run_dir.layout import RunDir
 
-    print(text, flush=True)
+    write_line(text, sys.stdout)  # a console gone between two launches ends nothing (launcher/io.py)
     log = RunDir(plan.run_dir).launcher_log
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
