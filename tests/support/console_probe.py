@@ -7,8 +7,9 @@ or `roformer pretrain` does after its console went away, and exits with EXIT_COD
   rank      LOG is the console log (launcher.io.keep_console; "-" for none): write_line, a write_line
             from a signal handler, print() flushed and unflushed, a large buffered write, then the
             interpreter's own final flush
-  launcher  LOG is RUN_DIR: `roformer pretrain`'s Console (logging to RUN_DIR/logs/launcher.log): job
-            lines, its own notes, then the restart loop's line
+  launcher  LOG is RUN_DIR: as `roformer pretrain` (keep_console without a log), a note by print(), its
+            Console (logging to RUN_DIR/logs/launcher.log): job lines, its own notes, then the restart
+            loop's line
 """
 from __future__ import annotations
 
@@ -54,6 +55,10 @@ if __name__ == "__main__":
         sys.stdin.read()
         rank()
     else:  # `roformer pretrain` sets no console log: its Console logs every line itself
+        from launcher.io import keep_console
+
+        keep_console()
         sys.stdin.read()
+        print("roformer pretrain: note: a note by print()", file=sys.stderr, flush=True)
         launcher(Path(path))
     sys.exit(EXIT_CODE)
