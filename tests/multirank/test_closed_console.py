@@ -7,6 +7,7 @@ then sends SIGTERM to the launcher (what DeepSpeed's runner makes every node's l
 pdsh): rank 0's stop line is the first write to find the pipe closed. The run must end with the stop
 checkpoint at the stop step, rank 0's lines in RUN_DIR/logs/rank0.log, and the same command must resume
 it exactly (fp32, no dropout: every step's loss within 1e-6 of tests/conftest.py's uninterrupted run).
+The same for `roformer pretrain` itself, whose console is closed from the start.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
 
 from tests.support.helpers import (
@@ -26,6 +28,7 @@ from tests.support.helpers import (
     metrics_steps,
     newest_checkpoint,
     rank_env,
+    roformer_env,
     tiny_run_config,
     train_losses,
 )
@@ -91,3 +94,31 @@ def test_stop_with_the_console_closed_checkpoints_and_resumes_exactly(tmp_path, 
         assert abs(got[step] - expected[step]) <= 1e-6, (step, got[step], expected[step])
     print(f"\nconsole closed after step {STOP_AFTER_STEP}: stop checkpoint {point.tag}, resumed to "
           f"step {TINY_TOTAL_STEPS} exactly")
+
+
+def test_roformer_pretrain_with_its_console_closed_still_stops_with_a_checkpoint(tmp_path, tiny_data):
+    """`roformer pretrain` itself, its stdout and stderr closed from the start (an ssh session gone): the job
+    runs, a SIGTERM to it still ends in the ranks' stop checkpoint, and its log has every line."""
+    config = tiny_run_config(tmp_path, tiny_data)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "pretrain", "--num_gpus", "2", "--config", str(config),
+                             "--run-dir", str(run_dir)], cwd=REPO, env=roformer_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc.stdout.close()
+    proc.stderr.close()
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while max(metrics_steps(run_dir), default=0) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.returncode
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (run_dir / "logs" / "launcher.log").read_text()
+    assert rc == 128 + signal.SIGTERM, log[-3000:]
+    (stopped,) = events(run_dir, "stopped")
+    assert newest_checkpoint(run_dir).sidecar.step == stopped["step"], log[-3000:]
+    assert f"stopped at step {stopped['step']}; checkpoints in" in log
+    assert "roformer pretrain: preempted, resumable: stopped by SIGTERM" in log, log[-3000:]
