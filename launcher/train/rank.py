@@ -173,7 +173,8 @@ def build_components(inputs: RankInputs, plan: ResumePlan, progress: ProgressRec
         checkpointer.load(plan.source, cfg.seed, plan.universal_folder(run_dir))
         timer.phase("checkpoint_load")
     metrics = Metrics(run_dir, rank, inputs.stages, cfg.schedule.total_steps, state.step, cfg.logging.log_every,
-                      cfg.logging.progress_bar, progress_every(cfg.logging.progress_every, cfg.schedule.total_steps))
+                      cfg.logging.progress_bar, progress_every(cfg.logging.progress_every, cfg.schedule.total_steps),
+                      cfg.restarts.preemption_grace_seconds)
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 and cfg.logging.plots else None
     on_stage_end = startup.stage_end_callback(cfg, run_dir, plots)
     startup.report_start(metrics, timer, plan, engine, cfg, world_size)
