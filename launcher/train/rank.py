@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +23,6 @@ from launcher.config.run_config import RunConfig, load_run_config
 from launcher.config.stages import ResolvedStage, resolve_stages
 from launcher.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.errors import UserError
-from launcher.io import write_line
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import write_init_record
@@ -39,6 +35,7 @@ from launcher.train.progress_line import progress_every
 from launcher.train.progress_recorder import ProgressRecorder
 from launcher.train.resume import ResumePlan
 from launcher.train.startup import PhaseTimer
+from launcher.train.stop_signals import StopSignals
 from launcher.train.trainer import Trainer, TrainState
 
 
@@ -177,22 +174,23 @@ def build_components(inputs: RankInputs, plan: ResumePlan, progress: ProgressRec
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 and cfg.logging.plots else None
     on_stage_end = startup.stage_end_callback(cfg, run_dir, plots)
     startup.report_start(metrics, timer, plan, engine, cfg, world_size)
+    stop_signals = StopSignals(cfg.restarts.preemption_grace_seconds, rank, metrics.message)
     trainer = Trainer(cfg, inputs.stages, engine, inputs.train_batches, inputs.valid_batches, state, checkpointer,
-                      metrics, on_stage_end=on_stage_end, progress=progress)
+                      metrics, on_stage_end=on_stage_end, progress=progress, stop_signals=stop_signals)
     return StartedRank(trainer, metrics, progress, plots, run_dir)
 
 
 def run(started: StartedRank) -> int:
     """trainer.run() to the end of the schedule or a stop; the rank's exit code."""
     trainer, metrics, progress, plots = started.trainer, started.metrics, started.progress, started.plots
-    install_stop_handlers(trainer, metrics)
+    trainer.stop_signals.install(lambda: trainer.state.step + 1)
     outcome = trainer.run()
     progress.ended(outcome, trainer.state.step)
     metrics.event(outcome, step=trainer.state.step)
     if plots is not None:  # RUN_DIR/plots complete when a finished run returns; a stop does not wait
         plots.run_end(trainer.state.step, wait=outcome == "finished")
     if outcome == "guard_stopped":  # its own error line, last: step, figure, median, threshold, resume point
-        metrics.message(RANK_ERROR_PREFIX.format(rank=trainer.rank) + trainer.guard.stop_message)
+        metrics.message(RANK_ERROR_PREFIX.format(rank=trainer.rank) + trainer.guard_stop.line)
     else:
         metrics.message(f"{outcome} at step {trainer.state.step}; checkpoints in {started.run_dir.checkpoints}")
     metrics.close()
@@ -205,40 +203,3 @@ def rank_and_world_size() -> tuple[int, int]:
     except (KeyError, ValueError):
         raise UserError("RANK / WORLD_SIZE are not set: start this through `roformer pretrain` "
                         "(DeepSpeed's launcher), not directly") from None
-
-
-SAME_STOP_SECONDS = 5.0
-"""A second stop signal this soon after the first is the same stop delivered twice (a scheduler preempting
-the job signals every process of it, and DeepSpeed's per-node launcher passes its own on to the ranks),
-not a second request: it is ignored, so the checkpoint at the current step is still written."""
-
-
-def install_stop_handlers(trainer, metrics) -> None:
-    """SIGTERM / SIGINT: finish the current step, checkpoint, exit (all ranks agree via the step's all-reduce),
-    within restarts.preemption_grace_seconds; after that the rank exits without the checkpoint, saying so."""
-    grace = trainer.cfg.restarts.preemption_grace_seconds
-    first_at: list[float] = []
-
-    def out_of_grace():
-        write_line(f"pretrain (rank {trainer.rank}): no checkpoint within the preemption grace time of {grace:g} s "
-                   f"(restarts.preemption_grace_seconds): exiting without it; the newest complete checkpoint stays the "
-                   f"resume point")
-        os._exit(1)
-
-    def request_stop(signum, _frame):
-        if not trainer.stop_signalled:
-            trainer.stop_signalled = True
-            first_at.append(time.monotonic())
-            metrics.message(f"stop requested ({signal.Signals(signum).name}): finishing step {trainer.state.step + 1}, "
-                            f"then a checkpoint (within {grace:g} s)")
-            timer = threading.Timer(grace, out_of_grace)
-            timer.daemon = True  # a rank that finished its checkpoint exits without waiting for it
-            timer.start()
-        elif time.monotonic() - first_at[0] < SAME_STOP_SECONDS:
-            pass  # the same stop, fanned out by the process tree
-        else:  # a second signal: stop now
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
