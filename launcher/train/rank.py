@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from data_pipeline import PretrainBatches
 from launcher.config.branch_from import BranchPoint
@@ -23,6 +27,7 @@ from launcher.config.run_config import RunConfig, load_run_config
 from launcher.config.stages import ResolvedStage, resolve_stages
 from launcher.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.errors import UserError
+from launcher.io import write_line
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import write_init_record
@@ -35,7 +40,6 @@ from launcher.train.progress_line import progress_every
 from launcher.train.progress_recorder import ProgressRecorder
 from launcher.train.resume import ResumePlan
 from launcher.train.startup import PhaseTimer
-from launcher.train.stop_signals import StopSignals
 from launcher.train.trainer import Trainer, TrainState
 
 
@@ -76,6 +80,8 @@ class StartedRank:
     plots: PlotHook | None
     """Rank 0's RUN_DIR/plots renderer (None on the other ranks and with `logging.plots: false`)."""
     run_dir: RunDir
+    stop_signals: "StopSignals"
+    """SIGTERM / SIGINT, once `run` installs them: the stop requests the trainer reads every step."""
 
 
 def check_inputs(argv: list[str] | None) -> RankInputs:
@@ -174,16 +180,17 @@ def build_components(inputs: RankInputs, plan: ResumePlan, progress: ProgressRec
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 and cfg.logging.plots else None
     on_stage_end = startup.stage_end_callback(cfg, run_dir, plots)
     startup.report_start(metrics, timer, plan, engine, cfg, world_size)
-    stop_signals = StopSignals(cfg.restarts.preemption_grace_seconds, rank, metrics.message)
+    signals = StopSignals(cfg.restarts.preemption_grace_seconds, rank, metrics.message)
     trainer = Trainer(cfg, inputs.stages, engine, inputs.train_batches, inputs.valid_batches, state, checkpointer,
-                      metrics, on_stage_end=on_stage_end, progress=progress, stop_signals=stop_signals)
-    return StartedRank(trainer, metrics, progress, plots, run_dir)
+                      metrics, on_stage_end=on_stage_end, progress=progress,
+                      stop_requested=lambda: signals.requested is not None)
+    return StartedRank(trainer, metrics, progress, plots, run_dir, signals)
 
 
 def run(started: StartedRank) -> int:
     """trainer.run() to the end of the schedule or a stop; the rank's exit code."""
     trainer, metrics, progress, plots = started.trainer, started.metrics, started.progress, started.plots
-    trainer.stop_signals.install(lambda: trainer.state.step + 1)
+    started.stop_signals.install(lambda: trainer.state.step + 1)
     outcome = trainer.run()
     progress.ended(outcome, trainer.state.step)
     metrics.event(outcome, step=trainer.state.step)
@@ -203,3 +210,53 @@ def rank_and_world_size() -> tuple[int, int]:
     except (KeyError, ValueError):
         raise UserError("RANK / WORLD_SIZE are not set: start this through `roformer pretrain` "
                         "(DeepSpeed's launcher), not directly") from None
+
+
+SAME_STOP_SECONDS = 5.0
+"""A second stop signal this soon after the first is the same stop delivered twice (a scheduler preempting
+the job signals every process of it, and DeepSpeed's per-node launcher passes its own on to the ranks),
+not a second request: it is ignored, so the checkpoint at the current step is still written."""
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    signal: str
+    """SIGTERM or SIGINT."""
+    at: float
+    """time.monotonic() when it arrived."""
+
+
+class StopSignals:
+    """SIGTERM / SIGINT on this rank: a StopRequested (`requested`, None until then) that the trainer reads at its
+    next step and acts on (all ranks agree through the step's all-reduce: finish the step, checkpoint, exit),
+    within restarts.preemption_grace_seconds; after that the rank exits without the checkpoint, saying so."""
+
+    def __init__(self, grace_seconds: float, rank: int, say: Callable[[str], None]):
+        """say: the console line (rank 0's metrics.message)."""
+        self.grace, self.rank, self.say = grace_seconds, rank, say
+        self.requested: StopRequested | None = None
+
+    def install(self, next_step: Callable[[], int]) -> None:
+        """Handle SIGTERM and SIGINT from now on; next_step: the step being trained (for the console line)."""
+        def request_stop(signum, _frame):
+            if self.requested is None:
+                self.requested = StopRequested(signal.Signals(signum).name, time.monotonic())
+                self.say(f"stop requested ({self.requested.signal}): finishing step {next_step()}, then a checkpoint "
+                         f"(within {self.grace:g} s)")
+                timer = threading.Timer(self.grace, self._out_of_grace)
+                timer.daemon = True  # a rank that finished its checkpoint exits without waiting for it
+                timer.start()
+            elif time.monotonic() - self.requested.at < SAME_STOP_SECONDS:
+                pass  # the same stop, fanned out by the process tree
+            else:  # a second signal: stop now
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+
+    def _out_of_grace(self) -> None:
+        write_line(f"pretrain (rank {self.rank}): no checkpoint within the preemption grace time of {self.grace:g} s "
+                   f"(restarts.preemption_grace_seconds): exiting without it; the newest complete checkpoint stays the "
+                   f"resume point")
+        os._exit(1)

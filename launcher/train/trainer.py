@@ -23,7 +23,6 @@ from launcher.train.guard_actions import GuardActions, Rewind, RunShape, Stop
 from launcher.train.numerics_guard import NumericsGuard
 from launcher.train.progress_recorder import ProgressRecorder
 from launcher.train.metrics import Metrics
-from launcher.train.stop_signals import StopSignals
 from launcher.mfu import step_model_flops
 from roformer.rope import set_rope_theta
 
@@ -56,12 +55,12 @@ class Trainer:
     def __init__(self, cfg: RunConfig, stages: list[ResolvedStage], engine, batches, valid_batches,
                  state: TrainState, checkpointer: Checkpointer, metrics: Metrics,
                  on_stage_end: StageEndCallback | None = None, progress: ProgressRecorder | None = None,
-                 stop_signals: StopSignals | None = None):
+                 stop_requested: Callable[[], bool] = lambda: False):
         self.cfg, self.stages, self.engine, self.batches, self.valid_batches = cfg, stages, engine, batches, valid_batches
         self.state, self.checkpointer, self.metrics, self.on_stage_end = state, checkpointer, metrics, on_stage_end
         self.progress = progress or ProgressRecorder.disabled()  # heartbeats for the hang watchdog
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.stop_signals = stop_signals or StopSignals(cfg.restarts.preemption_grace_seconds, self.rank, metrics.message)
+        self.stop_requested = stop_requested  # this rank got SIGTERM / SIGINT (launcher/train/rank.py: StopSignals)
         self.stop_agreed = False  # some rank got a stop request (carried by the per-step all-reduce)
         self.guard_stop: Stop | None = None  # the numerics guard's decision that ended the run
         # The stage-switch message names the mask rate when some stage does not train at the run config's.
@@ -168,7 +167,7 @@ class Trainer:
         flops = step_model_flops(self.cfg.model, [(*b["input_ids"].shape, m) for b, m in zip(host, masked)])
         # One all-reduce before backward: masked tokens (the loss denominator), real tokens, stop flag,
         # model FLOPs (for the per-rank mean TFLOP/s and MFU).
-        counts = torch.tensor([sum(masked), sum(real), float(self.stop_signals.requested is not None), flops], dtype=torch.float64,
+        counts = torch.tensor([sum(masked), sum(real), float(self.stop_requested()), flops], dtype=torch.float64,
                               device=self.engine.device)
         dist.all_reduce(counts)
         global_masked, global_tokens, stops, global_flops = counts.tolist()

@@ -378,7 +378,7 @@ def test_rank_stop_handler_takes_a_repeated_sigterm_as_the_same_stop_and_keeps_t
     script = tmp_path / "rank_stop.py"
     script.write_text(
         "import os, signal, sys, time\n"
-        "from launcher.train.stop_signals import StopSignals\n"
+        "from launcher.train.rank import StopSignals\n"
         "signals = StopSignals(3.0, 0, lambda text: print(text, flush=True))\n"
         "signals.install(lambda: 41 + 1)\n"
         "os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM)\n"
