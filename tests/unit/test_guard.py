@@ -1,5 +1,5 @@
 """The numerics guard without a run: its rules on synthetic step sequences (launcher/train/numerics_guard.py),
-every bad `guard.*` value and `--guard ACTION` refused before any rank starts, a guard stop not retried by
+every bad `guard.*` value and `--guard ACTION` refused before any rank starts, its state rebuilt from a run's records, a guard stop not retried by
 `--max-restarts`, and the skip in the data position (data_pipeline/batches.py)."""
 from __future__ import annotations
 
