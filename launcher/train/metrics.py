@@ -170,6 +170,11 @@ def read_metrics(run_dir: Path, kind: str = "train") -> list[dict]:
     return [r for r in _read_all(RunDir(Path(run_dir)).metrics) if r.get("kind") == kind]
 
 
+def read_all_records(run_dir: RunDir) -> list[dict]:
+    """Every record of RUN_DIR/metrics.jsonl, all kinds, in the order written (steps as read_metrics counts them)."""
+    return _read_all(run_dir.metrics)
+
+
 def _read_all(path: Path) -> list[dict]:
     if not path.is_file():
         return []
