@@ -1,14 +1,14 @@
 """`roformer export RUN_DIR [--tag TAG | --average-last N | --average TAG,...] --out DIR`: the command line of
-launcher.export.exporter (averaging: launcher.downstream.weight_averaging)."""
+launcher.export.exporter (averaging: launcher.checkpoint.weights)."""
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
 
+from launcher.checkpoint.weights import AverageRequest
 from launcher.export.export_reader import EXPORT_INFO
 from launcher.export.exporter import MAX_POSITIONS_PER_TRAINED_LENGTH, MIN_MAX_POSITIONS, export_checkpoint
-from launcher.downstream.weight_averaging import AverageRequest
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

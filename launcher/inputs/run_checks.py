@@ -12,7 +12,7 @@ opens its own (open_streams, from launcher/train/rank.py) and hands it to check_
   4. every stage's `mixture` names sources of the prepared data (and only ones with train documents);
   5. with `init_from`, the data was tokenized with that model's tokenizer (launcher/inputs/init_from.py);
   6. with `branch_from`, the source checkpoint's model, tokenizer, data and schedule up to its step
-     (launcher/config/branch_from.py).
+     (launcher/checkpoint/resume.py; the key parsed in launcher/config/branch_from.py).
 
 The schedule's own rules (e.g. `max_seq_len >= 2`) are checked when the run config is loaded
 (launcher/config/schedule.py). Each failure is one line naming the file and the field.
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_pipeline import DataError, PretrainBatches, open_corpus
+from launcher.checkpoint.resume import BranchPoint, check_branch, find_branch_point
 from launcher.config.deepspeed_json import ds_config_source, resolve_ds_config
 from launcher.config.precision import train_precision
-from launcher.config.branch_from import BranchPoint, check_branch, find_branch_point
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
@@ -40,7 +40,7 @@ class Findings:
     """What could not be decided on this machine (one line each), for the caller to print."""
     branch: BranchPoint | None = None
     """The branch point, checked (None: no branch, or a branch with checkpoints of its own); rank 0 verifies
-    its files at start-up (launcher/train/resume.py)."""
+    its files at start-up (launcher/checkpoint/resume.py)."""
 
 
 def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, verify_data: bool = False,

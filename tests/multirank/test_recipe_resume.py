@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 from launcher.config.run_config import load_run_config
 from launcher.config.stages import resolve_stages
 from launcher.run_dir.layout import RunDir
-from launcher.run_dir.sidecar import read_sidecar
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+from launcher.checkpoint.catalogue import read_sidecar
+from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
 from launcher.inputs.run_checks import open_streams
 from tests.support.corpus_files import named_sources_dir

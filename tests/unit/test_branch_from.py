@@ -14,7 +14,8 @@ import yaml
 
 from data_pipeline import open_corpus
 from launcher.cli import main as cli_main
-from launcher.config.branch_from import BranchFrom, check_branch, find_branch_point, lr_difference, schedule_difference
+from launcher.checkpoint.resume import check_branch, find_branch_point
+from launcher.config.branch_from import BranchFrom, lr_difference, schedule_difference
 from launcher.config.run_config import OptimizerSection, load_run_config
 from launcher.config.stages import resolve_stages
 from launcher.errors import UserError
@@ -196,8 +197,8 @@ def test_rank_zero_verifies_the_branch_point_and_refuses_a_damaged_one(source, t
     """decide (rank 0) verifies the files of the point the input checks read (a branch that starts is
     tests/multirank/test_branch.py); a damaged source checkpoint is refused naming the file, and nothing
     is written in either run directory."""
+    from launcher.checkpoint import resume
     from launcher.inputs.run_checks import check_run, open_streams
-    from launcher.train import resume
 
     cfg = load_run_config(stored_run_resume_config(source), [f"branch_from={source}"])
     stages = resolve_stages(cfg, 2)
