@@ -32,15 +32,18 @@ def resolve_inputs(specs: list[str]) -> list[Path]:
     files: list[Path] = []
     for spec in specs:
         path = Path(spec)
-        if glob.has_magic(spec):
+        if glob.has_magic(spec) and not path.exists():  # an existing file named "star[1].txt" is that file
             matched = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
             if not matched:
                 raise DataError(f"{spec}: glob matched no files")
             files.extend(matched)
         elif path.is_dir():
-            # Hidden files (stamps, editor backups) are not corpus files.
+            # Hidden files (stamps, editor backups) are not corpus files, nor prepared data kept below the
+            # corpus (its manifest.json and samples are our output, not the user's text).
+            prepared = [d.parent for d in path.rglob("manifest.json") if d.parent != path]
             matched = sorted(p for p in path.rglob("*") if p.is_file() and _known_format(p)
-                             and not any(part.startswith(".") for part in p.relative_to(path).parts))
+                             and not any(part.startswith(".") for part in p.relative_to(path).parts)
+                             and not any(p.is_relative_to(d) for d in prepared))
             if not matched:
                 raise DataError(f"{spec}: directory holds no .txt/.jsonl/.json/.parquet files")
             files.extend(matched)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from launcher import ops_cache
 from launcher.defaults import PROGRESS_ENV
+from launcher.errors import UserError
 from launcher.run_dir.lock import LOCK_ID_ENV
 from launcher.io import atomic_write_text
 from launcher.launch import env_forwarding
@@ -71,10 +72,17 @@ class BranchFromAction(argparse.Action):
 
 
 def run(args: argparse.Namespace) -> int:
+    from launcher.output_paths import check_port_free, check_run_dir_target
+
+    check_run_dir_target("--run-dir", args.run_dir)
+    if args.max_restarts is not None and args.max_restarts < 0:
+        raise UserError(f"--max-restarts {args.max_restarts}: must be >= 0")
     plan = build_plan(args)  # flags, hostfile, config: refused before the run directory is touched
     refuse_branch_into_its_source(plan)
     if args.dry_run:  # starts nothing, writes nothing: no lock
         return plan_and_launch(args, plan)
+    if not plan.multi_node:
+        check_port_free(plan.master_port)
     with claim_run_dir(plan.run_dir) as lock:
         try:
             return plan_and_launch(args, dataclasses.replace(plan, env={**plan.env, LOCK_ID_ENV: lock.holder.lock_id}))
