@@ -13,6 +13,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import struct
 import tempfile
 import unicodedata
@@ -172,11 +173,23 @@ def iter_raw_documents(path: Path, fmt: str, cfg: InputConfig, check: FileCheck)
     if check.bad_lines:  # lenient mode: read a copy without the bad lines
         cleaned = _write_cleaned_copy(path, check.bad_lines)
         source = cleaned
+    # `datasets` takes data_files as glob patterns: a literal "star[1].txt" is read through a plain name.
+    plain = _plain_name(source) if glob.has_magic(str(source)) else None
     try:
-        yield from _stream_with_datasets(source, fmt, cfg)
+        yield from _stream_with_datasets(plain or source, fmt, cfg)
     finally:
         if cleaned is not None:
             cleaned.unlink(missing_ok=True)
+        if plain is not None:
+            shutil.rmtree(plain.parent, ignore_errors=True)
+
+
+def _plain_name(path: Path) -> Path:
+    """A symlink to `path` under a name without glob characters (in a private temporary directory)."""
+    suffix = "".join(path.suffixes[-2:] if path.suffix == ".gz" else path.suffixes[-1:])
+    link = Path(tempfile.mkdtemp(prefix="roformer-input-")) / f"input{re.sub(r'[][*?]', '', suffix)}"
+    link.symlink_to(path.resolve())
+    return link
 
 
 def _stream_with_datasets(path: Path, fmt: str, cfg: InputConfig) -> Iterator[str]:

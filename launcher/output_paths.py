@@ -23,7 +23,8 @@ from typing import Iterable, Iterator
 
 from launcher.errors import UserError
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# "s3://b/d" reaches us as Path("s3:/b/d") from argparse's type=Path; a one-letter scheme is a drive letter.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,9 @@ class Kind:
 
 DATA = Kind("prepared data", ("manifest.json",), "roformer data prepare")
 EXPORT = Kind("export", ("export_info.json",), "roformer export")
-RUN = Kind("run directory", ("config.yaml", "stages.json", "metrics.jsonl", "checkpoints", "heartbeats"),
-           "roformer pretrain")
+# Files only a run writes (a user's folder may well hold a config.yaml or a metrics.jsonl of its own).
+RUN = Kind("run directory", ("stages.json", "ds_config.resolved.json", "config_versions.json", "checkpoints",
+                             "heartbeats", "logs/launcher.log"), "roformer pretrain")
 KINDS = (DATA, EXPORT, RUN)
 
 EXPORT_ENTRIES = frozenset({
@@ -53,8 +55,8 @@ is the user's, and replacing the directory would delete it."""
 def refuse_url(flag: str, value) -> None:
     """Object storage is not read or written yet: a URL would silently become a local `./s3:/...` path."""
     if value is not None and _URL.match(str(value)):
-        scheme = str(value).split("://", 1)[0]
-        raise UserError(f"{flag} {value}: a {scheme}:// URL, but a local path is expected (object storage is "
+        scheme, rest = str(value).split(":/", 1)
+        raise UserError(f"{flag} {scheme}://{rest.lstrip('/')}: a {scheme}:// URL, but a local path is expected (object storage is "
                         f"not supported yet: copy it to a local or mounted directory and give that path)")
 
 
@@ -156,10 +158,13 @@ def check_replaceable(flag: str, path: Path | None, kind: Kind) -> None:
         if kind is EXPORT:
             _check_export_entries(flag, path, entries)
         return
-    what = f"is {'an' if found.name[0] in 'aeiou' else 'a'} {found.name} ({found.made_by})" if found else \
-        f"holds {_listing(path, entries)}"
-    raise UserError(f"{flag} {path}: not empty and not {'an' if kind.name[0] in 'aeiou' else 'a'} {kind.name}; "
+    what = f"is {_a(found.name)} ({found.made_by})" if found else f"holds {_listing(path, entries)}"
+    raise UserError(f"{flag} {path}: not empty and not {_a(kind.name)}; "
                     f"it {what}: choose a new or empty directory")
+
+
+def _a(name: str) -> str:
+    return name if name == "prepared data" else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def _check_export_entries(flag: str, path: Path, entries: list[str]) -> None:
