@@ -17,6 +17,7 @@ import shutil
 import struct
 import tempfile
 import unicodedata
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,8 +78,13 @@ def estimated_text_bytes(path: Path) -> int:
     if path.suffix == ".gz" and size >= 4:
         with open(path, "rb") as f:
             f.seek(-4, os.SEEK_END)
-            return max(size, struct.unpack("<I", f.read(4))[0])
+            # A damaged trailer can claim any size: no real gzip inflates past ~1032x (deflate's limit).
+            return max(size, min(struct.unpack("<I", f.read(4))[0], 1032 * size))
     return size
+
+
+def _gzip_reason(path: Path, err: Exception) -> str:
+    return f"corrupt gzip: {err}" if path.suffix == ".gz" else str(err)
 
 
 @dataclass
@@ -140,8 +146,8 @@ def check_file(path: Path, fmt: str, cfg: InputConfig) -> FileCheck:
                     any_text = any_text or bool(value.strip())
                 else:
                     any_text = True
-    except (OSError, EOFError) as err:  # truncated or corrupt .gz
-        raise DataError(f"{path}: cannot be read ({err})") from err
+    except (OSError, EOFError, zlib.error) as err:  # truncated or corrupt .gz
+        raise DataError(f"{path}: cannot be read ({_gzip_reason(path, err)})") from None
     if not any_text:
         bad(None, "empty file (no document text)")
     return found

@@ -84,6 +84,9 @@ def _relation(a: Path, b: Path) -> str | None:
     return None
 
 
+_NOUNS = {"RUN_DIR": "the run directory", "EXPORT": "the export", "--data": "the prepared data"}
+
+
 def check_paths(inputs: dict, outputs: dict, may_hold: tuple[str, ...] = ()) -> None:
     """Refuse URLs, and an output that is, is inside or contains an input or another output.
     Values are paths, lists of paths or None (not given). `may_hold`: the flags of inputs that keep
@@ -95,8 +98,9 @@ def check_paths(inputs: dict, outputs: dict, may_hold: tuple[str, ...] = ()) -> 
             if how == "is inside" and other_flag in may_hold:
                 continue
             if how is not None:
+                noun = _NOUNS.get(other_flag, "it")
                 raise UserError(f"{flag} {out}: {how} the input {other_flag} {other}; writing there would "
-                                f"{'overwrite' if how != 'is inside' else 'mix the output into'} it: choose "
+                                f"{'replace' if how != 'is inside' else 'mix the output into'} {noun}: choose "
                                 f"another {flag}")
         for other_flag, other in outs[i + 1:]:
             how = _relation(out, other)
@@ -159,7 +163,8 @@ def check_replaceable(flag: str, path: Path | None, kind: Kind) -> None:
             _check_export_entries(flag, path, entries)
         return
     what = f"is {_a(found.name)} ({found.made_by})" if found else f"holds {_listing(path, entries)}"
-    raise UserError(f"{flag} {path}: not empty and not {_a(kind.name)}; "
+    wanted = "a previous export" if kind is EXPORT else _a(kind.name)
+    raise UserError(f"{flag} {path}: not empty and not {wanted}; "
                     f"it {what}: choose a new or empty directory")
 
 

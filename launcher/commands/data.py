@@ -109,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
                                 dedup=not args.no_dedup, valid_fraction=args.valid_fraction,
                                 max_documents=args.max_documents),
         workers=args.workers, shard_tokens=args.shard_tokens, overwrite=args.overwrite)
+    if args.valid_fraction == 0:
+        print("roformer data: warning: --valid-fraction 0: no validation split; `roformer pretrain` refuses such "
+              "data (it validates), eval-mlm --data needs --split train", file=sys.stderr)
     with writer_lock("--out", args.out, "roformer data prepare"):
         report = prepare(cfg)
     print(report.summary(), file=sys.stderr)

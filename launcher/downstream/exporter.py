@@ -74,6 +74,7 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     )
     from launcher.downstream.weight_averaging import AveragedCheckpoint, averaged_fp32, select_checkpoints
     from launcher.run_dir.sidecar import saved_model_config
+    from launcher.size_checks import check_rope_table
     from roformer import RoFormerForMaskedLM
     from roformer.hf_interop import check_exportable, write_pretrained_files
 
@@ -87,6 +88,7 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     check_exportable(model_config)  # e.g. linear attention has no transformers counterpart
     stages = run_stages(ref.run_dir, ref.sidecar.step)
     max_positions = _max_positions(max_positions, trained_length(ref.sidecar, stages))
+    check_rope_table("--max-positions", max_positions, model_config.hidden_size, model_config.num_attention_heads)
     tokenizer_source = _tokenizer_source(ref, tokenizer_from)
 
     averaged = [AveragedCheckpoint.of(each) for each in refs] if average is not None else None
