@@ -125,12 +125,12 @@ def check_lengths(cfg: MLMEvalConfig, config, corpus) -> None:
 
     available = PretrainBatches(corpus, rank=0, world_size=1, seed=cfg.seed).stream.epoch_length
     for seq_len in cfg.seq_lens:
+        check_attention("--seq-lens", seq_len, max(1, cfg.tokens_per_batch // seq_len), config.hidden_size,
+                        config.num_attention_heads, config.intermediate_size)
         if seq_len - 1 > available:
             where = "the --input text" if cfg.inputs else f"split {corpus.split!r} of {corpus.data_dir}"
             raise UserError(f"--seq-lens {seq_len}: {where} holds {available:,} tokens, fewer than one sequence of "
                             f"{seq_len:,} ([CLS] + {seq_len - 1:,}); give lengths up to {available + 1:,} or more text")
-        check_attention("--seq-lens", seq_len, max(1, cfg.tokens_per_batch // seq_len), config.hidden_size,
-                        config.num_attention_heads, config.intermediate_size)
 
 
 def figures_per_length(model, corpus, seq_lens: list[int], *, tokens: int, tokens_per_batch: int, seed: int, masking,

@@ -3,7 +3,6 @@ exit 2 and one line, before anything is read or written, and every file the user
 afterwards. Real commands in this process; the stored run and its export (no DeepSpeed job)."""
 from __future__ import annotations
 
-import hashlib
 import shutil
 import socket
 from pathlib import Path
@@ -12,29 +11,9 @@ import pytest
 
 from launcher.cli import main as cli_main
 from launcher.output_paths import writer_lock
+from tests.support.bad_inputs import refused, snapshot
 from tests.support.corpus_files import english_paragraphs
 from tests.support.helpers import run_config_dict, write_yaml
-
-
-def snapshot(*roots: Path) -> dict[str, str]:
-    """Every file and directory under `roots`: sha256 of files, '<dir>' for directories."""
-    seen = {}
-    for root in roots:
-        for path in [root, *sorted(root.rglob("*"))] if root.exists() else []:
-            seen[str(path)] = "<dir>" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
-    return seen
-
-
-def refused(capsys, argv: list[str], owned: list[Path], command: str | None = None) -> str:
-    """`roformer ARGV`: exit 2, one line `roformer COMMAND: error: ...`, every owned file unchanged; the line."""
-    before = snapshot(*owned)
-    capsys.readouterr()
-    rc = cli_main([str(a) for a in argv])
-    err = capsys.readouterr().err.strip().splitlines()
-    command = command or argv[0]
-    assert rc == 2 and len(err) == 1 and err[0].startswith(f"roformer {command}: error: "), (rc, err)
-    assert snapshot(*owned) == before
-    return err[0]
 
 
 @pytest.fixture(scope="module")
