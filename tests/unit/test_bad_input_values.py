@@ -156,3 +156,20 @@ def test_a_header_only_file_has_no_rows(capsys, stored_export, texts):
     line = refused(capsys, ["finetune", stored_export, "--train", texts / "train.csv", "--dev", empty],
                    [texts, stored_export])
     assert line.endswith(f"{empty}: no rows")
+
+
+# --- row 9: an optimizer of the overrides -------------------------------------------------------------
+
+
+def test_an_optimizer_of_the_overrides_is_checked_at_plan_time(capsys, tiny_data, tmp_path):
+    schedule = write_schedule(tmp_path / "schedule.yaml", ONE_STAGE)
+    config = write_yaml(tmp_path / "run.yaml", run_config_dict(data_dir=tiny_data, schedule_file=schedule))
+    plan = ["plan", "--world-size", "1", "--config", config, "--set"]
+    line = refused(capsys, [*plan, "deepspeed.overrides={optimizer: {type: SGD, params: {lr: 0.5}}}"], [tiny_data])
+    assert "deepspeed.overrides optimizer.params.lr 0.5: the learning rate comes from the run config's optimizer.lr" \
+        in line
+    line = refused(capsys, [*plan, "deepspeed.overrides={optimizer: {type: SGD, params: {nesterov_typo: true}}}"],
+                   [tiny_data])
+    assert "optimizer.params.nesterov_typo: SGD (torch.optim.SGD) takes no 'nesterov_typo'; its parameters: lr," in line
+    capsys.readouterr()  # another optimizer's type replaces the section: AdamW's betas never reach SGD
+    assert cli_main([*map(str, plan), "deepspeed.overrides={optimizer: {type: SGD, params: {momentum: 0.9}}}"]) == 0
