@@ -42,11 +42,15 @@ def check_optimizer(section: dict | None, override: dict | None, where: str) -> 
                         f"{unknown[0]!r}; its parameters: {', '.join(accepted)}")
 
 
+DEEPSPEED_OPTIMIZERS = ("adagrad", "adam", "adamw", "lamb", "muadam", "muadamw", "musgd", "lion", "muon",
+                        "onebitadam", "zerooneadam", "onebitlamb")
+"""deepspeed.runtime.config's own optimizer names (and the 1-bit ones), as of DeepSpeed 0.16-0.18: kept here
+because importing DeepSpeed where a config is read prints its accelerator line in every command."""
+
+
 def _torch_optimizer(name: str):
     """The torch.optim class DeepSpeed builds for `name` when it is none of its own optimizers."""
     import torch
-
-    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
 
     if name.lower() in DEEPSPEED_OPTIMIZERS:
         return None

@@ -120,7 +120,7 @@ def check_output_file(flag: str, path: Path | None) -> None:
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
-                raise UserError(f"{flag} {path}: {parent} is a file, not a directory")
+                raise UserError(f"{flag} {path}: cannot create it: {parent} is a file, not a directory")
             break
 
 
@@ -133,7 +133,8 @@ def check_output_dir(flag: str, path: Path | None) -> None:
     for each in (path, *path.parents):
         if each.exists():
             if not each.is_dir():
-                raise UserError(f"{flag} {path}: {each} is a file, not a directory")
+                raise UserError(f"{flag} {path}: exists and is not a directory" if each == path else
+                                f"{flag} {path}: cannot create it: {each} is a file, not a directory")
             break
 
 

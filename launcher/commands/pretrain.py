@@ -72,7 +72,7 @@ class BranchFromAction(argparse.Action):
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.output_paths import check_port_free, check_run_dir_target
+    from launcher.output_paths import check_run_dir_target
 
     check_run_dir_target("--run-dir", args.run_dir)
     if args.max_restarts is not None and args.max_restarts < 0:
@@ -81,8 +81,6 @@ def run(args: argparse.Namespace) -> int:
     refuse_branch_into_its_source(plan)
     if args.dry_run:  # starts nothing, writes nothing: no lock
         return plan_and_launch(args, plan)
-    if not plan.multi_node:
-        check_port_free(plan.master_port)
     with claim_run_dir(plan.run_dir) as lock:
         try:
             return plan_and_launch(args, dataclasses.replace(plan, env={**plan.env, LOCK_ID_ENV: lock.holder.lock_id}))
@@ -128,6 +126,10 @@ def plan_and_launch(args: argparse.Namespace, plan) -> int:
 
     section = load_run_config(plan.config_path, plan.overrides).restarts
     policy = RestartPolicy.from_args(args, section)
+    if not plan.multi_node:  # the rendezvous port on this machine, before any rank could fail on it
+        from launcher.output_paths import check_port_free
+
+        check_port_free(plan.master_port)
 
     def launch(this_plan):
         return launch_once(this_plan, section.preemption_grace_seconds)
