@@ -39,8 +39,9 @@ class Kind:
 DATA = Kind("prepared data", ("manifest.json",), "roformer data prepare")
 EXPORT = Kind("export", ("export_info.json",), "roformer export")
 # Files only a run writes (a user's folder may well hold a config.yaml or a metrics.jsonl of its own).
-RUN = Kind("run directory", ("stages.json", "ds_config.resolved.json", "config_versions.json", "checkpoints",
-                             "heartbeats", "logs/launcher.log"), "roformer pretrain")
+RUN = Kind("run directory", ("stages.json", "ds_config.resolved.json", "config_versions.json", "restarts.json",
+                             "init_from.json", "branch_from.json", "checkpoints", "universal", "heartbeats",
+                             ".deepspeed_env", "logs/launcher.log"), "roformer pretrain")
 KINDS = (DATA, EXPORT, RUN)
 
 EXPORT_ENTRIES = frozenset({
