@@ -173,3 +173,35 @@ def test_an_optimizer_of_the_overrides_is_checked_at_plan_time(capsys, tiny_data
     assert "optimizer.params.nesterov_typo: SGD (torch.optim.SGD) takes no 'nesterov_typo'; its parameters: lr," in line
     capsys.readouterr()  # another optimizer's type replaces the section: AdamW's betas never reach SGD
     assert cli_main([*map(str, plan), "deepspeed.overrides={optimizer: {type: SGD, params: {momentum: 0.9}}}"]) == 0
+
+
+# --- row 18: a rank whose peer went away -----------------------------------------------------------------
+
+
+def test_a_process_group_error_of_a_peer_gone_is_one_line(tmp_path):
+    """Real gloo: rank 0 leaves after the rendezvous, rank 1's all-reduce fails; the error says so in one line."""
+    import subprocess
+    import sys
+
+    from tests.support.helpers import REPO, free_port
+
+    script = tmp_path / "peer.py"
+    script.write_text(
+        "import os, sys, time, torch, torch.distributed as dist\n"
+        "from launcher.peer_errors import peer_gone\n"
+        "rank = int(sys.argv[1])\n"
+        "dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{sys.argv[2]}', rank=rank, world_size=2)\n"
+        "if rank == 0:\n    os._exit(0)\n"
+        "time.sleep(2)\n"
+        "try:\n    dist.all_reduce(torch.ones(4))\nexcept Exception as err:\n    print('LINE', peer_gone(err))\n"
+        "    print('OTHER', peer_gone(ValueError('x')), peer_gone(RuntimeError('a bug')))\n")
+    port = str(free_port())
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), port], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    out = procs[1].communicate(timeout=120)[0]
+    procs[0].communicate(timeout=60)
+    line = next(x for x in out.splitlines() if x.startswith("LINE "))
+    assert line.startswith("LINE RuntimeError: Connection closed by peer") and "pair.cc" not in line and "GLHF" \
+        not in line, out
+    assert "OTHER None None" in out
