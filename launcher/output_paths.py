@@ -196,7 +196,11 @@ def writer_lock(flag: str, out: Path, command: str) -> Iterator[None]:
     out = Path(out)
     lock_path = out.parent / f".{out.name}.lock"
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a read-only parent (the command's own writes name the problem, if any): no lock
+        yield
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
