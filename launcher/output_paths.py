@@ -57,8 +57,9 @@ def refuse_url(flag: str, value) -> None:
     """Object storage is not read or written yet: a URL would silently become a local `./s3:/...` path."""
     if value is not None and _URL.match(str(value)):
         scheme, rest = str(value).split(":/", 1)
-        raise UserError(f"{flag} {scheme}://{rest.lstrip('/')}: a {scheme}:// URL, but a local path is expected (object storage is "
-                        f"not supported yet: copy it to a local or mounted directory and give that path)")
+        raise UserError(f"{flag} {scheme}://{rest.lstrip('/')}: a {scheme}:// URL, but a local path is expected "
+                        f"(object storage is not supported yet: copy it to a local or mounted directory and give "
+                        f"that path)")
 
 
 def _flat(paths: dict) -> list[tuple[str, Path]]:
@@ -156,7 +157,8 @@ def check_replaceable(flag: str, path: Path | None, kind: Kind) -> None:
     path = Path(path)
     if not path.is_dir():
         return
-    entries = sorted(p.name for p in path.iterdir())
+    # A killed prepare's `.partial-PID` is its own leftover, not the user's.
+    entries = sorted(p.name for p in path.iterdir() if not (kind is DATA and p.name.startswith(".partial-")))
     if not entries:
         return
     found = kind_of(path)
@@ -196,28 +198,40 @@ def writer_lock(flag: str, out: Path, command: str) -> Iterator[None]:
     out = Path(out)
     lock_path = out.parent / f".{out.name}.lock"
     out.parent.mkdir(parents=True, exist_ok=True)
+    fd = _locked(flag, out, lock_path, command)
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:  # a read-only parent (the command's own writes name the problem, if any): no lock
         yield
-        return
-    try:
+    finally:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(lock_path)
+            os.close(fd)
+
+
+def _locked(flag: str, out: Path, lock_path: Path, command: str) -> int | None:
+    """The open, flocked lock file (None where it cannot be created: a read-only parent)."""
+    while True:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
+            holder = os.pread(fd, 64, 0).decode("utf-8", "replace").strip() or "?"
+            os.close(fd)
             if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
-            holder = os.pread(fd, 64, 0).decode("utf-8", "replace").strip() or "?"
             raise UserError(f"{flag} {out}: another {command} (pid {holder}) is writing it now; wait for it "
                             f"or choose another {flag}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        try:
-            yield
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(lock_path)
-    finally:
+        try:  # the holder before us may have removed the file between our open and our flock: lock the new one
+            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            return fd
         os.close(fd)
 
 

@@ -35,7 +35,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_paths({"RUN_DIR": args.run_dir, "--tokenizer-from": args.tokenizer_from}, {"--out": args.out}, may_hold=("RUN_DIR",))
+    check_paths({"RUN_DIR": args.run_dir, "--tokenizer-from": args.tokenizer_from}, {"--out": args.out},
+                may_hold=("RUN_DIR",))  # RUN_DIR/export is the usual place
     check_replaceable("--out", args.out, EXPORT)
     average = AverageRequest.from_flags(args.average_last, args.average, args.tag)
     out = export_checkpoint(args.run_dir, args.out, tag=args.tag, tokenizer_from=args.tokenizer_from,
