@@ -10,7 +10,8 @@ save, its model, tokenizer, data position, precision and ZeRO stage. Then the ru
 newest intact checkpoint of RUN_DIR (through a universal checkpoint when the shape changed; damaged
 newer ones are moved aside and named) or starts fresh, and trains to the end.
 Exit codes: 0 finished, 2 bad input (one line on stderr), 143 stopped by SIGTERM/SIGINT after
-saving a checkpoint (re-run the same command to resume). Every exit ends the same way: output flushed,
+saving a checkpoint (re-run the same command to resume), 130 Ctrl-C before the stop handlers exist, 1 another
+process of the job gone (one line each, no traceback; launcher/peer_errors.py). Every exit ends the same way: output flushed,
 then the process group destroyed before the interpreter finalizes (launcher/train/teardown.py).
 """
 from __future__ import annotations
