@@ -67,15 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         write_line(RANK_ERROR_PREFIX.format(rank=os.environ.get("RANK", "?")) + str(err))
         return BAD_INPUT_EXIT_CODE
     except (RuntimeError, KeyboardInterrupt) as err:
-        from launcher.peer_errors import peer_gone
+        from launcher.peer_errors import rank_stop_line
 
-        reason = "Ctrl-C (SIGINT)" if isinstance(err, KeyboardInterrupt) else peer_gone(err)
-        if reason is None:
+        stop = rank_stop_line(err, os.environ.get("RANK", "?"))
+        if stop is None:
             raise
-        write_line(f"pretrain (rank {os.environ.get('RANK', '?')}): stopped: another process of the job is gone "
-                   f"({reason})" if not isinstance(err, KeyboardInterrupt) else
-                   f"pretrain (rank {os.environ.get('RANK', '?')}): stopped by {reason}")
-        return 1 if not isinstance(err, KeyboardInterrupt) else 130
+        write_line(stop[0])
+        return stop[1]
     finally:
         end_rank()  # the process group before the interpreter ends: else a gloo worker can abort it (teardown.py)
 

@@ -205,3 +205,27 @@ def test_a_process_group_error_of_a_peer_gone_is_one_line(tmp_path):
     assert line.startswith("LINE RuntimeError: Connection closed by peer") and "pair.cc" not in line and "GLHF" \
         not in line, out
     assert "OTHER None None" in out
+
+
+def test_a_rendezvous_port_taken_on_rank_0s_node_is_one_line(monkeypatch):
+    """Real c10d: the store of rank 0 cannot listen on a taken port (a multi-node job, where the launcher
+    cannot try rank 0's node itself); the rank's line names the port and the flag."""
+    import socket
+
+    import torch.distributed as dist
+
+    from launcher.peer_errors import rank_stop_line
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        with pytest.raises(RuntimeError) as caught:
+            dist.TCPStore("127.0.0.1", port, 1, True, timeout=__import__("datetime").timedelta(seconds=5))
+    line, code = rank_stop_line(caught.value, "0")
+    assert line.startswith(f"pretrain (rank 0): error: the rendezvous port {port} (MASTER_PORT) is in use on rank "
+                           f"0's node") and line.endswith("pass another --master_port") and code == 1
+    assert rank_stop_line(KeyboardInterrupt(), "1") == ("pretrain (rank 1): stopped by Ctrl-C (SIGINT) during "
+                                                        "start-up", 130)
+    assert rank_stop_line(RuntimeError("a bug"), "1") is None
