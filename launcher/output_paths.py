@@ -48,7 +48,8 @@ EXPORT_ENTRIES = frozenset({
     "config.json", "model.safetensors", "pytorch_model.bin", "README.md", "export_info.json",
     "tokenizer", "spm.model", "spm.vocab", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
     "vocab.txt", "sentencepiece.bpe.model", "modules.json", "sentence_bert_config.json",
-    "config_sentence_transformers.json", "1_Pooling", "2_Normalize"})
+    "config_sentence_transformers.json", "1_Pooling", "2_Normalize", "model.safetensors.index.json",
+    "added_tokens.json"})
 """What `roformer export` writes (and wrote in earlier releases): anything else in an export directory
 is the user's, and replacing the directory would delete it."""
 
@@ -178,7 +179,8 @@ def _a(name: str) -> str:
 
 def _check_export_entries(flag: str, path: Path, entries: list[str]) -> None:
     """Replacing an earlier export deletes all of it: refused while it holds anything else."""
-    foreign = [name for name in entries if name not in EXPORT_ENTRIES and not name.startswith(".")]
+    foreign = [name for name in entries if name not in EXPORT_ENTRIES and not name.startswith(".")
+               and not (name.startswith("model-") and name.endswith(".safetensors"))]  # weight shards
     if foreign:
         raise UserError(f"{flag} {path}: the earlier export there also holds {_listing(path, foreign)}, which "
                         f"replacing it would delete: move them out, or export to another directory")

@@ -168,6 +168,9 @@ def _check_destination(out: Path, run_dir: Path) -> None:
     if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_INFO).is_file():
         raise UserError(f"--out {out}: exists, is not empty and is not a previous export "
                         f"(no {EXPORT_INFO}); refusing to replace it")
+    from launcher.output_paths import EXPORT, check_replaceable
+
+    check_replaceable("--out", out, EXPORT)  # a previous export's extra files (the user's) are never deleted
 
 
 def _load_exact(model: torch.nn.Module, state: dict[str, torch.Tensor], ref: CheckpointRef) -> None:
