@@ -7,8 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import RoFormerConfig
-from .cpu_attention import dropout_attention
-from .dropout import use_cpu_kernels
+from .cpu_kernels import scaled_dot_product_attention
 from .rope import apply_rotary
 
 # Keeps the linear-attention denominator away from zero when every key of a row is padding.
@@ -92,13 +91,10 @@ class SelfAttention(nn.Module):
                 query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
                 if self.rotary_value:
                     value = apply_rotary(value, cos, sin)
+            # (B, 1, 1, T) additive, or None
             mask = None if attention_mask is None else additive_padding_mask(attention_mask, query.dtype)
-            if self.training and self.dropout_prob > 0.0 and use_cpu_kernels(query):
-                # SDPA on CPU has no fused kernel with dropout (it falls back to its math path).
-                context = dropout_attention(query, key, value, mask, self.dropout_prob)
-            else:  # fused kernels: flash/efficient on GPUs (with dropout), flash on CPU (without)
-                context = F.scaled_dot_product_attention(
-                    query, key, value, attn_mask=mask, dropout_p=self.dropout_prob if self.training else 0.0)
+            dropout_p = self.dropout_prob if self.training else 0.0
+            context = scaled_dot_product_attention(query, key, value, mask, dropout_p)  # (B, H, T, D)
 
         batch, _, length, _ = context.shape
         context = context.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_size)  # (B, T, hidden)

@@ -1,15 +1,9 @@
-"""Model arithmetic from the config alone: FLOPs of a step and parameter counts.
+"""Model arithmetic from the config alone: matmul FLOPs of a step and parameter counts.
 
-Pure functions of a `RoFormerConfig` and a batch shape, so the trainer (model FLOP/s and MFU per
-log line), the planner (time and memory per stage, before any model is built) and the benchmarks
-all share one formula. Nothing here touches tensors.
-
-The FLOP formula (what "needed FLOPs" means for MFU)
-----------------------------------------------------
-Only matrix multiplications are counted, at 2 FLOPs per multiply-add; element-wise work (softmax,
-LayerNorm, GELU, dropout, RoPE, AdamW) is left out, as in the usual MFU convention (PaLM appendix B,
-Megatron-LM). With N = B * T tokens, h = hidden_size, I = intermediate_size, E = embedding_size,
-L = num_hidden_layers, V = vocab_size, D = head_size and M = masked tokens, one forward pass is
+One formula for the trainer's MFU, the planner's estimates and the benchmarks (its conventions:
+docs/model.md). Matmuls only, 2 FLOPs per multiply-add. With N = B * T tokens, h = hidden_size,
+I = intermediate_size, E = embedding_size, L = num_hidden_layers, V = vocab_size, D = head_size and
+M = masked tokens, one forward pass is
 
     embedding projection  2 N E h                      (only when E != h)
     per layer, L times:
@@ -19,13 +13,7 @@ L = num_hidden_layers, V = vocab_size, D = head_size and M = masked tokens, one 
                           4 N h D + 2 N h              linear (eq. 19): K^T V, Q (K^T V), Q . sum_n K
     MLM head at M masked  2 M h E + 2 M E V            dense transform + tied decoder
 
-and a training step (forward + backward) is 3x the forward: the backward of every matmul needs two
-matmuls of the forward's size (input gradient and weight gradient). M is the number of masked
-tokens the loss is computed at: the model projects only those onto the vocabulary, so the full-vocab
-projection at the B * T - M other positions is not work the model needs and is not counted. The
-attention term uses the padded length T (padding is computed, not skipped). Activation
-checkpointing recomputes the encoder's forward: `hardware_training_flops` counts that (for time
-estimates), `training_flops` does not (model FLOPs, for MFU).
+and a training step is 3x the forward.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The RoFormer encoder and its heads, in dependency order.
 
 Embeddings -> post-LN blocks (as transformers' RoFormer / BERT) -> encoder -> MLM head (tied to the
-word embeddings) and sequence-classification head. Pure PyTorch: tensors stay on their input's device.
-Shapes: B batch, T sequence length, E embedding size, H hidden size, V vocabulary, M masked tokens.
+word embeddings) and sequence-classification head. Pure PyTorch: tensors stay on their input's device;
+the ops imported from `cpu_kernels` pick their kernel by that device (docs/model.md).
+Shapes: B batch, T sequence length, E embedding size, H hidden size, I intermediate size, D head size,
+V vocabulary, M masked tokens.
 """
 
 from __future__ import annotations
@@ -18,16 +20,10 @@ from torch.utils.checkpoint import checkpoint
 from .activations import ACTIVATION_FUNCTIONS
 from .attention import SelfAttention
 from .config import SINUSOIDAL_ENCODINGS, ConfigError, RoFormerConfig
-from .dropout import Dropout, use_cpu_kernels
-from .mlm_loss import decoder_cross_entropy
+from .cpu_kernels import decoder_cross_entropy, drop_padding_free_mask, dropout_add, feed_forward
 from .rope import RotaryEmbedding
 
-# Largest (rows, intermediate) activation the CPU feed-forward allocates at once: half of glibc's
-# 32 MiB ceiling for serving freed memory from the heap instead of new (page-faulting) mmaps.
-_FFN_CHUNK_BYTES = 16 << 20
-
 IGNORE_INDEX = -100  # label value of unmasked positions (the data pipeline's and transformers' convention)
-
 
 
 def sinusoidal_position_table(num_positions: int, size: int) -> torch.Tensor:
@@ -35,6 +31,20 @@ def sinusoidal_position_table(num_positions: int, size: int) -> torch.Tensor:
     frequencies = 10000.0 ** (-torch.arange(0, size, 2, dtype=torch.float64) / size)
     angles = torch.outer(torch.arange(num_positions, dtype=torch.float64), frequencies)  # (P, size/2)
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(torch.float32)
+
+
+class Dropout(nn.Module):
+    """nn.Dropout that can add a residual in the same pass: forward(x, residual) = residual + dropout(x)."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        return dropout_add(residual, x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
 
 
 # ----------------------------------------------------------------------------------------------- embeddings
@@ -54,7 +64,7 @@ class Embeddings(nn.Module):
             self.register_buffer("position_table", table, persistent=False)
         # Vaswani et al. (sec. 3.4) multiply the token embeddings by sqrt(d_model) before adding the
         # fixed table (RMS 1/sqrt(2)); without it, word embeddings initialised with std 0.02 are
-        # drowned by the table. 'sinusoidal_unscaled' keeps the unscaled sum (the earlier baseline).
+        # drowned by the table. 'sinusoidal_unscaled' keeps the plain sum (a baseline of its own).
         self.word_scale = (math.sqrt(config.embedding_size) if config.position_encoding == "sinusoidal" else 1.0)
         self.norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
@@ -80,7 +90,7 @@ class Embeddings(nn.Module):
             if self.position_encoding == "learned":
                 embedded = embedded + self.position.weight[:length]  # (T, E) broadcast over B
             else:
-                embedded = embedded + self.position_table[:length].to(embedded.dtype)
+                embedded = embedded + self.position_table[:length].to(embedded.dtype)  # (T, E) broadcast over B
         embedded = self.dropout(self.norm(embedded))
         return embedded if self.project is None else self.project(embedded)  # (B, T, H)
 
@@ -102,20 +112,9 @@ class Block(nn.Module):
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         attended = self.attention(hidden, attention_mask, rotary)  # (B, T, H)
-        hidden = self.attention_norm(self.dropout(attended, residual=hidden))
-        return self.ffn_norm(self.dropout(self._feed_forward(hidden), residual=hidden))  # (B, T, H)
-
-    def _feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """ffn_out(act(ffn_in(hidden))), on CPU in token chunks whose (rows, intermediate) tensors stay
-        under _FFN_CHUNK_BYTES: glibc serves larger blocks with fresh mmaps, and faulting in the four
-        (B*T, intermediate) tensors of each layer's forward and backward cost ~15% of the layer."""
-        flat = hidden.reshape(-1, hidden.shape[-1])  # (B*T, H)
-        row_bytes = self.ffn_in.out_features * hidden.element_size()
-        rows = max(1, _FFN_CHUNK_BYTES // row_bytes)
-        if not use_cpu_kernels(hidden) or flat.shape[0] <= rows:
-            return self.ffn_out(self.activation(self.ffn_in(hidden)))
-        parts = [self.ffn_out(self.activation(self.ffn_in(part))) for part in flat.split(rows)]
-        return torch.cat(parts).view(hidden.shape)
+        hidden = self.attention_norm(self.dropout(attended, residual=hidden))  # (B, T, H)
+        transformed = feed_forward(hidden, self.ffn_in, self.activation, self.ffn_out)  # (B, T, I) -> (B, T, H)
+        return self.ffn_norm(self.dropout(transformed, residual=hidden))  # (B, T, H)
 
 
 # ----------------------------------------------------------------------------------------------- encoder
@@ -137,16 +136,14 @@ class RoFormerModel(nn.Module):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
         hidden = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        if attention_mask is not None and use_cpu_kernels(attention_mask) and bool(attention_mask.all()):
-            # No padding: drop the mask so attention needs no bias pass. Only on CPU, where reading
-            # the flag costs nothing; on GPUs it would be a host sync per step.
-            attention_mask = None
+        attention_mask = drop_padding_free_mask(attention_mask)  # (B, T), 1 = real token; or None
+        # (cos, sin) each (T, D) in fp32, shared by all layers; None without RoPE
         rotary = self.rope.cos_sin(input_ids.shape[1], input_ids.device) if self.rope is not None else None
         for layer in self.layers:
             if self.gradient_checkpointing and self.training:
-                hidden = checkpoint(layer, hidden, attention_mask, rotary, use_reentrant=False)
+                hidden = checkpoint(layer, hidden, attention_mask, rotary, use_reentrant=False)  # (B, T, H)
             else:
-                hidden = layer(hidden, attention_mask, rotary)
+                hidden = layer(hidden, attention_mask, rotary)  # (B, T, H)
         return hidden
 
 
@@ -185,7 +182,7 @@ class MaskedLMOutput:
     can average over all masked tokens of all micro-batches and ranks. Without labels: logits (B, T, V)."""
 
     logit_parts: tuple[torch.Tensor, ...]
-    """The logits as vocabulary slices (CPU training computes them slice by slice); `logits` joins them."""
+    """The logits as vocabulary slices (the CPU loss computes them slice by slice); `logits` joins them."""
     loss_sum: torch.Tensor | None = None  # fp32 scalar, sum of token cross-entropies
     num_masked: torch.Tensor | None = None  # long scalar
     num_correct: torch.Tensor | None = None  # long scalar, argmax == label
@@ -298,4 +295,4 @@ class RoFormerForSequenceClassification(PreTrainedBase):
 
 
 __all__ = ["RoFormerModel", "RoFormerForMaskedLM", "RoFormerForSequenceClassification", "MaskedLMOutput",
-           "SequenceClassifierOutput", "IGNORE_INDEX", "sinusoidal_position_table"]
+           "SequenceClassifierOutput", "IGNORE_INDEX", "Dropout", "sinusoidal_position_table"]

@@ -4,10 +4,6 @@ Pairs are interleaved: (x1, x2), (x3, x4), ... rotate by m * theta_i with
 theta_i = base ** (-2(i-1)/d), i = 1..d/2. The rotation is applied with the element-wise form of
 eq. 34, x * cos + rotate_every_two(x) * sin, never with a dense matrix. This is also the layout of
 transformers' RoFormer (`apply_rotary_position_embeddings`), so weights are interchangeable.
-
-cos/sin tables are computed once in float64 (as transformers does with numpy) and stored in float32;
-they are grown lazily when a longer sequence arrives, because the stage scheduler raises the
-maximum length mid-run and RoPE models have no maximum length.
 """
 
 from __future__ import annotations
@@ -80,6 +76,7 @@ class RotaryEmbedding(torch.nn.Module):
         self.scaling = scaling
         self.factor = factor
         self.inverse_frequencies = rotary_inverse_frequencies(head_size, base, scaling, factor)  # float64
+        # fp32 whatever the model's dtype: a bf16 table cannot tell position 4096 from 4097 apart.
         self._cos: torch.Tensor | None = None  # (T_cached, d) float32, each value repeated for its pair
         self._sin: torch.Tensor | None = None
 
@@ -98,6 +95,8 @@ class RotaryEmbedding(torch.nn.Module):
         return 0 if self._cos is None else self._cos.shape[0]
 
     def _build(self, length: int, device: torch.device) -> None:
+        # Angles in float64 (as transformers computes them with numpy): m * theta_i for positions in
+        # the thousands would lose digits in fp32 before the cos/sin.
         positions = torch.arange(length, dtype=torch.float64)
         angles = rotary_angles(positions, self.inverse_frequencies, self.scaling, self.factor)  # (T, d/2)
         angles = angles.repeat_interleave(2, dim=-1)  # (T, d): theta_1, theta_1, theta_2, theta_2, ...
@@ -107,6 +106,8 @@ class RotaryEmbedding(torch.nn.Module):
     def cos_sin(self, seq_len: int, device: torch.device, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 tables for positions offset .. offset+seq_len-1, each (seq_len, d)."""
         needed = offset + seq_len
+        # Grown lazily: the stage schedule raises the sequence length mid-run, and a RoPE model has no
+        # maximum length to build for up front. Rebuilt on a new device (the model was moved).
         if self._cos is None or self._cos.device != torch.device(device) or needed > self.cached_length:
             length = max(needed, self.cached_length)
             self._build(math.ceil(length / _GROWTH_QUANTUM) * _GROWTH_QUANTUM, device)

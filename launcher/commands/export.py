@@ -1,14 +1,14 @@
 """`roformer export RUN_DIR [--tag TAG | --average-last N | --average TAG,...] --out DIR`: the command line of
-launcher.downstream.exporter (averaging: launcher.downstream.weight_averaging)."""
+launcher.downstream.exporter (averaging: launcher.checkpoint.weights)."""
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
 
+from launcher.checkpoint.weights import AverageRequest
 from launcher.downstream.export_reader import EXPORT_INFO
 from launcher.downstream.exporter import MAX_POSITIONS_PER_TRAINED_LENGTH, MIN_MAX_POSITIONS, export_checkpoint
-from launcher.downstream.weight_averaging import AverageRequest
 from launcher.output_paths import EXPORT, check_paths, check_replaceable
 
 

@@ -17,7 +17,7 @@ runtime allowance.
       8 s b h + 2 s b I        elements
       2 s b h                  bytes of hidden dropout masks (only when dropout > 0)
       a s^2 b                  bytes: on CPU ranks, the attention-dropout keep mask of
-                               roformer/cpu_attention.py (probabilities are recomputed in backward)
+                               roformer/cpu_kernels/attention.py (probabilities recomputed in backward)
       4 a s b                  bytes: on accelerators, SDPA's fused kernels (flash / memory-efficient,
                                dropout included) keep one float per query row and no score
   (Korthikanti's math path would add 2 a s^2 b elements + a s^2 b bytes: softmax output, its

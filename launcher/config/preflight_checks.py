@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_pipeline import DataError, PretrainBatches, open_corpus
+from launcher.checkpoint.resume import BranchPoint, check_branch, find_branch_point
 from launcher.config.deepspeed_json import ds_config_source, resolve_ds_config
 from launcher.config.precision import train_precision
-from launcher.config.branch_from import BranchPoint, check_branch, find_branch_point
 from launcher.config.init_from import check_init_tokenizer
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
@@ -43,7 +43,7 @@ class CheckedRun:
     """What could not be decided on this machine (one line each), for the caller to print."""
     branch: BranchPoint | None = None
     """The branch point, checked (None: no branch, or a branch with checkpoints of its own); rank 0 verifies
-    its files at start-up (launcher/train/resume.py)."""
+    its files at start-up (launcher/checkpoint/resume.py)."""
 
 
 def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, rank: int = 0,

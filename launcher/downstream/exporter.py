@@ -1,5 +1,5 @@
 """`roformer export RUN_DIR [--tag TAG] --out DIR`: a checkpoint as a transformers RoFormer directory
-(`--average-last N` / `--average TAG,...`: the mean of several checkpoints, launcher/downstream/weight_averaging.py).
+(`--average-last N` / `--average TAG,...`: the mean of several checkpoints, launcher/checkpoint/weights.py).
 
 The directory holds `config.json` + `model.safetensors` (fp32, consolidated from the ZeRO shards of
 any stage and world size), the tokenizer files, `README.md` (model card), the sentence-transformers
@@ -49,8 +49,7 @@ from launcher.run_dir.records import describe_start, files_in_effect
 if TYPE_CHECKING:  # torch is imported where it is used: `roformer export --help` must not wait for it
     import torch
 
-    from launcher.downstream.checkpoint_weights import CheckpointRef
-    from launcher.downstream.weight_averaging import AverageRequest, AveragedCheckpoint
+    from launcher.checkpoint.weights import AverageRequest, AveragedCheckpoint, CheckpointRef
 
 # Largest |logit difference| tolerated between our model and transformers on the same weights
 # (fp32; both compute the same function, differences are summation order only).
@@ -66,14 +65,11 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
                       average: AverageRequest | None = None) -> Path:
     """Write the export of RUN_DIR's checkpoint `tag` (default latest) to `out`; returns `out`.
     `max_positions`: transformers' RoPE table size (None: see default_max_positions). `average`: export
-    the mean of those checkpoints' weights instead (launcher/downstream/weight_averaging.py); the newest
+    the mean of those checkpoints' weights instead (launcher/checkpoint/weights.py); the newest
     of them stands for the training state, stages and tokenizer in the card."""
-    from launcher.downstream.checkpoint_weights import (
-        consolidate_fp32,
-        resolve_checkpoint,
-    )
-    from launcher.downstream.weight_averaging import AveragedCheckpoint, averaged_fp32, select_checkpoints
-    from launcher.run_dir.sidecar import saved_model_config
+    from launcher.checkpoint.catalogue import saved_model_config
+    from launcher.checkpoint.weights import (AveragedCheckpoint, averaged_fp32, consolidate_fp32, resolve_checkpoint,
+                                             select_checkpoints)
     from launcher.size_checks import check_rope_table
     from roformer import RoFormerForMaskedLM
     from roformer.hf_interop import check_exportable, write_pretrained_files
@@ -146,7 +142,7 @@ def check_stage_rope_theta(ref: CheckpointRef) -> None:
     transformers' RoFormer has no such setting (its sinusoidal table always uses base 10000), so a
     checkpoint trained last at another base is refused here rather than exported into a directory
     that transformers would silently run with the wrong rotation."""
-    from launcher.run_dir.sidecar import effective_rope_theta
+    from launcher.checkpoint.catalogue import effective_rope_theta
 
     theta = effective_rope_theta(ref.sidecar)
     if theta is not None and theta != 10000.0 and ref.sidecar.rope_theta is not None:

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-import roformer.attention as attention_module
-import roformer.dropout as dropout_module
+import roformer.cpu_kernels.attention as attention_module
+import roformer.cpu_kernels.dropout as dropout_module
 from launcher.config.estimate import setup_from_configs, optimizer_step_bytes
 from launcher.train.device_batches import host_counts, to_device
 from roformer import RoFormerConfig, RoFormerForMaskedLM

@@ -1,4 +1,4 @@
-"""CPU dropout kernels (roformer.dropout, roformer.cpu_attention): the statistics of F.dropout, the
+"""CPU dropout kernels (roformer.cpu_kernels.dropout, roformer.cpu_kernels.attention): the statistics of F.dropout, the
 gradients of the reference ops, reproducibility from torch's RNG, and which device takes which path."""
 
 import math
@@ -8,10 +8,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from roformer import RoFormerConfig, RoFormerForMaskedLM, cpu_attention
+from roformer import RoFormerConfig, RoFormerForMaskedLM
 from roformer.attention import additive_padding_mask
-from roformer.cpu_attention import dropout_attention
-from roformer.dropout import dropout_add, keep_mask, new_bit_stream, use_cpu_kernels
+from roformer.cpu_kernels import attention as cpu_attention
+from roformer.cpu_kernels import dropout_add, use_cpu_kernels
+from roformer.cpu_kernels.attention import dropout_attention
+from roformer.cpu_kernels.dropout import keep_mask, new_bit_stream
 
 
 def within_sigmas(observed: float, p: float, n: int, sigmas: float = 5.0) -> bool:
@@ -206,7 +208,7 @@ def test_only_cpu_tensors_take_the_cpu_kernels(monkeypatch):
     the meta device, which runs the generic path's shape logic without a GPU)."""
     assert use_cpu_kernels(torch.empty(1)) and not use_cpu_kernels(torch.empty(1, device="meta"))
     calls = []
-    monkeypatch.setattr("roformer.attention.dropout_attention", lambda *args: calls.append(args))
+    monkeypatch.setattr("roformer.cpu_kernels.attention.dropout_attention", lambda *args: calls.append(args))
     model, input_ids, mask = model_and_batch()
     model.to("meta").train()
     out = model(input_ids.to("meta"), mask.to("meta")).logits

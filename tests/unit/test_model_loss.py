@@ -1,12 +1,11 @@
-"""roformer.mlm_loss: the CPU decoder + loss function equals F.linear + F.cross_entropy + argmax,
+"""roformer.cpu_kernels.mlm_loss: the CPU decoder + loss function equals F.linear + F.cross_entropy + argmax,
 with the gradients of the reference ops, in one chunk and in many."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from roformer import mlm_loss
-from roformer.mlm_loss import decoder_cross_entropy
+from roformer.cpu_kernels import decoder_cross_entropy, mlm_loss
 
 
 @pytest.fixture(params=["one_chunk", "many_chunks"])

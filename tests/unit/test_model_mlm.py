@@ -195,11 +195,11 @@ def test_bf16_model_runs_and_reports_fp32_loss(overrides):
 def test_feed_forward_in_token_chunks_equals_one_pass(monkeypatch):
     """On CPU the feed-forward runs in token chunks when its intermediate would be large; same
     outputs and gradients as one pass (here forced with a 5-row chunk on a 3 x 12 batch)."""
-    from roformer import model as model_module
+    from roformer.cpu_kernels import ffn
     input_ids, attention_mask, labels = batch()
     results = []
     for chunk_bytes in (1 << 30, 5 * TINY["intermediate_size"] * 4):
-        monkeypatch.setattr(model_module, "_FFN_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(ffn, "_FFN_CHUNK_BYTES", chunk_bytes)
         model = tiny_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).train()
         out = model(input_ids, attention_mask, labels=labels)
         out.loss_sum.backward()

@@ -1,30 +1,19 @@
-"""The MLM decoder and its loss at the masked tokens: logits (M, V), summed cross-entropy, top-1 hits.
+"""The MLM decoder and its loss in one autograd function, walking the vocabulary in cache-sized slices.
 
-On CPU one autograd function does decoder + loss, equal to
-    logits = F.linear(features, weight, bias)
-    loss_sum = F.cross_entropy(logits.float(), targets, reduction="sum")
-    num_correct = (logits.argmax(-1) == targets).sum()
-but walking the vocabulary in column slices of about `_CHUNK_ELEMENTS` logits. The separate ops
-write and re-read (M, V)-sized tensors: the logits, log_softmax's log-probabilities, its backward's
-zero-filled and result gradients, each a fresh mmap that is page-faulted in (the decoder matmul
-alone ran at 2/3 of its speed for that). Here forward computes one slice's logits, folds it into a
-running max/argmax and logsumexp while it is in cache, and keeps it for backward; backward, per slice,
+Equal to logits = F.linear(features, weight, bias), F.cross_entropy(logits.float(), targets,
+reduction="sum") and (logits.argmax(-1) == targets).sum(), without writing and re-reading (M, V)
+tensors. Forward computes one slice's logits, folds it into a running max/argmax and logsumexp
+while it is in cache, and keeps it for backward; backward, per slice,
     G = softmax(logits)[:, slice] - onehot(targets)[:, slice]      (times the incoming loss gradient)
     dW[slice] = G^T features,  db[slice] = sum_rows G,  dfeatures += G W[slice].
-The full (M, V) logits are only assembled if a caller reads them (`MaskedLMOutput.logits`); the
-trainer only reads the loss and the hit count. Elsewhere (GPUs) the separate torch ops are used:
-their kernels need no chunking.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-
-from .dropout import use_cpu_kernels
 
 # Logits per vocabulary slice: 2**21 values (8 MiB in fp32), so that the passes over a slice hit the
-# L3 cache (same trade-off as cpu_attention._BLOCK_ELEMENTS).
+# L3 cache (as attention._BLOCK_ELEMENTS).
 _CHUNK_ELEMENTS = 1 << 21
 # Narrowest slice: keeps the per-slice matmuls wide enough to run at speed.
 _MIN_COLUMNS = 256
@@ -114,17 +103,9 @@ class _DecoderCrossEntropy(torch.autograd.Function):
 
 def decoder_cross_entropy(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor
                           ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
-    """features (M, E), tied decoder weight (V, E), bias (V,), targets (M,) ->
-    (vocabulary slices of the logits (M, V), fp32 sum of token cross-entropies, long count of argmax == target).
-
-    torch.cat(slices, dim=-1) are the logits; on GPUs there is one slice.
-    """
-    if use_cpu_kernels(features):
-        loss_sum, correct, *parts = _DecoderCrossEntropy.apply(features, weight, bias, targets)
-        return tuple(parts), loss_sum, correct
-    logits = F.linear(features, weight, bias)
-    loss_sum = F.cross_entropy(logits.float(), targets, reduction="sum")
-    return (logits,), loss_sum, (logits.argmax(dim=-1) == targets).sum()
+    """features (M, E), weight (V, E), bias (V,), targets (M,) -> (logit slices, fp32 loss sum, long hit count)."""
+    loss_sum, correct, *parts = _DecoderCrossEntropy.apply(features, weight, bias, targets)
+    return tuple(parts), loss_sum, correct
 
 
 __all__ = ["decoder_cross_entropy"]

@@ -1,24 +1,13 @@
-"""Softmax attention with attention-probability dropout for CPU training, computed block by block.
+"""Softmax attention with dropout on the probabilities, computed block by block (SDPA's semantics).
 
-Why: with dropout_p > 0, `F.scaled_dot_product_attention` on CPU falls back to its math path, which
-materialises the (B, H, T, T) scores, probabilities, a float dropout mask drawn with `bernoulli_`
-and the dropped probabilities, each several times the cache, and stores them for backward; at the
-benchmark shape that was ~2.7x the time of the fused kernel without dropout.
-
-How: the (B*H) x T query rows are cut into blocks of about `_BLOCK_ELEMENTS` scores so that one
-block's scores, probabilities and mask stay in cache. Per block, forward computes
-scores = scale * q k^T (+ padding bias), P = softmax(scores), draws the keep mask
-(`dropout.keep_mask`) and out = (P * keep) v / (1 - p). Only the one-byte keep mask is stored;
-backward recomputes P from q and k (one extra matmul, no (B, H, T, T) float tensor kept across the
-step; keeping P from forward instead, 4 more bytes per score, was measured at the benchmark shape:
-attention fwd+bwd of 4 layers 0.57 vs 0.61 s, the whole step no faster, 2.06 vs 2.01 s median of 8
-alternating steps) and applies, with K = P * keep,
+The (B*H) x T query rows are cut into blocks of about `_BLOCK_ELEMENTS` scores, so that a block's
+scores, probabilities and mask stay in cache. Forward, per block: P = softmax(scale * q k^T + bias),
+a keep mask (`dropout.keep_mask`) and out = (P * keep) v / (1 - p). Only the one-byte mask is stored;
+backward recomputes P from q and k and applies, with K = P * keep,
     dV = K^T dO / (1 - p)
-    dP = (dO V^T) * keep / (1 - p),  so P * dP = (dO V^T) * K / (1 - p)
+    P * dP = (dO V^T) * K / (1 - p)
     dS = P * dP - P * rowsum(P * dP)
     dQ = scale * dS K,   dK = scale * dS^T q.
-Semantics are exactly SDPA's (and transformers'): each probability, after the softmax over all
-keys, is kept independently with probability 1 - p and the kept ones are scaled by 1 / (1 - p).
 Half-precision inputs are computed in float32 and cast back.
 """
 
@@ -29,9 +18,7 @@ import torch
 from .dropout import keep_mask, new_bit_stream
 
 # Scores per block: 2**21 fp32 values = 8 MiB, so that a block's three (G, T, Tk) temporaries in
-# backward stay in the 32 MiB L3. Measured at the benchmark shape: 2**20 was ~3% faster on one
-# quiet thread, but with two threads on the loaded shared machine its twice as many small parallel
-# regions cost ~50% (each ends in a barrier that waits for a descheduled thread); 2**22 no better.
+# backward stay in the 32 MiB L3 (the sizes measured are in docs/model.md).
 _BLOCK_ELEMENTS = 1 << 21
 
 
