@@ -9,6 +9,7 @@ from pathlib import Path
 from launcher.checkpoint.weights import AverageRequest
 from launcher.export.export_reader import EXPORT_INFO
 from launcher.export.exporter import MAX_POSITIONS_PER_TRAINED_LENGTH, MIN_MAX_POSITIONS, export_checkpoint
+from launcher.output_paths import EXPORT, check_paths, check_replaceable
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +35,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_paths({"RUN_DIR": args.run_dir, "--tokenizer-from": args.tokenizer_from}, {"--out": args.out},
+                may_hold=("RUN_DIR",))  # RUN_DIR/export is the usual place
+    check_replaceable("--out", args.out, EXPORT)
     average = AverageRequest.from_flags(args.average_last, args.average, args.tag)
     out = export_checkpoint(args.run_dir, args.out, tag=args.tag, tokenizer_from=args.tokenizer_from,
                             verify=not args.no_verify, max_positions=args.max_positions, average=average)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from launcher import ops_cache
 from launcher.defaults import PROGRESS_ENV
+from launcher.errors import UserError
 from launcher.run_dir.lock import LOCK_ID_ENV
 from launcher.io import atomic_write_text, keep_console, write_line
 from launcher.launch import env_forwarding
@@ -71,6 +72,11 @@ class BranchFromAction(argparse.Action):
 
 
 def run(args: argparse.Namespace) -> int:
+    from launcher.output_paths import check_run_dir_target
+
+    check_run_dir_target("--run-dir", args.run_dir)
+    if args.max_restarts is not None and args.max_restarts < 0:
+        raise UserError(f"--max-restarts {args.max_restarts}: must be >= 0")
     plan = build_plan(args)  # flags, hostfile, config: refused before the run directory is touched
     refuse_branch_into_its_source(plan)
     if args.dry_run:  # starts nothing, writes nothing: no lock
@@ -119,6 +125,10 @@ def plan_and_launch(args: argparse.Namespace, plan) -> int:
 
     section = plan.run_config.restarts
     policy = RestartPolicy.from_args(args, section)
+    if not plan.multi_node:  # the rendezvous port on this machine, before any rank could fail on it
+        from launcher.output_paths import check_port_free
+
+        check_port_free(plan.master_port)
 
     def launch(this_plan):
         return launch_once(this_plan, section.preemption_grace_seconds)

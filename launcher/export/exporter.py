@@ -70,6 +70,7 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     from launcher.checkpoint.catalogue import saved_model_config
     from launcher.checkpoint.weights import (AveragedCheckpoint, averaged_fp32, consolidate_fp32, resolve_checkpoint,
                                              select_checkpoints)
+    from launcher.size_checks import check_rope_table
     from roformer import RoFormerForMaskedLM
     from roformer.hf_interop import check_exportable, write_pretrained_files
 
@@ -83,6 +84,7 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     check_exportable(model_config)  # e.g. linear attention has no transformers counterpart
     stages = run_stages(ref.run_dir, ref.sidecar.step)
     max_positions = _max_positions(max_positions, trained_length(ref.sidecar, stages))
+    check_rope_table("--max-positions", max_positions, model_config.hidden_size, model_config.num_attention_heads)
     tokenizer_source = _tokenizer_source(ref, tokenizer_from)
 
     averaged = [AveragedCheckpoint.of(each) for each in refs] if average is not None else None
@@ -162,6 +164,9 @@ def _check_destination(out: Path, run_dir: Path) -> None:
     if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_INFO).is_file():
         raise UserError(f"--out {out}: exists, is not empty and is not a previous export "
                         f"(no {EXPORT_INFO}); refusing to replace it")
+    from launcher.output_paths import EXPORT, check_replaceable
+
+    check_replaceable("--out", out, EXPORT)  # a previous export's extra files (the user's) are never deleted
 
 
 def _load_exact(model: torch.nn.Module, state: dict[str, torch.Tensor], ref: CheckpointRef) -> None:

@@ -56,6 +56,7 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, v
     and one with checkpoints of its own resumes from those: branch_from.find_branch_point).
     """
     notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks)
+    notes += [note] if (note := warmup_note(cfg)) else []
     train, _ = open_streams(cfg, 0, world_size, verify_data)
     findings = check_data(cfg, stages, train, run_dir)
     findings.notes[:0] = notes
@@ -78,6 +79,17 @@ def check_data(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainBatch
         notes.append(f"a branch of {point.source.run_dir} at {point.tag} (step {point.step:,}, stage "
                      f"'{point.sidecar.stage_name}'): the schedule agrees up to there; this run starts there")
     return Findings(notes, point)
+
+
+def warmup_note(cfg: RunConfig) -> str | None:
+    """Warm-up as long as the run: the learning rate never reaches its peak nor decays (not refused: the
+    tiny test schedules are shorter than a usual warm-up on purpose)."""
+    warmup, total = cfg.optimizer.warmup_steps, cfg.schedule.total_steps
+    if warmup >= total > 0:
+        return (f"{cfg.source}: optimizer.warmup_steps {warmup} is not shorter than the run ({total} steps): the whole "
+                f"run is warm-up, the learning rate never reaches optimizer.lr {cfg.optimizer.lr:g} nor decays; "
+                f"set optimizer.warmup_steps below {total}")
+    return None
 
 
 def check_mixtures(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainBatches) -> None:

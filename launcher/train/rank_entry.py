@@ -10,10 +10,11 @@ save, its model, tokenizer, data position, precision and ZeRO stage. Then the ru
 newest intact checkpoint of RUN_DIR (through a universal checkpoint when the shape changed; damaged
 newer ones are moved aside and named) or starts fresh, and trains to the end.
 Exit codes: 0 finished, 2 bad input (one line on stderr), 143 stopped by SIGTERM/SIGINT after
-saving a checkpoint (re-run the same command to resume). Every exit ends the same way: output flushed,
-then the process group destroyed before the interpreter finalizes (launcher/train/teardown.py). A console
-that goes away (pdsh killed, an ssh session lost) ends nothing: from then on the rank's output goes to
-RUN_DIR/logs/rank<r>.log (launcher/io.py keep_console).
+saving a checkpoint (re-run the same command to resume), 130 Ctrl-C before the stop handlers exist, 1 another
+process of the job gone (one line each, no traceback; launcher/peer_errors.py). Every exit ends the same way:
+output flushed, then the process group destroyed before the interpreter finalizes (launcher/train/teardown.py).
+A console that goes away (pdsh killed, an ssh session lost) ends nothing: from then on the rank's output goes
+to RUN_DIR/logs/rank<r>.log (launcher/io.py keep_console).
 """
 from __future__ import annotations
 
@@ -70,6 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors() as err:
         write_line(RANK_ERROR_PREFIX.format(rank=os.environ.get("RANK", "?")) + str(err))
         return BAD_INPUT_EXIT_CODE
+    except (RuntimeError, KeyboardInterrupt) as err:
+        from launcher.peer_errors import rank_stop_line
+
+        stop = rank_stop_line(err, os.environ.get("RANK", "?"))
+        if stop is None:
+            raise
+        write_line(stop[0])
+        return stop[1]
     finally:
         end_rank()  # the process group before the interpreter ends: else a gloo worker can abort it (teardown.py)
 
