@@ -1,7 +1,9 @@
 """`init_from` of a run config (`roformer pretrain --init-from DIR`): what a continued run takes from DIR.
 
 DIR is our export or any local transformers RoFormer directory (`RoFormerForMaskedLM`, or a bare
-`RoFormerModel`, whose MLM head the run then initialises). From it come:
+`RoFormerModel`, whose MLM head the run then initialises), or a BERT (`BertForMaskedLM` / `BertModel`:
+continued as RoPE by default, its position table dropped, or with `model.position_encoding: learned` as
+it is; roformer/bert_interop.py). From it come:
   * the model section: DIR's config.json (roformer.hf_interop.config_from_hf), with the run config's
     own `model:` keys (and `--set model.*`) laid over it. A key that would give a weight another
     shape, or make the weights mean something else (WEIGHT_FIELDS), is refused when it differs from
@@ -38,12 +40,18 @@ def model_from_init_dir(init_dir: str, explicit: dict | None, source: str) -> Ro
     config_path = directory / "config.json"
     try:
         raw = json.loads(config_path.read_text(encoding="utf-8"))
-        base = config_from_hf(raw, source=str(config_path))
-    except (ValueError, ConfigError) as err:  # JSONDecodeError is a ValueError
+    except ValueError as err:  # JSONDecodeError is a ValueError
         raise UserError(f"{config_path}: not a transformers RoFormer config ({err})") from None
+    if isinstance(raw, dict) and raw.get("model_type") == "bert":
+        base, free = bert_base_config(raw, explicit, source, config_path), ("position_encoding",)
+    else:
+        try:
+            base, free = config_from_hf(raw, source=str(config_path)), ()
+        except ConfigError as err:
+            raise UserError(f"{config_path}: not a transformers RoFormer config ({err})") from None
     values = base.to_dict()
     for key, value in (explicit or {}).items():
-        if key in WEIGHT_FIELDS and key in values and value != values[key]:
+        if key in WEIGHT_FIELDS and key not in free and key in values and value != values[key]:
             raise UserError(f"{source}: model.{key}: {value!r} differs from {values[key]!r} in {config_path} "
                             f"(init_from {directory}): it changes the shape or meaning of the weights; drop "
                             f"model.{key} or set it to {values[key]!r}")
@@ -52,6 +60,32 @@ def model_from_init_dir(init_dir: str, explicit: dict | None, source: str) -> Ro
         return RoFormerConfig.from_dict(values, source=f"{source}: model (over {config_path})")
     except ConfigError as err:
         raise UserError(str(err)) from None
+
+
+def bert_base_config(raw: dict, explicit: dict | None, source: str, config_path: Path) -> RoFormerConfig:
+    """A BERT source's model: RoPE in place of its table unless the run asks for `learned` (roformer/bert_interop.py)."""
+    from roformer.bert_interop import config_from_bert
+
+    encoding = (explicit or {}).get("position_encoding", "rope")
+    try:
+        return config_from_bert(raw, encoding, source=str(config_path))
+    except ConfigError as err:
+        raise UserError(f"{source}: init_from: {err}") from None
+
+
+def init_source_note(init_dir: str, model: RoFormerConfig) -> str | None:
+    """The start-up line of a BERT source: what it is continued as (None for a RoFormer source)."""
+    try:
+        raw = json.loads((Path(init_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or raw.get("model_type") != "bert":
+        return None
+    if model.position_encoding == "rope":
+        return (f"init_from {init_dir} is a BERT: continued as RoPE (the default), its absolute position table of "
+                f"{raw.get('max_position_embeddings', 512)} rows dropped; model.position_encoding: learned keeps it")
+    return (f"init_from {init_dir} is a BERT: continued as it is (model.position_encoding: learned, "
+            f"{model.max_position_embeddings} positions)")
 
 
 def check_init_dir(init_dir: str, source: str) -> Path:

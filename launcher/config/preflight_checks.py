@@ -26,7 +26,7 @@ from data_pipeline import DataError, PretrainBatches, open_corpus
 from launcher.config.deepspeed_json import ds_config_source, resolve_ds_config
 from launcher.config.precision import train_precision
 from launcher.config.branch_from import BranchPoint, check_branch, find_branch_point
-from launcher.config.init_from import check_init_tokenizer
+from launcher.config.init_from import check_init_tokenizer, init_source_note
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
@@ -66,6 +66,7 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, r
     check_mixtures(cfg, stages, train)
     if cfg.init_from:  # the data must be tokenized with the starting model's tokenizer
         notes += [note] if (note := check_init_tokenizer(cfg.init_from, train_corpus, cfg.source)) else []
+        notes += [note] if (note := init_source_note(cfg.init_from, cfg.model)) else []
     point = find_branch_point(cfg, run_dir)  # None: no branch, or a branch with checkpoints of its own
     if point is not None:  # the source's model, data and schedule up to the branch step
         check_branch(cfg, stages, train_corpus, point)
