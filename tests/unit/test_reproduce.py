@@ -27,7 +27,8 @@ def test_full_preset_compares_every_variant_over_at_least_three_seeds():
         groups.setdefault(run.group, set()).add(run.seed)
     assert set(groups) == {"rope", "sinusoidal", "learned", "linear+rope", "linear+sinusoidal", "recipe",
                            "extension-same-theta", "extension-larger-theta", "wsd", "mask-annealed",
-                           "recipe-three-phase"}
+                           "recipe-three-phase", "from-bert-converted", "from-bert-continued-bert",
+                           "from-bert-rope-scratch"}
     assert all(len(seeds) >= 3 for group, seeds in groups.items() if "recipe" not in group and "extension" not in group)
     # Same config and schedule for every ablation variant: only encoding, attention, table and seed differ.
     ablation = [r for r in runs if "recipe" not in r.group and r.schedule is None]
@@ -390,3 +391,28 @@ def test_retrieval_part_on_written_reports(tmp_path):
     text = write_report({"retrieval": table}, tmp_path / "report", ["header"]).read_text()
     assert "| zero-shot | pretrained export | 0.310 (0.300-0.320, n=3) |" in text
     assert "- 1000 pairs: pretraining changed test nDCG@10 by +0.200 (every seed above every seed)." in text
+
+
+def test_the_from_bert_part_continues_each_learned_runs_bert():
+    """(a) the encodings part's learned run of each seed, exported (a BERT), continued as RoPE and (b) as it is;
+    (c) RoPE from scratch for the learned run's steps plus the continuation; every export they need planned;
+    the learned models evaluated only within their table; not in --quick's default parts."""
+    preset = PRESETS["full"]()
+    runs = {r.name: r for r in preset.pretrain_runs(("encodings", "from-bert"))}
+    assert len([r for r in runs.values() if r.name.startswith("learned-")]) == 3  # the encodings part's, once
+    for seed in (0, 1, 2):
+        converted, continued = runs[f"from-bert-rope-s{seed}"], runs[f"from-bert-learned-s{seed}"]
+        assert converted.init_from == continued.init_from == f"learned-s{seed}"
+        assert "model.position_encoding=rope" in converted.overrides
+        assert "model.max_position_embeddings=1024" in continued.overrides and converted.schedule == continued.schedule
+        scratch = runs[f"rope-long-s{seed}"]
+        assert scratch.init_from is None and scratch.schedule[-1] == converted.schedule[-1]
+        assert sum(s["steps"] for s in scratch.schedule) == 370 + converted.schedule[-1]["steps"]
+    assert {f"learned-s{s}" for s in (0, 1, 2)} <= preset.exported(("from-bert",))
+    assert "learned-s0" not in preset.exported(("encodings",))
+    evals = {e.name: e for e in preset.eval_runs(("from-bert",))}
+    assert evals["from-bert-converted-s0"].seq_lens == (128, 2048)
+    assert evals["from-bert-continued-bert-s0"].seq_lens == evals["from-bert-learned-base-s0"].seq_lens == (128,)
+    finetunes = [f for f in preset.finetune_runs(("from-bert",)) if f.part == "from-bert"]
+    assert {(f.task, f.budget, f.max_length) for f in finetunes} == {("inews", 1000, 128)} and len(finetunes) == 27
+    assert "from-bert" not in PRESETS["quick"]().default_parts and "from-bert" in preset.default_parts
