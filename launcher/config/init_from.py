@@ -82,7 +82,7 @@ def init_source_note(init_dir: str, model: RoFormerConfig) -> str | None:
     if not isinstance(raw, dict) or raw.get("model_type") != "bert":
         return None
     if model.position_encoding == "rope":
-        return (f"init_from {init_dir} is a BERT: continued as RoPE (the default), its absolute position table of "
+        return (f"init_from {init_dir} is a BERT: continued as RoPE (the default for a BERT), its absolute position table of "
                 f"{raw.get('max_position_embeddings', 512)} rows dropped; model.position_encoding: learned keeps it")
     return (f"init_from {init_dir} is a BERT: continued as it is (model.position_encoding: learned, "
             f"{model.max_position_embeddings} positions)")

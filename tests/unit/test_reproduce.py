@@ -416,3 +416,25 @@ def test_the_from_bert_part_continues_each_learned_runs_bert():
     finetunes = [f for f in preset.finetune_runs(("from-bert",)) if f.part == "from-bert"]
     assert {(f.task, f.budget, f.max_length) for f in finetunes} == {("inews", 1000, 128)} and len(finetunes) == 27
     assert "from-bert" not in PRESETS["quick"]().default_parts and "from-bert" in preset.default_parts
+
+
+def test_the_from_bert_report_says_what_recovered_and_what_cannot_be_read():
+    """The section of report.md from a results table: n/a where a learned model cannot read (past its table),
+    the recovery step of the converted model, or that it did not recover."""
+    from launcher.reproduce.claims_report import _fmt
+    from launcher.reproduce.from_bert_part import from_bert_section, recovery_step
+
+    curve = [[10, 6.1, 0.1], [20, 5.9, 0.12], [30, 5.7, 0.14]]
+    assert (recovery_step(curve, 5.9), recovery_step(curve, 5.0), recovery_step(curve, None)) == (20, None, None)
+    one = {"mean": 5.8, "min": 5.7, "max": 5.9, "n": 3}
+    table = {"stage": {"name": "continue", "max_seq_len": 256, "global_batch_size": 16, "steps": 120},
+             "base_steps": 370, "table_positions": 1024,
+             "variants": {"learned-base": {"loss": {"128": one}}, "converted": {"loss": {"128": one, "2048": one}}},
+             "recovery": {"0": {"target_valid_loss": 5.9, "steps": 20, "first_valid": curve[0], "of_steps": 120},
+                          "1": {"target_valid_loss": 5.0, "steps": None, "first_valid": curve[0], "of_steps": 120}},
+             "finetune": {"converted": {"accuracy": one, "macro_f1": one, "train_examples": 1000}}}
+    text = "\n".join(from_bert_section(table, _fmt))
+    assert "| learned (the BERT, before continuing) | 5.800 (5.700-5.900, n=3) | n/a |" in text
+    assert "seed 0: the learned model's last validation loss 5.900; converted to RoPE, the first validation " \
+           "(step 10) was 6.100, and it recovered it after 20 steps." in text
+    assert "did NOT recover it within its 120 steps" in text and "| 1000 |" in text
