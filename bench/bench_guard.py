@@ -95,9 +95,9 @@ def cost_per_step(config: Path, run_dir: Path, rounds: int) -> dict:
     }
 
 
-def poisoned_checkpoint(every: int, warmup_steps: int, window: int) -> int:
-    """The first checkpoint step after which the guard's spike rules are armed (warmup over, window full)."""
-    return -(-(warmup_steps + window + 1) // every) * every
+def poisoned_checkpoint(every: int, warmup_steps: int, min_window: int) -> int:
+    """The first checkpoint step after which the guard's spike rules judge (warmup over, min_window values in)."""
+    return -(-(warmup_steps + min_window + 1) // every) * every
 
 
 def time_per_rewind(config: Path, work: Path, every: int, poison_steps: int) -> dict:
@@ -109,7 +109,7 @@ def time_per_rewind(config: Path, work: Path, every: int, poison_steps: int) -> 
 
     cfg = load_run_config(config)
     stage = cfg.schedule.stages[0]
-    first_poisoned = poisoned_checkpoint(every, cfg.optimizer.warmup_steps, cfg.guard.window) * stage.global_batch_size
+    first_poisoned = poisoned_checkpoint(every, cfg.optimizer.warmup_steps, cfg.guard.min_window) * stage.global_batch_size
     run_dir = work / "rewind-run"
     env = roformer_env(ROFORMER_TEST_POISON_SEQUENCES=f"{first_poisoned}:{poison_steps * stage.global_batch_size}",
                        OMP_NUM_THREADS="1")

@@ -13,9 +13,11 @@ import gzip
 import json
 import os
 import re
+import shutil
 import struct
 import tempfile
 import unicodedata
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,15 +34,18 @@ def resolve_inputs(specs: list[str]) -> list[Path]:
     files: list[Path] = []
     for spec in specs:
         path = Path(spec)
-        if glob.has_magic(spec):
+        if glob.has_magic(spec) and not path.exists():  # an existing file named "star[1].txt" is that file
             matched = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
             if not matched:
                 raise DataError(f"{spec}: glob matched no files")
             files.extend(matched)
         elif path.is_dir():
-            # Hidden files (stamps, editor backups) are not corpus files.
+            # Hidden files (stamps, editor backups) are not corpus files, nor prepared data kept below the
+            # corpus (its manifest.json and samples are our output, not the user's text).
+            prepared = [d.parent for d in path.rglob("manifest.json") if d.parent != path]
             matched = sorted(p for p in path.rglob("*") if p.is_file() and _known_format(p)
-                             and not any(part.startswith(".") for part in p.relative_to(path).parts))
+                             and not any(part.startswith(".") for part in p.relative_to(path).parts)
+                             and not any(p.is_relative_to(d) for d in prepared))
             if not matched:
                 raise DataError(f"{spec}: directory holds no .txt/.jsonl/.json/.parquet files")
             files.extend(matched)
@@ -73,8 +78,13 @@ def estimated_text_bytes(path: Path) -> int:
     if path.suffix == ".gz" and size >= 4:
         with open(path, "rb") as f:
             f.seek(-4, os.SEEK_END)
-            return max(size, struct.unpack("<I", f.read(4))[0])
+            # A damaged trailer can claim any size: no real gzip inflates past ~1032x (deflate's limit).
+            return max(size, min(struct.unpack("<I", f.read(4))[0], 1032 * size))
     return size
+
+
+def _gzip_reason(path: Path, err: Exception) -> str:
+    return f"corrupt gzip: {err}" if path.suffix == ".gz" else str(err)
 
 
 @dataclass
@@ -136,8 +146,8 @@ def check_file(path: Path, fmt: str, cfg: InputConfig) -> FileCheck:
                     any_text = any_text or bool(value.strip())
                 else:
                     any_text = True
-    except (OSError, EOFError) as err:  # truncated or corrupt .gz
-        raise DataError(f"{path}: cannot be read ({err})") from err
+    except (OSError, EOFError, zlib.error) as err:  # truncated or corrupt .gz
+        raise DataError(f"{path}: cannot be read ({_gzip_reason(path, err)})") from None
     if not any_text:
         bad(None, "empty file (no document text)")
     return found
@@ -169,11 +179,23 @@ def iter_raw_documents(path: Path, fmt: str, cfg: InputConfig, check: FileCheck)
     if check.bad_lines:  # lenient mode: read a copy without the bad lines
         cleaned = _write_cleaned_copy(path, check.bad_lines)
         source = cleaned
+    # `datasets` takes data_files as glob patterns: a literal "star[1].txt" is read through a plain name.
+    plain = _plain_name(source) if glob.has_magic(str(source)) else None
     try:
-        yield from _stream_with_datasets(source, fmt, cfg)
+        yield from _stream_with_datasets(plain or source, fmt, cfg)
     finally:
         if cleaned is not None:
             cleaned.unlink(missing_ok=True)
+        if plain is not None:
+            shutil.rmtree(plain.parent, ignore_errors=True)
+
+
+def _plain_name(path: Path) -> Path:
+    """A symlink to `path` under a name without glob characters (in a private temporary directory)."""
+    suffix = "".join(path.suffixes[-2:] if path.suffix == ".gz" else path.suffixes[-1:])
+    link = Path(tempfile.mkdtemp(prefix="roformer-input-")) / f"input{re.sub(r'[][*?]', '', suffix)}"
+    link.symlink_to(path.resolve())
+    return link
 
 
 def _stream_with_datasets(path: Path, fmt: str, cfg: InputConfig) -> Iterator[str]:

@@ -244,6 +244,11 @@ def open_corpus(data_dir: Path, split: str = "train", verify: bool = True,
         _check_shard(shard, entry, verify)
         shards.append(shard)
     if not shards:
+        fraction = manifest.get("options", {}).get("cleaning", {}).get("valid_fraction")
+        if split == "valid" and fraction == 0:
+            raise DataError(f"{data_dir / MANIFEST}: no validation split (prepared with --valid-fraction 0), and "
+                            f"pretraining validates on it: prepare the data again with --valid-fraction > 0 "
+                            f"(default 0.01)")
         raise DataError(f"{data_dir / split}: split {split!r} has no shards (corpus too small for it?)")
     return Corpus(data_dir, split, shards, tok["vocab_size"], tok["sha256"], manifest)
 

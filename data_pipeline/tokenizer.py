@@ -41,6 +41,19 @@ SOURCE_FILES = (SPM_FILE, TOKENIZER_JSON, VOCAB_TXT)
 """A tokenizer's source-of-truth file, in the order looked for."""
 
 
+def _sentencepiece_reason(message: str, cfg: TokenizerConfig) -> str:
+    """SentencePiece's error in our flags' words (its own advice names its flags, not ours)."""
+    import re
+
+    chars = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", message)
+    if chars:
+        needed = int(chars.group(2))
+        return (f"--vocab-size {cfg.vocab_size}: smaller than the {needed:,} distinct characters SentencePiece keeps "
+                f"at --character-coverage {cfg.character_coverage:g} (each needs a piece of its own); give "
+                f"--vocab-size {needed + 8} or more (characters and special tokens), or a lower --character-coverage")
+    return f"tokenizer: SentencePiece training failed: {message.strip().splitlines()[-1] if message.strip() else message}"
+
+
 def train_sentencepiece(sample_files: list[Path], out_dir: Path, cfg: TokenizerConfig,
                         threads: int = 1, log=None) -> Path:
     """Train on the sampled text files; write out_dir/spm.model and the transformers files.
@@ -72,7 +85,7 @@ def train_sentencepiece(sample_files: list[Path], out_dir: Path, cfg: TokenizerC
                 num_threads=threads, minloglevel=0 if log is not None else 2, train_extremely_large_corpus=False,
                 hard_vocab_limit=False)
     except RuntimeError as err:  # e.g. vocab_size larger than the sample allows
-        raise DataError(f"tokenizer: SentencePiece training failed: {err}") from err
+        raise DataError(_sentencepiece_reason(str(err), cfg)) from None
     (out_dir / "spm.vocab").unlink(missing_ok=True)
     check_special_ids(out_dir / SPM_FILE)
     made = load_sentencepiece(out_dir / SPM_FILE).get_piece_size()

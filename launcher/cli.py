@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import signal
 import sys
 
 from launcher.defaults import BAD_INPUT_EXIT_CODE, BROKEN_PIPE_EXIT_CODE
 from launcher.errors import user_errors
+from launcher.io import reader_gone
 
 # name -> (module, one-line help). The names are part of the public interface: docs and scripts
 # rely on them.
@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         return _stopped(command, signal.SIGINT, "Ctrl-C")
     except Stopped as stop:
         return _stopped(command, stop.signum, "")
-    except BrokenPipeError:
-        _silence_stdout()
+    except BrokenPipeError:  # the reader of stdout is gone: no second error at the interpreter's final flush
+        reader_gone(sys.stdout)
         return BROKEN_PIPE_EXIT_CODE
     except Exception as err:  # noqa: BLE001 - user_errors() imports the model config (torch): only on an error
         if not isinstance(err, user_errors()):
@@ -118,17 +118,6 @@ def _stopped(command: str, signum: int, how: str) -> int:
     name = signal.Signals(signum).name
     print(f"roformer {command}: stopped by {name}{f' ({how})' if how else ''}", file=sys.stderr, flush=True)
     return 128 + signum
-
-
-def _silence_stdout() -> None:
-    """The reader of stdout is gone: point stdout at /dev/null so the interpreter's final flush
-    does not print a second BrokenPipeError."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):
-        pass
 
 
 if __name__ == "__main__":

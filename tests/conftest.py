@@ -90,10 +90,24 @@ def stored_run(tmp_path_factory) -> Path:
     """A run directory written before the issue-9 restructure (tests/fixtures/README.md): 2 ranks,
     ZeRO-2, checkpoint global_step5. No process is started to get it. config.yaml's data.data_dir
     points at the stored corpus (`stored_run.parent / "data"`). Read-only: copy it before changing it."""
-    root = tmp_path_factory.mktemp("stored")
-    with tarfile.open(FIXTURES / "old_run_dir.tar.xz") as archive:
+    return _unpacked_run(tmp_path_factory.mktemp("stored"), "old_run_dir.tar.xz", "old_run")
+
+
+@pytest.fixture(scope="session")
+def previous_run(tmp_path_factory, stored_run) -> Path:
+    """A run directory written by the release before the checkpoint component (tests/fixtures/README.md):
+    2 ranks, ZeRO-2, checkpoint global_step5 with a format-2 sidecar (file sizes and sha256), config
+    versions. Trained on stored_run's corpus, which `previous_run.parent / "data"` links to. Read-only."""
+    run_dir = _unpacked_run(tmp_path_factory.mktemp("previous"), "previous_run_dir.tar.xz", "prev_run")
+    (run_dir.parent / "data").symlink_to(stored_run.parent / "data")
+    return run_dir
+
+
+def _unpacked_run(root: Path, archive_name: str, folder: str) -> Path:
+    """FOLDER/run of a stored archive, unpacked under root, its config.yaml's data.data_dir at FOLDER/data."""
+    with tarfile.open(FIXTURES / archive_name) as archive:
         archive.extractall(root, filter="data")
-    run_dir = root / "old_run" / "run"
+    run_dir = root / folder / "run"
     config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     config["data"]["data_dir"] = str(run_dir.parent / "data")
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from launcher.errors import UserError
+from launcher.output_paths import DATA, check_output_dir, check_paths, check_replaceable, writer_lock
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -91,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     input_cfg = InputConfig(inputs=list(args.input), sources=_sources(args), text_format=args.format,
                             lenient=args.lenient, **{key: value for key, value in reading.items() if value is not None})
     _check_reading_options(args, input_cfg)
+    check_data_paths(args, input_cfg)
     given = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in TRAINING_OPTIONS}
     given = {flag: value for flag, value in given.items() if value is not None}
     if given and getattr(args, "tokenizer", None) is not None:
@@ -107,9 +109,30 @@ def run(args: argparse.Namespace) -> int:
                                 dedup=not args.no_dedup, valid_fraction=args.valid_fraction,
                                 max_documents=args.max_documents),
         workers=args.workers, shard_tokens=args.shard_tokens, overwrite=args.overwrite)
-    report = prepare(cfg)
+    if args.valid_fraction == 0:
+        print("roformer data: warning: --valid-fraction 0: no validation split; `roformer pretrain` refuses such "
+              "data (it validates), eval-mlm --data needs --split train", file=sys.stderr)
+    with writer_lock("--out", args.out, "roformer data prepare"):
+        report = prepare(cfg)
     print(report.summary(), file=sys.stderr)
     return 0
+
+
+def check_data_paths(args: argparse.Namespace, input_cfg) -> None:
+    """--out against every input (launcher/output_paths.py): never one of them, inside or around one."""
+    import glob
+
+    from data_pipeline.inputs import resolve_inputs
+
+    specs = input_cfg.all_inputs()
+    inputs = {"--input": [s for s in specs if not glob.has_magic(s) or Path(s).exists()]
+              + [f for s in specs if glob.has_magic(s) and not Path(s).exists() for f in resolve_inputs([s])],
+              "--tokenizer": getattr(args, "tokenizer", None)}
+    check_paths(inputs, {"--out": args.out})
+    if args.data_command == "prepare":
+        check_replaceable("--out", args.out, DATA)
+    else:
+        check_output_dir("--out", args.out)
 
 
 def _sources(args: argparse.Namespace) -> list:

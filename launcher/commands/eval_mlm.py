@@ -9,6 +9,7 @@ from pathlib import Path
 from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
 from launcher.errors import UserError
 from launcher.io import atomic_write_json
+from launcher.output_paths import check_output_file, check_paths
 
 DATA_TOKENS = 32768
 """--tokens default: enough for steady figures at a few seconds per length on CPU."""
@@ -49,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
         seq_lens = [int(x) for x in args.seq_lens.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"--seq-lens: {args.seq_lens!r} is not a comma-separated list of integers") from None
+    check_paths({"EXPORT": args.export_dir, "--data": args.data, "--input": list(args.input)}, {"--out": args.out})
+    check_output_file("--out", args.out)
     if args.text_column is not None and not args.input:
         raise UserError("--text-column: applies to --input files only (a --data dir is tokenized already)")
     cfg = MLMEvalConfig(export_dir=args.export_dir, data_dir=args.data, seq_lens=seq_lens, split=args.split,

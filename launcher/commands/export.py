@@ -1,14 +1,15 @@
 """`roformer export RUN_DIR [--tag TAG | --average-last N | --average TAG,...] --out DIR`: the command line of
-launcher.downstream.exporter (averaging: launcher.downstream.weight_averaging)."""
+launcher.downstream.exporter (averaging: launcher.checkpoint.weights)."""
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
 
+from launcher.checkpoint.weights import AverageRequest
 from launcher.downstream.export_reader import EXPORT_INFO
 from launcher.downstream.exporter import MAX_POSITIONS_PER_TRAINED_LENGTH, MIN_MAX_POSITIONS, export_checkpoint
-from launcher.downstream.weight_averaging import AverageRequest
+from launcher.output_paths import EXPORT, check_paths, check_replaceable
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +35,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_paths({"RUN_DIR": args.run_dir, "--tokenizer-from": args.tokenizer_from}, {"--out": args.out},
+                may_hold=("RUN_DIR",))  # RUN_DIR/export is the usual place
+    check_replaceable("--out", args.out, EXPORT)
     average = AverageRequest.from_flags(args.average_last, args.average, args.tag)
     out = export_checkpoint(args.run_dir, args.out, tag=args.tag, tokenizer_from=args.tokenizer_from,
                             verify=not args.no_verify, max_positions=args.max_positions, average=average)

@@ -140,8 +140,12 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if args.compare_random_init and cfg.init != "pretrained":
         raise UserError("--compare-random-init compares the pretrained export with its twin: drop --init random")
+    check_finetune_paths(args, cfg.task)
     check_outputs(args.save_model, args.predictions)
     report, chosen, data, tokenizer, evals = run_finetune(cfg)
+    same = same_file_note(cfg.task)
+    if same:
+        print(f"finetune: warning: {same}", file=sys.stderr)
     if args.compare_random_init:
         report["random_init"] = run_finetune(dataclasses.replace(cfg, init="random", keep_best_state=False))[0]
     print(console_table(report))
@@ -165,6 +169,28 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("finetune: no JSON report written (pass --out FILE for one)", file=sys.stderr)
     return 0
+
+
+def check_finetune_paths(args: argparse.Namespace, spec) -> None:
+    """Every output against the export, the task's files and the other outputs (launcher/output_paths.py)."""
+    from launcher.output_paths import check_output_dir, check_output_file, check_paths
+
+    check_paths({"EXPORT": args.export_dir, "--task-spec": args.task_spec, "--train": spec.train, "--dev": spec.dev,
+                 "--test": spec.test, "--corpus": spec.corpus},
+                {"--out": args.out, "--predictions": args.predictions, "--save-model": args.save_model})
+    check_output_file("--out", args.out)
+    check_output_file("--predictions", args.predictions)
+    check_output_dir("--save-model", args.save_model)
+
+
+def same_file_note(spec) -> str | None:
+    """Dev (or test) read from the train file measures training examples, not held-out ones."""
+    train = Path(spec.train).resolve()
+    for flag, path in (("--dev", spec.dev), ("--test", spec.test)):
+        if path is not None and Path(path).resolve() == train:
+            return (f"{flag} {path} is the --train file: its scores are on training examples, not held-out "
+                    f"ones (give another file, or --dev-fraction)")
+    return None
 
 
 def _retrieval_outputs(args: argparse.Namespace, cfg, chosen, held_out_split, held_out: str) -> None:

@@ -27,8 +27,9 @@ from pathlib import Path
 
 from launcher import ops_cache
 from launcher.defaults import PROGRESS_ENV
+from launcher.errors import UserError
 from launcher.run_dir.lock import LOCK_ID_ENV
-from launcher.io import atomic_write_text
+from launcher.io import atomic_write_text, keep_console, write_line
 from launcher.launch import env_forwarding
 from launcher.config.hostfile import is_local_only
 from launcher.launch.launch_plan import add_launch_arguments, build_plan
@@ -71,10 +72,16 @@ class BranchFromAction(argparse.Action):
 
 
 def run(args: argparse.Namespace) -> int:
+    from launcher.output_paths import check_run_dir_target
+
+    check_run_dir_target("--run-dir", args.run_dir)
+    if args.max_restarts is not None and args.max_restarts < 0:
+        raise UserError(f"--max-restarts {args.max_restarts}: must be >= 0")
     plan = build_plan(args)  # flags, hostfile, config: refused before the run directory is touched
     refuse_branch_into_its_source(plan)
     if args.dry_run:  # starts nothing, writes nothing: no lock
         return plan_and_launch(args, plan)
+    keep_console()  # from here a console that goes away ends nothing (the job's log keeps every line)
     with claim_run_dir(plan.run_dir) as lock:
         try:
             return plan_and_launch(args, dataclasses.replace(plan, env={**plan.env, LOCK_ID_ENV: lock.holder.lock_id}))
@@ -120,6 +127,10 @@ def plan_and_launch(args: argparse.Namespace, plan) -> int:
 
     section = load_run_config(plan.config_path, plan.overrides).restarts
     policy = RestartPolicy.from_args(args, section)
+    if not plan.multi_node:  # the rendezvous port on this machine, before any rank could fail on it
+        from launcher.output_paths import check_port_free
+
+        check_port_free(plan.master_port)
 
     def launch(this_plan):
         return launch_once(this_plan, section.preemption_grace_seconds)
@@ -134,7 +145,7 @@ def say(plan, text: str) -> None:
     """A line of the restart loop: on the console and in RUN_DIR/logs/launcher.log, as the job's own notes."""
     from launcher.run_dir.layout import RunDir
 
-    print(text, flush=True)
+    write_line(text, sys.stdout)  # a console gone between two launches ends nothing (launcher/io.py)
     log = RunDir(plan.run_dir).launcher_log
     try:
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from launcher.output_paths import check_output_dir, refuse_url
+
+    refuse_url("RUN_DIR", args.run_dir)
+    check_output_dir("--out", args.out)
     written = make_report(args.run_dir, args.out, plots_only=args.plots_only)
     for path in written.plots:
         print(path)

@@ -12,6 +12,7 @@ from launcher.config.precision import train_precision
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
+from launcher.optimizer_check import check_optimizer, merged_optimizer
 
 # Keys our resolver owns: a DeepSpeed JSON that sets them would silently disagree with the schedule.
 RESOLVED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -20,7 +21,12 @@ RESOLVED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient
 def load_ds_json(path: str | Path, overrides: dict | None = None) -> dict:
     """Read a shipped DeepSpeed JSON, reject keys DeepSpeed does not know and keys we resolve."""
     path = Path(path)
-    config = _deep_merge(read_mapping(path, "DeepSpeed config"), overrides or {})
+    base = read_mapping(path, "DeepSpeed config")
+    config = _deep_merge(base, overrides or {})
+    if isinstance(overrides, dict) and "optimizer" in overrides:
+        config["optimizer"] = merged_optimizer(base.get("optimizer"), overrides["optimizer"])
+    check_optimizer(config.get("optimizer"), (overrides or {}).get("optimizer"),
+                    f"{path}{' (with deepspeed.overrides)' if overrides else ''}")
     known = deepspeed_top_level_keys()
     unknown = sorted(k for k in config if k not in known)
     if unknown:

@@ -4,6 +4,7 @@ launcher/train/guard_actions.py acts; docs/unattended.md, "The numerics guard").
     guard:
       action: rewind            # off | warn | stop | rewind (`roformer pretrain --guard ACTION`)
       window: 50                # running median of the last 50 unflagged steps ...
+      min_window: 10            # ... judged from the 10th value after warmup (median of what is there) ...
       spike_factor: 1.5         # ... a loss above 1.5x that median ...
       grad_norm_factor: 5.0     # ... or a gradient norm above 5x its median ...
       patience: 3               # ... for 3 steps in a row is a spike
@@ -31,8 +32,10 @@ class GuardSection:
     spike), 'rewind' (back to the newest intact checkpoint from before the spike, skip batches, go on) or
     'off' (no detection at all)."""
     window: int = 50
-    """Steps whose median a step's loss and gradient norm are compared with (flagged steps are left out).
-    A spike rule is armed once the window is full, counted from the end of optimizer warmup."""
+    """Steps whose median a step's loss and gradient norm are compared with (flagged steps are left out)."""
+    min_window: int = 10
+    """After optimizer warmup a spike rule judges once its window holds this many values (at most `window`),
+    against the median of what it holds (a resumed run's window is rebuilt from its records)."""
     spike_factor: float = 1.5
     """A loss above spike_factor x the window's median flags the step."""
     grad_norm_factor: float = 5.0
@@ -58,7 +61,7 @@ class GuardSection:
         """fail(field, message) for the first bad value (fields named as guard.<field>)."""
         if self.action not in GUARD_ACTIONS:
             fail("guard.action", f"must be one of {', '.join(GUARD_ACTIONS)}, got {self.action!r}")
-        for name in ("window", "patience", "min_loss_scale_steps"):
+        for name in ("window", "min_window", "patience", "min_loss_scale_steps"):
             if getattr(self, name) < 1:
                 fail(f"guard.{name}", f"must be >= 1, got {getattr(self, name)}")
         for name in ("spike_factor", "grad_norm_factor"):

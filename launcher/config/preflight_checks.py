@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_pipeline import DataError, PretrainBatches, open_corpus
+from launcher.checkpoint.resume import BranchPoint, check_branch, find_branch_point
 from launcher.config.deepspeed_json import ds_config_source, resolve_ds_config
 from launcher.config.precision import train_precision
-from launcher.config.branch_from import BranchPoint, check_branch, find_branch_point
 from launcher.config.init_from import check_init_tokenizer, init_source_note
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
@@ -43,7 +43,7 @@ class CheckedRun:
     """What could not be decided on this machine (one line each), for the caller to print."""
     branch: BranchPoint | None = None
     """The branch point, checked (None: no branch, or a branch with checkpoints of its own); rank 0 verifies
-    its files at start-up (launcher/train/resume.py)."""
+    its files at start-up (launcher/checkpoint/resume.py)."""
 
 
 def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, rank: int = 0,
@@ -58,6 +58,7 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, r
     and one with checkpoints of its own resumes from those: branch_from.find_branch_point).
     """
     notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks)
+    notes += [note] if (note := warmup_note(cfg)) else []
     train_corpus, valid_corpus = open_data(cfg, verify_data)
     train, valid = (PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed,
                                     masking=cfg.data.masking) for corpus in (train_corpus, valid_corpus))
@@ -73,6 +74,17 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, r
         notes.append(f"a branch of {point.source.run_dir} at {point.tag} (step {point.step:,}, stage "
                      f"'{point.sidecar.stage_name}'): the schedule agrees up to there; this run starts there")
     return CheckedRun(train, valid, notes, point)
+
+
+def warmup_note(cfg: RunConfig) -> str | None:
+    """Warm-up as long as the run: the learning rate never reaches its peak nor decays (not refused: the
+    tiny test schedules are shorter than a usual warm-up on purpose)."""
+    warmup, total = cfg.optimizer.warmup_steps, cfg.schedule.total_steps
+    if warmup >= total > 0:
+        return (f"{cfg.source}: optimizer.warmup_steps {warmup} is not shorter than the run ({total} steps): the whole "
+                f"run is warm-up, the learning rate never reaches optimizer.lr {cfg.optimizer.lr:g} nor decays; "
+                f"set optimizer.warmup_steps below {total}")
+    return None
 
 
 def check_mixtures(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainBatches) -> None:

@@ -280,6 +280,9 @@ def _build_section(name: str, cls: type, values: Any, source: str, base_dir: Pat
             continue
         kwargs[key] = _check_type(f"{name}.{key}", value, default, source)
         if (name, key) in PATH_FIELDS and kwargs[key]:
+            from launcher.output_paths import refuse_url
+
+            refuse_url(f"{source}: {name}.{key}", kwargs[key])  # not a folder beside the config named s3:
             expanded = Path(os.path.expandvars(os.path.expanduser(kwargs[key])))
             kwargs[key] = str(expanded if expanded.is_absolute() else (base_dir / expanded).resolve())
     return cls(**kwargs)

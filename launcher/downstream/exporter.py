@@ -1,6 +1,6 @@
 """`roformer export RUN_DIR [--tag TAG] --out DIR`: a checkpoint as a transformers RoFormer directory (a
 `position_encoding: learned` run: a BERT directory, launcher/downstream/bert_export.py)
-(`--average-last N` / `--average TAG,...`: the mean of several checkpoints, launcher/downstream/weight_averaging.py).
+(`--average-last N` / `--average TAG,...`: the mean of several checkpoints, launcher/checkpoint/weights.py).
 
 The directory holds `config.json` + `model.safetensors` (fp32, consolidated from the ZeRO shards of
 any stage and world size), the tokenizer files, `README.md` (model card), the sentence-transformers
@@ -52,8 +52,7 @@ from launcher.run_dir.records import describe_start, files_in_effect
 if TYPE_CHECKING:  # torch is imported where it is used: `roformer export --help` must not wait for it
     import torch
 
-    from launcher.downstream.checkpoint_weights import CheckpointRef
-    from launcher.downstream.weight_averaging import AverageRequest, AveragedCheckpoint
+    from launcher.checkpoint.weights import AverageRequest, AveragedCheckpoint, CheckpointRef
 
 # Largest |logit difference| tolerated between our model and transformers on the same weights
 # (fp32; both compute the same function, differences are summation order only).
@@ -69,14 +68,12 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
                       average: AverageRequest | None = None) -> Path:
     """Write the export of RUN_DIR's checkpoint `tag` (default latest) to `out`; returns `out`.
     `max_positions`: transformers' RoPE table size (None: see default_max_positions). `average`: export
-    the mean of those checkpoints' weights instead (launcher/downstream/weight_averaging.py); the newest
+    the mean of those checkpoints' weights instead (launcher/checkpoint/weights.py); the newest
     of them stands for the training state, stages and tokenizer in the card."""
-    from launcher.downstream.checkpoint_weights import (
-        consolidate_fp32,
-        resolve_checkpoint,
-    )
-    from launcher.downstream.weight_averaging import AveragedCheckpoint, averaged_fp32, select_checkpoints
-    from launcher.run_dir.sidecar import saved_model_config
+    from launcher.checkpoint.catalogue import saved_model_config
+    from launcher.checkpoint.weights import (AveragedCheckpoint, averaged_fp32, consolidate_fp32, resolve_checkpoint,
+                                             select_checkpoints)
+    from launcher.size_checks import check_rope_table
     from roformer import RoFormerForMaskedLM
 
     run_dir, out = Path(run_dir), Path(out)
@@ -89,8 +86,11 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     check_export_format(model_config)  # e.g. linear attention has no transformers counterpart
     as_bert = exports_as_bert(model_config)  # a learned-position run is a BERT (launcher/downstream/bert_export.py)
     stages = run_stages(ref.run_dir, ref.sidecar.step)
-    max_positions = (bert_max_positions(model_config, max_positions) if as_bert
-                     else _max_positions(max_positions, trained_length(ref.sidecar, stages)))
+    if as_bert:  # the learned table's own length
+        max_positions = bert_max_positions(model_config, max_positions)
+    else:
+        max_positions = _max_positions(max_positions, trained_length(ref.sidecar, stages))
+        check_rope_table("--max-positions", max_positions, model_config.hidden_size, model_config.num_attention_heads)
     tokenizer_source = _tokenizer_source(ref, tokenizer_from)
 
     averaged = [AveragedCheckpoint.of(each) for each in refs] if average is not None else None
@@ -147,7 +147,7 @@ def check_stage_rope_theta(ref: CheckpointRef) -> None:
     transformers' RoFormer has no such setting (its sinusoidal table always uses base 10000), so a
     checkpoint trained last at another base is refused here rather than exported into a directory
     that transformers would silently run with the wrong rotation."""
-    from launcher.run_dir.sidecar import effective_rope_theta
+    from launcher.checkpoint.catalogue import effective_rope_theta
 
     theta = effective_rope_theta(ref.sidecar)
     if theta is not None and theta != 10000.0 and ref.sidecar.rope_theta is not None:
@@ -169,6 +169,9 @@ def _check_destination(out: Path, run_dir: Path) -> None:
     if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_INFO).is_file():
         raise UserError(f"--out {out}: exists, is not empty and is not a previous export "
                         f"(no {EXPORT_INFO}); refusing to replace it")
+    from launcher.output_paths import EXPORT, check_replaceable
+
+    check_replaceable("--out", out, EXPORT)  # a previous export's extra files (the user's) are never deleted
 
 
 def _load_exact(model: torch.nn.Module, state: dict[str, torch.Tensor], ref: CheckpointRef) -> None:

@@ -55,19 +55,24 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         self.seeds = tuple(self.seeds)
-        checks = {"max_length": self.max_length >= 8,
-                  "epochs": self.epochs >= (0 if self.task.task_type == "retrieval" else 1),
-                  "batch_size": self.batch_size >= 1,
-                  "eval_batch_size": self.eval_batch_size >= 1, "lr": self.lr > 0,
-                  "warmup_ratio": 0 <= self.warmup_ratio < 1, "weight_decay": self.weight_decay >= 0,
-                  "max_train_examples": self.max_train_examples is None or self.max_train_examples >= 2,
-                  "max_eval_examples": self.max_eval_examples is None or self.max_eval_examples >= 1,
-                  "threads": self.threads >= 0, "init": self.init in INITS,
-                  "dropout": self.dropout is None or 0 <= self.dropout < 1,
-                  "seeds": bool(self.seeds) and len(set(self.seeds)) == len(self.seeds)}
-        bad = [name for name, ok in checks.items() if not ok]
+        retrieval = self.task.task_type == "retrieval"
+        checks = {"max_length": (self.max_length >= 8, "an integer >= 8 ([CLS], [SEP] and some text)"),
+                  "epochs": (self.epochs >= (0 if retrieval else 1),
+                             ">= 0 (0: the export as it is)" if retrieval else ">= 1 (0 only for retrieval)"),
+                  "batch_size": (self.batch_size >= 1, ">= 1"),
+                  "eval_batch_size": (self.eval_batch_size >= 1, ">= 1"), "lr": (self.lr > 0, "> 0"),
+                  "warmup_ratio": (0 <= self.warmup_ratio < 1, "in [0, 1)"),
+                  "weight_decay": (self.weight_decay >= 0, ">= 0"),
+                  "max_train_examples": (self.max_train_examples is None or self.max_train_examples >= 2, ">= 2"),
+                  "max_eval_examples": (self.max_eval_examples is None or self.max_eval_examples >= 1, ">= 1"),
+                  "threads": (self.threads >= 0, ">= 0 (0: torch's default)"),
+                  "init": (self.init in INITS, f"one of {', '.join(INITS)}"),
+                  "dropout": (self.dropout is None or 0 <= self.dropout < 1, "in [0, 1)"),
+                  "seeds": (bool(self.seeds) and len(set(self.seeds)) == len(self.seeds), "distinct seeds")}
+        bad = [name for name, (ok, _) in checks.items() if not ok]
         if bad:
-            raise UserError(f"--{bad[0].replace('_', '-')}: invalid value {getattr(self, bad[0])!r}")
+            raise UserError(f"--{bad[0].replace('_', '-')}: invalid value {getattr(self, bad[0])!r}: must be "
+                            f"{checks[bad[0]][1]}")
 
 
 INITS = ("pretrained", "random")

@@ -89,6 +89,8 @@ def read_table(path: Path) -> dict[str, list]:
             table = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache,
                                           keep_in_memory=True, **options)
         except Exception as err:  # noqa: BLE001  any reader error is the file's fault: name it, one line
+            if "corresponds to no data" in _root_cause(err):  # datasets' words for a header-only file
+                raise UserError(f"{path}: no rows") from None
             raise UserError(f"{path}: does not parse as {path.suffix.lower()[1:]}: "
                             f"{_bad_json_line(path) or _root_cause(err)}") from None
         finally:
@@ -156,6 +158,10 @@ def _column(path: Path, table: dict, column: str) -> list:
     values = table[column]
     if not values:
         raise UserError(f"{path}: no rows")
+    for row, value in enumerate(values, start=1):
+        if isinstance(value, (dict, list)):
+            raise UserError(f"{path}: row {row}, column {column!r}: a {'mapping' if isinstance(value, dict) else 'list'}"
+                            f" ({str(value)[:60]}), not a single text or label")
     return values
 
 
@@ -184,6 +190,8 @@ def _is_float_column(values: list) -> bool:
 def _task_type(spec: TaskSpec, path: Path, labels: list) -> str:
     floats = _is_float_column(labels)
     if spec.task_type is None:
+        if not floats:
+            _refuse_broken_numbers(spec, path, labels)
         return "regression" if floats else "classification"
     fractional = [i for i, v in enumerate(labels, start=1) if isinstance(v, float) and not v.is_integer()]
     if spec.task_type == "classification" and floats and fractional:
@@ -191,6 +199,29 @@ def _task_type(spec: TaskSpec, path: Path, labels: list) -> str:
         raise UserError(f"{path}: row {row}, column {spec.label_column!r}: {labels[row - 1]!r} is a fractional "
                         "number, but the task type is classification (use --task-type regression, or whole/string labels)")
     return spec.task_type
+
+
+def _as_number(value) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _refuse_broken_numbers(spec: TaskSpec, path: Path, labels: list) -> None:
+    """Fractional numbers with a few that are not ("N/A", "nan", a word) would silently become classes
+    named "1.5", "2.5", "nan": the row that breaks the numeric column is named instead."""
+    numbers = [_as_number(v) for v in labels]
+    fractional = any(n is not None and not n.is_integer() for n in numbers)
+    broken = [row for row, n in enumerate(numbers, start=1) if n is None]
+    if fractional and broken and len(broken) < len(labels):
+        row = broken[0]
+        raise UserError(f"{path}: row {row}, column {spec.label_column!r}: {labels[row - 1]!r} is not a number, but "
+                        f"the column's other labels are fractional numbers (regression); fix the row, or give "
+                        f"--task-type classification")
 
 
 def _numbers(path: Path, column: str, values: list) -> list[float]:

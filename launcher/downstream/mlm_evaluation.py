@@ -104,6 +104,7 @@ def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
     masking = MaskingConfig(mask_prob=cfg.mask_prob)
     trained_len = trained_max_seq_len(cfg.export_dir)
 
+    check_lengths(cfg, model.config, corpus)
     results = figures_per_length(model, corpus, cfg.seq_lens, tokens=cfg.tokens, tokens_per_batch=cfg.tokens_per_batch,
                                  seed=cfg.seed, masking=masking, trained_len=trained_len)
     return {
@@ -114,6 +115,22 @@ def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("export_dir", "data_dir", "inputs")},
         "results": results,
     }
+
+
+def check_lengths(cfg: MLMEvalConfig, config, corpus) -> None:
+    """Each length against the text (a sequence longer than all of it would repeat it) and against memory."""
+    from data_pipeline import PretrainBatches
+
+    from launcher.size_checks import check_attention
+
+    available = PretrainBatches(corpus, rank=0, world_size=1, seed=cfg.seed).stream.epoch_length
+    for seq_len in cfg.seq_lens:
+        check_attention("--seq-lens", seq_len, max(1, cfg.tokens_per_batch // seq_len), config.hidden_size,
+                        config.num_attention_heads, config.intermediate_size)
+        if seq_len - 1 > available:
+            where = "the --input text" if cfg.inputs else f"split {corpus.split!r} of {corpus.data_dir}"
+            raise UserError(f"--seq-lens {seq_len}: {where} holds {available:,} tokens, fewer than one sequence of "
+                            f"{seq_len:,} ([CLS] + {seq_len - 1:,}); give lengths up to {available + 1:,} or more text")
 
 
 def figures_per_length(model, corpus, seq_lens: list[int], *, tokens: int, tokens_per_batch: int, seed: int, masking,

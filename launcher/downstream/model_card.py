@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from launcher.checkpoint.catalogue import CheckpointSidecar
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import files_in_effect
-from launcher.run_dir.sidecar import CheckpointSidecar
 
 STAGE_COLUMNS = ("name", "max_seq_len", "global_batch_size", "steps", "first_step")
 
@@ -22,7 +22,7 @@ def render_model_card(sidecar: CheckpointSidecar, stages: list[dict] | None, tag
     max_position_embeddings, the longest input transformers' RoFormer accepts. `started_from`: the model
     a continued run or the run a branch started from (launcher.run_dir.records.describe_start), None for a
     random init.
-    `averaged`: the checkpoints whose mean the weights are (launcher.downstream.weight_averaging.
+    `averaged`: the checkpoints whose mean the weights are (launcher.checkpoint.weights.
     AveragedCheckpoint, oldest first; `sidecar` is the newest's), None for one checkpoint's weights."""
     model = sidecar.model_config
     trained = trained_length(sidecar, stages)

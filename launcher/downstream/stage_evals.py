@@ -26,11 +26,11 @@ import shutil
 import sys
 from pathlib import Path
 
+from launcher.checkpoint.catalogue import read_sidecar
 from launcher.defaults import BAD_INPUT_EXIT_CODE
 from launcher.errors import UserError
 from launcher.io import atomic_write_json
 from launcher.run_dir.layout import RunDir
-from launcher.run_dir.sidecar import read_sidecar
 
 MLM_EVAL = "mlm"
 # A stage-end fine-tune is a progress signal, not the final number: small and bounded in time.
@@ -108,7 +108,7 @@ def _result_name(name: str) -> str:
 
 def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str], snapshot: Path | None = None
                     ) -> dict[str, Path]:
-    """Export `tag` (from `snapshot` when given, see snapshot_checkpoint), run each eval, write JSON +
+    """Export `tag` (from `snapshot` when given, see launcher.checkpoint.weights.snapshot_checkpoint), run each eval, write JSON +
     TensorBoard; one failing eval does not stop the rest. The snapshot is removed at the end."""
     from launcher.downstream.exporter import export_checkpoint, run_data_dir
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TextIO
 
 from launcher.defaults import ORDERLY_STOP_EXIT_CODE, STATUS_MARKER
+from launcher.io import write_text
 
 _PREFIX_RE = re.compile(r"^([A-Za-z0-9_.-]+): (.*)$")  # pdsh's "host: " prefix
 _DS_LOG_RE = re.compile(r"^\[[^\]]+\] \[(?P<level>[A-Z]+)\] \[(?P<file>[\w.]+):\d+:(?P<func>\w+)\] (?P<msg>.*)$")
@@ -126,12 +127,9 @@ class Console:
     def _write(self, stream: TextIO, text: str) -> None:
         if not self.echo and stream is self.out:
             return
-        try:
-            stream.write(text)
-            stream.flush()
-        except (OSError, ValueError):  # our stdout went away: keep draining, keep monitoring
-            if stream is self.out:
-                self.echo = False
+        # Our stdout gone (launcher/io.py redirects it): keep draining, keep monitoring, keep logging.
+        if not write_text(text, stream) and stream is self.out:
+            self.echo = False
 
     def _log_line(self, text: str) -> None:
         if self.log is not None:

@@ -3,7 +3,7 @@
 Around the ordinary launch (launcher.launch.supervise: a dead rank, a node's launcher or a hang is named
 and the whole job stopped), on the launching machine: after a fault, judge it (`RestartPolicy.decide`),
 wait a backoff, rebuild the launch plan (the hostfile less the excluded nodes) and launch again. The
-ranks resume by themselves from the newest intact checkpoint (launcher/train/resume.py; step 0 when there
+ranks resume by themselves from the newest intact checkpoint (launcher/checkpoint/resume.py; step 0 when there
 is none; a smaller world through the universal checkpoint). Not retried: bad input (exit code 2, a config
 or data error), a stop of the numerics guard (exit code 3), the same error twice at the same step (a
 deterministic bug or a bad batch), a stop asked of `roformer pretrain` itself (Ctrl-C, SIGTERM: preempted,
@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.defaults import BAD_INPUT_EXIT_CODE, GUARD_STOP_EXIT_CODE
 from launcher.errors import UserError
 from launcher.launch.supervise import JobOutcome
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.restart_records import RestartRecord, append_restart, read_restarts, update_restart
 

@@ -37,6 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.defaults import (GUARD_STOP_EXIT_CODE, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE,
                                RANK_ERROR_PREFIX)
 from launcher.launch import env_forwarding
@@ -45,7 +46,6 @@ from launcher.launch.launch_plan import LaunchPlan
 from launcher.launch.rank_guard import MARKER
 from launcher.launch.ssh import ssh
 from launcher.launch.watchdog import Verdict
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.run_dir.layout import RunDir
 
 FAILURE_GRACE_SECONDS = 30.0  # + the stop itself stays well inside the 60 s promised in docs/multinode.md

@@ -14,14 +14,13 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from launcher.checkpoint.catalogue import CheckpointCatalogue, CheckpointSidecar
 from launcher.config.precision import train_precision
 from launcher.errors import UserError
 from launcher.report.curves import Curves, record_versions, records_in_effect
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 from launcher.run_dir.records import RecordVersion, describe_start
 from launcher.run_dir.layout import RunDir, step_of_tag
 from launcher.run_dir.restart_records import RestartRecord, read_restarts
-from launcher.run_dir.sidecar import CheckpointSidecar
 
 # metrics.jsonl events that begin or end a process's training (launcher/train/rank_entry.py).
 START_EVENTS = ("startup", "resume")

@@ -22,13 +22,13 @@ def evaluate_checkpoint(run_dir: Path, data_dir: Path, seq_lens: list[int], toke
                         tokens_per_batch: int = 8192, seed: int = 0, tag: str | None = None) -> dict:
 
     from data_pipeline import MaskingConfig, open_corpus
-    from launcher.downstream.checkpoint_weights import (
+    from launcher.checkpoint.weights import (
         consolidate_fp32,
         resolve_checkpoint,
     )
     from launcher.downstream.mlm_evaluation import figures_per_length
     from launcher.downstream.model_card import run_stages, trained_length
-    from launcher.run_dir.sidecar import effective_rope_theta, saved_model_config
+    from launcher.checkpoint.catalogue import effective_rope_theta, saved_model_config
     from roformer import RoFormerForMaskedLM
 
     if not seq_lens or min(seq_lens) < 2:

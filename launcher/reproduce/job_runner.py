@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.errors import UserError
 from launcher.reproduce.reproduction_plan import EvalRun, FinetuneRun, Preset, PretrainRun
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@
       plots/, report.md           PNGs rendered at every stage end and by `roformer report` (+ its page)
       .deepspeed_env, launch/     what `roformer pretrain` gave the ranks (env file, hostfile copy)
       logs/launcher.log           everything the job printed, appended by each `roformer pretrain`
+      logs/rank<r>.log            what rank r wrote after its console went away (pdsh killed, ssh gone:
+                                  launcher/io.py keep_console); absent while the console is there
       restarts.json               every restart `roformer pretrain --max-restarts` made, and why (launcher/run_dir/restart_records.py)
 """
 from __future__ import annotations
@@ -136,6 +138,9 @@ class RunDir:
     @property
     def launcher_log(self) -> Path:
         return self.root / "logs" / "launcher.log"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.root / "logs" / f"rank{rank}.log"
 
 
 def versioned(path: Path, version: int) -> Path:

@@ -2,7 +2,7 @@
 
 A run starts by writing version 1: config.yaml (the resolved run config), ds_config.resolved.json
 (the DeepSpeed config the engine started with) and stages.json (the stages at its world size). A
-resume that is accepted (launcher/train/resume.py checks everything first, so a refused one writes
+resume that is accepted (launcher/checkpoint/resume.py checks everything first, so a refused one writes
 nothing) and whose records differ writes version N+1 of the files that differ only, e.g.
 config.2.yaml or ds_config.resolved.2.json (launcher.run_dir.layout.versioned); the originals are never
 replaced. `config_versions.json` lists every version: the step it took effect at, the checkpoint it

@@ -1,13 +1,12 @@
-"""The DeepSpeed engine of a rank: built from the run config, and what the loop and the checkpoints
-read back from it (loss scale, precision)."""
+"""The DeepSpeed engine of a rank: built from the run config, and what the loop and the guard read back
+from it (loss-scale floor, precision; the loss scale itself: launcher/checkpoint/checkpointer.py)."""
 from __future__ import annotations
 
 import deepspeed
-import torch
 
+from launcher.checkpoint.checkpointer import seed_everything
 from launcher.config.precision import train_precision
 from launcher.config.run_config import RunConfig
-from launcher.train.rng import seed_everything
 from launcher.train.init_weights import InitialWeights
 from roformer import RoFormerForMaskedLM
 
@@ -31,21 +30,6 @@ def build_engine(cfg: RunConfig, ds_config: dict, rank: int, initial: InitialWei
     groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config)
     return engine
-
-
-def loss_scale(engine) -> float:
-    """The dynamic fp16 loss scale (1.0 when there is none: fp32 / bf16)."""
-    optimizer = engine.optimizer
-    for path in ("loss_scale", "cur_scale", "loss_scale_config.cur_scale", "loss_scaler.cur_scale"):
-        value = optimizer
-        try:
-            for attr in path.split("."):
-                value = getattr(value, attr)
-        except AttributeError:
-            continue
-        if isinstance(value, (int, float, torch.Tensor)):
-            return float(value)
-    return 1.0
 
 
 def min_loss_scale(engine, guard_on: bool = False) -> float | None:

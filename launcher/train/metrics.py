@@ -20,6 +20,7 @@ from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, normalis
 from launcher.run_dir.layout import RunDir
 from launcher.mfu import Peak, speed_fields
 from launcher.train.progress_line import ProgressPrinter
+from launcher.train.stop_time import StopTime
 
 # TensorBoard tag of each train-record field.
 TRAIN_SCALARS = {
@@ -35,17 +36,21 @@ class Metrics:
     """Does nothing on ranks other than 0, so the loop can call it unconditionally."""
 
     def __init__(self, run_dir: RunDir, rank: int, stages: list[ResolvedStage], total_steps: int, start_step: int,
-                 log_every: int, progress_bar: bool, progress_every: int = 1):
+                 log_every: int, progress_bar: bool, progress_every: int = 1, preemption_grace: float | None = None):
         """start_step: steps completed when the run (re)starts; progress_every: steps between plain
-        progress lines (launcher/train/progress_line.py); progress_bar False: no progress lines at all."""
+        progress lines (launcher/train/progress_line.py); progress_bar False: no progress lines at all;
+        preemption_grace: restarts.preemption_grace_seconds, for the stop-time line (launcher/train/stop_time.py)."""
         self.active = rank == 0
         self.stages, self.total_steps, self.log_every = stages, total_steps, log_every
         self.tokens_per_s: float | None = None  # smoothed, for the ETAs
         self.peak: Peak | None = None  # set by set_peak(); tflops / mfu need it
+        self.stop_time: StopTime | None = None
         if not self.active:
             return
         self.path = run_dir.metrics
-        _truncate_from(self.path, start_step)
+        history = _truncate_from(self.path, start_step)
+        if preemption_grace is not None:
+            self.stop_time = StopTime(preemption_grace, self.message, history)
         self.jsonl = open(self.path, "a", encoding="utf-8")
         from torch.utils.tensorboard import SummaryWriter
 
@@ -68,6 +73,8 @@ class Metrics:
             self.tokens_per_s = tokens if self.tokens_per_s is None else 0.9 * self.tokens_per_s + 0.1 * tokens
         if not self.active:
             return
+        if self.stop_time is not None:
+            self.stop_time.step(record["step_time_s"])
         self._write({"kind": "train", **record})
         step = record["step"]
         if step == 1 or step % self.log_every == 0 or step == self.total_steps:
@@ -114,6 +121,8 @@ class Metrics:
         if not self.active:
             return
         self._write({"kind": "event", "event": event, "time": time.time(), **fields})
+        if event == "checkpoint" and self.stop_time is not None:
+            self.stop_time.checkpoint(fields["seconds"])
         if "seconds" in fields:
             self.tb.add_scalar(f"timing/{event}_s", fields["seconds"], fields.get("step", 0))
 
@@ -161,6 +170,11 @@ def read_metrics(run_dir: Path, kind: str = "train") -> list[dict]:
     return [r for r in _read_all(RunDir(Path(run_dir)).metrics) if r.get("kind") == kind]
 
 
+def read_all_records(run_dir: RunDir) -> list[dict]:
+    """Every record of RUN_DIR/metrics.jsonl, all kinds, in the order written (steps as read_metrics counts them)."""
+    return _read_all(run_dir.metrics)
+
+
 def _read_all(path: Path) -> list[dict]:
     if not path.is_file():
         return []
@@ -175,12 +189,14 @@ def _read_all(path: Path) -> list[dict]:
     return normalise(records)
 
 
-def _truncate_from(path: Path, start_step: int) -> None:
+def _truncate_from(path: Path, start_step: int) -> list[dict]:
     """Rewrite metrics.jsonl for a (re)start after `start_step` steps: the format marker first, then the
-    records of steps up to start_step (an older file's converted to steps completed) and every event."""
+    records of steps up to start_step (an older file's converted to steps completed) and every event;
+    returns the records kept."""
     kept = [r for r in _read_all(path) if r.get("event") != FORMAT_EVENT
             and (r.get("kind") == "event" or r.get("step", -1) <= start_step)]
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in [format_event(), *kept]))
+    return kept
 
 
 def _fmt_speed(record: dict) -> str:

@@ -8,20 +8,26 @@ every rank reaches the same verdict without exchanging anything. Rules (launcher
   non_finite_grad_norm   the gradient norm is NaN or infinite on a step the fp16 optimizer did not skip
                          (a skipped overflow step reports an infinite norm by design)
   loss_spike             the loss above spike_factor x the median of the last `window` unflagged steps,
-                         `patience` steps in a row (armed once the window is full after warmup; the
-                         factor widened by stage_switch_factor for `window` steps after a stage switch)
+                         `patience` steps in a row (judged after warmup once `min_window` values are in,
+                         against the median of what is there; the factor widened by stage_switch_factor
+                         for `window` steps after a stage switch)
   grad_norm_spike        the same rule on the gradient norm with grad_norm_factor
   loss_scale_at_minimum  fp16: the loss scale at fp16.min_loss_scale for min_loss_scale_steps in a row
   skipped_steps          fp16: more than max_skipped_share of the last `window` steps skipped
 
 A step that meets a rule's condition is *flagged* (no checkpoint is saved from it); the spike *began*
 at the first step of the run of flagged steps that ends in the trigger.
+
+The guard's state is a function of the run's history: `replay` over the figures of steps 1..N gives the
+state the uninterrupted run had after step N (launcher/train/guard_history.py reads them from the run's
+records), so a resumed, restarted, rewound or branched run is guarded from its first step.
 """
 from __future__ import annotations
 
 import math
 import statistics
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from launcher.config.guard_section import GuardSection
@@ -45,6 +51,12 @@ class StepFigures:
     """The fp16 loss scale after the step (None or 1 without dynamic loss scaling)."""
     skipped: bool
     """The fp16 optimizer skipped the step (overflow)."""
+
+    @classmethod
+    def of_record(cls, record: dict, skipped_before: int) -> "StepFigures":
+        """The figures of a train record (metrics.jsonl); skipped_before: the fp16 skip counter before the step."""
+        return cls(step=record["step"], stage=record["stage"], loss=record["loss"], grad_norm=record.get("grad_norm"),
+                   loss_scale=record.get("loss_scale"), skipped=(record.get("skipped_steps") or 0) > skipped_before)
 
 
 @dataclass(frozen=True)
@@ -81,11 +93,12 @@ class Trigger:
 
 
 class _SpikeRule:
-    """Value above factor x the median of the last `window` unflagged values, `patience` times in a row."""
+    """Value above factor x the median of the last `window` unflagged values (at least `min_window` of
+    them), `patience` times in a row."""
 
     def __init__(self, rule: str, figure: str, factor: float, cfg: GuardSection):
         self.rule, self.figure, self.factor = rule, figure, factor
-        self.window, self.patience = cfg.window, cfg.patience
+        self.min_window, self.patience = min(cfg.min_window, cfg.window), cfg.patience
         self.history: deque[float] = deque(maxlen=cfg.window)
         self.run_began: int | None = None  # first step of the current run of flagged steps
         self.run_length = 0
@@ -98,7 +111,7 @@ class _SpikeRule:
         """Record `value`; a Trigger when the patience is used up. armed False (warmup): history only."""
         if value is None or not math.isfinite(value):
             return None  # the non-finite rules' business
-        if not armed or len(self.history) < self.window:
+        if not armed or len(self.history) < self.min_window:
             self.history.append(value)
             self.run_began, self.run_length = None, 0
             return None
@@ -121,8 +134,7 @@ class _SpikeRule:
 
 
 class NumericsGuard:
-    """One per rank; `observe` every step in order. Not saved in checkpoints: a resumed run starts with an
-    empty window (the spike rules re-arm after `window` steps)."""
+    """One per rank; `observe` every step in order (or `replay` the steps a run already trained)."""
 
     def __init__(self, cfg: GuardSection, warmup_steps: int, min_loss_scale: float | None):
         """warmup_steps: optimizer warmup (the spike rules stay unarmed through it); min_loss_scale: the
@@ -145,15 +157,14 @@ class NumericsGuard:
     def enabled(self) -> bool:
         return self.cfg.action != "off"
 
-    def rewound(self) -> None:
-        """After a rewind: the runs of flagged steps and the fp16 counters start afresh; the windows keep their
-        (unflagged, pre-spike) values, so the same spike coming back is recognised at once."""
-        self.loss.end_run()
-        self.grad_norm.end_run()
-        self.skips.clear()
-        self.skips_over = False
-        self.non_finite.clear()
-        self.at_minimum_since, self.flagged, self.began = None, False, None
+    def replay(self, history: Iterable[StepFigures]) -> "NumericsGuard":
+        """Observe steps the run trained already (in order, from its first). A rule that fires on them marks a
+        level the run went on at (under `stop` or `rewind` its records would have ended there), so it is
+        taken as the new baseline, as after a warning."""
+        for figures in history:
+            if self.observe(figures) is not None:
+                self.acknowledged()
+        return self
 
     def acknowledged(self) -> None:
         """After a warning: the spike rules start a new window at the level the run goes on at (else every later

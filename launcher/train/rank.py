@@ -3,7 +3,7 @@ its start-up in three steps, then training.
 
     inputs = check_inputs(argv)            # 1. config, stages, run directory, data: nothing written, no process group
     plan = agree_on_resume(inputs, ...)    # 2. rank 0 decides, the process group starts, every rank gets ONE
-                                           #    ResumePlan (launcher/train/resume.py), rank 0 carries out its writes
+                                           #    ResumePlan (launcher/checkpoint/resume.py), rank 0 carries out its writes
     started = build_components(inputs, plan, ...)  # 3. engine, checkpointer (loads the plan's source), trainer
     run(started)                           # to the end of the schedule or a stop
 """
@@ -18,9 +18,12 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from data_pipeline import PretrainBatches
-from launcher.config.branch_from import BranchPoint
+from launcher.checkpoint import resume
+from launcher.checkpoint.checkpointer import Checkpointer
+from launcher.checkpoint.resume import BranchPoint, ResumePlan
 from launcher.config.preflight_checks import check_run
 from launcher.config.run_config import RunConfig, load_run_config
 from launcher.config.stages import ResolvedStage, resolve_stages
@@ -30,14 +33,12 @@ from launcher.io import write_line
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import write_init_record
-from launcher.train import resume, startup
-from launcher.train.checkpointer import Checkpointer
+from launcher.train import startup
 from launcher.train.engine import build_engine
 from launcher.train.init_weights import InitialWeights
 from launcher.train.metrics import Metrics
 from launcher.train.progress_line import progress_every
 from launcher.train.progress_recorder import ProgressRecorder
-from launcher.train.resume import ResumePlan
 from launcher.train.startup import PhaseTimer
 from launcher.train.trainer import Trainer, TrainState
 
@@ -79,6 +80,8 @@ class StartedRank:
     plots: PlotHook | None
     """Rank 0's RUN_DIR/plots renderer (None on the other ranks and with `logging.plots: false`)."""
     run_dir: RunDir
+    stop_signals: "StopSignals"
+    """SIGTERM / SIGINT, once `run` installs them: the stop requests the trainer reads every step."""
 
 
 def check_inputs(argv: list[str] | None) -> RankInputs:
@@ -173,26 +176,29 @@ def build_components(inputs: RankInputs, plan: ResumePlan, progress: ProgressRec
         checkpointer.load(plan.source, cfg.seed, plan.universal_folder(run_dir))
         timer.phase("checkpoint_load")
     metrics = Metrics(run_dir, rank, inputs.stages, cfg.schedule.total_steps, state.step, cfg.logging.log_every,
-                      cfg.logging.progress_bar, progress_every(cfg.logging.progress_every, cfg.schedule.total_steps))
+                      cfg.logging.progress_bar, progress_every(cfg.logging.progress_every, cfg.schedule.total_steps),
+                      cfg.restarts.preemption_grace_seconds)
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 and cfg.logging.plots else None
     on_stage_end = startup.stage_end_callback(cfg, run_dir, plots)
     startup.report_start(metrics, timer, plan, engine, cfg, world_size)
+    signals = StopSignals(cfg.restarts.preemption_grace_seconds, rank, metrics.message)
     trainer = Trainer(cfg, inputs.stages, engine, inputs.train_batches, inputs.valid_batches, state, checkpointer,
-                      metrics, on_stage_end=on_stage_end, progress=progress)
-    return StartedRank(trainer, metrics, progress, plots, run_dir)
+                      metrics, on_stage_end=on_stage_end, progress=progress,
+                      stop_requested=lambda: signals.requested is not None)
+    return StartedRank(trainer, metrics, progress, plots, run_dir, signals)
 
 
 def run(started: StartedRank) -> int:
     """trainer.run() to the end of the schedule or a stop; the rank's exit code."""
     trainer, metrics, progress, plots = started.trainer, started.metrics, started.progress, started.plots
-    install_stop_handlers(trainer, metrics)
+    started.stop_signals.install(lambda: trainer.state.step + 1)
     outcome = trainer.run()
     progress.ended(outcome, trainer.state.step)
     metrics.event(outcome, step=trainer.state.step)
     if plots is not None:  # RUN_DIR/plots complete when a finished run returns; a stop does not wait
         plots.run_end(trainer.state.step, wait=outcome == "finished")
     if outcome == "guard_stopped":  # its own error line, last: step, figure, median, threshold, resume point
-        metrics.message(RANK_ERROR_PREFIX.format(rank=trainer.rank) + trainer.guard.stop_message)
+        metrics.message(RANK_ERROR_PREFIX.format(rank=trainer.rank) + trainer.guard_stop.line)
     else:
         metrics.message(f"{outcome} at step {trainer.state.step}; checkpoints in {started.run_dir.checkpoints}")
     metrics.close()
@@ -213,32 +219,45 @@ the job signals every process of it, and DeepSpeed's per-node launcher passes it
 not a second request: it is ignored, so the checkpoint at the current step is still written."""
 
 
-def install_stop_handlers(trainer, metrics) -> None:
-    """SIGTERM / SIGINT: finish the current step, checkpoint, exit (all ranks agree via the step's all-reduce),
-    within restarts.preemption_grace_seconds; after that the rank exits without the checkpoint, saying so."""
-    grace = trainer.cfg.restarts.preemption_grace_seconds
-    first_at: list[float] = []
+@dataclass(frozen=True)
+class StopRequested:
+    signal: str
+    """SIGTERM or SIGINT."""
+    at: float
+    """time.monotonic() when it arrived."""
 
-    def out_of_grace():
-        write_line(f"pretrain (rank {trainer.rank}): no checkpoint within the preemption grace time of {grace:g} s "
+
+class StopSignals:
+    """SIGTERM / SIGINT on this rank: a StopRequested (`requested`, None until then) that the trainer reads at its
+    next step and acts on (all ranks agree through the step's all-reduce: finish the step, checkpoint, exit),
+    within restarts.preemption_grace_seconds; after that the rank exits without the checkpoint, saying so."""
+
+    def __init__(self, grace_seconds: float, rank: int, say: Callable[[str], None]):
+        """say: the console line (rank 0's metrics.message)."""
+        self.grace, self.rank, self.say = grace_seconds, rank, say
+        self.requested: StopRequested | None = None
+
+    def install(self, next_step: Callable[[], int]) -> None:
+        """Handle SIGTERM and SIGINT from now on; next_step: the step being trained (for the console line)."""
+        def request_stop(signum, _frame):
+            if self.requested is None:
+                self.requested = StopRequested(signal.Signals(signum).name, time.monotonic())
+                self.say(f"stop requested ({self.requested.signal}): finishing step {next_step()}, then a checkpoint "
+                         f"(within {self.grace:g} s)")
+                timer = threading.Timer(self.grace, self._out_of_grace)
+                timer.daemon = True  # a rank that finished its checkpoint exits without waiting for it
+                timer.start()
+            elif time.monotonic() - self.requested.at < SAME_STOP_SECONDS:
+                pass  # the same stop, fanned out by the process tree
+            else:  # a second signal: stop now
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+
+    def _out_of_grace(self) -> None:
+        write_line(f"pretrain (rank {self.rank}): no checkpoint within the preemption grace time of {self.grace:g} s "
                    f"(restarts.preemption_grace_seconds): exiting without it; the newest complete checkpoint stays the "
                    f"resume point")
         os._exit(1)
-
-    def request_stop(signum, _frame):
-        if not trainer.stop_signalled:
-            trainer.stop_signalled = True
-            first_at.append(time.monotonic())
-            metrics.message(f"stop requested ({signal.Signals(signum).name}): finishing step {trainer.state.step + 1}, "
-                            f"then a checkpoint (within {grace:g} s)")
-            timer = threading.Timer(grace, out_of_grace)
-            timer.daemon = True  # a rank that finished its checkpoint exits without waiting for it
-            timer.start()
-        elif time.monotonic() - first_at[0] < SAME_STOP_SECONDS:
-            pass  # the same stop, fanned out by the process tree
-        else:  # a second signal: stop now
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)

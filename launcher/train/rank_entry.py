@@ -5,13 +5,16 @@
 Everything that can be wrong with the input is checked before the engine exists and before anything
 in RUN_DIR is written: the run config, the stages for this world size, the run directory, the data
 (launcher/train/rank.py check_inputs); then, holding the run directory (rank 0: its lock), rank 0
-checks the checkpoint to resume (launcher/train/resume.py): its files against the checksums of its
+checks the checkpoint to resume (launcher/checkpoint/resume.py): its files against the checksums of its
 save, its model, tokenizer, data position, precision and ZeRO stage. Then the run resumes from the
 newest intact checkpoint of RUN_DIR (through a universal checkpoint when the shape changed; damaged
 newer ones are moved aside and named) or starts fresh, and trains to the end.
 Exit codes: 0 finished, 2 bad input (one line on stderr), 143 stopped by SIGTERM/SIGINT after
-saving a checkpoint (re-run the same command to resume). Every exit ends the same way: output flushed,
-then the process group destroyed before the interpreter finalizes (launcher/train/teardown.py).
+saving a checkpoint (re-run the same command to resume), 130 Ctrl-C before the stop handlers exist, 1 another
+process of the job gone (one line each, no traceback; launcher/peer_errors.py). Every exit ends the same way:
+output flushed, then the process group destroyed before the interpreter finalizes (launcher/train/teardown.py).
+A console that goes away (pdsh killed, an ssh session lost) ends nothing: from then on the rank's output goes
+to RUN_DIR/logs/rank<r>.log (launcher/io.py keep_console).
 """
 from __future__ import annotations
 
@@ -49,9 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     """The rank: its environment, its inputs checked, then, holding the run directory, the resume agreed,
     the components built and training run (launcher/train/rank.py)."""
     prepare_process_environment()
+    from launcher.io import keep_console, write_line
+
+    keep_console()  # before DeepSpeed's logger takes sys.stdout: a console gone ends nothing (launcher/io.py)
     from launcher.defaults import BAD_INPUT_EXIT_CODE, RANK_ERROR_PREFIX
     from launcher.errors import user_errors
-    from launcher.io import write_line
     from launcher.run_dir.lock import held_run_dir
     from launcher.train import rank  # torch and DeepSpeed: after the environment above
     from launcher.train.teardown import end_rank
@@ -59,12 +64,21 @@ def main(argv: list[str] | None = None) -> int:
     timer = rank.PhaseTimer(PROCESS_START)
     try:
         inputs = rank.check_inputs(argv)
+        keep_console(inputs.run_dir.rank_log(inputs.rank))  # where its lines go if its console goes away
         with held_run_dir(inputs.run_dir.root, inputs.rank):  # created when new; rank 0: its lock
             started = rank.start(inputs, timer)
             return rank.run(started) if started is not None else 0
     except user_errors() as err:
         write_line(RANK_ERROR_PREFIX.format(rank=os.environ.get("RANK", "?")) + str(err))
         return BAD_INPUT_EXIT_CODE
+    except (RuntimeError, KeyboardInterrupt) as err:
+        from launcher.peer_errors import rank_stop_line
+
+        stop = rank_stop_line(err, os.environ.get("RANK", "?"))
+        if stop is None:
+            raise
+        write_line(stop[0])
+        return stop[1]
     finally:
         end_rank()  # the process group before the interpreter ends: else a gloo worker can abort it (teardown.py)
 

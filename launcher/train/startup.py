@@ -9,14 +9,15 @@ from pathlib import Path
 import deepspeed
 from deepspeed.accelerator import get_accelerator
 
+from launcher.checkpoint.checkpointer import loss_scale
+from launcher.checkpoint.resume import ResumePlan
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
 from launcher.train.stage_end_jobs import start_stage_end_job
-from launcher.train.engine import loss_scale, precision
+from launcher.train.engine import precision
 from launcher.train.metrics import Metrics
-from launcher.train.resume import ResumePlan
 from launcher.mfu import resolve_peak
 from launcher.train.trainer import StageEndCallback
 

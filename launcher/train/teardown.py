@@ -17,17 +17,15 @@ from __future__ import annotations
 import os
 import sys
 
-from launcher.io import write_line
+from launcher.io import flush_console, write_line
 
 
 def end_rank() -> None:
-    """Flush stdout/stderr, then destroy the process group if this rank started one (idempotent; never
-    raises: the rank's own exit code and error line are what the job reports)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
+    """Flush stdout/stderr (a console that went away is redirected first: launcher/io.py, so the
+    interpreter's final flush cannot turn the exit code into 120), then destroy the process group if this
+    rank started one (idempotent; never raises: the rank's own exit code and error line are what the job
+    reports)."""
+    flush_console()
     distributed = sys.modules.get("torch.distributed")  # a rank that failed before importing torch has none
     if distributed is None or not distributed.is_available() or not distributed.is_initialized():
         return

@@ -16,10 +16,10 @@ import torch
 
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
-from launcher.train.checkpointer import Checkpointer
+from launcher.checkpoint.checkpointer import Checkpointer, loss_scale
 from launcher.train.device_batches import host_counts, to_device
-from launcher.train.engine import loss_scale, min_loss_scale
-from launcher.train.guard_actions import GuardActions
+from launcher.train.engine import min_loss_scale, precision
+from launcher.train.guard_actions import GuardActions, Rewind, RunShape, Stop
 from launcher.train.numerics_guard import NumericsGuard
 from launcher.train.progress_recorder import ProgressRecorder
 from launcher.train.metrics import Metrics
@@ -54,18 +54,22 @@ class TrainState:
 class Trainer:
     def __init__(self, cfg: RunConfig, stages: list[ResolvedStage], engine, batches, valid_batches,
                  state: TrainState, checkpointer: Checkpointer, metrics: Metrics,
-                 on_stage_end: StageEndCallback | None = None, progress: ProgressRecorder | None = None):
+                 on_stage_end: StageEndCallback | None = None, progress: ProgressRecorder | None = None,
+                 stop_requested: Callable[[], bool] = lambda: False):
         self.cfg, self.stages, self.engine, self.batches, self.valid_batches = cfg, stages, engine, batches, valid_batches
         self.state, self.checkpointer, self.metrics, self.on_stage_end = state, checkpointer, metrics, on_stage_end
         self.progress = progress or ProgressRecorder.disabled()  # heartbeats for the hang watchdog
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.stop_signalled = False  # set by a signal handler on this rank
-        self.stop_agreed = False     # all ranks know (carried by the per-step all-reduce)
+        self.stop_requested = stop_requested  # this rank got SIGTERM / SIGINT (launcher/train/rank.py: StopSignals)
+        self.stop_agreed = False  # some rank got a stop request (carried by the per-step all-reduce)
+        self.guard_stop: Stop | None = None  # the numerics guard's decision that ended the run
         # The stage-switch message names the mask rate when some stage does not train at the run config's.
         self._per_stage_mask_prob = any(s.mask_prob != cfg.data.masking.mask_prob for s in stages)
         guard = cfg.guard
-        self.guard = GuardActions(guard, NumericsGuard(guard, cfg.optimizer.warmup_steps, min_loss_scale(engine,
-                                                       guard_on=guard.action != "off")), self)
+        detector = NumericsGuard(guard, cfg.optimizer.warmup_steps, min_loss_scale(engine, guard_on=guard.action != "off"))
+        shape = RunShape(self.world_size, engine.zero_optimization_stage(), precision(engine))
+        self.guard = GuardActions(guard, detector, checkpointer.run_dir, metrics, self.rank, shape, self.progress)
+        self.guard.restore(state.step)  # the guard of the uninterrupted run at this step, from the run's records
 
     def run(self) -> str:
         """Train to the end of the schedule ("finished"), until a stop signal ("stopped") or until the numerics
@@ -76,10 +80,12 @@ class Trainer:
             if current is not stage:
                 with self.progress.phase("stage switch", self.state.step):
                     stage = self.switch_to(current)
-            verdict = self.step(stage)
-            if verdict == "stop":
+            decision = self.step(stage)
+            if isinstance(decision, Stop):
+                self.guard_stop = decision
                 return "guard_stopped"
-            if verdict == "rewound":  # an older checkpoint's step: its stage is set up afresh
+            if isinstance(decision, Rewind):  # an older checkpoint's step: its stage is set up afresh
+                self.rewind(decision)
                 stage = None
                 continue
             stage_done = self.state.step == stage.end_step
@@ -100,15 +106,27 @@ class Trainer:
                 return "stopped"
         return "finished"
 
-    def step(self, stage: ResolvedStage) -> str | None:
-        """One optimizer step of `stage` with its heartbeat, its train record and the numerics guard's verdict
-        on it (None, "rewound" or "stop": launcher/train/guard_actions.py)."""
+    def step(self, stage: ResolvedStage) -> Rewind | Stop | None:
+        """One optimizer step of `stage` with its heartbeat, its train record and the numerics guard's decision
+        on it (launcher/train/guard_actions.py)."""
         skipped_before = int(self.engine.skipped_steps)
         with self.progress.step(self.state.step, stage.index):
             record = self.train_step(stage)
             self.metrics.train_step(dict(record))
         self.state.step += 1
         return self.guard.after_step(record, skipped_before)
+
+    def rewind(self, decision: Rewind) -> None:
+        """The guard's rewind, in the running processes: the checkpoint's weights, optimizer, scaler, counters,
+        data position and RNG, then the skip in the data position."""
+        point = decision.point
+        with self.progress.phase("guard rewind", self.state.step):  # the hang watchdog bounds the reload
+            self.checkpointer.load(point, self.cfg.seed)
+            min_loss_scale(self.engine, guard_on=True)  # the loaded scaler, too, leaves the floor to the guard
+            stage = self.stages[self.cfg.schedule.stage_for_step(point.step)[0]]
+            self.batches.skip(stage.max_seq_len, decision.skip_batches * stage.global_batch_size)
+            self.metrics.rewind(point.step)  # train records past the checkpoint belong to the abandoned future
+            self.guard.rewound(decision)
 
     def switch_to(self, stage: ResolvedStage) -> ResolvedStage:
         """New length and batch for the running engine (no rebuild): micro-batch, then grad-accum."""
@@ -149,7 +167,7 @@ class Trainer:
         flops = step_model_flops(self.cfg.model, [(*b["input_ids"].shape, m) for b, m in zip(host, masked)])
         # One all-reduce before backward: masked tokens (the loss denominator), real tokens, stop flag,
         # model FLOPs (for the per-rank mean TFLOP/s and MFU).
-        counts = torch.tensor([sum(masked), sum(real), float(self.stop_signalled), flops], dtype=torch.float64,
+        counts = torch.tensor([sum(masked), sum(real), float(self.stop_requested()), flops], dtype=torch.float64,
                               device=self.engine.device)
         dist.all_reduce(counts)
         global_masked, global_tokens, stops, global_flops = counts.tolist()
@@ -198,13 +216,13 @@ class Trainer:
 
     def save_checkpoint(self, stage: ResolvedStage) -> str:
         start = time.perf_counter()
-        tag = self.checkpointer.save(stage, protect_steps=self.guard.protect_steps())
+        tag = self.checkpointer.save(stage, protect_steps=self.guard.protect_steps(self.state.step))
         self.metrics.event("checkpoint", step=self.state.step, tag=tag, seconds=time.perf_counter() - start)
         return tag
 
     def skip_checkpoint(self, stage_done: bool) -> None:
         """The checkpoint due at this step is not written: the guard flagged the step (an open spike)."""
-        began = self.guard.detector.began
+        began = self.guard.began
         self.metrics.event("checkpoint_skipped", step=self.state.step, guard_flagged_since=began)
         self.metrics.message(f"checkpoint at step {self.state.step} not written: the numerics guard flagged the "
                              f"steps since {began}" + (" (and the stage-end jobs with it)" if stage_done else ""))

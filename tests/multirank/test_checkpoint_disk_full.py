@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.run_dir.checkpoint_catalogue import verify_files
+from launcher.checkpoint.catalogue import verify_files
 from launcher.run_dir.layout import RunDir
-from launcher.run_dir.sidecar import read_sidecar
+from launcher.checkpoint.catalogue import read_sidecar
 from tests.support.helpers import TEST_RANK_ENTRY, events, start_run, write_yaml
 
 TIMEOUT = 600

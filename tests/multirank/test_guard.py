@@ -6,7 +6,13 @@
 (b) ZeRO-2: a poisoned stretch of the data stream (tests/support/rank_wrapper.py): `rewind` skips it and the
     run finishes with the weights of an uninterrupted run whose data position skipped the same batches;
 (c) ZeRO-3, fp16 with the loss scale pinned at its minimum (every step overflows): `stop` ends the run,
-    recorded, with no checkpoint from the flagged steps.
+    recorded, with no checkpoint from the flagged steps;
+(d) the default guard (window 50, judged from guard.min_window values), `stop`, a 1000x stage right after a
+    first stage shorter than the window: stopped within `patience` steps of the spike, keep_last kept the
+    newest good checkpoint, the resume point and its export are from before the spike (one run, shared);
+(e) the same run stopped by SIGTERM before the spike and resumed: its guard is rebuilt from the run's records,
+    so the spike in the first steps after the resume is caught the same way, and the guard's state and
+    decisions after every step equal the uninterrupted run's (d).
 """
 from __future__ import annotations
 
@@ -18,11 +24,12 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
 from tests.support.fp16_cpu import fp16_rank_env
 from tests.support.helpers import (
     NO_DROPOUT,
+    newest_checkpoint,
     TEST_RANK_ENTRY,
     events,
     free_port,
@@ -38,6 +45,34 @@ TINY_GUARD = {"window": 3, "patience": 2, "spike_factor": 1.5}
 HOT_STAGES = [{"name": "base", "max_seq_len": 32, "global_batch_size": 8, "steps": 6},
               {"name": "hot", "max_seq_len": 32, "global_batch_size": 8, "steps": 6, "lr_scale": 1000.0}]
 FLAT_STAGES = [{"name": "flat", "max_seq_len": 32, "global_batch_size": 8, "steps": 12}]
+
+
+# A first stage shorter than the default window (50), then a learning rate 1000x: the loss blows up at the
+# second step of `boom` (step 14); checkpoints every 2 steps, 2 kept.
+SHORT_THEN_BOOM = [{"name": "a", "max_seq_len": 32, "global_batch_size": 8, "steps": 12},
+                   {"name": "boom", "max_seq_len": 32, "global_batch_size": 8, "steps": 8, "lr_scale": 1000.0}]
+PATIENCE = 3  # guard.patience's default
+
+
+def _short_then_boom(root, data):
+    return tiny_run_config(root, data, stages=SHORT_THEN_BOOM, model=NO_DROPOUT, guard={"action": "stop"},
+                           checkpoint={"every_steps": 2, "keep_last": 2}, logging={"valid_every": 0})
+
+
+@pytest.fixture(scope="module")
+def boom_run(tiny_data, tmp_path_factory):
+    """The uninterrupted run of SHORT_THEN_BOOM, stopped by the guard; RUN_DIR/guard-trace.jsonl has the
+    guard's state after every step."""
+    root = tmp_path_factory.mktemp("boom")
+    run_dir = root / "run"
+    proc = start_run(2, _short_then_boom(root, tiny_data), run_dir, module=TEST_RANK_ENTRY,
+                     ROFORMER_TEST_GUARD_TRACE="1")
+    assert proc.wait(timeout=600) == 3, (root / "run.log").read_text()[-4000:]
+    return run_dir
+
+
+def _trace(run_dir):
+    return [json.loads(line) for line in (run_dir / "guard-trace.jsonl").read_text().splitlines()]
 
 
 def _pretrain(config, run_dir, *flags, **env):
@@ -143,6 +178,56 @@ def test_fp16_loss_scale_stuck_at_its_minimum_stops_the_run(tiny_data, tmp_path)
     assert any(line.startswith("pretrain (rank 0): error: numerics guard: stopped: loss scale at minimum at step 3: "
                                "loss_scale")
                for line in last[-5:]), last[-5:]
+
+
+def test_a_blow_up_right_after_a_short_first_stage_stops_within_patience_from_before_it(boom_run, tiny_data, tmp_path):
+    train = {r["step"]: r["loss"] for r in read_metrics(boom_run, "train")}
+    spike = min(step for step, loss in train.items() if loss > 2 * train[12])  # the first blown-up step
+    assert spike > 12 and max(train[s] for s in range(4, 13)) < 1.5 * min(train[s] for s in range(4, 13))
+    [stop] = events(boom_run, "guard")
+    assert stop["action"] == "stop" and stop["began"] == spike and stop["step"] <= spike + PATIENCE - 1, stop
+    assert stop["median"] < train[4]  # the window holds the first stage's values only
+    log = (boom_run.parent / "run.log").read_text()
+    assert f"flagged since step {spike} (guard.action is stop); resume point global_step12 (step 12)" in log
+    # No checkpoint from a flagged step, and keep_last 2 kept the newest good one.
+    assert [e.step for e in CheckpointCatalogue.scan(boom_run).complete()] == [10, 12]
+    assert [e["step"] for e in events(boom_run, "checkpoint_skipped")] == [s for s in range(spike, stop["step"])
+                                                                         if s % 2 == 0]  # the stop's step saves nothing
+    export = tmp_path / "export"
+    proc = roformer("export", str(boom_run), "--out", str(export), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert all(np.isfinite(w).all() for w in load_file(str(export / "model.safetensors")).values())
+    pre_spike = CheckpointCatalogue.scan(boom_run).newest_intact().sidecar.last_validation
+    assert pre_spike["step"] == 12 and math.isclose(_mlm_loss(export, tiny_data), pre_spike["loss"], rel_tol=1e-4)
+    print(f"\n(d) losses {[round(train[s], 2) for s in sorted(train)]}; {stop['message']}")
+
+
+def test_a_resumed_run_is_guarded_from_its_first_step_as_the_uninterrupted_run(boom_run, tiny_data, tmp_path):
+    config = _short_then_boom(tmp_path / "config", tiny_data)
+    run_dir = tmp_path / "run"
+    proc = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGTERM_LAUNCHER_AT="10",
+                     ROFORMER_TEST_GUARD_TRACE="1")
+    assert proc.wait(timeout=600) != 0  # stopped by the SIGTERM, with a checkpoint
+    resumed_at = newest_checkpoint(run_dir).step
+    spike = events(boom_run, "guard")[0]["began"]
+    assert 10 < resumed_at < spike, resumed_at
+    proc = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_GUARD_TRACE="1")
+    assert proc.wait(timeout=600) == 3, (tmp_path / "run.log").read_text()[-4000:]
+    # (b) the spike right after the resume is caught as in the uninterrupted run: same step, values, verdict.
+    fields = ("action", "rule", "step", "began", "figure", "value", "median", "threshold")
+    assert [[e[k] for k in fields] for e in events(run_dir, "guard")] == \
+        [[e[k] for k in fields] for e in events(boom_run, "guard")]
+    assert [e.step for e in CheckpointCatalogue.scan(run_dir).complete()] == sorted({10, resumed_at, 12})[-2:]
+    # (c) the guard restored at the resume is the uninterrupted run's after that step, and so is every step after.
+    trace = _trace(run_dir)
+    restored = max(i for i, line in enumerate(trace) if line["decision"] == "restore")  # the second start's
+    ours = [{**line, "decision": None} for line in trace[restored:]]
+    theirs = [{**line, "decision": None} for line in _trace(boom_run) if line["step"] >= resumed_at]
+    assert len(ours) == len(theirs) > PATIENCE and ours == theirs, (ours, theirs)
+    assert [line["decision"] for line in trace[restored + 1:]] == \
+        [line["decision"] for line in _trace(boom_run) if line["step"] > resumed_at]
+    assert len(ours[0]["loss_window"]) == resumed_at  # more values than the resumed run itself trained before the spike
+    print(f"\n(e) resumed at step {resumed_at}; stopped at step {ours[-1]['step']} as the uninterrupted run")
 
 
 def _mlm_loss(export, data_dir) -> float:

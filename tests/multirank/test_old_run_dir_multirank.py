@@ -13,7 +13,7 @@ import json
 import yaml
 
 from launcher.run_dir.layout import RunDir, sidecar_path
-from launcher.run_dir.sidecar import read_sidecar
+from launcher.checkpoint.catalogue import read_sidecar
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import TEST_RANK_ENTRY, run_to_end, stored_run_resume_config
 
@@ -40,5 +40,24 @@ def test_stored_run_resumes_from_its_checkpoint_and_exports(stored_run, copy_of,
     assert steps == list(range(1, 9))
     final = read_sidecar(RunDir(run_dir).checkpoint("global_step8"))
     assert (final.step, final.consumed_samples, final.stage_name) == (8, 32 + 3 * 8, "more")
+    out = export_checkpoint(run_dir, tmp_path / "export")
+    assert json.loads((out / "export_info.json").read_text())["step"] == 8
+
+
+def test_previous_release_run_resumes_and_exports(previous_run, copy_of, tmp_path):
+    """The release before the checkpoint component: its checkpoint (format-2 sidecar, data state format 2)
+    resumes as it is, the config change is recorded as a new version, and the result exports."""
+    from launcher.downstream.exporter import export_checkpoint
+
+    run_dir = copy_of(previous_run.parent) / "run"
+    config = stored_run_resume_config(run_dir)
+    run_to_end(2, config, run_dir, module=TEST_RANK_ENTRY)
+    (resume,) = [r for r in read_metrics(run_dir, "event") if r["event"] == "resume"]
+    assert (resume["tag"], resume["from_world_size"], resume["world_size"], resume["universal"]) == (TAG, 2, 2, False)
+    assert [r["step"] for r in read_metrics(run_dir, "train")] == list(range(1, 9))
+    final = read_sidecar(RunDir(run_dir).checkpoint("global_step8"))
+    assert (final.step, final.consumed_samples, final.stage_name) == (8, 32 + 3 * 8, "more")
+    versions = json.loads((run_dir / "config_versions.json").read_text())["versions"]
+    assert [(v["version"], v["from_step"], v["resumed_from"]) for v in versions] == [(1, 0, None), (2, 5, TAG)]
     out = export_checkpoint(run_dir, tmp_path / "export")
     assert json.loads((out / "export_info.json").read_text())["step"] == 8

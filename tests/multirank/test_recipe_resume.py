@@ -18,8 +18,8 @@ from launcher.config.preflight_checks import check_run
 from launcher.config.run_config import load_run_config
 from launcher.config.stages import resolve_stages
 from launcher.run_dir.layout import RunDir
-from launcher.run_dir.sidecar import read_sidecar
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+from launcher.checkpoint.catalogue import read_sidecar
+from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
 from tests.support.corpus_files import named_sources_dir
 from tests.support.helpers import (

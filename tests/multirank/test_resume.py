@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import (
     newest_checkpoint,
@@ -105,7 +105,7 @@ def test_rng_states_round_trip(tmp_path):
     import numpy as np
     import torch
 
-    from launcher.train.rng import load_rng, save_rng, seed_everything
+    from launcher.checkpoint.checkpointer import load_rng, save_rng, seed_everything
 
     seed_everything(3)
     save_rng(tmp_path, rank=1)

@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.downstream.checkpoint_weights import consolidate_fp32, resolve_checkpoint
-from launcher.run_dir.sidecar import read_sidecar
+from launcher.checkpoint.weights import consolidate_fp32, resolve_checkpoint
+from launcher.checkpoint.catalogue import read_sidecar
 from tests.support.fp16_cpu import fp16_rank_env
 from tests.support.helpers import (
     NO_DROPOUT,

@@ -17,7 +17,7 @@ import yaml
 
 from launcher.errors import UserError
 from launcher.run_dir.layout import RunDir, sidecar_path
-from launcher.run_dir.sidecar import read_sidecar
+from launcher.checkpoint.catalogue import read_sidecar
 from tests.support.helpers import (
     REPO,
     TEST_RANK_ENTRY,
@@ -158,7 +158,7 @@ def test_export_refuses_a_tokenizer_the_checkpoint_was_not_trained_with(trainer_
 
 def test_export_of_a_truncated_checkpoint_names_the_file(trainer_run, tmp_path):
     from launcher.downstream.exporter import export_checkpoint
-    from launcher.run_dir.checkpoint_catalogue import DamagedCheckpoint
+    from launcher.checkpoint.catalogue import DamagedCheckpoint
 
     run_dir = tmp_path / "run"
     shutil.copytree(trainer_run, run_dir)
@@ -203,7 +203,7 @@ def test_damaged_checkpoints_are_set_aside_and_the_run_resumes_from_the_newest_i
     expected, got = train_losses(reference), train_losses(run_dir)
     for step in range(11, 17):
         assert abs(got[step] - expected[step]) <= 1e-6, (step, got[step], expected[step])
-    from launcher.run_dir.checkpoint_catalogue import verify_files
+    from launcher.checkpoint.catalogue import verify_files
     for tag in ("global_step12", "global_step16"):
         verify_files(layout.checkpoint(tag), read_sidecar(layout.checkpoint(tag)))
 

@@ -14,7 +14,7 @@ import pytest
 
 from launcher.downstream.exporter import export_checkpoint
 from launcher.errors import UserError
-from launcher.run_dir.sidecar import read_sidecar
+from launcher.checkpoint.catalogue import read_sidecar
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import (
     newest_checkpoint,

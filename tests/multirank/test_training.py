@@ -15,7 +15,7 @@ import pytest
 
 from launcher.config.run_config import load_run_config
 from launcher.config.stages import resolve_stages
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import TINY_STAGES, TINY_TOTAL_STEPS, newest_checkpoint
 

@@ -259,8 +259,8 @@ def report_of(run_dir: Path, out: Path) -> str:
 
 def newest_checkpoint(run_dir: Path):
     """The newest complete checkpoint of a run directory (a CheckpointEntry: tag, step, path, sidecar), None
-    when there is none; its files are not verified (launcher/run_dir/checkpoint_catalogue.py)."""
-    from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+    when there is none; its files are not verified (launcher/checkpoint/catalogue.py)."""
+    from launcher.checkpoint.catalogue import CheckpointCatalogue
 
     complete = CheckpointCatalogue.scan(run_dir).complete()
     return complete[-1] if complete else None
@@ -270,7 +270,7 @@ def write_complete_checkpoint(run_dir, step: int, files: dict | None = None, tag
     """RUN_DIR/checkpoints/<tag> (global_step<step>) with a complete format-2 sidecar recording `files` (name ->
     {"bytes", "sha256"}; none by default) and `latest` naming it: a checkpoint as the catalogue sees it,
     without DeepSpeed's files. `run_dir`: a launcher.run_dir.layout.RunDir."""
-    from launcher.run_dir.sidecar import CheckpointSidecar, write_sidecar
+    from launcher.checkpoint.catalogue import CheckpointSidecar, write_sidecar
 
     directory = run_dir.checkpoint(tag or f"global_step{step}")
     directory.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,9 @@
     ROFORMER_TEST_SKIP_AT=N:BATCHES          before step N the data position skips BATCHES global batches of
                                              that step's stage (as the numerics guard's rewind does; the
                                              uninterrupted run a rewound one is compared with)
+    ROFORMER_TEST_GUARD_TRACE=1              rank 0 appends the numerics guard's state to RUN_DIR/guard-trace.jsonl
+                                             after its restore at start-up and after every step: flagged,
+                                             began, the decision, both spike windows, the rewinds counted
 Steps are 0-based global steps (the index of the step about to be taken).
 """
 from __future__ import annotations
@@ -46,7 +49,8 @@ def _rank_step(var: str) -> tuple[int, int] | None:
 
 def install_faults() -> None:
     from launcher.run_dir.layout import tag_for_step
-    from launcher.train import checkpointer, trainer
+    from launcher.checkpoint import checkpointer
+    from launcher.train import trainer
 
     rank = int(os.environ["RANK"])
     original_step = trainer.Trainer.train_step
@@ -82,6 +86,9 @@ def install_faults() -> None:
         original_save_rng(directory, this_rank)
 
     checkpointer.save_rng = save_rng  # the name the Checkpointer calls
+
+    if os.environ.get("ROFORMER_TEST_GUARD_TRACE") == "1" and rank == 0:
+        _install_guard_trace()
 
     if os.environ.get("ROFORMER_TEST_SAVE_LIVE_WEIGHTS") == "1":
         original_run = trainer.Trainer.run
@@ -133,6 +140,33 @@ def _install_data_faults(rank: int) -> None:
             return original_step(self, stage)
 
         trainer.Trainer.train_step = train_step
+
+
+def _install_guard_trace() -> None:
+    import json
+
+    from launcher.train.guard_actions import GuardActions
+
+    def trace(actions, step, decision):
+        d = actions.detector
+        line = {"step": step, "flagged": d.flagged, "began": d.began, "decision": decision if isinstance(decision, str) else type(decision).__name__,
+                "loss_window": list(d.loss.history), "grad_norm_window": list(d.grad_norm.history),
+                "stage_switched_at": d.stage_switched_at, "rewinds": len(actions.rewinds)}
+        with open(actions.run_dir.root / "guard-trace.jsonl", "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    original_restore, original_after_step = GuardActions.restore, GuardActions.after_step
+
+    def restore(self, step):
+        original_restore(self, step)
+        trace(self, step, "restore")
+
+    def after_step(self, record, skipped_before):
+        decision = original_after_step(self, record, skipped_before)
+        trace(self, record["step"], decision)
+        return decision
+
+    GuardActions.restore, GuardActions.after_step = restore, after_step
 
 
 def damage_newest_checkpoint(run_dir, marker_name: str) -> None:

@@ -51,9 +51,9 @@ def failing_start(scenarios: list[str]):
         import deepspeed.comm as dist
 
         from launcher.errors import UserError
-        from launcher.run_dir.checkpoint_files import write_failure
+        from launcher.checkpoint.checkpointer import write_failure
         from launcher.train import startup
-        from launcher.train.checkpointer import Checkpointer
+        from launcher.checkpoint.checkpointer import Checkpointer
 
         rank = int(os.environ["RANK"])
         with gloo_threads_behind(rank):

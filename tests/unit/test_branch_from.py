@@ -14,7 +14,8 @@ import yaml
 
 from data_pipeline import open_corpus
 from launcher.cli import main as cli_main
-from launcher.config.branch_from import BranchFrom, check_branch, find_branch_point, lr_difference, schedule_difference
+from launcher.checkpoint.resume import check_branch, find_branch_point
+from launcher.config.branch_from import BranchFrom, lr_difference, schedule_difference
 from launcher.config.run_config import OptimizerSection, load_run_config
 from launcher.config.stages import resolve_stages
 from launcher.errors import UserError
@@ -197,7 +198,7 @@ def test_rank_zero_verifies_the_branch_point_and_refuses_a_damaged_one(source, t
     tests/multirank/test_branch.py); a damaged source checkpoint is refused naming the file, and nothing
     is written in either run directory."""
     from launcher.config.preflight_checks import check_run
-    from launcher.train import resume
+    from launcher.checkpoint import resume
 
     cfg = load_run_config(stored_run_resume_config(source), [f"branch_from={source}"])
     stages = resolve_stages(cfg, 2)

@@ -1,4 +1,4 @@
-"""The checkpoint catalogue (launcher/run_dir/checkpoint_catalogue.py) on hand-made run directories:
+"""The checkpoint catalogue (launcher/checkpoint/catalogue.py) on hand-made run directories:
 states, order, the newest intact checkpoint (verified once), and what retention deletes."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.run_dir import checkpoint_catalogue
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
-from launcher.run_dir.checkpoint_files import record_files
+from launcher.checkpoint import catalogue as checkpoint_catalogue
+from launcher.checkpoint.catalogue import CheckpointCatalogue
+from launcher.checkpoint.catalogue import record_files
 from launcher.run_dir.layout import RunDir, sidecar_path, tag_for_step
-from launcher.run_dir.sidecar import SIDECAR_FORMAT
+from launcher.checkpoint.catalogue import SIDECAR_FORMAT
 from tests.support.helpers import REPO, write_complete_checkpoint
 
 
@@ -118,7 +118,7 @@ def test_a_newer_sidecar_format_is_neither_resumed_nor_pruned(run_dir):
 
 
 def test_the_catalogue_imports_no_torch():
-    code = ("import sys, launcher.run_dir.checkpoint_catalogue, launcher.report.run_summary; "
+    code = ("import sys, launcher.checkpoint.catalogue, launcher.report.run_summary; "
             "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True).stdout
     assert out.strip() == "[]"

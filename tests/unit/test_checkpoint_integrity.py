@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, DamagedCheckpoint, entry_of, verify_files
-from launcher.run_dir.checkpoint_files import file_shares, record_files
+from launcher.checkpoint.catalogue import CheckpointCatalogue, DamagedCheckpoint, entry_of, verify_files
+from launcher.checkpoint.catalogue import file_shares, record_files
 from launcher.run_dir.layout import RunDir, sidecar_path
-from launcher.run_dir.sidecar import SIDECAR_FORMAT, read_sidecar, write_sidecar
+from launcher.checkpoint.catalogue import SIDECAR_FORMAT, read_sidecar, write_sidecar
 
 STORED_TAG = "global_step5"
 
@@ -104,8 +104,8 @@ def test_the_catalogue_tells_partial_from_damaged(run_dir):
 
 
 def test_a_newer_sidecar_format_is_refused_not_set_aside(run_dir):
-    from launcher.run_dir.sidecar import NewerSidecarFormat
-    from launcher.train.resume import decide
+    from launcher.checkpoint.catalogue import NewerSidecarFormat
+    from launcher.checkpoint.resume import decide
 
     path = sidecar_path(run_dir.checkpoint("global_step5"))
     path.write_text(json.dumps({**json.loads(path.read_text()), "format": SIDECAR_FORMAT + 1}))
@@ -128,7 +128,7 @@ def test_resume_takes_the_newest_intact_checkpoint_and_lists_the_damaged(run_dir
 
 def test_every_checkpoint_damaged_is_refused_and_nothing_moves(run_dir, tiny_data):
     from launcher.errors import UserError
-    from launcher.train.resume import decide
+    from launcher.checkpoint.resume import decide
 
     for step in (3, 4, 5):
         truncate(run_dir.checkpoint(f"global_step{step}") / "mp_rank_00_model_states.pt")
@@ -139,8 +139,8 @@ def test_every_checkpoint_damaged_is_refused_and_nothing_moves(run_dir, tiny_dat
 
 
 def test_moved_aside_checkpoints_survive_pruning(run_dir):
-    from launcher.run_dir.checkpoint_files import move_aside
-    from launcher.train.checkpointer import prune
+    from launcher.checkpoint.catalogue import move_aside
+    from launcher.checkpoint.checkpointer import prune
 
     dest = move_aside(run_dir, run_dir.checkpoint("global_step3"))
     assert dest.parent == run_dir.damaged and dest.name.startswith("global_step3-")
@@ -246,7 +246,7 @@ class Counters:
 
 def test_a_save_reaches_the_disk_before_it_is_marked_complete(tmp_path, stored_run, monkeypatch):
     from launcher.config.stages import ResolvedStage
-    from launcher.train import checkpointer as checkpointer_module
+    from launcher.checkpoint import checkpointer as checkpointer_module
     from roformer.config import RoFormerConfig
 
     stored = read_sidecar(stored_run / "checkpoints" / STORED_TAG)

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from launcher.downstream.weight_averaging import AverageRequest
+from launcher.checkpoint.weights import AverageRequest
 from launcher.errors import UserError
 from tests.unit.test_export_errors import TAG2, _export_fails
 

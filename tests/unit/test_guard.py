@@ -1,5 +1,5 @@
 """The numerics guard without a run: its rules on synthetic step sequences (launcher/train/numerics_guard.py),
-every bad `guard.*` value and `--guard ACTION` refused before any rank starts, a guard stop not retried by
+every bad `guard.*` value and `--guard ACTION` refused before any rank starts, its state rebuilt from a run's records, a guard stop not retried by
 `--max-restarts`, and the skip in the data position (data_pipeline/batches.py)."""
 from __future__ import annotations
 
@@ -96,13 +96,54 @@ def test_fp16_loss_scale_at_its_minimum_and_a_high_skipped_share():
     assert fired(feed(NumericsGuard(CFG, 0, None), [3.0] * 9, scales=[1.0] * 9, skipped=skipped)) == []  # no fp16
 
 
-def test_after_a_rewind_the_window_stays_and_the_same_spike_is_recognised_again():
-    guard = NumericsGuard(CFG, 0, None)
-    assert fired(feed(guard, [4.0] * 6 + [40.0, 40.0])) == [(8, "loss_spike")]
-    guard.rewound()
-    assert not guard.flagged and guard.began is None
-    results = feed(guard, [4.0, 40.0, 40.0], first_step=7)
+def test_after_a_rewind_the_guard_is_the_runs_at_the_checkpoint_and_the_same_spike_is_recognised_again():
+    losses = [4.0] * 6 + [40.0, 40.0]
+    live = NumericsGuard(CFG, 0, None)
+    assert fired(feed(live, losses)) == [(8, "loss_spike")]
+    rewound = NumericsGuard(CFG, 0, None).replay(figures(losses[:6]))  # back to the checkpoint of step 6
+    assert not rewound.flagged and rewound.began is None
+    results = feed(rewound, [4.0, 40.0, 40.0], first_step=7)
     assert fired(results) == [(9, "loss_spike")] and results[-1][1].median == 4.0
+
+
+def test_a_rule_judges_from_min_window_values_against_their_median_and_never_takes_a_flagged_one():
+    # A first stage shorter than the window, then a blow-up: judged at once, not after `window` steps.
+    cfg = GuardSection(window=50, min_window=4, patience=3, spike_factor=1.5)
+    guard = NumericsGuard(cfg, warmup_steps=2, min_loss_scale=None)
+    results = feed(guard, [9.0, 8.0, 6.5, 6.4, 6.3, 6.3, 100.0, 150.0, 120.0])
+    assert fired(results) == [(9, "loss_spike")] and results[-1][1].began == 7
+    assert results[-1][1].median == 6.45 and list(guard.loss.history) == [9.0, 8.0, 6.5, 6.4, 6.3, 6.3]
+    guard = NumericsGuard(cfg, warmup_steps=0, min_loss_scale=None)  # fewer than min_window: history only
+    assert fired(feed(guard, [6.0, 6.0, 6.0, 60.0, 60.0])) == []
+    assert NumericsGuard(GuardSection(window=3, min_window=10), 0, None).loss.min_window == 3  # at most window
+
+
+def test_replaying_a_prefix_gives_the_live_guards_decisions_from_there_on():
+    """What a resume does (launcher/train/guard_history.py): the same triggers as the uninterrupted run."""
+    losses = [6.0 - 0.01 * i for i in range(40)] + [9.5, 9.6, 9.4, 9.0] + [5.5] * 10 + [30.0, 31.0, 32.0, 33.0]
+    stages = [0] * 20 + [1] * 38
+    cfg = GuardSection(window=8, min_window=3, patience=3, action="warn")
+
+    def decisions(guard, start):
+        out = []
+        for f in figures(losses, stages)[start:]:
+            trigger = guard.observe(f)
+            if trigger is not None:
+                guard.acknowledged()  # warn
+            out.append((f.step, guard.flagged, trigger and (trigger.rule, trigger.began, round(trigger.median, 6))))
+        return out
+
+    live = decisions(NumericsGuard(cfg, 5, None), 0)
+    assert [d for d in live if d[2]] == [(43, False, ("loss_spike", 41, 5.645)), (57, False, ("loss_spike", 55, 5.5))]
+    assert [step for step, flagged, _ in live if flagged] == [41, 42, 55, 56]
+    for start in (1, 7, 20, 41, 44, 50):
+        resumed = NumericsGuard(cfg, 5, None).replay(figures(losses[:start], stages))
+        assert decisions(resumed, start) == live[start:], start
+
+
+def figures(losses, stages=None):
+    return [StepFigures(step=i + 1, stage=stages[i] if stages else 0, loss=loss, grad_norm=1.0, loss_scale=None,
+                        skipped=False) for i, loss in enumerate(losses)]
 
 
 def test_a_warning_makes_the_new_level_the_baseline_so_checkpoints_resume():
@@ -236,25 +277,78 @@ def test_report_has_a_guard_table_and_marks_each_trigger_on_the_loss_plot(tmp_pa
 
 def test_pruning_keeps_the_checkpoint_before_an_open_spike_and_the_rewind_target_within_reach(tmp_path):
     """GuardActions.protect_steps (what Checkpointer.save passes to CheckpointCatalogue.to_prune)."""
-    from types import SimpleNamespace
-
-    from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue
+    from launcher.checkpoint.catalogue import CheckpointCatalogue
     from launcher.run_dir.layout import RunDir
-    from launcher.train.guard_actions import GuardActions, Rewound
+    from launcher.train.guard_actions import GuardActions, Rewound, RunShape
     from tests.support.helpers import write_complete_checkpoint
 
     run_dir = RunDir(tmp_path / "run")
     for step in (3, 6, 9):
         write_complete_checkpoint(run_dir, step)
-    trainer = SimpleNamespace(checkpointer=SimpleNamespace(run_dir=run_dir), state=SimpleNamespace(step=12))
     detector = NumericsGuard(CFG, 0, None)
-    actions = GuardActions(CFG, detector, trainer)
-    assert actions.protect_steps() == ()
+    actions = GuardActions(CFG, detector, run_dir, metrics=None, rank=0, shape=RunShape(2, 2, "fp32"))
+    assert actions.protect_steps(12) == ()
     feed(detector, [4.0] * 5 + [9.0], first_step=3)  # step 8 flagged: a spike open since step 8
-    assert detector.began == 8 and actions.protect_steps() == (6,)
-    assert [e.step for e in CheckpointCatalogue.scan(run_dir).to_prune(1, actions.protect_steps())] == [3]
+    assert detector.began == 8 and actions.protect_steps(12) == (6,)
+    assert [e.step for e in CheckpointCatalogue.scan(run_dir).to_prune(1, actions.protect_steps(12))] == [3]
     feed(detector, [4.0], first_step=9)
     actions.rewinds.append(Rewound("loss_spike", trigger_step=8, to_step=3, skipped_batches=5))  # reach: step 13
-    assert actions.protect_steps() == (3,)
-    trainer.state.step = 14
-    assert actions.protect_steps() == ()
+    assert actions.protect_steps(12) == (3,)
+    assert actions.protect_steps(14) == ()
+
+
+# --- the guard's history: the run's own records -------------------------------------------------------
+
+def _write_metrics(run_dir, records):
+    import json
+
+    from launcher.run_dir.metrics_format import format_event
+
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    run_dir.metrics.write_text("".join(json.dumps(r) + "\n" for r in [format_event(), *records]))
+
+
+def _train(step, loss, skipped=0, stage=0):
+    return {"kind": "train", "step": step, "stage": stage, "loss": loss, "grad_norm": 1.0, "loss_scale": None,
+            "skipped_steps": skipped}
+
+
+def _event(name, **fields):
+    return {"kind": "event", "event": name, **fields}
+
+
+def test_the_history_is_the_run_as_it_stands_and_its_rewinds_those_before_the_resumed_checkpoint(tmp_path):
+    from launcher.run_dir.layout import RunDir
+    from launcher.train.guard_history import Rewound, read_history
+
+    run_dir = RunDir(tmp_path / "run")
+    rewind = _event("guard", action="rewind", rule="loss_spike", step=9, began=8, to_step=4, skipped_batches=5)
+    _write_metrics(run_dir, [
+        *[_train(s, 5.0) for s in range(1, 10)], _event("checkpoint", step=4), rewind,  # 5..9 abandoned
+        *[_train(s, 4.0, skipped=1 if s > 6 else 0) for s in range(5, 12)], _event("checkpoint", step=8),
+        _train(12, 99.0),  # the future a crash abandoned: the restart resumes from step 8
+        _event("resume", step=8), *[_train(s, 3.0, skipped=1) for s in range(9, 11)], _event("checkpoint", step=10),
+        _train(11, 77.0)])  # written in a file not yet truncated
+    history = read_history(run_dir, 10)
+    assert [(f.step, f.loss, f.skipped) for f in history.steps] == [
+        (1, 5.0, False), (2, 5.0, False), (3, 5.0, False), (4, 5.0, False), (5, 4.0, False), (6, 4.0, False),
+        (7, 4.0, True), (8, 4.0, False), (9, 3.0, False), (10, 3.0, False)]
+    assert history.rewinds == [Rewound("loss_spike", 9, 4, 5)]
+    assert read_history(run_dir, 4).rewinds == []  # checkpoint 4 was saved before the rewind
+    assert [f.step for f in read_history(run_dir, 6).steps] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_branch_continues_its_sources_history_up_to_the_branch_step(tmp_path):
+    from launcher.run_dir.layout import RunDir
+    from launcher.run_dir.records import write_branch_record
+    from launcher.train.guard_history import read_history
+
+    source, branch = RunDir(tmp_path / "source"), RunDir(tmp_path / "branch")
+    _write_metrics(source, [_train(s, 10.0 - s) for s in range(1, 9)] + [_event("checkpoint", step=6)])
+    _write_metrics(branch, [_event("resume", step=6), _train(7, 1.5, stage=1), _train(8, 1.25, stage=1)])
+    write_branch_record(branch, {"source_run_dir": str(source.root), "tag": "global_step6", "step": 6})
+    history = read_history(branch, 8)
+    assert [(f.step, f.loss, f.stage) for f in history.steps] == [
+        (1, 9.0, 0), (2, 8.0, 0), (3, 7.0, 0), (4, 6.0, 0), (5, 5.0, 0), (6, 4.0, 0), (7, 1.5, 1), (8, 1.25, 1)]
+    assert history.rewinds == []
+    assert [f.step for f in read_history(branch, 6).steps] == [1, 2, 3, 4, 5, 6]

@@ -13,7 +13,7 @@ import json
 import torch
 
 from launcher.run_dir.layout import sidecar_path
-from launcher.run_dir.sidecar import read_sidecar, write_sidecar
+from launcher.checkpoint.catalogue import read_sidecar, write_sidecar
 from roformer.hf_interop import load_pretrained
 from tests.support.helpers import stored_run_resume_config
 
@@ -59,3 +59,22 @@ def test_stored_data_position_is_refused_before_any_compute(stored_run, copy_of,
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("pretrain (rank 0): error: ") and "data state format 1" in err
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir() if p.name != "heartbeats"} == before
+
+
+def test_previous_release_checkpoint_verifies_and_exports(previous_run, tmp_path):
+    """The release before the checkpoint component: its format-2 sidecar's file records still verify,
+    and its checkpoint exports to the weights DeepSpeed consolidates from the same files."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from launcher.downstream.exporter import export_checkpoint
+    from launcher.checkpoint.catalogue import CheckpointCatalogue
+
+    point = CheckpointCatalogue.scan(previous_run).newest_intact()
+    assert (point.tag, point.verified, point.sidecar.format, point.sidecar.world_size) == (TAG, True, 2, 2)
+    assert point.sidecar.files and point.sidecar.tokenizer_sha256
+    out = export_checkpoint(previous_run, tmp_path / "export")
+    assert json.loads((out / "export_info.json").read_text())["step"] == 5
+    expected = get_fp32_state_dict_from_zero_checkpoint(str(previous_run / "checkpoints"), tag=TAG)
+    exported = load_pretrained(out).state_dict()
+    assert set(exported) == set(expected)
+    assert all(torch.equal(exported[k], expected[k].float()) for k in expected)

@@ -100,7 +100,7 @@ def test_a_cpu_config_without_target_is_still_priced_on_this_machine(login_node,
 @pytest.mark.parametrize("device, message", [
     ("V100", "hardware.device: expected NAME-MEMORY, e.g. V100-16GB or H100-80GB, got 'V100'"),
     ("TPUv4-32GB", "hardware.device: 'TPUv4' is not in the peak table of launcher/mfu.py (known: A100, H100, "
-                   "H100 PCIE, V100)"),
+                   "H100 PCIE, H200, V100)"),
 ])
 def test_a_bad_target_is_named(tmp_path, device, message):
     with pytest.raises(UserError, match=f"^{re.escape(f'{REFERENCE}: {message}')}"):

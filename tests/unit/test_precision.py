@@ -1,7 +1,7 @@
 """launcher/config/precision.py: one answer to "what precision does this DeepSpeed config train in",
 the same as DeepSpeed's own parser gives, and the same in `roformer plan`, `roformer report` and the
 resume decision, also for DeepSpeed's older `bfloat16` spelling (issue 19, item 2). Plus the resume's
-shape rules (launcher/train/resume.py load_route / shape_notes) that need no process group.
+shape rules (launcher/checkpoint/resume.py load_route / shape_notes) that need no process group.
 
 No test here depends on the CPU: `plan` pins the accelerator's bf16 answer (tests/support/cpu_precision.py).
 """
@@ -155,7 +155,7 @@ ROUTES = [  # (saved, now) as (stage, precision, ranks) -> universal?
 
 @pytest.mark.parametrize("saved, now, universal", ROUTES)
 def test_load_route(saved, now, universal):
-    from launcher.train.resume import RunShape, load_route
+    from launcher.checkpoint.resume import RunShape, load_route
 
     point = shape_point(saved[1], saved[0], saved[2])
     assert load_route(point, RunShape(*saved), RunShape(*now), "ds.json") is universal
@@ -163,7 +163,7 @@ def test_load_route(saved, now, universal):
 
 @pytest.mark.parametrize("saved, now", [((0, "fp32", 2), (2, "fp32", 2)), ((3, "bf16", 2), (0, "fp32", 2))])
 def test_zero_0_to_another_stage_is_refused_naming_both_shapes_and_the_way_out(saved, now):
-    from launcher.train.resume import RunShape, load_route
+    from launcher.checkpoint.resume import RunShape, load_route
 
     with pytest.raises(UserError) as err:
         load_route(shape_point(saved[1], saved[0], saved[2]), RunShape(*saved), RunShape(*now), "ds.json")
@@ -174,7 +174,7 @@ def test_zero_0_to_another_stage_is_refused_naming_both_shapes_and_the_way_out(s
 
 
 def test_the_fp16_loss_scaler_is_said_to_start_fresh_or_to_be_dropped():
-    from launcher.train.resume import RunShape, shape_notes
+    from launcher.checkpoint.resume import RunShape, shape_notes
 
     to_fp16 = shape_notes(shape_point("bf16"), RunShape(2, "bf16", 2), RunShape(2, "fp16", 2), True)
     assert to_fp16[1] == "fp16 loss scaler: starts fresh (the checkpoint trained in bf16, without loss scaling)"

@@ -182,7 +182,8 @@ def test_precision_the_ranks_may_not_share_with_this_machine_is_a_note(tiny_data
     plan a V100 run): plan says what it found here instead of refusing."""
     pin_cpu_accelerator(monkeypatch, fp16=False)  # "detected": a CPU without fp16, whatever this machine has
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
-    config = write_config(tmp_path, tiny_data, {"deepspeed": {"config": str(FP16_DS)}})
+    # warmup_steps below the 2-step schedule: a warm-up as long as the run would be a note of its own.
+    config = write_config(tmp_path, tiny_data, {"deepspeed": {"config": str(FP16_DS)}, "optimizer": {"warmup_steps": 1}})
     assert cli_main(["plan", "--config", str(config), "--world-size", "2"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"roformer plan: note: {FP16_DS}: fp16.enabled: DeepSpeed's cpu "

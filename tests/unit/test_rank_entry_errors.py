@@ -79,7 +79,7 @@ def test_resume_from_another_models_checkpoint_is_refused(bad_input_env, monkeyp
     shutil.copytree(run, other)
     before = sorted(os.listdir(other / "checkpoints"))
     config = tiny_run_config(root, data_dir, name="other.yaml", model=NO_DROPOUT)
-    from launcher.train import resume
+    from launcher.checkpoint import resume
 
     holders, decide = [], resume.decide
     monkeypatch.setattr(resume, "decide", lambda *a, **kw: (holders.append(read_holder(other)), decide(*a, **kw))[1])

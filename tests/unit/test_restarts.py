@@ -378,15 +378,12 @@ def test_rank_stop_handler_takes_a_repeated_sigterm_as_the_same_stop_and_keeps_t
     script = tmp_path / "rank_stop.py"
     script.write_text(
         "import os, signal, sys, time\n"
-        "from types import SimpleNamespace\n"
-        "from launcher.train.rank import install_stop_handlers\n"
-        "cfg = SimpleNamespace(restarts=SimpleNamespace(preemption_grace_seconds=3.0))\n"
-        "trainer = SimpleNamespace(cfg=cfg, rank=0, state=SimpleNamespace(step=41), stop_signalled=False)\n"
-        "metrics = SimpleNamespace(message=lambda text: print(text, flush=True))\n"
-        "install_stop_handlers(trainer, metrics)\n"
+        "from launcher.train.rank import StopSignals\n"
+        "signals = StopSignals(3.0, 0, lambda text: print(text, flush=True))\n"
+        "signals.install(lambda: 41 + 1)\n"
         "os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM)\n"
         "time.sleep(0.2)\n"
-        "print('alive after two SIGTERMs:', trainer.stop_signalled, flush=True)\n"
+        "print('alive after two SIGTERMs:', signals.requested is not None, flush=True)\n"
         "time.sleep(30)\n"
         "print('not stopped by the grace time', flush=True)\n")
     result = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=120,

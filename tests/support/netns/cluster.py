@@ -54,7 +54,7 @@ def _free_subnet() -> str:
 
 class TwoNodeCluster:
     def __init__(self, work_dir: Path, nodes: int = 2):
-        # Not `random`: code under test seeds the global RNG (launcher/train/rng.py), which made two
+        # Not `random`: code under test seeds the global RNG (launcher/checkpoint/checkpointer.py), which made two
         # pytest sessions pick the same names and collide on a left-over bridge.
         self.tag = secrets.token_hex(3)[:5]
         self.dir = Path(work_dir) / f"cluster-{self.tag}"

@@ -14,7 +14,7 @@ on the stage that SAVED it while the loader expects the stage that LOADS it (mea
      `step.pt`; a ZeRO-3 conversion writes flat tensors and no step. ZeRO-3's loader reads both forms.
 `convert_to_universal` runs ds_to_universal and `complete_for_every_stage` adds what is missing, never
 changing a value, so one folder serves any later resume. Loss-scaler state is not touched here
-(launcher/train/checkpointer.py keeps the engine's own scaler when the precision changes).
+(launcher/checkpoint/checkpointer.py keeps the engine's own scaler when the precision changes).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from launcher.io import fsync_dir, fsync_tree
-from launcher.run_dir.checkpoint_catalogue import CheckpointEntry
+from launcher.checkpoint.catalogue import CheckpointEntry
 from launcher.run_dir.layout import RunDir
 
 MODEL_STATES_NAMES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")

@@ -4,7 +4,7 @@ RUN_DIR is written and every rank then follows.
 The rank's start-up (launcher/train/rank.py) is three steps; this module is the second:
   1. every rank checks its inputs: config, stages, run directory, data (nothing written);
   2. agree on the resume:
-     a. rank 0 `decide`s: foreign checkpoints; the run's checkpoints (launcher/run_dir/checkpoint_catalogue.py:
+     a. rank 0 `decide`s: foreign checkpoints; the run's checkpoints (launcher/checkpoint/catalogue.py:
         every sidecar, then the newest complete checkpoint's files against the sizes and sha256 recorded at
         save time, a damaged one noted and the next older one tried); then the chosen one against this run
         (`plan_start`): model config, tokenizer, data position (corpus, format), and its shape (ZeRO
@@ -17,39 +17,40 @@ The rank's start-up (launcher/train/rank.py) is three steps; this module is the 
   3. every rank builds its components from the plan (engine, `Checkpointer.load(plan.source, ...)`, trainer).
 
 A branch (`branch_from`, launcher/config/branch_from.py) is a first start whose source is a checkpoint of
-another run directory, read and checked with the inputs (step 1): `decide_branch` verifies its files in place
-(read only: a damaged one is refused, never set aside), then the same checks and route (`plan_start`), and
-RUN_DIR/branch_from.json is recorded.
+another run directory, read (`find_branch_point`) and checked (`check_branch`) with the inputs (step 1):
+`decide_branch` verifies its files in place (read only: a damaged one is refused, never set aside), then the
+same checks and route (`plan_start`), and RUN_DIR/branch_from.json is recorded.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import deepspeed.comm as dist
+import yaml
 
 from data_pipeline import check_state_format
 from data_pipeline.errors import DataError
+from launcher.checkpoint.catalogue import (CheckpointCatalogue, CheckpointEntry, CheckpointSidecar, NewerSidecarFormat,
+                                           move_aside, saved_model_config, verified)
+from launcher.checkpoint.universal import convert_to_universal
+from launcher.config.branch_from import BranchFrom, check_branch_target, lr_difference, schedule_difference
 from launcher.config.deepspeed_json import ds_config_source, resolve_ds_config
 from launcher.config.precision import train_precision
 from launcher.config.run_config import RunConfig
 from launcher.config.schedule import stage_index_at
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
-from launcher.io import write_line
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, CheckpointEntry, verified
-from launcher.run_dir.checkpoint_files import move_aside
+from launcher.io import file_sha256, write_line
 from launcher.run_dir.layout import RunDir, sidecar_path
-from launcher.config.branch_from import BranchPoint
-from launcher.run_dir.records import BRANCH_FROM_RECORD, describe_change, record_start, write_branch_record
-from launcher.run_dir.sidecar import NewerSidecarFormat, saved_model_config
-from launcher.train.universal_folder import convert_to_universal
+from launcher.run_dir.records import (BRANCH_FROM_RECORD, describe_change, files_in_effect, read_branch_record,
+                                      record_start, write_branch_record)
 from roformer.config import ConfigError, RoFormerConfig
 
 # ZeRO stages whose checkpoints DeepSpeed loads into each other directly (same partitioned optimizer
 # files), at the same world size and precision; every other change of shape goes through the universal
-# checkpoint (DeepSpeed's ds_to_universal, completed for every stage by launcher/train/universal_folder.py).
+# checkpoint (DeepSpeed's ds_to_universal, completed for every stage by launcher/checkpoint/universal.py).
 _INTERCHANGEABLE_ZERO_STAGES = frozenset({1, 2})
 
 
@@ -135,6 +136,37 @@ class ResumePlan:
     def universal_folder(self, run_dir: RunDir) -> Path | None:
         """Where the conversion of `source` is (always in the run that loads it), None for a direct load."""
         return run_dir.universal / self.source.tag if self.universal else None
+
+
+@dataclass(frozen=True)
+class BranchPoint:
+    """The source checkpoint a branch starts from and the source's records in effect at its step: everything
+    `check_branch` compares, read once (`find_branch_point`). Its files are verified by rank 0 at start-up
+    (`decide_branch`)."""
+
+    source: BranchFrom
+    entry: CheckpointEntry
+    """The source's checkpoint, complete at the sidecar level."""
+    records: dict[str, Path]
+    """kind -> the source's record file in effect at the checkpoint's step (records.files_in_effect)."""
+    stages: list[dict]
+    """The source's stages.json rows in effect then."""
+    optimizer: dict
+    """The optimizer section of the source's config in effect then."""
+    record: dict
+    """What the branch records in RUN_DIR/branch_from.json (records.write_branch_record)."""
+
+    @property
+    def tag(self) -> str:
+        return self.entry.tag
+
+    @property
+    def step(self) -> int:
+        return self.entry.step
+
+    @property
+    def sidecar(self) -> CheckpointSidecar:
+        return self.entry.sidecar
 
 
 def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches,
@@ -281,8 +313,126 @@ def shape_notes(point: CheckpointEntry, saved: RunShape, now: RunShape, universa
     return notes
 
 
+# --------------------------------------------------------------------------- the branch point
+
+
+def find_branch_point(cfg, run_dir: Path | None = None) -> BranchPoint | None:
+    """The point a start of `run_dir` branches from, read (`check_branch` compares it): None without
+    `branch_from`, or once the branch has a complete checkpoint of its own (it resumes from those). A branch
+    whose first start ended before its first checkpoint keeps the point it recorded in branch_from.json, even
+    when the source has a newer checkpoint by now. UserError naming what is missing."""
+    if not cfg.branch_from:
+        return None
+    branch = BranchFrom.parse(cfg.branch_from, cfg.source)
+    if run_dir is not None:
+        check_branch_target(cfg, run_dir)
+        own = RunDir(Path(run_dir))
+        if CheckpointCatalogue.scan(own).complete():
+            return None
+        recorded = read_branch_record(own)
+        if recorded:
+            branch = BranchFrom(branch.run_dir, recorded["tag"])
+    return _read_branch_point(branch, cfg.source, cfg.branch_from)
+
+
+def _read_branch_point(branch: BranchFrom, source: str, branch_from: str) -> BranchPoint:
+    """The named checkpoint (complete), else the source's newest complete one, with the records in effect then."""
+    layout = RunDir(branch.run_dir)
+    where = f"{source}: branch_from {branch}"
+    if not layout.root.is_dir():
+        raise UserError(f"{where}: {layout.root} is not a run directory")
+    catalogue = CheckpointCatalogue.scan(layout)  # sidecar level: rank 0 verifies the files
+    complete = catalogue.complete()
+    if branch.tag is None:
+        if not complete:
+            raise UserError(f"{where}: {layout.checkpoints} holds no complete checkpoint")
+        entry = complete[-1]
+    else:
+        entry = catalogue.entry(branch.tag)
+        if entry is None:
+            raise UserError(f"{where}: no checkpoint {branch.tag!r} in {layout.checkpoints} (complete ones: "
+                            f"{', '.join(e.tag for e in complete) or 'none'})")
+        if entry.problem is not None:
+            raise UserError(f"{where}: {entry.problem}")
+    records = files_in_effect(layout, entry.step)
+    record = {"source_run_dir": str(branch.run_dir), "tag": entry.tag, "step": entry.step,
+              "stage": entry.sidecar.stage_name, "sidecar_sha256": file_sha256(sidecar_path(entry.path)),
+              "source_config": str(records["config"]), "source_stages": str(records["stages"]),
+              "branch_from": branch_from}
+    return BranchPoint(branch, entry, records, _read_json(records["stages"]).get("stages") or [],
+                       _read_yaml(records["config"]).get("optimizer") or {}, record)
+
+
+def check_branch(cfg, stages: list, corpus, point: BranchPoint) -> None:
+    """Everything about a branch that needs no process group (see the module docstring): UserError in one
+    line naming the file, stage and field. `cfg`: RunConfig, `stages`: its ResolvedStages, `corpus`: the
+    opened training data."""
+    _check_model_and_data(cfg, point, corpus)
+    if point.step >= cfg.schedule.total_steps:
+        raise UserError(f"{cfg.source}: the schedule ends at step {cfg.schedule.total_steps}, at or before the branch "
+                        f"point {point.tag} (step {point.step}): nothing to train")
+    problem = schedule_difference(point.stages, [s.to_dict() for s in stages], point.step)
+    where = f"{cfg.schedule.file} vs the branch source's {point.records['stages']}"
+    if problem is None:
+        problem = lr_difference(point.optimizer, [int(s["steps"]) for s in point.stages], cfg.optimizer,
+                                [s.steps for s in stages], point.step)
+        where = f"{cfg.source} vs the branch source's {point.records['config']}"
+    if problem is not None:
+        raise UserError(f"{where}: {problem}, before the branch step {point.step} ({point.tag}); a branch must "
+                        f"follow its source's schedule up to that step")
+
+
+def _check_model_and_data(cfg, point: BranchPoint, corpus) -> None:
+    from roformer.config import ConfigError
+
+    sidecar_file = sidecar_path(point.entry.path)
+    try:
+        saved = saved_model_config(point.entry.path, point.sidecar)
+    except ConfigError as err:
+        raise UserError(str(err)) from None
+    differing = saved.diff(cfg.model)
+    if differing:
+        name = differing[0]
+        raise UserError(f"{cfg.source}: model.{name} {getattr(cfg.model, name)!r} differs from "
+                        f"{getattr(saved, name)!r} of the branch source ({sidecar_file}): a branch continues the "
+                        f"same model")
+    recorded = point.sidecar.tokenizer_sha256
+    if recorded is not None and recorded != corpus.tokenizer_sha256:
+        raise UserError(f"{cfg.source}: data.data_dir {corpus.data_dir} was tokenized with tokenizer "
+                        f"{corpus.tokenizer_sha256[:12]}, the branch source {point.tag} with {recorded[:12]} "
+                        f"({sidecar_file}): a branch continues on the source's data")
+    trained = (point.sidecar.data_state or {}).get("corpus")
+    if trained is not None and corpus.fingerprint != trained:
+        raise UserError(f"{cfg.source}: data.data_dir {corpus.data_dir} is another corpus (fingerprint "
+                        f"{corpus.fingerprint}) than the branch source trained on ({trained}, data_state.corpus in "
+                        f"{sidecar_file}): a branch continues on the source's data")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path}: cannot read the branch source's record ({err})") from None
+    if not isinstance(loaded, dict):
+        raise UserError(f"{path}: not a record of a run")
+    return loaded
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
+        raise UserError(f"{path}: cannot read the branch source's record ({err})") from None
+    return loaded if isinstance(loaded, dict) else {}
+
+
+# --------------------------------------------------------------------------- all ranks
+
+
 def share(plan: ResumePlan | None) -> ResumePlan:
     """Every rank gets rank 0's plan (call on all ranks once the process group started; None off rank 0)."""
+    import deepspeed.comm as dist  # here: the plan's checks also run in `roformer plan`, without DeepSpeed
+
     box = [plan]
     dist.broadcast_object_list(box, src=0)
     return box[0]
@@ -292,6 +442,8 @@ def accept(plan: ResumePlan, run_dir: RunDir, cfg: RunConfig, stages: list[Resol
            rank: int) -> ResumePlan:
     """All ranks, once the plan is shared: rank 0 converts for this shape, sets damaged checkpoints aside and
     records the config, the others wait. Returns the plan with every line rank 0 said as its notes."""
+    import deepspeed.comm as dist
+
     if rank == 0:
         plan = dataclasses.replace(plan, notes=tuple(_carry_out(plan, run_dir, cfg, stages, world_size)))
     dist.barrier()

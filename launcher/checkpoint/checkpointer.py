@@ -1,11 +1,12 @@
-"""Checkpoints of a run directory: the Checkpointer that saves and loads a run's named states, and
-retention. Which checkpoint a run resumes from, and through which conversion, is chosen elsewhere,
-once (launcher/train/resume.py over launcher/run_dir/checkpoint_catalogue.py).
+"""Saving and loading a run's checkpoints, all ranks together: the Checkpointer (DeepSpeed's files, this
+rank's random generators, the sidecar written last), retention, and what a save that cannot be written
+says. Which checkpoint a run starts from, and through which conversion, is decided once, before
+(launcher/checkpoint/resume.py over launcher/checkpoint/catalogue.py).
 
 Layout (launcher/run_dir/layout.py): RUN_DIR/checkpoints/<tag>/ holds DeepSpeed's files, rng_rank<r>.pt per
-rank and sidecar.json, written LAST by rank 0 after every rank finished (launcher/run_dir/sidecar.py);
-checkpoints/latest names the newest complete tag. A checkpoint without a complete sidecar is never
-resumed from; the newest one whose files match the sizes and sha256 its sidecar records is.
+rank and sidecar.json, written LAST by rank 0 after every rank finished; checkpoints/latest names the
+newest complete tag. A checkpoint without a complete sidecar is never resumed from; the newest one whose
+files match the sizes and sha256 its sidecar records is.
 
 Durability: every file of a save is fsynced (each rank its share, while hashing it), then the
 directory, before the sidecar marks the checkpoint complete and before `latest` moves; a power loss
@@ -13,23 +14,29 @@ leaves at worst an incomplete checkpoint, never a "complete" one with missing by
 """
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 from typing import Iterable, Protocol
 
 import deepspeed.comm as dist
+import numpy as np
 import torch
+from deepspeed.accelerator import get_accelerator
 
+from launcher.checkpoint.catalogue import (CheckpointCatalogue, CheckpointEntry, CheckpointSidecar, file_shares,
+                                           move_aside, record_files, write_sidecar)
+from launcher.config.precision import train_precision
 from launcher.config.stages import ResolvedStage
-from launcher.run_dir.checkpoint_files import (CheckpointWriteError, abandoned_save_message, file_shares, move_aside,
-                                               record_files, write_failure)
-from launcher.io import atomic_write_text, fsync_dir
-from launcher.run_dir.checkpoint_catalogue import CheckpointCatalogue, CheckpointEntry
-from launcher.run_dir.layout import RunDir, sidecar_path, tag_for_step
-from launcher.run_dir.sidecar import CheckpointSidecar, write_sidecar
-from launcher.train.engine import loss_scale, precision
-from launcher.train.rng import restore_rng, save_rng
+from launcher.errors import UserError
+from launcher.io import atomic_torch_save, atomic_write_text, fsync_dir
+from launcher.run_dir.layout import RunDir, rng_path, sidecar_path, tag_for_step
 from roformer.config import RoFormerConfig
+
+
+class CheckpointWriteError(UserError):
+    """A checkpoint could not be written (full disk, quota, I/O error): its partial directory was
+    removed, the previous checkpoint and `latest` are as they were; the message says so in one line."""
 
 
 class Stateful(Protocol):
@@ -75,7 +82,7 @@ class Checkpointer:
             stage_complete=step == stage.end_step, **train, data_state=data_state,
             model_config=self.model_config.to_dict(), world_size=self.world_size, loss_scale=loss_scale(self.engine),
             skipped_steps=int(self.engine.skipped_steps), zero_stage=self.engine.zero_optimization_stage(),
-            precision=precision(self.engine), total_steps=self.total_steps, tokenizer_sha256=self.tokenizer_sha256,
+            precision=train_precision(self.engine.config), total_steps=self.total_steps, tokenizer_sha256=self.tokenizer_sha256,
             rope_theta=stage.rope_theta, mask_prob=stage.mask_prob, mixture=stage.mixture_dict)
         failure = self._agree(self._write_files(directory, tag, sidecar))  # also the barrier after the writes
         if failure is None:
@@ -150,7 +157,7 @@ class Checkpointer:
     def load(self, source: CheckpointEntry, seed: int, universal_folder: Path | None = None) -> None:
         """Every state from checkpoint `source` (of this run, or of another run that is only read), or from
         its conversion `universal_folder` (RUN_DIR/universal/<tag>) when the shape changed
-        (launcher/train/resume.py ResumePlan)."""
+        (launcher/checkpoint/resume.py ResumePlan)."""
         universal = universal_folder is not None
         load_dir = universal_folder.parent if universal else source.path.parent
         own_scaler = _loss_scaler_state(self.engine.optimizer)
@@ -163,7 +170,7 @@ class Checkpointer:
             for group, decay in zip(self.engine.optimizer.param_groups, own_decay):
                 group["weight_decay"] = decay
             _own_step_counters(self.engine.optimizer)
-        if source.sidecar.precision != precision(self.engine):
+        if source.sidecar.precision != train_precision(self.engine.config):
             # DeepSpeed installs the checkpoint's loss scaler whatever the precision (a static scale of 1
             # from fp32 / bf16 into an fp16 run; fp16's dynamic scaler into a bf16 / fp32 run): keep the
             # engine's own, fresh from this run's config (resume.shape_notes says so).
@@ -181,6 +188,21 @@ class Checkpointer:
         self.data.load_state_dict(sidecar.data_state)
         restore_rng(source.path, self.rank, sidecar.world_size == self.world_size,
                     fresh_seed=seed * 1009 + self.rank + 7919 * sidecar.step)
+
+
+def loss_scale(engine) -> float:
+    """The dynamic fp16 loss scale (1.0 when there is none: fp32 / bf16)."""
+    optimizer = engine.optimizer
+    for path in ("loss_scale", "cur_scale", "loss_scale_config.cur_scale", "loss_scaler.cur_scale"):
+        value = optimizer
+        try:
+            for attr in path.split("."):
+                value = getattr(value, attr)
+        except AttributeError:
+            continue
+        if isinstance(value, (int, float, torch.Tensor)):
+            return float(value)
+    return 1.0
 
 
 # What DeepSpeed's ZeRO optimizers load from a checkpoint as their loss scaling (stage_1_and_2.py
@@ -219,3 +241,85 @@ def remove_checkpoint(directory: Path) -> None:
     # Drop the marker first: a crash during rmtree leaves an incomplete (ignored) directory.
     sidecar_path(directory).unlink(missing_ok=True)
     shutil.rmtree(directory, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- a save that failed
+
+
+FULL_BELOW_BYTES = 1 << 20
+"""A failed write with less than this free on its filesystem is reported as a full disk."""
+
+
+def write_failure(rank: int, err: BaseException, directory: Path) -> str:
+    """One line for a failed write of `rank` into `directory`: an OSError's strerror and file, else the
+    error's first line. torch.save's zip writer does not pass the errno on (a full disk reads
+    "[enforce fail at inline_container.cc:672] . unexpected pos 11648 vs 11542"), so the free space of
+    the filesystem, taken now, says whether it was full."""
+    if isinstance(err, OSError) and err.strerror:
+        text = f"{err.strerror}{f' ({err.filename})' if err.filename else ''}"
+    else:
+        text = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:300]}"
+    try:
+        free = shutil.disk_usage(directory if directory.exists() else directory.parent).free
+    except OSError:
+        free = None
+    if free is not None and free < FULL_BELOW_BYTES:
+        text = f"the filesystem is full ({free / 1e3:,.0f} kB free): {text}"
+    return f"rank {rank}: {text}"
+
+
+def abandoned_save_message(run_dir: RunDir, tag: str, failure: str) -> str:
+    """What a save that was given up says: what failed, the free space, what is left to resume from."""
+    try:
+        free = f"; {shutil.disk_usage(run_dir.checkpoints).free / 1e6:,.1f} MB free there now"
+    except OSError:
+        free = ""
+    try:
+        latest = run_dir.latest.read_text().strip()
+        left = f"checkpoints/latest still names {latest}, untouched: free space, then run the same command to resume"
+    except OSError:
+        left = "there is no earlier complete checkpoint: free space, then run the same command to start again"
+    return (f"checkpoint {tag} could not be written to {run_dir.checkpoints} ({failure}{free}); its partial files "
+            f"were removed and {left}")
+
+
+# --------------------------------------------------------------------------- random generators
+# Saved per rank as checkpoints/<tag>/rng_rank<r>.pt in plain types only, so they load back with
+# torch.load(weights_only=True).
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    get_accelerator().manual_seed_all(seed)
+
+
+def save_rng(checkpoint_dir: Path, rank: int) -> None:
+    python, numpy_state = random.getstate(), np.random.get_state()
+    portable = {"python": [python[0], list(python[1]), python[2]],
+                "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:]],
+                "torch_cpu": torch.get_rng_state(), "accelerator": get_accelerator().get_rng_state()}
+    atomic_torch_save(portable, rng_path(checkpoint_dir, rank))
+
+
+def load_rng(checkpoint_dir: Path, rank: int) -> bool:
+    """Restore this rank's generators; False when the checkpoint has none for this rank (other world size)."""
+    path = rng_path(checkpoint_dir, rank)
+    if not path.is_file():
+        return False
+    state = torch.load(path, weights_only=True)
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch_cpu"])
+    get_accelerator().set_rng_state(state["accelerator"])
+    return True
+
+
+def restore_rng(checkpoint_dir: Path, rank: int, same_world_size: bool, fresh_seed: int) -> None:
+    """This rank's generators as the checkpoint saved them; fresh streams from `fresh_seed` when it was
+    written at another world size (its ranks' streams are not this one's) or holds none for this rank."""
+    if not (same_world_size and load_rng(checkpoint_dir, rank)):
+        seed_everything(fresh_seed)
