@@ -39,7 +39,7 @@ Parts (each can run alone; `lengths` and `downstream` share the recipe's pretrai
               (launcher/reproduce/retrieval_part.py).
 - from-bert   paper section 4.5.2 in small: the encodings part's learned-position run, exported (a BERT),
               continued (a) converted to RoPE and (b) as it is, against (c) RoPE from scratch for as many
-              steps in all (launcher/reproduce/from_bert_part.py). Not in --quick's default parts (a dozen
+              steps in all (launcher/reproduce/from_bert_part.py). Not in --quick's default parts (15
               more jobs); `--quick --parts from-bert` runs its small form.
 """
 from __future__ import annotations
@@ -475,7 +475,8 @@ def quick_preset() -> Preset:
         recipes=RecipeAblation(mask_probs=(0.3, 0.15), seeds=(0,)),  # quick_schedule.yaml's two stages
         # Fine-tuned pairs only (zero-shot jobs are the full preset's; tests/unit/test_retrieval.py runs one).
         retrieval=RetrievalProtocol(32, (32,), ("--epochs", "1"), eval_args=("--max-eval-examples", "32")),
-        # Twelve more jobs (~6 min here): run only when asked for (`--quick --parts from-bert`).
+        # 15 more jobs (4 pretrain, 4 export, 4 eval, 3 finetune: 2 min on a quiet 2-core machine, 6 under load):
+        # run only when asked for (`--quick --parts from-bert`).
         from_bert=FromBert(stage={"name": "continue", "max_seq_len": 64, "global_batch_size": 2, "steps": 2},
                            seeds=(0,), eval_lens=(32, 128), budget=32, eval_tokens=512, max_length=32,
                            finetune_args=("--epochs", "1", "--max-eval-examples", "32"),
