@@ -32,6 +32,9 @@ KEY_MAP: tuple[tuple[str, str], ...] = (
     ("roformer.embeddings.word.weight", "roformer.embeddings.word_embeddings.weight"),
     ("roformer.embeddings.token_type.weight", "roformer.embeddings.token_type_embeddings.weight"),
     ("roformer.embeddings.norm.{p}", "roformer.embeddings.LayerNorm.{p}"),
+    # Only learned-position models have it, and they export as BERT (roformer/bert_interop.py): a name of
+    # our own on transformers' side, so that a BERT's tensors load through this one map.
+    ("roformer.embeddings.position.weight", "roformer.embeddings.position_embeddings.weight"),
     ("roformer.embeddings.project.{p}", "roformer.embeddings_project.{p}"),
     ("roformer.layers.{i}.attention.query.{p}", "roformer.encoder.layer.{i}.attention.self.query.{p}"),
     ("roformer.layers.{i}.attention.key.{p}", "roformer.encoder.layer.{i}.attention.self.key.{p}"),
@@ -113,7 +116,10 @@ _HF_DEFAULTS = {  # transformers.RoFormerConfig defaults, for keys a config.json
 def check_exportable(config: RoFormerConfig) -> None:
     """transformers' RoFormer is softmax attention with plain RoPE at base 10000; refuse anything else."""
     if config.position_encoding != "rope":
-        raise ConfigError(f"position_encoding: transformers' RoFormer only has RoPE, got '{config.position_encoding}'")
+        raise ConfigError(f"position_encoding: transformers' RoFormer only has RoPE, got '{config.position_encoding}'"
+                          + (" (a fixed sinusoidal table has no transformers counterpart either; only 'learned' runs "
+                             "export, as BERT)" if config.position_encoding != "learned" else
+                             " (a 'learned' model exports as BERT: roformer.bert_interop)"))
     if config.attention != "softmax":
         raise ConfigError(f"attention: transformers' RoFormer only has softmax attention, got '{config.attention}'")
     if config.rope_theta != 10000.0:
@@ -138,7 +144,8 @@ def config_from_hf(hf_config: dict[str, Any], source: str | None = None) -> RoFo
     """Our config from a transformers RoFormer config.json dict (generic transformers keys ignored)."""
     prefix = f"{source}: " if source else ""
     if hf_config.get("model_type") != "roformer":
-        raise ConfigError(f"{prefix}model_type: expected 'roformer', got {hf_config.get('model_type')!r}")
+        raise ConfigError(f"{prefix}model_type: {hf_config.get('model_type')!r} is not 'roformer' (RoFormer-DS reads "
+                          f"two: 'roformer' here and 'bert' through roformer.bert_interop)")
     for key, allowed in (("is_decoder", False), ("add_cross_attention", False), ("tie_word_embeddings", True)):
         if hf_config.get(key, allowed) != allowed:
             raise ConfigError(f"{prefix}{key}: must be {allowed} for an encoder with tied MLM head")
@@ -198,7 +205,8 @@ def save_pretrained(model: RoFormerForMaskedLM | RoFormerForSequenceClassificati
 
 # ----------------------------------------------------------------------------------------------- loading
 def read_hf_directory(directory: str | Path) -> tuple[RoFormerConfig, dict[str, torch.Tensor], dict[str, Any]]:
-    """(our config, transformers-named tensors, raw config.json) of a transformers RoFormer directory."""
+    """(our config, transformers-named tensors, raw config.json) of a transformers RoFormer directory,
+    or of a BERT (roformer/bert_interop.py: the learned-position model it is, our learned-run exports)."""
     directory = Path(directory)
     config_path = directory / "config.json"
     if not config_path.is_file():
@@ -207,6 +215,11 @@ def read_hf_directory(directory: str | Path) -> tuple[RoFormerConfig, dict[str, 
         raw = json.loads(config_path.read_text())
     except json.JSONDecodeError as error:
         raise ConfigError(f"{config_path}: invalid JSON at line {error.lineno}: {error.msg}") from None
+    if isinstance(raw, dict) and raw.get("model_type") == "bert":
+        from .bert_interop import read_bert_directory
+
+        config, tensors, raw, _ = read_bert_directory(directory, "learned")
+        return config, tensors, raw
     config = config_from_hf(raw, source=str(config_path))
     tensors = _read_weights(directory)
     if not any(key.startswith("roformer.") for key in tensors):  # saved from a bare RoFormerModel

@@ -21,8 +21,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output directory (created; re-running resumes)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny model, a few steps, one seed: checks the harness and the report's shape (~1 min)")
-    parser.add_argument("--parts", default=",".join(PARTS),
-                        help=f"comma-separated subset of: {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--parts", default=None,
+                        help=f"comma-separated subset of: {', '.join(PARTS)} (default: all; with --quick all but "
+                             f"from-bert)")
     parser.add_argument("--data", type=Path, default=None,
                         help="use this prepared data directory for the ablations (default: prepare OUT/data)")
     parser.add_argument("--groups", default="",
@@ -63,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     from launcher.reproduce.results import collect, merge
     from launcher.reproduce.job_runner import Layout, Runner
 
-    parts = parse_parts(args.parts)
     preset = PRESETS["quick" if args.quick else "full"]()
+    parts = parse_parts(args.parts if args.parts is not None else ",".join(preset.default_parts))
     layout = Layout(args.out)
     if args.data is not None and not (args.data / "manifest.json").is_file():
         raise UserError(f"--data {args.data}: no manifest.json (not a prepared data directory)")
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         pretrain_runs = select_groups(preset.pretrain_runs(parts), args.groups)
         chosen = {run.name for run in pretrain_runs}
         runner.prepare_data(pretrain_runs)
-        runner.pretrain_all(pretrain_runs, export=preset.exported_runs)
+        runner.pretrain_all(pretrain_runs, export=preset.exported(parts))
         runner.finetune_all([r for r in preset.finetune_runs(parts) if r.pretrain in chosen])
         runner.evaluate_all([r for r in preset.eval_runs(parts) if r.pretrain in chosen])
     results = collect(preset, layout, parts)

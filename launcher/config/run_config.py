@@ -41,7 +41,9 @@ from roformer.config import ConfigError, RoFormerConfig
 
 DECAY_KINDS = ("linear", "cosine", "constant", "wsd")
 
-InitModelReader = Callable[[str, str], tuple[dict, Path]]
+InitModelReader = Callable[[str, str, "dict | None"], tuple[dict, Path, tuple[str, ...]]]
+"""(init_dir, source, the config's model keys) -> (DIR's model fields, its config.json, the WEIGHT_FIELDS the
+source lets the run change, e.g. a BERT's position_encoding)."""
 """How a config with `init_from` gets DIR's model section: (DIR, config source) -> (DIR's model fields, the
 config.json they came from). launcher/inputs/init_from.py reads them; parsing reads no model directory."""
 
@@ -256,8 +258,11 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path,
     if init_from and read_init_model is None:  # parsing alone cannot know DIR's model
         raise ValueError(f"{source}: init_from: load it with launcher.inputs.init_from.load_run_config")
     try:
-        model = model_over_init(init_from, *read_init_model(init_from, source), raw.get("model"), source) \
-            if init_from else RoFormerConfig.from_dict(dict(raw["model"]), source=f"{source}: model")
+        if init_from:
+            base, config_path, free = read_init_model(init_from, source, raw.get("model"))
+            model = model_over_init(init_from, base, config_path, raw.get("model"), source, free)
+        else:
+            model = RoFormerConfig.from_dict(dict(raw["model"]), source=f"{source}: model")
     except ConfigError as err:
         raise UserError(str(err)) from None
     cfg = RunConfig(model=model, seed=seed, source=source, init_from=init_from, branch_from=branch_from, **sections)
@@ -442,14 +447,15 @@ WEIGHT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
 hidden size splits into heads, which embedding row is padding)."""
 
 
-def model_over_init(init_dir: str, base: dict, config_path: Path, explicit: dict | None, source: str) -> RoFormerConfig:
+def model_over_init(init_dir: str, base: dict, config_path: Path, explicit: dict | None, source: str,
+                    free: tuple[str, ...] = ()) -> RoFormerConfig:
     """The model section of a config with `init_from`: DIR's model fields (`base`, read from `config_path`) with the
     run config's `model:` keys (`explicit`, None = no section) laid over them. A key that would give a weight another
     shape or meaning (WEIGHT_FIELDS) is refused when it differs from DIR's, naming both values; the dropouts,
     initializer_range and the RoPE / attention variants may change."""
     values = dict(base)
     for key, value in (explicit or {}).items():
-        if key in WEIGHT_FIELDS and key in values and value != values[key]:
+        if key in WEIGHT_FIELDS and key not in free and key in values and value != values[key]:
             raise UserError(f"{source}: model.{key}: {value!r} differs from {values[key]!r} in {config_path} "
                             f"(init_from {init_dir}): it changes the shape or meaning of the weights; drop "
                             f"model.{key} or set it to {values[key]!r}")

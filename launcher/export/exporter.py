@@ -1,4 +1,5 @@
-"""`roformer export RUN_DIR [--tag TAG] --out DIR`: a checkpoint as a transformers RoFormer directory
+"""`roformer export RUN_DIR [--tag TAG] --out DIR`: a checkpoint as a transformers RoFormer directory (a
+`position_encoding: learned` run: a BERT directory, launcher/export/bert_export.py)
 (`--average-last N` / `--average TAG,...`: the mean of several checkpoints, launcher/checkpoint/weights.py).
 
 The directory holds `config.json` + `model.safetensors` (fp32, consolidated from the ZeRO shards of
@@ -37,6 +38,8 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from launcher.export.bert_export import (bert_max_positions, bert_model_card, check_bert_parity, check_export_format,
+                                          exports_as_bert, write_weights)
 from launcher.export.export_reader import EXPORT_INFO
 from launcher.export.model_card import render_model_card, run_stages, trained_length
 from launcher.export.sentence_transformers_files import write_sentence_transformers_files
@@ -72,7 +75,6 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
                                              select_checkpoints)
     from launcher.size_checks import check_rope_table
     from roformer import RoFormerForMaskedLM
-    from roformer.hf_interop import check_exportable, write_pretrained_files
 
     run_dir, out = Path(run_dir), Path(out)
     _check_destination(out, run_dir)
@@ -81,10 +83,14 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     model_config = saved_model_config(ref.path, ref.sidecar)
     for each in refs:
         check_stage_rope_theta(each)
-    check_exportable(model_config)  # e.g. linear attention has no transformers counterpart
+    check_export_format(model_config)  # e.g. linear attention has no transformers counterpart
+    as_bert = exports_as_bert(model_config)  # a learned-position run is a BERT (launcher/export/bert_export.py)
     stages = run_stages(ref.run_dir, ref.sidecar.step)
-    max_positions = _max_positions(max_positions, trained_length(ref.sidecar, stages))
-    check_rope_table("--max-positions", max_positions, model_config.hidden_size, model_config.num_attention_heads)
+    if as_bert:  # the learned table's own length
+        max_positions = bert_max_positions(model_config, max_positions)
+    else:
+        max_positions = _max_positions(max_positions, trained_length(ref.sidecar, stages))
+        check_rope_table("--max-positions", max_positions, model_config.hidden_size, model_config.num_attention_heads)
     tokenizer_source = _tokenizer_source(ref, tokenizer_from)
 
     averaged = [AveragedCheckpoint.of(each) for each in refs] if average is not None else None
@@ -98,18 +104,17 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         tmp.chmod(0o755)
-        write_pretrained_files(model, tmp, max_position_embeddings=max_positions)
+        write_weights(model, tmp, max_positions)
         _copy_tokenizer(tokenizer_source, tmp)
         # SentenceTransformer(export) truncates at the longest length trained (transformers' limit without one).
         write_sentence_transformers_files(tmp, model_config.hidden_size,
                                           min(trained_length(ref.sidecar, stages) or max_positions, max_positions))
-        (tmp / "README.md").write_text(render_model_card(ref.sidecar, stages, ref.tag, run_dir, max_positions,
-                                                         started_from=describe_start(ref.run_dir),
-                                                         averaged=averaged),
-                                       encoding="utf-8")
+        card = render_model_card(ref.sidecar, stages, ref.tag, run_dir, max_positions,
+                                 started_from=describe_start(ref.run_dir), averaged=averaged)
+        (tmp / "README.md").write_text(bert_model_card(card, max_positions) if as_bert else card, encoding="utf-8")
         _write_export_info(tmp, ref, stages, max_positions, averaged)
         if verify:
-            check_transformers_parity(tmp, model)
+            (check_bert_parity if as_bert else check_transformers_parity)(tmp, model)
         _fsync_tree(tmp)
         _swap_into_place(tmp, out)
     except BaseException:

@@ -1,9 +1,12 @@
 """What a run continued from a model directory (`init_from`, `roformer pretrain --init-from DIR`) reads of DIR.
 
 DIR is our export or any local transformers RoFormer directory (`RoFormerForMaskedLM`, or a bare
-`RoFormerModel`, whose MLM head the run then initialises). From it come:
-  * the model section: DIR's config.json (roformer.hf_interop.config_from_hf) under the run config's own
-    `model:` keys (the rule: launcher/config/run_config.py model_over_init);
+`RoFormerModel`, whose MLM head the run then initialises), or a BERT (`BertForMaskedLM` / `BertModel`:
+continued as RoPE by default, its position table dropped, or with `model.position_encoding: learned` as
+it is; roformer/bert_interop.py). From it come:
+  * the model section: DIR's config.json (roformer.hf_interop.config_from_hf, or
+    roformer.bert_interop.config_from_bert) under the run config's own `model:` keys (the rule:
+    launcher/config/run_config.py model_over_init);
   * the weights, loaded on a fresh start only (launcher/train/init_weights.py); a resumed run continues
     from its checkpoint. Optimizer state, LR schedule and data position start fresh;
   * the tokenizer check: the data must be tokenized with DIR's tokenizer (`roformer data prepare
@@ -19,7 +22,7 @@ from pathlib import Path
 from launcher.config import run_config
 from launcher.config.run_config import RunConfig
 from launcher.errors import UserError
-from roformer.config import ConfigError
+from roformer.config import ConfigError, RoFormerConfig
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 """Where transformers' save_pretrained puts the weights, in the order roformer.hf_interop reads them."""
@@ -31,16 +34,48 @@ def load_run_config(path: str | os.PathLike, overrides: list[str] | tuple[str, .
     return run_config.load_run_config(path, overrides, read_init_model=read_init_model)
 
 
-def read_init_model(init_dir: str, source: str) -> tuple[dict, Path]:
-    """DIR's model fields from its config.json, and that file (UserError naming what is missing or wrong)."""
+def read_init_model(init_dir: str, source: str, explicit: dict | None = None) -> tuple[dict, Path, tuple[str, ...]]:
+    """DIR's model fields from its config.json, that file, and the weight fields the run may change (a BERT's
+    position_encoding); UserError naming what is missing or wrong. `explicit`: the run config's model keys."""
     from roformer.hf_interop import config_from_hf  # imports torch: only when a run continues a model
 
     config_path = check_init_dir(init_dir, source) / "config.json"
     try:
         raw = json.loads(config_path.read_text(encoding="utf-8"))
-        return config_from_hf(raw, source=str(config_path)).to_dict(), config_path
-    except (ValueError, ConfigError) as err:  # JSONDecodeError is a ValueError
+    except ValueError as err:  # JSONDecodeError is a ValueError
         raise UserError(f"{config_path}: not a transformers RoFormer config ({err})") from None
+    if isinstance(raw, dict) and raw.get("model_type") == "bert":
+        return bert_base_config(raw, explicit, source, config_path).to_dict(), config_path, ("position_encoding",)
+    try:
+        return config_from_hf(raw, source=str(config_path)).to_dict(), config_path, ()
+    except ConfigError as err:
+        raise UserError(f"{config_path}: not a transformers RoFormer config ({err})") from None
+
+
+def bert_base_config(raw: dict, explicit: dict | None, source: str, config_path: Path) -> RoFormerConfig:
+    """A BERT source's model: RoPE in place of its table unless the run asks for `learned` (roformer/bert_interop.py)."""
+    from roformer.bert_interop import config_from_bert
+
+    encoding = (explicit or {}).get("position_encoding", "rope")
+    try:
+        return config_from_bert(raw, encoding, source=str(config_path))
+    except ConfigError as err:
+        raise UserError(f"{source}: init_from: {err}") from None
+
+
+def init_source_note(init_dir: str, model: RoFormerConfig) -> str | None:
+    """The start-up line of a BERT source: what it is continued as (None for a RoFormer source)."""
+    try:
+        raw = json.loads((Path(init_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or raw.get("model_type") != "bert":
+        return None
+    if model.position_encoding == "rope":
+        return (f"init_from {init_dir} is a BERT: continued as RoPE (the default for a BERT), its absolute position table of "
+                f"{raw.get('max_position_embeddings', 512)} rows dropped; model.position_encoding: learned keeps it")
+    return (f"init_from {init_dir} is a BERT: continued as it is (model.position_encoding: learned, "
+            f"{model.max_position_embeddings} positions)")
 
 
 def check_init_dir(init_dir: str, source: str) -> Path:

@@ -30,7 +30,7 @@ from launcher.config.precision import train_precision
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
-from launcher.inputs.init_from import check_init_tokenizer
+from launcher.inputs.init_from import check_init_tokenizer, init_source_note
 
 @dataclass
 class Findings:
@@ -73,6 +73,7 @@ def check_data(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainBatch
     check_mixtures(cfg, stages, train)
     if cfg.init_from:  # the data must be tokenized with the starting model's tokenizer
         notes += [note] if (note := check_init_tokenizer(cfg.init_from, train.corpus, cfg.source)) else []
+        notes += [note] if (note := init_source_note(cfg.init_from, cfg.model)) else []
     point = find_branch_point(cfg, run_dir)  # None: no branch, or a branch with checkpoints of its own
     if point is not None:  # the source's model, data and schedule up to the branch step
         check_branch(cfg, stages, train.corpus, point)

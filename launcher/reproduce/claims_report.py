@@ -5,6 +5,7 @@ from pathlib import Path
 
 from launcher.io import atomic_write_json, atomic_write_text
 from launcher.reproduce import claim_plots as plots
+from launcher.reproduce.from_bert_part import from_bert_section
 from launcher.reproduce.retrieval_part import retrieval_section
 
 
@@ -209,6 +210,10 @@ def write_report(results: dict, out: Path, header: list[str]) -> Path:
         lines += _shipped_recipe_section(results["recipe_comparison"])
     if results.get("retrieval"):
         lines += retrieval_section(results["retrieval"], _fmt)
+    if results.get("from-bert"):
+        plots.loss_curves(results["from-bert"]["curves"], "MLM validation loss: a BERT converted to RoPE, continued "
+                          "as BERT, and RoPE from scratch", out / "from_bert.png")
+        lines += from_bert_section(results["from-bert"], _fmt)
     if results.get("sources"):
         lines += ["## Where each part's numbers come from", "",
                   "| part | source |", "|---|---|", *[f"| {part} | {label} |" for part, label in results["sources"].items()],

@@ -90,8 +90,11 @@ class Runner:
             self._run(name, ["data", "prepare", *args[name], "--out", str(out)])
 
     def pretrain_all(self, runs: list[PretrainRun], export: set[str]) -> None:
-        """Every run (preset.pretrain_jobs at a time), then the exports named in `export`."""
-        self._parallel(lambda run: self.pretrain(run, with_export=run.name in export), runs, self.preset.pretrain_jobs)
+        """Every run (preset.pretrain_jobs at a time) and the exports named in `export`; a run that starts
+        from another's export (init_from) only after every run without one."""
+        for wave in ([r for r in runs if r.init_from is None], [r for r in runs if r.init_from is not None]):
+            self._parallel(lambda run: self.pretrain(run, with_export=run.name in export), wave,
+                           self.preset.pretrain_jobs)
 
     def pretrain(self, run: PretrainRun, with_export: bool) -> None:
         run_dir = self.layout.run_dir(run)
@@ -101,9 +104,10 @@ class Runner:
             overrides = [*run.overrides, f"data.data_dir={self.data_dir(run.data).resolve()}"]
             if run.schedule is not None:
                 overrides.append(f"schedule.file={self._write_schedule(run).resolve()}")
+            start = [] if run.init_from is None else ["--init-from", str(self.layout.export(run.init_from).resolve())]
             self._run(f"pretrain-{run.name}",
                       ["pretrain", "--num_gpus", str(self.preset.num_ranks), "--master_port", str(_free_port()),
-                       "--config", str(run.config), "--run-dir", str(run_dir),
+                       "--config", str(run.config), "--run-dir", str(run_dir), *start,
                        *[arg for item in overrides for arg in ("--set", item)]])
         if with_export and not (self.layout.export(run) / "config.json").is_file():
             self._run(f"export-{run.name}", ["export", str(run_dir), "--out", str(self.layout.export(run))])
@@ -133,7 +137,7 @@ class Runner:
         self._parallel(self.evaluate, todo, self.preset.finetune_jobs)
 
     def evaluate(self, run: EvalRun) -> None:
-        pretrain = next(r for r in self.preset.pretrain_runs(("extension",)) if r.name == run.pretrain)
+        pretrain = next(r for r in self.preset.pretrain_runs((run.part,)) if r.name == run.pretrain)
         tag = [] if run.tag is None else ["--tag", run.tag]
         self._run(f"eval-{run.name}",
                   [str(self.layout.run_dir(run.pretrain)), "--data", str(self.data_dir(pretrain.data)),

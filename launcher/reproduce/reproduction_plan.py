@@ -37,16 +37,21 @@ Parts (each can run alone; `lengths` and `downstream` share the recipe's pretrai
 - retrieval   the recipe export as an embedding model against its random-init twin on the bundled
               retrieval task (wordnet-senses): zero-shot and fine-tuned on a budget of pairs
               (launcher/reproduce/retrieval_part.py).
+- from-bert   paper section 4.5.2 in small: the encodings part's learned-position run, exported (a BERT),
+              continued (a) converted to RoPE and (b) as it is, against (c) RoPE from scratch for as many
+              steps in all (launcher/reproduce/from_bert_part.py). Not in --quick's default parts (15
+              more jobs); `--quick --parts from-bert` runs its small form.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.reproduce import retrieval_part
+from launcher.reproduce import from_bert_part, retrieval_part
+from launcher.reproduce.from_bert_part import FromBert
 from launcher.reproduce.retrieval_part import RetrievalProtocol
 
-PARTS = ("encodings", "linear", "lengths", "downstream", "extension", "recipes", "retrieval")
+PARTS = ("encodings", "linear", "lengths", "downstream", "extension", "recipes", "retrieval", "from-bert")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -67,6 +72,8 @@ class PretrainRun:
     """Prepared data directory name under OUT/ ("data" or "data-recipe")."""
     schedule: tuple[dict, ...] | None = None
     """Stages the harness writes to OUT/schedules/<name>.yaml and sets as schedule.file (None: the config's)."""
+    init_from: str | None = None
+    """Name of the PretrainRun whose export this run starts from (`--init-from`; None: random init)."""
 
 
 @dataclass(frozen=True)
@@ -106,10 +113,11 @@ class EvalRun:
     """Checkpoint tag (None: the latest); "no-extension" is the same-theta run before its last stage."""
     seq_lens: tuple[int, ...]
     tokens: int
+    part: str = "extension"
 
     @property
     def name(self) -> str:
-        return f"extension-{self.variant}-s{self.seed}"
+        return f"{self.part}-{self.variant}-s{self.seed}"
 
 
 @dataclass(frozen=True)
@@ -233,6 +241,10 @@ class Preset:
         """Pretraining runs whose export is fine-tuned: the recipe runs and the three-phase comparison run."""
         return {*self.recipe_runs, *((self.recipe_comparison.name,) if self.recipe_comparison else ())}
 
+    def exported(self, parts: tuple[str, ...]) -> set[str]:
+        """exported_runs, plus the from-bert part's (its learned runs' BERTs and its variants) when it runs."""
+        return self.exported_runs | (from_bert_part.exported_runs(self) if "from-bert" in parts else set())
+
     @property
     def ablation_schedule(self) -> Path:
         """The schedule file every ablation run trains (a preset's schedule.file override, else the config's)."""
@@ -245,6 +257,10 @@ class Preset:
         return schedule if schedule.is_absolute() else self.ablation_config.parent / schedule
     retrieval: RetrievalProtocol | None = None
     """The retrieval part's protocol (None: the preset has none)."""
+    from_bert: FromBert | None = None
+    """The from-bert part's sizes (None: the preset has none)."""
+    default_parts: tuple[str, ...] = PARTS
+    """The parts run without --parts."""
 
     @property
     def recipe_run(self) -> str:
@@ -302,6 +318,8 @@ class Preset:
                                    "checkpoint.keep_last=20", f"seed={seed}")))
         if "recipes" in parts and self.recipes is not None:
             runs += self._recipe_ablation_runs({run.name for run in runs})
+        if "from-bert" in parts and self.from_bert is not None:
+            runs += from_bert_part.pretrain_runs(self, PretrainRun, {run.name for run in runs})
         if self.compares_recipe(parts):
             runs.append(PretrainRun(name=self.recipe_comparison.name, config=self.recipe_comparison.config,
                                     group=self.recipe_comparison.name, seed=0, overrides=(*self.overrides, "seed=0"),
@@ -325,12 +343,12 @@ class Preset:
         return runs
 
     def eval_runs(self, parts: tuple[str, ...]) -> list[EvalRun]:
-        """The extension part's checkpoint evaluations: (a), (b) at their last checkpoint, (c) = (a) before
-        its extension stage."""
+        """Checkpoint evaluations: the from-bert part's (launcher/reproduce/from_bert_part.py) and the extension
+        part's: (a), (b) at their last checkpoint, (c) = (a) before its extension stage."""
+        runs = from_bert_part.eval_runs(self, EvalRun) if "from-bert" in parts and self.from_bert else []
         ext = self.extension
         if "extension" not in parts or ext is None:
-            return []
-        runs = []
+            return runs
         for seed in ext.seeds:
             for variant, run, tag in (("same-theta", f"extension-same-theta-s{seed}", None),
                                       ("larger-theta", f"extension-larger-theta-s{seed}", None),
@@ -357,6 +375,8 @@ class Preset:
                     runs.append(FinetuneRun(self.recipe_run, "inews", "pretrained", self.lengths_budget, length, seed,
                                             "lengths", self.lengths_args))
         runs += self.recipe_comparison_finetunes(parts)
+        if "from-bert" in parts and self.from_bert is not None:
+            runs += from_bert_part.finetune_runs(self, FinetuneRun)
         return list({run.name: run for run in runs}.values())  # the comparison's recipe fine-tunes are downstream's
 
     def recipe_comparison_finetunes(self, parts: tuple[str, ...]) -> list[FinetuneRun]:
@@ -410,6 +430,12 @@ def full_preset() -> Preset:
         # The ablation schedule's short / long / medium stages at 30% / 20% / 15% masked.
         recipes=RecipeAblation(mask_probs=(0.3, 0.2, 0.15), seeds=(0, 1, 2)),
         recipe_comparison=RecipeComparison(config=_configs() / "recipe_three_phase.yaml", budget=1000),
+        # The learned runs (370 steps) continued 120 steps at the ablation schedule's last length (validation
+        # every 10 steps: the recovery step); losses at 128 and at 2048, twice the 1024-row table.
+        from_bert=FromBert(stage={"name": "continue", "max_seq_len": 256, "global_batch_size": 16, "steps": 120},
+                           seeds=(0, 1, 2), eval_lens=(128, 2048), budget=1000,
+                           finetune_args=("--epochs", "8", "--lr", "1e-3"),
+                           continue_overrides=("logging.valid_every=10",)),
         # lr 1e-3 (of 1e-4, 3e-4, 1e-3) and 3 epochs: the best dev nDCG@10 on the demo export, 1000 pairs.
         retrieval=RetrievalProtocol(64, (0, 1000), ("--epochs", "3", "--lr", "1e-3", "--batch-size", "32")),
     )
@@ -449,6 +475,13 @@ def quick_preset() -> Preset:
         recipes=RecipeAblation(mask_probs=(0.3, 0.15), seeds=(0,)),  # quick_schedule.yaml's two stages
         # Fine-tuned pairs only (zero-shot jobs are the full preset's; tests/unit/test_retrieval.py runs one).
         retrieval=RetrievalProtocol(32, (32,), ("--epochs", "1"), eval_args=("--max-eval-examples", "32")),
+        # 15 more jobs (4 pretrain, 4 export, 4 eval, 3 finetune: 2 min on a quiet 2-core machine, 6 under load):
+        # run only when asked for (`--quick --parts from-bert`).
+        from_bert=FromBert(stage={"name": "continue", "max_seq_len": 64, "global_batch_size": 2, "steps": 2},
+                           seeds=(0,), eval_lens=(32, 128), budget=32, eval_tokens=512, max_length=32,
+                           finetune_args=("--epochs", "1", "--max-eval-examples", "32"),
+                           continue_overrides=("logging.valid_every=1",)),
+        default_parts=tuple(part for part in PARTS if part != "from-bert"),
     )
 
 

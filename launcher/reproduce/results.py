@@ -19,6 +19,7 @@ from collections import defaultdict
 
 from launcher.reproduce.reproduction_plan import EvalRun, FinetuneRun, Preset, PretrainRun
 from launcher.reproduce.job_runner import Layout, is_finished, trained_steps
+from launcher.reproduce.from_bert_part import from_bert_table
 from launcher.reproduce.retrieval_part import retrieval_table
 from launcher.reproduce.seed_spread import spread
 from launcher.run_dir.layout import RunDir
@@ -140,6 +141,9 @@ def collect(preset: Preset, layout: Layout, parts: tuple[str, ...]) -> dict:
         results["recipe_comparison"] = shipped_recipe_table(preset, layout)
     if "retrieval" in parts:
         results["retrieval"] = retrieval_table([r for r in finetune if r.part == "retrieval"], layout.finetune_report)
+    if "from-bert" in parts and preset.from_bert is not None:
+        results["from-bert"] = from_bert_table(preset, layout, pretrain, [r for r in finetune if r.part == "from-bert"],
+                                               [r for r in preset.eval_runs(parts) if r.part == "from-bert"])
     return results
 
 
@@ -209,13 +213,15 @@ def _has_data(part: str, value) -> bool:
         return any(run.get("finished") for run in value.values())
     if part == "recipe_comparison":
         return bool(value.get("tasks"))
+    if part == "from-bert":
+        return bool(value.get("variants") or value.get("recovery") or value.get("finetune"))
     return bool(value)
 
 
 GROUP_ORDER = ("rope", "learned", "sinusoidal", "sinusoidal_unscaled",
                "linear+rope", "linear+sinusoidal", "linear+sinusoidal_unscaled", RECIPE_BASELINE, "wsd", "mask-annealed")
 MERGED_PARTS = ("encodings", "linear", "recipe", "recipe_runs", "lengths", "downstream", "extension", "recipes",
-                "recipe_comparison", "retrieval")
+                "recipe_comparison", "retrieval", "from-bert")
 
 
 def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
@@ -243,7 +249,7 @@ def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
             merged[part] = dict(sorted(groups.items(), key=lambda item: order.get(item[0], len(order))))
         else:
             sources[part], merged[part] = candidates[0]
-    merged["parts"] = [p for p in ("encodings", "linear", "lengths", "downstream", "extension", "recipes", "retrieval")
-                       if p in merged]
+    merged["parts"] = [p for p in ("encodings", "linear", "lengths", "downstream", "extension", "recipes", "retrieval",
+                                   "from-bert") if p in merged]
     merged["sources"] = sources
     return merged

@@ -126,7 +126,8 @@ def _load(path: Path) -> object:
 # ----------------------------------------------------------------------------------------------- init_from
 INIT_FROM_RECORD = "init_from.json"
 """RUN_DIR/init_from.json: where a run with `init_from` started (launcher.train.init_weights.InitRecord:
-path, weights_file, weights_sha256, architectures, mlm_head, tokenizer_sha256). Written once, by rank 0
+path, weights_file, weights_sha256, architectures, mlm_head, tokenizer_sha256, model_type, dropped, fresh).
+Written once, by rank 0
 of the fresh start; absent for runs that started from random weights."""
 
 
@@ -146,8 +147,13 @@ def describe_init(record: dict | None) -> str | None:
     if not record:
         return None
     sha = str(record.get("weights_sha256", ""))
-    return (f"{record['path']} ({record.get('weights_file', 'weights')} sha256 {sha}, "
+    line = (f"{record['path']} ({record.get('weights_file', 'weights')} sha256 {sha}, "
             f"MLM head {record.get('mlm_head', 'loaded')})")
+    if record.get("model_type", "roformer") == "roformer":
+        return line
+    dropped, fresh = record.get("dropped") or [], record.get("fresh") or []
+    return (f"{line}, a {record['model_type']}: dropped {', '.join(dropped) or 'nothing'}; initialised fresh "
+            f"{', '.join(fresh) or 'nothing'}")
 
 
 # --------------------------------------------------------------------------------------------- branch_from

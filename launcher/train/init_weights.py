@@ -1,6 +1,7 @@
 """The weights a fresh run starts from when its config has `init_from` (launcher/inputs/init_from.py).
 
-Every rank reads DIR (our export or a transformers RoFormer directory; safetensors, or
+Every rank reads DIR (our export, a transformers RoFormer directory, or a BERT continued as the run's
+position_encoding says: roformer/bert_interop.py; safetensors, or
 pytorch_model.bin through torch.load(weights_only=True): roformer.hf_interop.read_hf_directory) and
 loads it into its model before deepspeed.initialize, which then partitions the loaded values (ZeRO
 1/2/3 alike; no rank builds a partitioned model first). A directory without an MLM head (a bare
@@ -30,6 +31,10 @@ class InitialWeights:
     """transformers-named tensors (read_hf_directory)."""
     architectures: list
     """config.json's `architectures` (e.g. ['RoFormerForMaskedLM'], ['RoFormerModel'])."""
+    model_type: str = "roformer"
+    """config.json's model_type: 'roformer' or 'bert'."""
+    dropped: list = field(default_factory=list)
+    """DIR's tensors the model has no place for (a BERT's position table under RoPE, its pooler, NSP head)."""
     new_head: bool = False
     """Set by load_into: DIR had no MLM head, the model's own (seeded) one was kept."""
 
@@ -37,19 +42,24 @@ class InitialWeights:
     def read(cls, directory: str, model_config) -> InitialWeights:
         """Read DIR; UserError when its config.json no longer matches the run's model (DIR changed
         since the config was loaded)."""
+        from roformer.bert_interop import read_bert_directory
         from roformer.config import ConfigError
         from roformer.hf_interop import read_hf_directory
 
         directory = Path(directory)
         try:
-            config, tensors, raw = read_hf_directory(directory)
+            if _model_type(directory) == "bert":  # continued as the run's position_encoding says (rope or learned)
+                config, tensors, raw, dropped = read_bert_directory(directory, model_config.position_encoding)
+            else:
+                (config, tensors, raw), dropped = read_hf_directory(directory), []
         except ConfigError as err:
             raise UserError(f"init_from: {err}") from None
         changed = [name for name in WEIGHT_FIELDS if getattr(config, name) != getattr(model_config, name)]
         if changed:
             raise UserError(f"init_from {directory}/config.json: {', '.join(changed)} differ from the run's model "
                             f"section ({', '.join(f'{n}={getattr(model_config, n)!r}' for n in changed)})")
-        return cls(directory, tensors, list(raw.get("architectures") or []))
+        return cls(directory, tensors, list(raw.get("architectures") or []), model_type=str(raw.get("model_type")),
+                   dropped=dropped)
 
     def load_into(self, model) -> bool:
         """Load into `model`; True (also kept in `new_head`) when its MLM head is new (DIR had none)."""
@@ -64,11 +74,14 @@ class InitialWeights:
 
     def record(self) -> dict:
         """The run's record of where it started: path, weights file and its sha256, tokenizer fingerprint."""
+        from roformer.bert_interop import mlm_head_names
+
         weights = weights_file(self.directory)
         tokenizer = init_tokenizer_sha256(self.directory)
         return asdict(InitRecord(
             path=str(self.directory.resolve()), weights_file=weights.name, weights_sha256=file_sha256(weights),
             architectures=self.architectures, mlm_head="new" if self.new_head else "loaded",
+            model_type=self.model_type, dropped=list(self.dropped), fresh=mlm_head_names(self.tensors),
             tokenizer_sha256=tokenizer[1] if tokenizer else None, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
 
 
@@ -89,3 +102,19 @@ class InitRecord:
     tokenizer_sha256: str | None
     """Fingerprint of DIR's tokenizer (the data's, checked at start-up); None when DIR had none."""
     recorded_at: str = ""
+    model_type: str = "roformer"
+    """DIR's config.json model_type: 'roformer' or 'bert' (records written before BERT sources have none)."""
+    dropped: list = field(default_factory=list)
+    """DIR's tensors not loaded (transformers' names): a BERT's position table under RoPE, pooler, NSP head."""
+    fresh: list = field(default_factory=list)
+    """Tensors the run initialised from its seed (transformers' names): the MLM head of a bare encoder."""
+
+
+def _model_type(directory: Path) -> str | None:
+    import json
+
+    try:
+        raw = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # read_hf_directory names the problem
+    return raw.get("model_type") if isinstance(raw, dict) else None

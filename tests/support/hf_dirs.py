@@ -137,3 +137,23 @@ def roformer_chinese_dir(out: Path, texts: list[str], words: int = 300, seed: in
     else:
         torch.save(model.state_dict(), out / "pytorch_model.bin")
     return out
+
+
+def bert_dir(out: Path, texts: list[str], head: bool = True, safetensors: bool = True, seed: int = 0,
+             **config) -> Path:
+    """transformers' BertForMaskedLM (or, head=False, a BertModel with its pooler) saved by save_pretrained
+    (model.safetensors, or pytorch_model.bin), with a BERT English checkpoint's tokenizer files
+    (bert_english_tokenizer_dir: a WordPiece vocab.txt trained by `tokenizers` on `texts`)."""
+    import torch
+    import transformers
+
+    bert_english_tokenizer_dir(out, texts)
+    vocab_size = len((out / "vocab.txt").read_text(encoding="utf-8").splitlines())
+    torch.manual_seed(seed)
+    bert_config = transformers.BertConfig(vocab_size=vocab_size, pad_token_id=0, **{**TINY_HF_MODEL, **config})
+    model = (transformers.BertForMaskedLM if head else transformers.BertModel)(bert_config)
+    model.save_pretrained(str(out))
+    if not safetensors:  # what transformers < 5 wrote with safe_serialization=False
+        torch.save(model.state_dict(), out / "pytorch_model.bin")
+        (out / "model.safetensors").unlink()
+    return out

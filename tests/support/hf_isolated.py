@@ -26,14 +26,14 @@ import json  # noqa: E402
 
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-from transformers import AutoTokenizer, RoFormerForMaskedLM  # noqa: E402
+from transformers import AutoModelForMaskedLM, AutoTokenizer  # noqa: E402
 
 
 def main(texts_json: str, out_dir: str, export_dirs: list) -> None:
     texts = json.loads(open(texts_json, encoding="utf-8").read())
     for i, export_dir in enumerate(export_dirs):
         tokenizer = AutoTokenizer.from_pretrained(export_dir)
-        model = RoFormerForMaskedLM.from_pretrained(export_dir).eval()
+        model = AutoModelForMaskedLM.from_pretrained(export_dir).eval()  # RoFormer, or BERT (learned runs)
         batch = tokenizer(texts, padding=True, return_tensors="pt")
         with torch.no_grad():
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits

@@ -121,8 +121,11 @@ def test_key_map_round_trip_and_unmapped_keys():
     assert "roformer.encoder.layer.1.attention.self.query.weight" in hf_state
     assert "roformer.embeddings_project.weight" in hf_state and "cls.predictions.bias" in hf_state
     assert from_hf_state_dict(hf_state).keys() == state.keys()
-    with pytest.raises(ConfigError, match="roformer.embeddings.position.weight"):
-        to_hf_state_dict({**state, "roformer.embeddings.position.weight": torch.zeros(1)})
+    with pytest.raises(ConfigError, match="roformer.embeddings.alibi.weight"):
+        to_hf_state_dict({**state, "roformer.embeddings.alibi.weight": torch.zeros(1)})
+    # A learned table maps (to the name a BERT's table is read under: roformer/bert_interop.py).
+    assert "roformer.embeddings.position_embeddings.weight" in to_hf_state_dict(
+        {**state, "roformer.embeddings.position.weight": torch.zeros(1)})
     with pytest.raises(ConfigError, match="roformer.pooler.dense.weight"):
         from_hf_state_dict({**hf_state, "roformer.pooler.dense.weight": torch.zeros(1)})
 

@@ -27,7 +27,8 @@ def test_full_preset_compares_every_variant_over_at_least_three_seeds():
         groups.setdefault(run.group, set()).add(run.seed)
     assert set(groups) == {"rope", "sinusoidal", "learned", "linear+rope", "linear+sinusoidal", "recipe",
                            "extension-same-theta", "extension-larger-theta", "wsd", "mask-annealed",
-                           "recipe-three-phase"}
+                           "recipe-three-phase", "from-bert-converted", "from-bert-continued-bert",
+                           "from-bert-rope-scratch"}
     assert all(len(seeds) >= 3 for group, seeds in groups.items() if "recipe" not in group and "extension" not in group)
     # Same config and schedule for every ablation variant: only encoding, attention, table and seed differ.
     ablation = [r for r in runs if "recipe" not in r.group and r.schedule is None]
@@ -390,3 +391,50 @@ def test_retrieval_part_on_written_reports(tmp_path):
     text = write_report({"retrieval": table}, tmp_path / "report", ["header"]).read_text()
     assert "| zero-shot | pretrained export | 0.310 (0.300-0.320, n=3) |" in text
     assert "- 1000 pairs: pretraining changed test nDCG@10 by +0.200 (every seed above every seed)." in text
+
+
+def test_the_from_bert_part_continues_each_learned_runs_bert():
+    """(a) the encodings part's learned run of each seed, exported (a BERT), continued as RoPE and (b) as it is;
+    (c) RoPE from scratch for the learned run's steps plus the continuation; every export they need planned;
+    the learned models evaluated only within their table; not in --quick's default parts."""
+    preset = PRESETS["full"]()
+    runs = {r.name: r for r in preset.pretrain_runs(("encodings", "from-bert"))}
+    assert len([r for r in runs.values() if r.name.startswith("learned-")]) == 3  # the encodings part's, once
+    for seed in (0, 1, 2):
+        converted, continued = runs[f"from-bert-rope-s{seed}"], runs[f"from-bert-learned-s{seed}"]
+        assert converted.init_from == continued.init_from == f"learned-s{seed}"
+        assert "model.position_encoding=rope" in converted.overrides
+        assert "model.max_position_embeddings=1024" in continued.overrides and converted.schedule == continued.schedule
+        scratch = runs[f"rope-long-s{seed}"]
+        assert scratch.init_from is None and scratch.schedule[-1] == converted.schedule[-1]
+        assert sum(s["steps"] for s in scratch.schedule) == 370 + converted.schedule[-1]["steps"]
+    assert {f"learned-s{s}" for s in (0, 1, 2)} <= preset.exported(("from-bert",))
+    assert "learned-s0" not in preset.exported(("encodings",))
+    evals = {e.name: e for e in preset.eval_runs(("from-bert",))}
+    assert evals["from-bert-converted-s0"].seq_lens == (128, 2048)
+    assert evals["from-bert-continued-bert-s0"].seq_lens == evals["from-bert-learned-base-s0"].seq_lens == (128,)
+    finetunes = [f for f in preset.finetune_runs(("from-bert",)) if f.part == "from-bert"]
+    assert {(f.task, f.budget, f.max_length) for f in finetunes} == {("inews", 1000, 128)} and len(finetunes) == 27
+    assert "from-bert" not in PRESETS["quick"]().default_parts and "from-bert" in preset.default_parts
+
+
+def test_the_from_bert_report_says_what_recovered_and_what_cannot_be_read():
+    """The section of report.md from a results table: n/a where a learned model cannot read (past its table),
+    the recovery step of the converted model, or that it did not recover."""
+    from launcher.reproduce.claims_report import _fmt
+    from launcher.reproduce.from_bert_part import from_bert_section, recovery_step
+
+    curve = [[10, 6.1, 0.1], [20, 5.9, 0.12], [30, 5.7, 0.14]]
+    assert (recovery_step(curve, 5.9), recovery_step(curve, 5.0), recovery_step(curve, None)) == (20, None, None)
+    one = {"mean": 5.8, "min": 5.7, "max": 5.9, "n": 3}
+    table = {"stage": {"name": "continue", "max_seq_len": 256, "global_batch_size": 16, "steps": 120},
+             "base_steps": 370, "table_positions": 1024,
+             "variants": {"learned-base": {"loss": {"128": one}}, "converted": {"loss": {"128": one, "2048": one}}},
+             "recovery": {"0": {"target_valid_loss": 5.9, "steps": 20, "first_valid": curve[0], "of_steps": 120},
+                          "1": {"target_valid_loss": 5.0, "steps": None, "first_valid": curve[0], "of_steps": 120}},
+             "finetune": {"converted": {"accuracy": one, "macro_f1": one, "train_examples": 1000}}}
+    text = "\n".join(from_bert_section(table, _fmt))
+    assert "| learned (the BERT, before continuing) | 5.800 (5.700-5.900, n=3) | n/a |" in text
+    assert "seed 0: the learned model's last validation loss 5.900; converted to RoPE, the first validation " \
+           "(step 10) was 6.100, and it recovered it after 20 steps." in text
+    assert "did NOT recover it within its 120 steps" in text and "| 1000 |" in text

@@ -1,0 +1,175 @@
+"""A BERT continued as RoFormer, and learned-position runs exported as BERT, with real DeepSpeed ranks.
+
+1. A BertForMaskedLM saved by transformers (WordPiece vocab.txt trained by `tokenizers` on real text):
+   `data prepare --tokenizer DIR`, `roformer pretrain --init-from DIR` on 2 ranks under ZeRO-2 at a
+   learning rate of 1e-9 (continued as RoPE, the default), `roformer export`: every mapped tensor is the
+   BERT's (1e-5) and the export has no absolute position table; init_from.json, the report and the model
+   card say it was a BERT and what was dropped.
+2. A BertModel (pytorch_model.bin, no MLM head) continued with `position_encoding: learned` on 2 ranks:
+   the export is a BertForMaskedLM directory, every encoder tensor the source's, the position table kept,
+   and transformers alone (project imports blocked) reproduces our logits from it.
+3. A learned-position model trained here with plain torch and written by the export's BERT writer,
+   continued as RoPE (1 rank): its first training loss is far below its random-init twin's.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from launcher.export.exporter import export_checkpoint
+from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
+from tests.support.corpus_files import english_paragraphs, write_jsonl
+from tests.support.helpers import (NO_DROPOUT, TINY_MODEL, hf_isolated_logits, report_of, roformer, run_to_end,
+                                   tiny_run_config, train_losses)
+from tests.support.hf_dirs import bert_dir
+
+SEQ_LEN, GLOBAL_BATCH = 64, 16
+CONTINUE = {"stages": [{"name": "continue", "max_seq_len": SEQ_LEN, "global_batch_size": GLOBAL_BATCH, "steps": 2}],
+            "optimizer": {"lr": 1e-9, "warmup_steps": 0, "decay": "constant"},
+            "schedule": {"max_tokens_per_micro_batch": SEQ_LEN * GLOBAL_BATCH // 2},
+            "checkpoint": {"every_steps": 0}, "logging": {"valid_every": 0, "progress_bar": False}}
+POSITIONS = "bert.embeddings.position_embeddings.weight"
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    return list(dict.fromkeys(english_paragraphs(12)))
+
+
+def _prepared(root, source, texts):
+    corpus = write_jsonl(root / "corpus.jsonl", texts)
+    prepared = roformer("data", "prepare", "--input", str(corpus), "--out", str(root / "data"), "--tokenizer",
+                        str(source), "--valid-fraction", "0.05")
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    return root / "data"
+
+
+def _continued(root, source, data, model: dict | None = None):
+    """init_from: source, on 2 ranks (model section from source, plus `model`), exported."""
+    import yaml
+
+    config = tiny_run_config(root, data, **CONTINUE)
+    raw = yaml.safe_load(config.read_text())
+    raw.pop("model")
+    if model:
+        raw["model"] = model
+    raw["init_from"] = str(source)
+    config.write_text(yaml.safe_dump(raw))
+    run_dir = root / "run"
+    run_to_end(2, config, run_dir)
+    exported = roformer("export", str(run_dir), "--out", str(root / "export"))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    return run_dir, root / "export"
+
+
+@pytest.fixture(scope="module")
+def from_bert_mlm(tmp_path_factory, texts):
+    root = tmp_path_factory.mktemp("bert_mlm")
+    source = bert_dir(root / "bert", texts, seed=1)
+    return (source, *_continued(root, source, _prepared(root, source, texts)))
+
+
+def test_a_bert_continued_as_rope_keeps_every_mapped_tensor(from_bert_mlm, tmp_path):
+    source, run_dir, export = from_bert_mlm
+    before = load_file(str(source / "model.safetensors"))
+    after = load_file(str(export / "model.safetensors"))
+    assert json.loads((export / "config.json").read_text())["model_type"] == "roformer"
+    assert not any("position_embeddings" in key for key in after)  # only RoPE's derived sin/cos table
+    mapped = {key: "roformer." + key.removeprefix("bert.") if key.startswith("bert.") else key
+              for key in before if key != POSITIONS and not key.startswith("cls.predictions.decoder")}
+    assert set(mapped.values()) <= set(after)
+    assert max((before[k] - after[v]).abs().max().item() for k, v in mapped.items()) <= 1e-5
+    record = json.loads((run_dir / "init_from.json").read_text())
+    assert (record["model_type"], record["dropped"], record["fresh"]) == ("bert", [POSITIONS], [])
+    line = f"a bert: dropped {POSITIONS}; initialised fresh nothing |"
+    assert line in report_of(run_dir, tmp_path / "report") and line in (export / "README.md").read_text()
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        assert (export / name).read_bytes() == (source / name).read_bytes(), name
+
+
+def test_a_bert_model_continued_as_learned_exports_as_a_bert_transformers_reproduces(tmp_path_factory, texts):
+    root = tmp_path_factory.mktemp("bert_model")
+    source = bert_dir(root / "bert", texts, head=False, safetensors=False, seed=2)
+    run_dir, export = _continued(root, source, _prepared(root, source, texts), model={"position_encoding": "learned"})
+    hf_config = json.loads((export / "config.json").read_text())
+    assert (hf_config["model_type"], hf_config["architectures"]) == ("bert", ["BertForMaskedLM"])
+    assert hf_config["max_position_embeddings"] == 256
+    before = torch.load(source / "pytorch_model.bin", weights_only=True)
+    after = load_file(str(export / "model.safetensors"))
+    encoder = {key: "bert." + key for key in before if not key.startswith("pooler.")}
+    assert "bert." + POSITIONS.removeprefix("bert.") in encoder.values()
+    assert max((before[k] - after[v]).abs().max().item() for k, v in encoder.items()) <= 1e-5
+    assert {k for k in after if k.startswith("cls.")} == {"cls.predictions.transform.dense.weight",
+                                                          "cls.predictions.transform.dense.bias",
+                                                          "cls.predictions.transform.LayerNorm.weight",
+                                                          "cls.predictions.transform.LayerNorm.bias",
+                                                          "cls.predictions.bias"}
+    record = json.loads((run_dir / "init_from.json").read_text())
+    assert record["mlm_head"] == "new" and record["dropped"] == ["bert.pooler.dense.bias", "bert.pooler.dense.weight"]
+    assert "BERT (learned absolute positions) masked-LM export" in (export / "README.md").read_text()
+    info = json.loads((export / "export_info.json").read_text())
+    assert {"config.json", "model.safetensors", "vocab.txt", "README.md"} <= set(info["sha256"])
+
+    from roformer.hf_interop import load_pretrained
+
+    work = tmp_path_factory.mktemp("hf_out")
+    (theirs,) = hf_isolated_logits([export], texts[:3], work)
+    assert theirs["info"]["model_class"] == "BertForMaskedLM"
+    ours = load_pretrained(export).eval()
+    with torch.no_grad():
+        logits = ours(theirs["input_ids"], attention_mask=theirs["attention_mask"]).logits
+    real = theirs["attention_mask"].bool()
+    assert (logits[real] - theirs["logits"][real]).abs().max().item() <= 1e-4
+
+
+def test_a_learned_models_bert_export_continued_as_rope_starts_far_below_random(tiny_data, tmp_path):
+    """Learned positions trained here (plain torch, 150 steps of 16 x 32 tokens), written as the export
+    writes a learned run (a BERT + the data's tokenizer), continued as RoPE on 1 rank: the first step's
+    loss (before any update) is far below eval-mlm of a random-init RoPE twin on the same split; the
+    position table was the only thing lost."""
+    from data_pipeline import MaskingConfig, PretrainBatches, copy_hf_tokenizer_files, open_corpus
+    from roformer import RoFormerConfig, RoFormerForMaskedLM
+    from roformer.bert_interop import write_bert_files
+    from roformer.hf_interop import save_pretrained
+
+    torch.manual_seed(0)
+    model = RoFormerForMaskedLM(RoFormerConfig(**{**TINY_MODEL, **NO_DROPOUT}, position_encoding="learned",
+                                               max_position_embeddings=SEQ_LEN))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    batches = PretrainBatches(open_corpus(tiny_data, "train"), seed=3, masking=MaskingConfig())
+    for _ in range(150):
+        model(**batches.next_batch(32, 16)).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    write_bert_files(model, bert)
+    copy_hf_tokenizer_files(tiny_data, bert)
+
+    config = tiny_run_config(tmp_path, tiny_data, model=NO_DROPOUT, init_from=str(bert),
+                             **{**CONTINUE, "stages": [{**CONTINUE["stages"][0], "steps": 1}]})
+    import yaml
+
+    raw = yaml.safe_load(config.read_text())
+    raw["model"] = NO_DROPOUT  # everything else from the BERT: RoPE, the default for a BERT source
+    config.write_text(yaml.safe_dump(raw))
+    run_to_end(1, config, tmp_path / "run")
+    first = train_losses(tmp_path / "run")[1]
+    torch.manual_seed(0)
+    twin_config = RoFormerConfig(**{**TINY_MODEL, **NO_DROPOUT})
+    twin = save_pretrained(RoFormerForMaskedLM(twin_config), tmp_path / "twin")
+    copy_hf_tokenizer_files(tiny_data, twin)
+    losses = {}
+    for name, model_dir in (("bert", bert), ("random", twin)):
+        report = evaluate_mlm(MLMEvalConfig(export_dir=model_dir, data_dir=tiny_data, split="train",
+                                            seq_lens=[SEQ_LEN], tokens=8 * GLOBAL_BATCH * (SEQ_LEN - 1)))
+        losses[name] = report["results"][0]["loss"]
+    print(f"first loss as RoPE {first:.4f}; eval-mlm: learned BERT {losses['bert']:.4f}, random RoPE init "
+          f"{losses['random']:.4f} (ln V = {math.log(twin_config.vocab_size):.4f})")
+    gap = losses["random"] - losses["bert"]
+    assert gap > 0.5  # the learned model learned something
+    assert losses["random"] - first > gap / 2  # converted, it keeps most of it
