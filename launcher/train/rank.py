@@ -34,6 +34,7 @@ from launcher.train import resume, startup
 from launcher.train.checkpointer import Checkpointer
 from launcher.train.engine import build_engine
 from launcher.train.init_weights import InitialWeights
+from launcher.tracking.sink import tracked_run
 from launcher.train.metrics import Metrics
 from launcher.train.progress_line import progress_every
 from launcher.train.progress_recorder import ProgressRecorder
@@ -173,7 +174,8 @@ def build_components(inputs: RankInputs, plan: ResumePlan, progress: ProgressRec
         checkpointer.load(plan.source, cfg.seed, plan.universal_folder(run_dir))
         timer.phase("checkpoint_load")
     metrics = Metrics(run_dir, rank, inputs.stages, cfg.schedule.total_steps, state.step, cfg.logging.log_every,
-                      cfg.logging.progress_bar, progress_every(cfg.logging.progress_every, cfg.schedule.total_steps))
+                      cfg.logging.progress_bar, progress_every(cfg.logging.progress_every, cfg.schedule.total_steps),
+                      **tracked_run(cfg.to_dict(), run_dir, cfg.data.data_dir, cfg.logging.report_to))
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 and cfg.logging.plots else None
     on_stage_end = startup.stage_end_callback(cfg, run_dir, plots)
     startup.report_start(metrics, timer, plan, engine, cfg, world_size)
