@@ -4,6 +4,7 @@ The API key stays where W&B keeps it; it is never forwarded to the ranks' env fi
 from __future__ import annotations
 
 import netrc
+import secrets
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -42,7 +43,7 @@ class WandbBackend:
         self.dir.mkdir(parents=True, exist_ok=True)
         settings = wandb.Settings(console="off", x_disable_stats=True, silent=True, disable_git=True,
                                   save_code=False)
-        self.run = wandb.init(id=run_id or wandb.util.generate_id(), resume="allow", dir=str(self.dir),
+        self.run = wandb.init(id=run_id or secrets.token_hex(4), resume="allow", dir=str(self.dir),
                               project=os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT, mode=wandb_mode(),
                               name=self.run_dir.root.name, config=params, settings=settings)
         self.run.define_metric("step")

@@ -141,6 +141,11 @@ def test_wandb_offline(tmp_path, monkeypatch):
     assert state["mode"] == "offline"
     files = sorted(Path(state["dir"]).glob(f"offline-run-*-{state['run_id']}/run-{state['run_id']}.wandb"))
     assert len(files) == 2  # one per start, one W&B run id
+    assert {f"train:0:{s}" for s in range(1, 7)} <= Ledger(run_dir, "wandb").sent()
+    try:  # W&B's own reader of its .wandb files (wandb.sdk.internal.datastore: gone from wandb 0.25 on)
+        from wandb.sdk.internal import datastore  # noqa: F401
+    except ImportError:
+        return
     rows = [row for path in files for row in wandb_history(path)]
     assert sorted((int(r["step"]), r["train/loss"]) for r in rows if "train/loss" in r) == \
         [(s, 10.0 - s) for s in range(1, 7)]
