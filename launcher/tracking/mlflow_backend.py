@@ -1,4 +1,4 @@
-"""MLflow: MLFLOW_TRACKING_URI (default: a SQLite store in RUN_DIR/tracking/mlflow.db) and
+"""MLflow: MLFLOW_TRACKING_URI (default: a SQLite store HOME/mlflow.db, HOME = RUN_DIR/tracking) and
 MLFLOW_EXPERIMENT_NAME (default roformer-ds), MLflow's own variables; credentials come from MLflow's own
 places (MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN on the node, ~/.mlflow/credentials), never from run records."""
 from __future__ import annotations
@@ -8,8 +8,6 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from launcher.run_dir.layout import RunDir
-
 DEFAULT_EXPERIMENT = "roformer-ds"
 # A request that fails is retried at most this often, each waiting this long (MLflow's own defaults wait minutes).
 RETRIES, TIMEOUT_S = "2", "10"
@@ -17,19 +15,20 @@ MAX_METRICS, MAX_TAGS = 1000, 100  # MLflow's log_batch limits
 STATUS = {"finished": "FINISHED", "stopped": "KILLED", "guard_stopped": "FAILED"}
 
 
-def tracking_uri(run_dir: RunDir) -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{run_dir.root / 'tracking' / 'mlflow.db'}"
+def tracking_uri(home: Path) -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home / 'mlflow.db'}"
 
 
 class MlflowBackend:
-    def __init__(self, run_dir: RunDir):
+    def __init__(self, home: Path, run_name: str):
+        """home: where the tracker's local files go (RUN_DIR/tracking); run_name: the name of a new run."""
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", RETRIES)
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", TIMEOUT_S)
         from mlflow.tracking import MlflowClient
 
-        self.run_dir, self.uri = run_dir, tracking_uri(run_dir)
+        self.run_name, self.uri = run_name, tracking_uri(home)
         if self.uri.startswith("sqlite:"):
-            (run_dir.root / "tracking").mkdir(parents=True, exist_ok=True)
+            home.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(self.uri)
         self.run_id = ""
 
@@ -53,7 +52,7 @@ class MlflowBackend:
             name = self.experiment_name()
             experiment = self.client.get_experiment_by_name(name)
             experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
-            run = self.client.create_run(experiment_id, run_name=self.run_dir.root.name, tags=tags)
+            run = self.client.create_run(experiment_id, run_name=self.run_name, tags=tags)
             run_id, known = run.info.run_id, {}
         self.run_id = run_id
         new = [Param(k, v) for k, v in params.items() if k not in known]  # an MLflow param never changes value

@@ -29,14 +29,15 @@ def tracking_dir(run_dir: RunDir) -> Path:
     return run_dir.root / "tracking"
 
 
-def backend(name: str, run_dir: RunDir):
+def backend(name: str, home: Path, run_name: str):
+    """The tracker `name`, its local files under `home`, a new run named `run_name`."""
     if name == "mlflow":
         from launcher.tracking.mlflow_backend import MlflowBackend
 
-        return MlflowBackend(run_dir)
+        return MlflowBackend(home, run_name)
     from launcher.tracking.wandb_backend import WandbBackend
 
-    return WandbBackend(run_dir)
+    return WandbBackend(home, run_name)
 
 
 class Ledger:
@@ -78,7 +79,7 @@ class Connection:
         self.sent: set[str] = set()
 
     def open(self) -> None:
-        self.backend = backend(self.name, self.run_dir)
+        self.backend = backend(self.name, tracking_dir(self.run_dir), self.run_dir.root.name)
         run_id = self.backend.open(self.ledger.run_id(), self.params, self.tags)
         self.ledger.save_run(run_id, self.backend.where())
         self.sent = self.ledger.sent()

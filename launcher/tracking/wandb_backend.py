@@ -1,5 +1,5 @@
 """Weights & Biases: WANDB_PROJECT (default roformer-ds), WANDB_MODE (default: offline unless an API key is
-set or `wandb login` stored one), files under RUN_DIR/tracking/wandb (`wandb sync` uploads an offline run).
+set or `wandb login` stored one), files under HOME/wandb (HOME = RUN_DIR/tracking) (`wandb sync` uploads an offline run).
 The API key stays where W&B keeps it; it is never forwarded to the ranks' env file nor written to the run."""
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import secrets
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
-
-from launcher.run_dir.layout import RunDir
 
 DEFAULT_PROJECT = "roformer-ds"
 
@@ -29,9 +27,8 @@ def wandb_mode() -> str:
 
 
 class WandbBackend:
-    def __init__(self, run_dir: RunDir):
-        self.run_dir, self.run = run_dir, None
-        self.dir = run_dir.root / "tracking"
+    def __init__(self, home: Path, run_name: str):
+        self.dir, self.run_name, self.run = home, run_name, None
 
     def where(self) -> dict:
         return {"project": os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT, "mode": wandb_mode(),
@@ -45,7 +42,7 @@ class WandbBackend:
                                   save_code=False)
         self.run = wandb.init(id=run_id or secrets.token_hex(4), resume="allow", dir=str(self.dir),
                               project=os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT, mode=wandb_mode(),
-                              name=self.run_dir.root.name, config=params, settings=settings)
+                              name=self.run_name, config=params, settings=settings)
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
         self.run.summary.update(tags)
@@ -59,8 +56,9 @@ class WandbBackend:
                 self.run.summary.update(item.tags)
 
     def files(self, files: list[tuple[Path, str]]) -> None:
-        for path, _folder in files:
-            self.run.save(str(path), base_path=str(self.run_dir.root), policy="now")
+        for path, folder in files:  # saved as folder/name: folder is the tail of the file's own directory
+            base = path.parents[len(Path(folder).parts)] if folder else path.parent
+            self.run.save(str(path), base_path=str(base), policy="now")
 
     def close(self, outcome: str | None) -> None:
         self.run.finish(exit_code=0 if outcome in (None, "finished", "stopped") else 1)

@@ -166,3 +166,23 @@ def wandb_history(path: Path) -> list[dict]:
             rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                          for item in record.history.item})
     return rows
+
+
+def test_finetune_job_is_one_tracked_run_linked_to_its_export(tmp_path, server, monkeypatch):
+    from launcher.tracking.finetune_run import report_finetune
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "unit-finetune")
+    run_dir = tmp_path / "run"
+    (run_dir / "tracking").mkdir(parents=True)
+    (run_dir / "tracking" / "mlflow.json").write_text(json.dumps({"run_id": "pretraining-run"}))
+    export = run_dir / "exports" / "global_step6"
+    export.mkdir(parents=True)
+    (export / "export_info.json").write_text(json.dumps({"run_dir": str(run_dir), "tag": "global_step6", "step": 6}))
+    report = {"task": "sst2", "held_out": {"split": "dev", "accuracy": {"mean": 0.75}}, "seeds": [0]}
+    ids = report_finetune(("mlflow",), export, {"task": "sst2", "epochs": "3"}, report, [])
+    run = server.client().get_run(ids["mlflow"])
+    assert run.data.tags["source.mlflow_run_id"] == "pretraining-run"
+    assert run.data.tags["source.tag"] == "global_step6" and run.data.tags["export_dir"] == str(export)
+    assert run.data.metrics["finetune/held_out/accuracy/mean"] == 0.75 and run.data.params["epochs"] == "3"
+    assert run.info.status == "FINISHED"
