@@ -186,3 +186,17 @@ def test_finetune_job_is_one_tracked_run_linked_to_its_export(tmp_path, server, 
     assert run.data.tags["source.tag"] == "global_step6" and run.data.tags["export_dir"] == str(export)
     assert run.data.metrics["finetune/held_out/accuracy/mean"] == 0.75 and run.data.params["epochs"] == "3"
     assert run.info.status == "FINISHED"
+
+
+def test_tracker_settings_reach_every_node_and_secrets_no_record(tmp_path, monkeypatch):
+    from launcher.launch.env_forwarding import forwarded_environment
+    from launcher.tracking.mlflow_backend import MlflowBackend
+
+    env = forwarded_environment({"MLFLOW_TRACKING_URI": "http://u:pw@mlflow:5000", "MLFLOW_EXPERIMENT_NAME": "e",
+                                 "MLFLOW_TRACKING_PASSWORD": "pw", "MLFLOW_TRACKING_TOKEN": "t", "WANDB_PROJECT": "p",
+                                 "WANDB_MODE": "offline", "WANDB_API_KEY": "k", "HOME": str(tmp_path)},
+                                ranks_per_node=2, local=False)
+    assert {k for k in env if k.startswith(("MLFLOW", "WANDB"))} == \
+        {"MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_PROJECT", "WANDB_MODE"}
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://u:pw@mlflow:5000")
+    assert MlflowBackend(tmp_path, "run").where()["tracking_uri"] == "http://mlflow:5000"
