@@ -29,15 +29,15 @@ def tracking_dir(run_dir: RunDir) -> Path:
     return run_dir.root / "tracking"
 
 
-def backend(name: str, home: Path, run_name: str):
-    """The tracker `name`, its local files under `home`, a new run named `run_name`."""
+def backend(name: str, home: Path, run_name: str, in_rank: bool = False):
+    """The tracker `name`, its local files under `home`, a new run named `run_name`; in_rank: in a training rank."""
     if name == "mlflow":
         from launcher.tracking.mlflow_backend import MlflowBackend
 
         return MlflowBackend(home, run_name)
     from launcher.tracking.wandb_backend import WandbBackend
 
-    return WandbBackend(home, run_name)
+    return WandbBackend(home, run_name, detach_service=in_rank)
 
 
 class Ledger:
@@ -71,15 +71,16 @@ class Ledger:
 class Connection:
     """One tracker's run, opened (created or continued) on first use; items not in the ledger are sent."""
 
-    def __init__(self, name: str, run_dir: RunDir, params: dict, tags: dict, stage_ends: list[int]):
-        self.name, self.run_dir, self.stage_ends = name, run_dir, stage_ends
+    def __init__(self, name: str, run_dir: RunDir, params: dict, tags: dict, stage_ends: list[int],
+                 in_rank: bool = False):
+        self.name, self.run_dir, self.stage_ends, self.in_rank = name, run_dir, stage_ends, in_rank
         self.params, self.tags = params, tags
         self.ledger = Ledger(run_dir, name)
         self.backend = None
         self.sent: set[str] = set()
 
     def open(self) -> None:
-        self.backend = backend(self.name, tracking_dir(self.run_dir), self.run_dir.root.name)
+        self.backend = backend(self.name, tracking_dir(self.run_dir), self.run_dir.root.name, self.in_rank)
         run_id = self.backend.open(self.ledger.run_id(), self.params, self.tags)
         self.ledger.save_run(run_id, self.backend.where())
         self.sent = self.ledger.sent()
@@ -118,7 +119,7 @@ def final_files(run_dir: RunDir) -> list[tuple[Path, str]]:
 class RemoteSink(Sink):
     def __init__(self, name: str, run_dir: RunDir, params: dict, tags: dict, stage_ends: list[int]):
         self.name = name
-        self.connection = Connection(name, run_dir, params, tags, stage_ends)
+        self.connection = Connection(name, run_dir, params, tags, stage_ends, in_rank=True)
         self.queue: queue.Queue = queue.Queue()
         self.down = False
         self.thread = threading.Thread(target=self._work, name=f"tracker-{name}", daemon=True)

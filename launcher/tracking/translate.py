@@ -63,7 +63,9 @@ def to_item(record: dict, stage_ends: list[int]) -> Item | None:
         return item if item.metrics else None
     if event == "stage_start":
         i = record.get("stage")
-        item.tags.update({f"stage.{i}.name": str(record.get("name")), f"stage.{i}.start_step": str(step),
+        # A resume mid-stage sets its stage up again (another stage_start): the tag keeps the stage's own start.
+        first = (stage_ends[i - 1] if i else 0) if isinstance(i, int) and i < len(stage_ends) else step
+        item.tags.update({f"stage.{i}.name": str(record.get("name")), f"stage.{i}.start_step": str(first),
                           f"stage.{i}.max_seq_len": str(record.get("max_seq_len")),
                           f"stage.{i}.global_batch_size": str(record.get("global_batch_size"))})
         item.metrics["schedule/stage_start"] = float(i or 0)

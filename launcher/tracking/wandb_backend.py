@@ -10,6 +10,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 DEFAULT_PROJECT = "roformer-ds"
+SERVICE_IDLE_TIMEOUT = "2m"  # after its last client (the rank) has gone
+# Starts W&B's service detached and prints its token: the service outlives this short process, so it is no
+# child of the rank (DeepSpeed's launcher terminates every descendant of a rank when a stop begins).
+START_SERVICE = ("from wandb import Settings; from wandb.sdk.lib.service import service_process as s; "
+                 "print(s.start_detached(Settings(), idle_timeout=%r).token.env_value)")
 
 
 def has_api_key() -> bool:
@@ -27,8 +32,9 @@ def wandb_mode() -> str:
 
 
 class WandbBackend:
-    def __init__(self, home: Path, run_name: str):
-        self.dir, self.run_name, self.run = home, run_name, None
+    def __init__(self, home: Path, run_name: str, detach_service: bool = False):
+        """detach_service: run W&B's service outside this process's tree (a training rank's)."""
+        self.dir, self.run_name, self.run, self.detach_service = home, run_name, None, detach_service
 
     def where(self) -> dict:
         return {"project": os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT, "mode": wandb_mode(),
@@ -38,6 +44,8 @@ class WandbBackend:
         import wandb
 
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self.detach_service and not os.environ.get("WANDB_SERVICE"):
+            start_detached_service()
         settings = wandb.Settings(console="off", x_disable_stats=True, silent=True, disable_git=True,
                                   save_code=False)
         self.run = wandb.init(id=run_id or secrets.token_hex(4), resume="allow", dir=str(self.dir),
@@ -62,3 +70,17 @@ class WandbBackend:
 
     def close(self, outcome: str | None) -> None:
         self.run.finish(exit_code=0 if outcome in (None, "finished", "stopped") else 1)
+
+
+def start_detached_service() -> None:
+    """WANDB_SERVICE for this process: a W&B service no rank's stop takes down (W&B starts its own otherwise)."""
+    import subprocess
+    import sys
+
+    try:
+        out = subprocess.run([sys.executable, "-c", START_SERVICE % SERVICE_IDLE_TIMEOUT], capture_output=True,
+                             text=True, timeout=60, stdin=subprocess.DEVNULL, check=True).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return
+    if out:
+        os.environ["WANDB_SERVICE"] = out[-1]

@@ -4,6 +4,8 @@ own client: (a) a run stopped by SIGTERM mid-stage and resumed while the server 
 (b) a guard rewind: the redone steps told apart from the abandoned ones by their attempt."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("mlflow")
@@ -39,8 +41,9 @@ def tracker_env(server, experiment: str) -> dict:
 
 
 def test_stopped_resumed_with_the_server_down_then_caught_up(tiny_data, tmp_path, server):
-    config = tiny_run_config(tmp_path / "config", tiny_data, logging={**TRACKED, "plots": True})
-    run_dir, env = tmp_path / "run", tracker_env(server, "stop-resume")
+    config = tiny_run_config(tmp_path / "config", tiny_data,
+                             logging={"report_to": ["tensorboard", "mlflow", "wandb"], "plots": True})
+    run_dir, env = tmp_path / "run", {**tracker_env(server, "stop-resume"), "WANDB_MODE": "offline"}
     proc = start_run(2, config, run_dir, module=TEST_RANK_ENTRY,
                      ROFORMER_TEST_SIGTERM_LAUNCHER_AT=str(STOP_BEFORE_STEP), **env)
     assert proc.wait(timeout=600) != 0
@@ -71,6 +74,13 @@ def test_stopped_resumed_with_the_server_down_then_caught_up(tiny_data, tmp_path
     artifacts = {a.path for a in client.list_artifacts(run_id)}
     assert "report.md" in artifacts and "plots" in artifacts
     assert any(a.path.endswith(".png") for a in client.list_artifacts(run_id, "plots"))
+    # W&B (offline, never down here): the same run id at every start, every step in its ledger once
+    wandb_state = json.loads((run_dir / "tracking" / "wandb.json").read_text())
+    starts = list((run_dir / "tracking" / "wandb").glob(f"offline-run-*-{wandb_state['run_id']}"))
+    assert len(starts) >= 2 and all((d / f"run-{wandb_state['run_id']}.wandb").is_file() for d in starts)
+    sent = (run_dir / "tracking" / "wandb.sent").read_text().splitlines()
+    train_keys = [k for k in sent if k.startswith("train:")]
+    assert sorted(train_keys) == sorted(f"train:0:{s}" for s in range(1, TINY_TOTAL_STEPS + 1))
 
 
 def test_guard_rewind_redone_steps_are_told_apart(tiny_data, tmp_path, server):
