@@ -64,9 +64,13 @@ class WandbBackend:
                 self.run.summary.update(item.tags)
 
     def files(self, files: list[tuple[Path, str]]) -> None:
-        for path, folder in files:  # saved as folder/name: folder is the tail of the file's own directory
-            base = path.parents[len(Path(folder).parts)] if folder else path.parent
-            self.run.save(str(path), base_path=str(base), policy="now")
+        import shutil
+
+        for path, folder in files:  # a copy inside W&B's run folder (else W&B symlinks it, warning at each file)
+            target = Path(self.run.dir) / folder / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            self.run.save(str(target), base_path=self.run.dir, policy="now")
 
     def close(self, outcome: str | None) -> None:
         self.run.finish(exit_code=0 if outcome in (None, "finished", "stopped") else 1)
