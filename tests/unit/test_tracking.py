@@ -200,3 +200,23 @@ def test_tracker_settings_reach_every_node_and_secrets_no_record(tmp_path, monke
         {"MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_PROJECT", "WANDB_MODE"}
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://u:pw@mlflow:5000")
     assert MlflowBackend(tmp_path, "run").where()["tracking_uri"] == "http://mlflow:5000"
+
+
+def test_restart_from_an_older_checkpoint_is_a_new_attempt_and_none_reports_nowhere(tmp_path):
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.root.mkdir()
+    m = open_metrics(run_dir, 0, ())
+    train(m, range(1, 6))  # a fault after step 5; the newest checkpoint is step 3
+    m.close()
+    m = open_metrics(run_dir, 3, ())
+    train(m, range(4, 7))
+    m.close()
+    assert not run_dir.tensorboard.exists()  # report_to [none]: metrics.jsonl only
+    from launcher.train.metrics import read_metrics as read
+
+    [attempt] = [e for e in read(run_dir.root, "event") if e["event"] == "attempt"]
+    assert (attempt["attempt"], attempt["step"]) == (1, 3)
+    assert [(r["step"], r["attempt"]) for r in read(run_dir.root)] == [(1, 0), (2, 0), (3, 0), (4, 1), (5, 1), (6, 1)]
+    m = open_metrics(run_dir, 6, ())  # a resume from the stop at the end: no new attempt
+    m.close()
+    assert len([e for e in read(run_dir.root, "event") if e["event"] == "attempt"]) == 1
