@@ -24,6 +24,7 @@ class MlflowBackend:
         """home: where the tracker's local files go (RUN_DIR/tracking); run_name: the name of a new run."""
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", RETRIES)
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", TIMEOUT_S)
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # the job reports where it was told, nowhere else
         from mlflow.tracking import MlflowClient
 
         self.run_name, self.uri = run_name, tracking_uri(home)

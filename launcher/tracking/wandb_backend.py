@@ -44,6 +44,7 @@ class WandbBackend:
         import wandb
 
         self.dir.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("WANDB_ERROR_REPORTING", "false")  # the job reports where it was told, nowhere else
         if self.detach_service and not os.environ.get("WANDB_SERVICE"):
             start_detached_service()
         settings = wandb.Settings(console="off", x_disable_stats=True, silent=True, disable_git=True,

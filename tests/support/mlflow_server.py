@@ -2,6 +2,7 @@
 tracker tests; stop() and start() again keep its store, so a test can take it down mid-run."""
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -32,7 +33,8 @@ class MlflowServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
              "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port),
-             "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+             "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
         deadline = time.time() + START_SECONDS
         while True:
             try:
@@ -46,7 +48,6 @@ class MlflowServer:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            import os
             import signal
 
             os.killpg(self.proc.pid, signal.SIGTERM)
