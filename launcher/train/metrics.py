@@ -23,7 +23,6 @@ from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, normalis
 from launcher.run_dir.layout import RunDir
 from launcher.mfu import Peak, speed_fields
 from launcher.tracking import open_sinks
-from launcher.tracking.tensorboard import TRAIN_SCALARS  # noqa: F401  (the train fields, by TensorBoard tag)
 from launcher.train.progress_line import ProgressPrinter
 
 OUTCOME_EVENTS = ("finished", "stopped", "guard_stopped")
@@ -62,7 +61,8 @@ class Metrics:
         self.event("peak_flops", **peak.to_dict())
 
     def train_step(self, record: dict) -> None:
-        """record: step (steps completed, this one included), the TRAIN_SCALARS fields and
+        """record: step (steps completed, this one included), the fields of launcher/tracking/tensorboard.py's
+        TRAIN_SCALARS and
         model_flops_per_rank (from which `tflops` and `mfu` are added)."""
         flops = record.pop("model_flops_per_rank", None)
         if flops is not None and self.peak is not None:
