@@ -101,6 +101,9 @@ def test_mlflow_resume_rewind_and_server_down(tmp_path, server, monkeypatch, cap
     assert [r["step"] for r in read_metrics(run_dir.root)] == [1, 2, 3, 4, 5, 6]
     # 4. the server back: the next start (here of a finished run, as `roformer report` does) fills in step 6
     server.start()
+    run_dir.evals.mkdir()  # a stage-end eval job's result, written meanwhile
+    (run_dir.evals / "global_step3.mlm.json").write_text(json.dumps(
+        {"eval": "mlm", "tag": "global_step3", "step": 3, "results": [{"seq_len": 16, "loss": 2.5}]}))
     from launcher.tracking.attach import sync_run
 
     sync_run(run_dir, [])
@@ -119,6 +122,7 @@ def test_mlflow_resume_rewind_and_server_down(tmp_path, server, monkeypatch, cap
         {(s, r["loss"]) for s, r in final.items()}
     assert history(client, run_id, "train/tokens_by_source/wiki")[0] == (1, 40.0)
     assert history(client, run_id, "guard/rewind") == [(5, 1.0)]
+    assert history(client, run_id, "eval/mlm/results/0/loss") == [(3, 2.5)]
 
 
 def test_wandb_offline(tmp_path, monkeypatch):
