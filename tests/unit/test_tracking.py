@@ -131,6 +131,7 @@ def test_wandb_offline(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_PROJECT", "unit-trackers")
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: offline
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)  # the service this test starts is not the next test's
     run_dir = RunDir(tmp_path / "run")
     run_dir.root.mkdir()
     m = open_metrics(run_dir, 0, ("wandb",))
