@@ -90,8 +90,8 @@ else
   fi
   say "DeepSpeed 0.19.8 (no ops prebuilt: they compile on first use into $VENV's own cache, launcher/ops_cache.py)"
   run_logged "install deepspeed" env DS_BUILD_OPS=0 "${PIP[@]}" install --no-build-isolation deepspeed==0.19.8
-  say "this project (editable, with the dev and mpi extras)"
-  run_logged "install the project" "${PIP[@]}" install -e ".[dev,mpi]"
+  say "this project (editable, with the dev, mpi and track extras)"
+  run_logged "install the project" "${PIP[@]}" install -e ".[dev,mpi,track]"
   # DeepSpeed pulls ninja from PyPI; keep only Debian's so every process compiles ops with the same one.
   "${PIP[@]}" uninstall -y ninja >> "$SETUP_LOG" 2>&1 || true
   if [ "${torch_choice[variant]}" = cuda ] && [ -n "${torch_choice[arch_list]}" ]; then

@@ -48,4 +48,7 @@ def run(args: argparse.Namespace) -> int:
         what = f"the mean of {', '.join(a['tag'] for a in info['averaged'])} (newest at {where})"
     print(f"exported {what} -> {out}; transformers' RoFormer accepts inputs of up to {info['max_positions']:,} "
           f"tokens (--max-positions)")
+    from launcher.tracking.attach import sync_run
+
+    sync_run(args.run_dir, [(out / "README.md", f"exports/{out.name}"), (out / EXPORT_INFO, f"exports/{out.name}")])
     return 0

@@ -72,6 +72,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "side (the JSON report gets a 'random_init' entry)")
     parser.add_argument("--dropout", type=float, default=None,
                         help="hidden and attention dropout while fine-tuning (default: the export's config)")
+    parser.add_argument("--report-to", type=_report_to, default=(), metavar="LIST",
+                        help="trackers for this fine-tune: mlflow, wandb (comma-separated; one tracked run per job, "
+                             "tagged with the export and the pretraining run it came from; docs/training.md#trackers) "
+                             "(default: none)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON report to this file (default: none; the console shows a table only)")
     parser.add_argument("--save-model", type=Path, default=None,
                         help="save the best model (best seed, best epoch) as a transformers directory with its "
@@ -132,6 +136,15 @@ def config_from_args(args: argparse.Namespace):
     return FinetuneConfig(task=spec, seeds=seeds, keep_best_state=args.save_model is not None, **fields)
 
 
+def _report_to(value: str) -> tuple[str, ...]:
+    from launcher.tracking.sink import parse_report_to
+
+    try:
+        return tuple(n for n in parse_report_to(value, "--report-to") if n != "tensorboard")
+    except UserError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from launcher.downstream.fine_tuning import run_finetune
     from launcher.downstream.finetune_report import check_outputs, console_table, save_model, write_predictions
@@ -163,6 +176,11 @@ def run(args: argparse.Namespace) -> int:
         save_model(model, cfg.export_dir, tokenizer, data, args.save_model)
         print(f"finetune: model of seed {chosen.report['seed']} (epoch {chosen.report['best_epoch']}) -> "
               f"{args.save_model}", file=sys.stderr)
+    if args.report_to:
+        from launcher.tracking.finetune_run import report_finetune
+
+        options = {k: str(v) for k, v in vars(args).items() if v is not None and k not in ("func", "report_to")}
+        report["trackers"] = report_finetune(args.report_to, cfg.export_dir, options, report, [])
     if args.out is not None:
         atomic_write_json(args.out, report)
         print(f"finetune: JSON report -> {args.out}", file=sys.stderr)

@@ -47,6 +47,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(= --set branch_from=RUN_DIR[:TAG]; docs/training.md#branching-a-decay) (default: the run "
                              "config's branch_from, else no branch; TAG default: the source's newest complete "
                              "checkpoint)")
+    parser.add_argument("--report-to", action=ReportToAction, metavar="LIST", default=None,
+                        help="comma-separated trackers beside metrics.jsonl: tensorboard, mlflow, wandb, or none "
+                             "(= --set logging.report_to=[...]; docs/training.md#trackers) (default: the run config's "
+                             "logging.report_to, else tensorboard)")
 
 
 class InitFromAction(argparse.Action):
@@ -57,6 +61,17 @@ class InitFromAction(argparse.Action):
         setattr(namespace, self.dest, value)
         item = f"init_from={json.dumps(str(Path(value).expanduser().resolve()))}"  # JSON is YAML: any path
         namespace.overrides = [*(getattr(namespace, "overrides", None) or []), item]
+
+
+class ReportToAction(argparse.Action):
+    """--report-to mlflow,wandb is the run config's `logging.report_to`, checked here (one line, exit 2)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        from launcher.tracking.sink import parse_report_to
+
+        names = list(parse_report_to(value, "--report-to")) or ["none"]
+        setattr(namespace, self.dest, value)
+        namespace.overrides = [*(getattr(namespace, "overrides", None) or []), f"logging.report_to={json.dumps(names)}"]
 
 
 class BranchFromAction(argparse.Action):

@@ -48,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
     where = written.report or (written.plots[0].parent if written.plots else "no plot: no record yet")
     print(f"report: {len(written.plots)} plots of step {written.steps_done} ({written.state}) -> {where}",
           file=sys.stderr)
+    if written.report is not None:  # the run's trackers get the page and the plots (and what they missed)
+        from launcher.tracking.attach import sync_run
+
+        sync_run(args.run_dir, [(written.report, ""), *((p, "plots") for p in written.plots)])
     return 0
 
 

@@ -36,6 +36,7 @@ from launcher.config.hardware_section import HardwareSection
 from launcher.config.restarts_section import RestartsSection
 from launcher.config.watchdog_section import WatchdogSection
 from launcher.errors import UserError
+from launcher.tracking.sink import parse_report_to
 from launcher.io import atomic_write_text
 from roformer.config import ConfigError, RoFormerConfig
 
@@ -133,6 +134,9 @@ class LoggingSection:
     stage_end_evals: list = field(default_factory=list)
     """Evals run in the background on each stage-end checkpoint (`mlm` or a task name with optional
     `:field=value` fine-tune options; launcher/stage_evals/job.py). Empty = none."""
+    report_to: list = field(default_factory=lambda: ["tensorboard"])
+    """Where rank 0's records go besides metrics.jsonl: any of tensorboard, mlflow, wandb, or [none]
+    (`roformer pretrain --report-to`; launcher/tracking/, docs/training.md#trackers)."""
 
 
 @dataclass
@@ -386,6 +390,7 @@ def _validate(cfg: RunConfig) -> None:
         fail("logging.progress_every", f"must be >= 0 (0 = about 20 lines per run), got {cfg.logging.progress_every}")
     if not cfg.logging.peak_tflops >= 0:
         fail("logging.peak_tflops", f"must be >= 0 (0 = table or measured), got {cfg.logging.peak_tflops}")
+    cfg.logging.report_to = list(parse_report_to(cfg.logging.report_to))
     if not all(isinstance(x, str) for x in cfg.logging.stage_end_evals):
         fail("logging.stage_end_evals", "must be a list of names")
     cfg.watchdog.check(fail)

@@ -15,7 +15,8 @@ or cargo, its library paths, a CPU torch's op cache) is no business of a GPU nod
   run on this machine only, `PATH` (this shell's, venv's `bin` appended) and `OMP_NUM_THREADS` (when
   unset: cores / ranks);
 - copied when set: the names in FORWARDED_NAMES and every variable starting with a prefix in
-  FORWARDED_PREFIXES (`NCCL_*`, `CUDA_*`, `DS_*`, `GLOO_*`, `TORCH_*`, `HF_*`, `ROFORMER_*`), except
+  FORWARDED_PREFIXES (`NCCL_*`, `CUDA_*`, `DS_*`, `GLOO_*`, `TORCH_*`, `HF_*`, `ROFORMER_*`,
+  `MLFLOW_*`, `WANDB_*`), except
   NODE_LOCAL_NAMES and names that look like credentials (CREDENTIAL_NAME_RE: `HF_TOKEN`, `..._SECRET`);
 - the `KEY=VALUE` lines of the user's own DeepSpeed env file (`$DS_ENV_FILE`, default
   `.deepspeed_env`, in the home directory and the project root: where DeepSpeed's runner looks),
@@ -57,6 +58,8 @@ FORWARDED_PREFIXES = (
     "TORCH_",  # TORCH_DISTRIBUTED_DEBUG, TORCH_NCCL_* ... (not TORCH_EXTENSIONS_DIR: NODE_LOCAL_NAMES)
     "HF_",  # HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, HF_HOME ...
     "ROFORMER_",  # the project's own settings
+    "MLFLOW_",  # MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME (rank 0's tracker, launcher/tracking/)
+    "WANDB_",  # WANDB_PROJECT, WANDB_MODE, WANDB_ENTITY, WANDB_BASE_URL (not WANDB_API_KEY: a credential)
 )
 # Set on every node from that node's own software (launcher/ops_cache.py): this machine's value
 # (e.g. a CPU torch's op cache on a login node) would be wrong there.

@@ -1,11 +1,14 @@
-"""Rank-0 reporting: TensorBoard scalars, RUN_DIR/metrics.jsonl and progress lines with ETAs.
+"""Rank-0 reporting: RUN_DIR/metrics.jsonl, the sinks of `logging.report_to` and progress lines with ETAs.
 
 metrics.jsonl holds one JSON object per line, `kind` = "train" (every step), "valid" or "event";
 the first line is the `metrics_format` event. Every `step` counts optimizer steps completed
 (launcher/run_dir/metrics_format.py): the first train record has step 1, a validation or checkpoint after
 N steps has step N, as does TensorBoard's x axis. On resume from step N, train/valid lines past N
 are dropped (they belong to the lost future of the interrupted run), so the file always reads as
-one consistent run; TensorBoard gets the same treatment through SummaryWriter's purge_step.
+one consistent run; TensorBoard gets the same treatment through SummaryWriter's purge_step. When steps are
+redone (a restart from a checkpoint older than the file's last step, a guard rewind), an `attempt` event
+says so and the redone train/valid records carry the new `attempt` number.
+Every record goes to metrics.jsonl first, then to each sink (TensorBoard, MLflow, W&B: launcher/tracking/).
 Console output: launcher/train/progress_line.py.
 """
 from __future__ import annotations
@@ -19,27 +22,23 @@ from launcher.io import atomic_write_text, write_line
 from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, normalise
 from launcher.run_dir.layout import RunDir
 from launcher.mfu import Peak, resolve_peak, speed_fields
+from launcher.tracking import open_sinks
 from launcher.train.progress_line import ProgressPrinter
 from launcher.train.stop_time import StopTime
 
-# TensorBoard tag of each train-record field.
-TRAIN_SCALARS = {
-    "loss": "train/loss", "mlm_accuracy": "train/mlm_accuracy", "lr": "train/lr", "loss_scale": "train/loss_scale",
-    "grad_norm": "train/grad_norm", "skipped_steps": "train/skipped_steps", "stage": "schedule/stage",
-    "max_seq_len": "schedule/max_seq_len", "global_batch_size": "schedule/global_batch_size",
-    "tokens_per_s": "speed/tokens_per_s", "samples_per_s": "speed/samples_per_s", "step_time_s": "speed/step_time_s",
-    "tflops": "speed/tflops_per_rank", "mfu": "speed/mfu",
-}
+OUTCOME_EVENTS = ("finished", "stopped", "guard_stopped")
 
 
 class Metrics:
     """Does nothing on ranks other than 0, so the loop can call it unconditionally."""
 
     def __init__(self, run_dir: RunDir, rank: int, stages: list[ResolvedStage], total_steps: int, start_step: int,
-                 log_every: int, progress_bar: bool, progress_every: int = 1, preemption_grace: float | None = None):
+                 log_every: int, progress_bar: bool, progress_every: int = 1, preemption_grace: float | None = None,
+                 report_to: tuple[str, ...] = ("tensorboard",), params: dict | None = None, tags: dict | None = None):
         """start_step: steps completed when the run (re)starts; progress_every: steps between plain
         progress lines (launcher/train/progress_line.py); progress_bar False: no progress lines at all;
-        preemption_grace: restarts.preemption_grace_seconds, for the stop-time line (launcher/train/stop_time.py)."""
+        preemption_grace: restarts.preemption_grace_seconds, for the stop-time line (launcher/train/stop_time.py);
+        report_to: the sinks (launcher/tracking/); params, tags: what a tracker gets for the run as a whole."""
         self.active = rank == 0
         self.stages, self.total_steps, self.log_every = stages, total_steps, log_every
         self.tokens_per_s: float | None = None  # smoothed, for the ETAs
@@ -48,13 +47,17 @@ class Metrics:
         if not self.active:
             return
         self.path = run_dir.metrics
-        history = _truncate_from(self.path, start_step)
+        kept, self.attempt, redone = _truncate_from(self.path, start_step)
         if preemption_grace is not None:
-            self.stop_time = StopTime(preemption_grace, self.message, history)
+            self.stop_time = StopTime(preemption_grace, self.message, kept)
         self.jsonl = open(self.path, "a", encoding="utf-8")
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.tb = SummaryWriter(str(run_dir.tensorboard), purge_step=start_step + 1 if start_step > 0 else None)
+        self.outcome: str | None = None
+        self.sinks = open_sinks(report_to, run_dir, start_step, log_every, total_steps,
+                                [s.end_step for s in stages], params, tags)
+        for sink in self.sinks:
+            sink.start(kept, start_step)
+        if redone:
+            self._new_attempt(start_step, "restart from an older checkpoint")
         self.progress = ProgressPrinter(total_steps, progress_every) if progress_bar else None
 
     def set_peak(self, peak: Peak) -> None:
@@ -92,7 +95,8 @@ class Metrics:
                          "to report MFU")
 
     def train_step(self, record: dict) -> None:
-        """record: step (steps completed, this one included), the TRAIN_SCALARS fields and
+        """record: step (steps completed, this one included), the fields of launcher/tracking/tensorboard.py's
+        TRAIN_SCALARS and
         model_flops_per_rank (from which `tflops` and `mfu` are added)."""
         flops = record.pop("model_flops_per_rank", None)
         if flops is not None and self.peak is not None:
@@ -104,12 +108,8 @@ class Metrics:
             return
         if self.stop_time is not None:
             self.stop_time.step(record["step_time_s"])
-        self._write({"kind": "train", **record})
+        self._write({"kind": "train", **record, "attempt": self.attempt})
         step = record["step"]
-        if step == 1 or step % self.log_every == 0 or step == self.total_steps:
-            for key, tag in TRAIN_SCALARS.items():
-                if record.get(key) is not None:
-                    self.tb.add_scalar(tag, record[key], step)
         if self.progress is not None:
             self.progress.step(step, lambda: self.progress_text(record))
 
@@ -141,40 +141,37 @@ class Metrics:
         if not self.active:
             return
         self._write({"kind": "valid", "step": step, "stage": stage, "loss": loss, "mlm_accuracy": accuracy,
-                     "seconds": round(seconds, 4)})
-        self.tb.add_scalar("valid/loss", loss, step)
-        self.tb.add_scalar("valid/mlm_accuracy", accuracy, step)
+                     "seconds": round(seconds, 4), "attempt": self.attempt})
         self.message(f"validation at step {step}: loss {loss:.4f}, MLM accuracy {accuracy:.4f}")
 
     def event(self, event: str, **fields) -> None:
         if not self.active:
             return
+        if event in OUTCOME_EVENTS:
+            self.outcome = event
         self._write({"kind": "event", "event": event, "time": time.time(), **fields})
         if event == "checkpoint" and self.stop_time is not None:
             self.stop_time.checkpoint(fields["seconds"])
-        if "seconds" in fields:
-            self.tb.add_scalar(f"timing/{event}_s", fields["seconds"], fields.get("step", 0))
 
     def rewind(self, step: int) -> None:
         """The numerics guard went back to the checkpoint of `step`: train/valid records past it are dropped from
-        metrics.jsonl and TensorBoard (as on a resume), so both read as one consistent run; events stay."""
+        metrics.jsonl and TensorBoard (as on a resume), so both read as one consistent run; events stay. The steps
+        redone from there are a new attempt (trackers keep the abandoned ones, told apart by it)."""
         if not self.active:
             return
         self.jsonl.close()
         _truncate_from(self.path, step)
         self.jsonl = open(self.path, "a", encoding="utf-8")
-        from torch.utils.tensorboard import SummaryWriter
-
-        log_dir = self.tb.log_dir
-        self.tb.close()
-        self.tb = SummaryWriter(log_dir, purge_step=step + 1)
+        for sink in self.sinks:
+            sink.rewind(step)
+        self._new_attempt(step, "guard rewind")
 
     def guard_scalars(self, step: int, action: str, rewinds: int) -> None:
-        """TensorBoard: guard/<action> (1 at each trigger's step) and guard/rewinds (rewinds so far)."""
+        """The sinks' guard figures (TensorBoard: guard/<action> at the trigger's step, guard/rewinds so far)."""
         if not self.active:
             return
-        self.tb.add_scalar(f"guard/{action}", 1.0, step)
-        self.tb.add_scalar("guard/rewinds", rewinds, step)
+        for sink in self.sinks:
+            sink.guard_scalars(step, action, rewinds)
 
     def message(self, text: str) -> None:
         """One line on the console (rank 0 only)."""
@@ -184,13 +181,19 @@ class Metrics:
     def close(self) -> None:
         if not self.active:
             return
-        self.tb.flush()
-        self.tb.close()
         self.jsonl.close()
+        for sink in self.sinks:
+            sink.close(self.outcome)
+
+    def _new_attempt(self, step: int, cause: str) -> None:
+        self.attempt += 1
+        self.event("attempt", step=step, attempt=self.attempt, cause=cause)
 
     def _write(self, record: dict) -> None:
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
+        for sink in self.sinks:
+            sink.record(record)
 
 
 def read_metrics(run_dir: Path, kind: str = "train") -> list[dict]:
@@ -218,14 +221,17 @@ def _read_all(path: Path) -> list[dict]:
     return normalise(records)
 
 
-def _truncate_from(path: Path, start_step: int) -> list[dict]:
+def _truncate_from(path: Path, start_step: int) -> tuple[list[dict], int, bool]:
     """Rewrite metrics.jsonl for a (re)start after `start_step` steps: the format marker first, then the
-    records of steps up to start_step (an older file's converted to steps completed) and every event;
-    returns the records kept."""
-    kept = [r for r in _read_all(path) if r.get("event") != FORMAT_EVENT
-            and (r.get("kind") == "event" or r.get("step", -1) <= start_step)]
+    records of steps up to start_step (an older file's converted to steps completed) and every event.
+    Returns the records kept, the file's attempt number so far and whether records past start_step were dropped
+    (their steps are about to be redone)."""
+    records = [r for r in _read_all(path) if r.get("event") != FORMAT_EVENT]
+    kept = [r for r in records if r.get("kind") == "event" or r.get("step", -1) <= start_step]
+    attempt = max([int(r.get("attempt") or 0) for r in records if r.get("kind") != "event" or r.get("event") == "attempt"],
+                  default=0)
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in [format_event(), *kept]))
-    return kept
+    return kept, attempt, len(kept) < len(records)
 
 
 def _fmt_speed(record: dict) -> str:

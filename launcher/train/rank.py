@@ -37,6 +37,7 @@ from launcher.run_dir.records import write_init_record
 from launcher.train.engine import build_engine, init_distributed, precision
 from launcher.train.heartbeats import HeartbeatWriter
 from launcher.train.init_weights import InitialWeights
+from launcher.tracking.sink import tracked_run
 from launcher.train.metrics import Metrics
 from launcher.train.phase_timer import PhaseTimer
 from launcher.train.progress_line import progress_every
@@ -179,7 +180,8 @@ def build_components(inputs: RankInputs, plan: ResumePlan, progress: HeartbeatWr
         timer.phase("checkpoint_load")
     metrics = Metrics(run_dir, rank, inputs.stages, cfg.schedule.total_steps, state.step, cfg.logging.log_every,
                       cfg.logging.progress_bar, progress_every(cfg.logging.progress_every, cfg.schedule.total_steps),
-                      cfg.restarts.preemption_grace_seconds)
+                      preemption_grace=cfg.restarts.preemption_grace_seconds,
+                      **tracked_run(cfg.to_dict(), run_dir, cfg.data.data_dir, cfg.logging.report_to))
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 and cfg.logging.plots else None
     on_stage_end = stage_end_callback(cfg, run_dir, plots)
     metrics.report_start(timer, plan, world_size, loss_scale(engine), int(engine.skipped_steps), precision(engine),

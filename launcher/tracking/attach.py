@@ -1,0 +1,58 @@
+"""The trackers of a run from outside training: `roformer report RUN_DIR` (report.md and the plots) and
+`roformer export` (the model card) attach their files to the run's tracked runs, and first send whatever the
+trackers missed from metrics.jsonl (a server that was down). Only trackers the run already reports to (a
+RUN_DIR/tracking/<tracker>.json) are touched; a failure is one warning line, never the command's."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launcher.io import write_line
+from launcher.run_dir.layout import RunDir
+from launcher.run_dir.metrics_format import normalise
+from launcher.tracking.remote import Connection, tracking_dir
+from launcher.tracking.sink import TRACKERS
+
+
+def tracked(run_dir: RunDir) -> list[str]:
+    """The trackers this run reports to."""
+    return [name for name in TRACKERS if (tracking_dir(run_dir) / f"{name}.json").is_file()]
+
+
+def sync_run(run_dir, files: list[tuple[Path, str]]) -> None:
+    """Catch up every tracker of RUN_DIR from metrics.jsonl and its stage-end evals, then attach `files`
+    ((file, artifact folder) pairs)."""
+    run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
+    for name in tracked(run_dir):
+        connection = Connection(name, run_dir, {}, {}, stage_ends(run_dir))
+        try:
+            connection.open()
+            connection.send_records(read_records(run_dir.metrics))
+            connection.send_evals()
+            connection.send_files(files)
+            connection.close(None)
+        except Exception as err:  # noqa: BLE001 - a tracker never fails the command
+            write_line(f"tracking: {name} unreachable or refused ({type(err).__name__}: {str(err)[:300]}); "
+                       f"the next start or `roformer report {run_dir.root}` sends what it missed")
+
+
+def stage_ends(run_dir: RunDir) -> list[int]:
+    try:
+        stages = json.loads(run_dir.stages.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    stages = stages.get("stages", stages) if isinstance(stages, dict) else stages
+    return [int(s["first_step"]) + int(s["steps"]) for s in stages if isinstance(s, dict) and "steps" in s]
+
+
+def read_records(path: Path) -> list[dict]:
+    """metrics.jsonl's records, steps counted as steps completed (a line cut by a kill skipped)."""
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return normalise(records)

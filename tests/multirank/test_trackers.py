@@ -1,0 +1,109 @@
+"""Real 2-rank runs reporting to a real `mlflow server` (tests/support/mlflow_server.py), read back with MLflow's
+own client: (a) a run stopped by SIGTERM mid-stage and resumed while the server is down, then caught up by
+`roformer report`: one MLflow run, every step once with metrics.jsonl's values, stage boundaries and artifacts;
+(b) a guard rewind: the redone steps told apart from the abandoned ones by their attempt."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("mlflow")
+
+from launcher.train.metrics import read_metrics  # noqa: E402
+from tests.support.helpers import (  # noqa: E402
+    NO_DROPOUT,
+    TEST_RANK_ENTRY,
+    TINY_TOTAL_STEPS,
+    events,
+    roformer,
+    roformer_env,
+    run_to_end,
+    start_run,
+    tiny_run_config,
+)
+from tests.support.mlflow_server import MlflowServer  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+STOP_BEFORE_STEP = 8  # 0-based: mid-way through the second stage (steps 7-10)
+TRACKED = {"report_to": ["tensorboard", "mlflow"]}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
+    yield srv
+    srv.stop()
+
+
+def tracker_env(server, experiment: str) -> dict:
+    return {"MLFLOW_TRACKING_URI": server.uri, "MLFLOW_EXPERIMENT_NAME": experiment}
+
+
+def test_stopped_resumed_with_the_server_down_then_caught_up(tiny_data, tmp_path, server):
+    config = tiny_run_config(tmp_path / "config", tiny_data,
+                             logging={"report_to": ["tensorboard", "mlflow", "wandb"], "plots": True})
+    run_dir, env = tmp_path / "run", {**tracker_env(server, "stop-resume"), "WANDB_MODE": "offline"}
+    proc = start_run(2, config, run_dir, module=TEST_RANK_ENTRY,
+                     ROFORMER_TEST_SIGTERM_LAUNCHER_AT=str(STOP_BEFORE_STEP), **env)
+    assert proc.wait(timeout=600) != 0
+    (stopped,) = events(run_dir, "stopped")
+    server.stop()  # the resumed run goes on without it
+    run_to_end(2, config, run_dir, log=tmp_path / "resume.log", **env)
+    log = (tmp_path / "resume.log").read_text(errors="replace")
+    assert log.count("tracking: mlflow unreachable") == 1, log[-3000:]
+    server.start()
+    result = roformer("report", str(run_dir), env=roformer_env(**env), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    client = server.client()
+    experiment = client.get_experiment_by_name("stop-resume")
+    (run,) = client.search_runs([experiment.experiment_id])
+    run_id = run.info.run_id
+    train = read_metrics(run_dir)
+    assert [r["step"] for r in train] == list(range(1, TINY_TOTAL_STEPS + 1))
+    for key in ("loss", "mlm_accuracy", "lr", "grad_norm"):
+        logged = sorted((m.step, m.value) for m in client.get_metric_history(run_id, f"train/{key}"))
+        assert logged == [(r["step"], r[key]) for r in train], key  # every step once, metrics.jsonl's values
+    tags = run.data.tags
+    assert [tags[f"stage.{i}.start_step"] for i in range(3)] == ["0", "6", "10"]
+    assert [tags[f"stage.{i}.end_step"] for i in range(3)] == ["6", "10", "16"]
+    assert tags["run_dir"] == str(run_dir.resolve()) and tags["data_dir"] == str(tiny_data)
+    assert tags[f"resume.step{stopped['step']}"].startswith("global_step") and tags["outcome"] == "finished"
+    assert run.data.params["model.hidden_size"] == "32"
+    artifacts = {a.path for a in client.list_artifacts(run_id)}
+    assert "report.md" in artifacts and "plots" in artifacts
+    assert any(a.path.endswith(".png") for a in client.list_artifacts(run_id, "plots"))
+    # W&B (offline, never down here): the same run id at every start, every step in its ledger once
+    wandb_state = json.loads((run_dir / "tracking" / "wandb.json").read_text())
+    starts = list((run_dir / "tracking" / "wandb").glob(f"offline-run-*-{wandb_state['run_id']}"))
+    assert len(starts) >= 2 and all((d / f"run-{wandb_state['run_id']}.wandb").is_file() for d in starts)
+    sent = (run_dir / "tracking" / "wandb.sent").read_text().splitlines()
+    train_keys = [k for k in sent if k.startswith("train:")]
+    assert sorted(train_keys) == sorted(f"train:0:{s}" for s in range(1, TINY_TOTAL_STEPS + 1))
+
+
+def test_guard_rewind_redone_steps_are_told_apart(tiny_data, tmp_path, server):
+    # Steps 7 and 8 carry a poisoned stretch of data: the guard rewinds to step 6 and redoes 7-12 (attempt 1).
+    config = tiny_run_config(tmp_path / "config", tiny_data, model=NO_DROPOUT,
+                             stages=[{"name": "flat", "max_seq_len": 32, "global_batch_size": 8, "steps": 12}],
+                             checkpoint={"every_steps": 3, "keep_last": 2}, logging=TRACKED,
+                             guard={"window": 3, "patience": 2, "spike_factor": 1.5, "action": "rewind",
+                                    "skip_batches": 2})
+    run_dir = tmp_path / "run"
+    run_to_end(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_POISON_SEQUENCES="48:16",
+               **tracker_env(server, "rewind"))
+    [rewind] = events(run_dir, "guard")
+    [attempt] = events(run_dir, "attempt")
+    assert (attempt["attempt"], attempt["step"]) == (1, rewind["to_step"])
+    client = server.client()
+    (run,) = client.search_runs([client.get_experiment_by_name("rewind").experiment_id])
+    run_id = run.info.run_id
+    attempts = {(m.step, m.timestamp): int(m.value) for m in client.get_metric_history(run_id, "train/attempt")}
+    loss = [(attempts[(m.step, m.timestamp)], m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")]
+    final = {r["step"]: r for r in read_metrics(run_dir)}
+    redone = range(rewind["to_step"] + 1, rewind["step"] + 1)  # written, then abandoned by the rewind
+    assert sorted((s, a) for a, s, _ in loss if s in redone) == sorted([(s, 0) for s in redone] + [(s, 1) for s in redone])
+    assert sorted((s, v) for a, s, v in loss if a == final[s]["attempt"]) == sorted((s, r["loss"]) for s, r in final.items())
+    assert all(final[s]["attempt"] == (1 if s > rewind["to_step"] else 0) for s in final)
+    assert "attempt.1" in run.data.tags and f"guard.step{rewind['step']}.rewind" in run.data.tags
