@@ -321,8 +321,14 @@ def _build_nested(where: str, cls: type, values: Any, source: str):
         raise UserError(f"{source}: data: {err}") from None
 
 
+# Word values that YAML 1.1 reads as booleans (`action: off` is False): the word the user wrote.
+BOOLEAN_WORDS = {"guard.action": {False: "off"}}
+
+
 def _check_type(where: str, value: Any, default: Any, source: str) -> Any:
     """Values must have the type of the field's default (ints are accepted where floats are)."""
+    if isinstance(value, bool) and value in BOOLEAN_WORDS.get(where, {}):
+        value = BOOLEAN_WORDS[where][value]
     if isinstance(default, bool):
         ok = isinstance(value, bool)
     elif isinstance(default, int):

@@ -68,7 +68,7 @@ def _shipped_recipe_section(table: dict) -> list[str]:
 
 def _recipes_section(groups: dict) -> list[str]:
     """The recipes part: WSD vs linear decay and the annealed vs the fixed mask rate, on one picture."""
-    claim = ("Claims (issue 28): at equal steps a warmup-stable-decay learning rate (1-sqrt over the last stage) "
+    claim = ("Claims: at equal steps a warmup-stable-decay learning rate (1-sqrt over the last stage) "
              "ends at least as low as the linear decay, and a mask rate annealed per stage (30% -> 15%) ends lower "
              "than 15% throughout. Variants: `linear` = the RoPE ablation run (linear decay, 15% masked), `wsd` = "
              "the same with optimizer.decay wsd, `mask-annealed` = the same with a mask_prob per stage. Every "

@@ -24,7 +24,7 @@ Parts (each can run alone; `lengths` and `downstream` share the recipe's pretrai
               short lengths, then a short last stage at a long length with (a) the same RoPE base,
               (b) a larger one, against (c) no extension stage (the same run's checkpoint before it);
               masked-LM loss at lengths up to twice the extension length.
-- recipes     issue 28's recipe fields at the ablation scale: the RoPE ablation run (linear decay, 15%
+- recipes     the recipe fields at the ablation scale: the RoPE ablation run (linear decay, 15%
               masked throughout; the encodings part's `rope` runs) against (a) the same run with a
               warmup-stable-decay learning rate (1-sqrt over the last stage) and (b) its mask rate
               annealed per stage (30% -> 15%), at equal steps, data and seeds. Compared on the runs'

@@ -47,6 +47,8 @@ class WandbBackend:
         os.environ.setdefault("WANDB_ERROR_REPORTING", "false")  # the job reports where it was told, nowhere else
         if self.detach_service and not os.environ.get("WANDB_SERVICE"):
             start_detached_service()
+        if run_id:
+            _wait_for_a_second_of_its_own(self.dir / "wandb", run_id)
         settings = wandb.Settings(console="off", x_disable_stats=True, silent=True, disable_git=True,
                                   save_code=False)
         self.run = wandb.init(id=run_id or secrets.token_hex(4), resume="allow", dir=str(self.dir),
@@ -75,6 +77,20 @@ class WandbBackend:
 
     def close(self, outcome: str | None) -> None:
         self.run.finish(exit_code=0 if outcome in (None, "finished", "stopped") else 1)
+
+
+def _wait_for_a_second_of_its_own(wandb_dir: Path, run_id: str) -> None:
+    """W&B names a start's folder by its second ((offline-)run-YYYYmmdd_HHMMSS-ID): a second start of the run
+    within the same second finds that folder's run file taken and its records are lost."""
+    import time
+    from datetime import datetime
+
+    def taken() -> bool:
+        second = f"{datetime.now():%Y%m%d_%H%M%S}"
+        return any((wandb_dir / f"{mode}-{second}-{run_id}").exists() for mode in ("run", "offline-run"))
+
+    while taken():
+        time.sleep(0.05)
 
 
 def start_detached_service() -> None:

@@ -7,7 +7,7 @@ A work of `all_gather_object` (the last collectives of a failed save: Checkpoint
 tensors owned by Python objects, so dropping it takes the GIL. If the interpreter is finalizing by
 then, Python ends that thread (pthread_exit) inside the work's noexcept destructor and libstdc++
 aborts the process: "terminate called without an active exception", SIGABRT, exit 134 instead of the
-rank's own exit code (seen on a loaded machine in about one exit in ten; issue 33, with a core dump:
+rank's own exit code (seen on a loaded machine in about one exit in ten, with a core dump:
 ProcessGroupGloo::runLoop -> ~AsyncAllgatherWork -> decref -> take_gil -> pthread_exit). Destroying
 the process group shuts its backend down, which joins those workers while the interpreter still runs.
 DeepSpeed adds no thread of its own on this path: deepspeed.comm only forwards to torch.distributed.

@@ -352,3 +352,16 @@ def test_a_branch_continues_its_sources_history_up_to_the_branch_step(tmp_path):
         (1, 9.0, 0), (2, 8.0, 0), (3, 7.0, 0), (4, 6.0, 0), (5, 5.0, 0), (6, 4.0, 0), (7, 1.5, 1), (8, 1.25, 1)]
     assert history.rewinds == []
     assert [f.step for f in read_history(branch, 6).steps] == [1, 2, 3, 4, 5, 6]
+
+
+def test_guard_off_written_as_yaml_or_as_an_override_turns_the_guard_off(tmp_path):
+    """YAML 1.1 reads a bare `off` as False: `action: off` and `guard.action=off` (what `--guard off` adds) mean off."""
+    import yaml
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(run_config_dict()) + "guard:\n  action: off\n")
+    assert load_run_config(path).guard.action == "off"
+    plain = write_yaml(tmp_path / "plain.yaml", run_config_dict())
+    assert load_run_config(plain, ["guard.action=off"]).guard.action == "off"
+    with pytest.raises(UserError, match="guard.action: expected str, got True"):
+        load_run_config(plain, ["guard.action=on"])

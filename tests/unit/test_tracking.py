@@ -17,6 +17,7 @@ from launcher.tracking.remote import Ledger  # noqa: E402
 from launcher.train.metrics import Metrics, read_metrics  # noqa: E402
 from launcher.errors import UserError  # noqa: E402
 from tests.support.mlflow_server import MlflowServer  # noqa: E402
+from tests.support.wandb_log import history_rows  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -147,30 +148,9 @@ def test_wandb_offline(tmp_path, monkeypatch):
     files = sorted(Path(state["dir"]).glob(f"offline-run-*-{state['run_id']}/run-{state['run_id']}.wandb"))
     assert files  # W&B's own files, one W&B run id (one folder per start, unless two starts share a second)
     assert {f"train:0:{s}" for s in range(1, 7)} <= Ledger(run_dir, "wandb").sent()
-    try:  # W&B's own reader of its .wandb files (wandb.sdk.internal.datastore: gone from wandb 0.25 on)
-        from wandb.sdk.internal import datastore  # noqa: F401
-    except ImportError:
-        return
-    rows = [row for path in files for row in wandb_history(path)]
+    rows = [row for path in files for row in history_rows(path)]  # W&B's own record schema
     assert sorted((int(r["step"]), r["train/loss"]) for r in rows if "train/loss" in r) == \
         [(s, 10.0 - s) for s in range(1, 7)]
-
-
-def wandb_history(path: Path) -> list[dict]:
-    """The history rows of one offline .wandb file, through W&B's own datastore reader."""
-    from wandb.proto import wandb_internal_pb2
-    from wandb.sdk.internal import datastore
-
-    store = datastore.DataStore()
-    store.open_for_scan(str(path))
-    rows = []
-    while (data := store.scan_data()) is not None:
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(data)
-        if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})
-    return rows
 
 
 def test_finetune_job_is_one_tracked_run_linked_to_its_export(tmp_path, server, monkeypatch):
