@@ -23,7 +23,7 @@ from tests.support.helpers import (  # noqa: E402
     tiny_run_config,
 )
 from tests.support.mlflow_server import MlflowServer  # noqa: E402
-from tests.support.wandb_log import history_rows  # noqa: E402
+from tests.support.wandb_log import train_losses  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 STOP_BEFORE_STEP = 8  # 0-based: mid-way through the second stage (steps 7-10)
@@ -82,8 +82,7 @@ def test_stopped_resumed_with_the_server_down_then_caught_up(tiny_data, tmp_path
     sent = (run_dir / "tracking" / "wandb.sent").read_text().splitlines()
     train_keys = [k for k in sent if k.startswith("train:")]
     assert sorted(train_keys) == sorted(f"train:0:{s}" for s in range(1, TINY_TOTAL_STEPS + 1))
-    rows = [row for d in starts for row in history_rows(d / f"run-{wandb_state['run_id']}.wandb")]
-    logged = sorted((int(r["step"]), r["train/loss"]) for r in rows if "train/loss" in r)
+    logged = train_losses([d / f"run-{wandb_state['run_id']}.wandb" for d in starts], len(train))
     assert logged == [(r["step"], r["loss"]) for r in train]  # W&B's own files: every step once, the same values
 
 

@@ -57,3 +57,17 @@ def history_rows(path: Path) -> list[dict]:
             rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                          for item in record.history.item})
     return rows
+
+
+def train_losses(files: list[Path], steps: int, seconds: float = 30.0) -> list[tuple[int, float]]:
+    """(step, train/loss) of every history row in `files`, sorted; read again until `steps` rows are there or
+    `seconds` pass: W&B's service may still be writing a run's file after `finish()` returned."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        rows = [row for path in files for row in history_rows(path)]
+        losses = sorted((int(r["step"]), r["train/loss"]) for r in rows if "train/loss" in r)
+        if len(losses) >= steps or time.monotonic() > deadline:
+            return losses
+        time.sleep(0.5)
