@@ -10,9 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.errors import UserError
+from launcher.export.parity import check_logits
 
-# Same tolerance and probe as the RoFormer export's parity check (fp32, summation order only).
-PARITY_ATOL = 1e-4
 
 
 def exports_as_bert(model_config) -> bool:
@@ -70,7 +69,6 @@ def bert_model_card(card: str, max_positions: int) -> str:
 def check_bert_parity(export_dir: Path, model) -> float:
     """Reload the export with transformers' own BertForMaskedLM (no missing or unexpected keys) and compare
     logits; returns max |diff|."""
-    import torch
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -81,17 +79,5 @@ def check_bert_parity(export_dir: Path, model) -> float:
         if info.get(kind):
             raise UserError(f"{export_dir}: transformers' BertForMaskedLM reports {kind.replace('_', ' ')} "
                             f"{sorted(map(str, info[kind]))[:5]}; export aborted, nothing replaced")
-    generator = torch.Generator().manual_seed(0)
-    length = min(24, model.config.max_position_embeddings)
-    input_ids = torch.randint(5, model.config.vocab_size, (2, length), generator=generator)  # (B, T), no special ids
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[1, length * 2 // 3:] = 0  # one padded row checks the mask convention too
-    with torch.no_grad():
-        ours = model(input_ids, attention_mask=attention_mask).logits
-        theirs = hf(input_ids=input_ids, attention_mask=attention_mask).logits
-    real = attention_mask.bool()
-    diff = (ours[real] - theirs[real]).abs().max().item()
-    if not diff <= PARITY_ATOL:
-        raise UserError(f"{export_dir}: transformers' BertForMaskedLM reproduces our logits only to {diff:.3g} "
-                        f"(> {PARITY_ATOL}); export aborted, nothing replaced")
-    return diff
+    return check_logits(model, hf, export_dir, "transformers' BertForMaskedLM",
+                        length=min(24, model.config.max_position_embeddings))

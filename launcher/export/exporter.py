@@ -41,6 +41,7 @@ import yaml
 from launcher.export.bert_export import (bert_max_positions, bert_model_card, check_bert_parity, check_export_format,
                                           exports_as_bert, write_weights)
 from launcher.export.export_reader import EXPORT_INFO
+from launcher.export.parity import check_logits
 from launcher.export.model_card import render_model_card, run_stages, trained_length
 from launcher.export.sentence_transformers_files import write_sentence_transformers_files
 from launcher.errors import UserError
@@ -54,9 +55,6 @@ if TYPE_CHECKING:  # torch is imported where it is used: `roformer export --help
 
     from launcher.checkpoint.weights import AverageRequest, AveragedCheckpoint, CheckpointRef
 
-# Largest |logit difference| tolerated between our model and transformers on the same weights
-# (fp32; both compute the same function, differences are summation order only).
-PARITY_ATOL = 1e-4
 # transformers' RoPE table is at least this long (its RoFormer default; the paper's longest stage).
 MIN_MAX_POSITIONS = 1536
 # ... and at least this many times the longest length the checkpoint was trained at.
@@ -195,27 +193,12 @@ def check_transformers_parity(export_dir: Path, model: torch.nn.Module) -> float
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    import torch
-
     hf = transformers.RoFormerForMaskedLM.from_pretrained(str(export_dir)).eval()
     table = hf.roformer.encoder.embed_positions.weight.shape[0]
     if table != hf.config.max_position_embeddings:
         raise UserError(f"{export_dir}: transformers built a RoPE table of {table} positions, config.json says "
                         f"{hf.config.max_position_embeddings}; export aborted, nothing replaced")
-    generator = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    input_ids = torch.randint(5, vocab, (2, 24), generator=generator)  # (B, T), no special ids
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[1, 17:] = 0  # one padded row checks the mask convention too
-    with torch.no_grad():
-        ours = model(input_ids, attention_mask=attention_mask).logits
-        theirs = hf(input_ids=input_ids, attention_mask=attention_mask).logits
-    real = attention_mask.bool()
-    diff = (ours[real] - theirs[real]).abs().max().item()
-    if not diff <= PARITY_ATOL:
-        raise UserError(f"{export_dir}: transformers' RoFormer reproduces our logits only to {diff:.3g} "
-                        f"(> {PARITY_ATOL}); export aborted, nothing replaced")
-    return diff
+    return check_logits(model, hf, export_dir, "transformers' RoFormer")
 
 
 # --------------------------------------------------------------------------- pieces
