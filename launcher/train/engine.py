@@ -12,6 +12,7 @@ from deepspeed.accelerator import get_accelerator
 from launcher.checkpoint.checkpointer import seed_everything
 from launcher.config.precision import train_precision
 from launcher.config.run_config import RunConfig
+from launcher.lean_imports import answer_not_muon
 from launcher.train.init_weights import InitialWeights
 from roformer import RoFormerForMaskedLM
 
@@ -33,6 +34,7 @@ def build_engine(cfg: RunConfig, ds_config: dict, rank: int, initial: InitialWei
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]  # biases and LayerNorm: no weight decay
     groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+    answer_not_muon(str(ds_config.get("optimizer", {}).get("type", "")))
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config)
     return engine
 

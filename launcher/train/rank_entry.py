@@ -48,20 +48,6 @@ def prepare_process_environment(environ: dict[str, str] = os.environ) -> None:
     environ["PATH"] = append_venv_bin(environ.get("PATH", os.defpath))
 
 
-def import_deepspeed() -> None:
-    """DeepSpeed imported without MLflow: its autotuner, which a rank never runs, imports MLflow whenever
-    it is installed (the `track` extra), a second or more of pandas and scipy in every rank. A run that
-    reports to MLflow imports it later, as usual."""
-    blocked = "mlflow" not in sys.modules
-    if blocked:
-        sys.modules["mlflow"] = None  # makes `import mlflow` fail at once; DeepSpeed's autotuner expects that
-    try:
-        import deepspeed  # noqa: F401
-    finally:
-        if blocked and sys.modules.get("mlflow", 0) is None:
-            del sys.modules["mlflow"]
-
-
 def main(argv: list[str] | None = None) -> int:
     """The rank: its environment, its inputs checked, then, holding the run directory, the resume agreed,
     the components built and training run (launcher/train/rank.py)."""
@@ -69,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     from launcher.io import keep_console, write_line
 
     keep_console()  # before DeepSpeed's logger takes sys.stdout: a console gone ends nothing (launcher/io.py)
+    from launcher.lean_imports import import_deepspeed
+
     import_deepspeed()
     from launcher.defaults import BAD_INPUT_EXIT_CODE, RANK_ERROR_PREFIX
     from launcher.errors import user_errors

@@ -1,0 +1,56 @@
+"""A rank imports and builds DeepSpeed without the parts it never runs (launcher/lean_imports.py): not MLflow,
+not the Muon modules with their compiled kernels; a run that uses them still gets the real ones."""
+import json
+import subprocess
+import sys
+
+from tests.support.helpers import REPO, free_port, rank_env
+
+# One ZeRO-2 step of a tiny model in a 1-rank process group, then what it imported.
+ENGINE_STEP = """
+import json, sys
+from launcher.lean_imports import answer_not_muon, import_deepspeed
+import_deepspeed()
+import deepspeed, torch
+optimizer = sys.argv[1]
+answer_not_muon(optimizer)
+deepspeed.init_distributed(dist_backend="gloo")
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": optimizer, "params": {"lr": 1e-3}},
+          "zero_optimization": {"stage": 2}}
+engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+loss = engine(torch.randn(2, 8)).pow(2).mean()
+engine.backward(loss)
+engine.step()
+names = ("mlflow", "torch._inductor.compile_fx", "deepspeed.runtime.zero.muon.original_muon")
+print(json.dumps({name: name in sys.modules and sys.modules[name] is not None and
+                  hasattr(sys.modules[name], "__file__") for name in names}))
+"""
+
+
+def _imported_after_one_step(optimizer: str) -> dict:
+    env = rank_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    out = subprocess.run([sys.executable, "-c", ENGINE_STEP, optimizer], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_an_adamw_rank_trains_without_mlflow_or_the_compiled_muon_modules():
+    assert _imported_after_one_step("AdamW") == {"mlflow": False, "torch._inductor.compile_fx": False,
+                                                 "deepspeed.runtime.zero.muon.original_muon": False}
+
+
+def test_mlflow_is_importable_after_deepspeed_and_muon_is_left_to_a_muon_run(monkeypatch):
+    from launcher.lean_imports import MUON_KERNELS, MUON_OPTIMIZER, answer_not_muon, import_deepspeed
+
+    import_deepspeed()
+    assert sys.modules.get("mlflow", "absent") is not None  # the block is lifted: `import mlflow` can work
+    for name in (MUON_KERNELS, MUON_OPTIMIZER):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    answer_not_muon("Muon")
+    assert MUON_KERNELS not in sys.modules and MUON_OPTIMIZER not in sys.modules
+    answer_not_muon("adamw")
+    assert not hasattr(sys.modules[MUON_KERNELS], "__file__")  # the stand-in, not DeepSpeed's module
+    for name in (MUON_KERNELS, MUON_OPTIMIZER):
+        monkeypatch.delitem(sys.modules, name)
