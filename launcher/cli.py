@@ -79,6 +79,10 @@ def _raise_stopped(signum, _frame) -> None:
     raise Stopped(signum)
 
 
+# Commands that use DeepSpeed import it first, without the parts they never run (launcher/lean_imports.py).
+USE_DEEPSPEED = ("plan", "pretrain", "export", "gpu-check")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = "?"
@@ -94,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser(argv).parse_args(argv)
         command = args.command
         module = importlib.import_module(SUBCOMMANDS[command][0])
+        if command in USE_DEEPSPEED:
+            from launcher.lean_imports import import_deepspeed
+
+            import_deepspeed()
         code = int(module.run(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not as a traceback at interpreter exit
         return code
