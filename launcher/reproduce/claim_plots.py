@@ -1,15 +1,8 @@
 """PNG figures of a reproduction (matplotlib, Agg backend): one question per picture.
 
-- fig2_encodings.png / linear_attention.png / recipes.png: MLM validation loss against steps, the mean over seeds
-  as a line and the min-max over seeds as a band, one colour per variant; the final-loss spread is
-  in the legend.
-- table5_lengths.png: inews test accuracy and macro-F1 against the fine-tuning max length.
-- downstream.png: test accuracy against the label budget, pretrained export vs random-init twin,
-  one panel per task, with the majority baseline dashed.
-- extension.png: masked-LM loss against evaluation length per context-extension variant (mean,
-  min-max over seeds), with the base and extension training lengths marked.
-- recipe_comparison.png: test accuracy per task of the three-phase recipe, recipe.yaml and the random-init
-  twin (mean, min-max over fine-tuning seeds), with each pretraining run's final loss in the legend.
+Losses against steps (mean over seeds as a line, min-max as a band), scores against fine-tuning length or
+label budget (export vs random-init twin), loss against evaluation length per extension variant; each
+function names its figure.
 """
 from __future__ import annotations
 
