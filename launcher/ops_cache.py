@@ -15,7 +15,7 @@ from pathlib import Path
 
 ENV_VAR = "TORCH_EXTENSIONS_DIR"
 CPU_COMM_OP = "deepspeed_shm_comm"  # deepspeed/ops/op_builder/cpu/comm.py: ShareMemCommBuilder.NAME
-# Measured on the reference 2-core machine: 25-60 s with a few other jobs, 2-6 min at load 20.
+# What the user is told to expect (the build times measured: docs/training.md).
 CPU_COMM_OP_BUILD = "about a minute on an idle machine, several under heavy load"
 
 

@@ -38,7 +38,7 @@ class FinetuneConfig:
     max_eval_examples: int | None = None  # first N of dev and of test (None = all; file order is fixed)
     seeds: tuple[int, ...] = (0,)  # one fine-tune per seed: head init, dropout, subset and batch order
     # torch CPU threads; 0 = torch's default. 1 by default: this job's small matrices gain nothing
-    # from a second thread, which burned ~3x the CPU time for the same wall time in measurements here.
+    # from a second thread, which only burns CPU time.
     threads: int = 1
     # "pretrained": the export's encoder weights; "random": its random-init twin (same architecture
     # and tokenizer, weights freshly initialised from the seed), to measure what pretraining bought.

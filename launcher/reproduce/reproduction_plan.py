@@ -431,15 +431,15 @@ def quick_preset() -> Preset:
         finetune_jobs=2,
         pretrain_jobs=2,
         # One recipe seed and one fine-tuning seed: several seeds are the full preset's, checked by
-        # tests/unit/test_reproduce.py on written reports (each extra job here costs the suite ~30 s).
+        # tests/unit/test_reproduce.py on written reports (each extra job here lengthens the test suite).
         extension=Extension(base=({"name": "short", "max_seq_len": 32, "global_batch_size": 4, "steps": 3},),
                             stage={"name": "extend", "max_seq_len": 64, "global_batch_size": 2, "steps": 2},
                             larger_theta=40000.0, seeds=(0,), eval_lens=(32, 64, 128), eval_tokens=512),
         recipes=RecipeAblation(mask_probs=(0.3, 0.15), seeds=(0,)),  # quick_schedule.yaml's two stages
         # Fine-tuned pairs only (zero-shot jobs are the full preset's; tests/unit/test_retrieval.py runs one).
         retrieval=RetrievalProtocol(32, (32,), ("--epochs", "1"), eval_args=("--max-eval-examples", "32")),
-        # 15 more jobs (4 pretrain, 4 export, 4 eval, 3 finetune: 2 min on a quiet 2-core machine, 6 under load):
-        # run only when asked for (`--quick --parts from-bert`).
+        # 15 more jobs (4 pretrain, 4 export, 4 eval, 3 finetune): run only when asked for
+        # (`--quick --parts from-bert`).
         from_bert=FromBert(stage={"name": "continue", "max_seq_len": 64, "global_batch_size": 2, "steps": 2},
                            seeds=(0,), eval_lens=(32, 128), budget=32, eval_tokens=512, max_length=32,
                            finetune_args=("--epochs", "1", "--max-eval-examples", "32"),
