@@ -136,21 +136,48 @@ def side_by_side(sides: dict, rounds: int, export: Path, files: dict, threads: i
                               for a, b in zip(measured[0::2], measured[1::2])]}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def side_by_side_args(description: str, out_name: str) -> argparse.Namespace:
+    """The command line of this benchmark and bench_retrieval.py; offline Hugging Face libraries."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("export_dir", type=Path, nargs="?", default=None)
     parser.add_argument("--train-examples", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3, help="alternating measurements of each side")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "finetune.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / out_name)
     args = parser.parse_args()
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return args
+
+
+def write_results(args: argparse.Namespace, what: str, settings: dict, versions: dict, compared: dict,
+                  theirs: tuple[str, str], ratio_key: str) -> None:
+    """The results file of a side-by-side run (ours against `theirs`: its side's key and its name), and its
+    one summary line."""
+    from launcher.io import atomic_write_json
+
+    theirs, their_name = theirs
+    medians = compared["median_examples_per_second"]
+    results = {
+        "what": what,
+        "export": str(args.export_dir) if args.export_dir else "random-init, demo shape (h128 L2, vocab 8000)",
+        "settings": settings,
+        "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
+        "versions": {**versions, "torch": __import__("torch").__version__},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **compared,
+        ratio_key: round(medians["ours"] / medians[theirs], 3),
+    }
+    atomic_write_json(args.out, results)
+    print(f"ours {medians['ours']:.1f} vs {their_name} {medians[theirs]:.1f} examples/s (x{results[ratio_key]}); "
+          f"-> {args.out}", file=sys.stderr)
+
+
+def main() -> int:
+    args = side_by_side_args(__doc__.splitlines()[0], "finetune.json")
 
     import transformers
-
-    from launcher.io import atomic_write_json
 
     transformers.logging.set_verbosity_error()  # the new head's "newly initialized" notice, once per round
 
@@ -159,21 +186,11 @@ def main() -> int:
         files = write_task(Path(tmp) / "task", args.train_examples)
         compared = side_by_side({"ours": ours, "transformers_trainer": transformers_trainer}, args.rounds, export,
                                 files, args.threads)
-    medians = compared["median_examples_per_second"]
-    results = {
-        "what": "fine-tuning examples/s of the optimisation loop: roformer finetune vs transformers Trainer, "
-                "same export, task (movie-review sentences, CSV, word labels), settings and threads",
-        "export": str(args.export_dir) if args.export_dir else "random-init, demo shape (h128 L2, vocab 8000)",
-        "settings": {**SETTINGS, "train_examples": args.train_examples, "torch_threads": args.threads},
-        "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
-        "versions": {"transformers": transformers.__version__, "torch": __import__("torch").__version__},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        **compared,
-        "ours_over_transformers": round(medians["ours"] / medians["transformers_trainer"], 3),
-    }
-    atomic_write_json(args.out, results)
-    print(f"ours {medians['ours']:.1f} vs Trainer {medians['transformers_trainer']:.1f} examples/s "
-          f"(x{results['ours_over_transformers']}); -> {args.out}", file=sys.stderr)
+    write_results(args, "fine-tuning examples/s of the optimisation loop: roformer finetune vs transformers Trainer, "
+                        "same export, task (movie-review sentences, CSV, word labels), settings and threads",
+                  {**SETTINGS, "train_examples": args.train_examples, "torch_threads": args.threads},
+                  {"transformers": transformers.__version__}, compared, ("transformers_trainer", "Trainer"),
+                  "ours_over_transformers")
     return 0
 
 

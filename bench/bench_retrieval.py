@@ -19,11 +19,8 @@ demo's shape (bench/bench_finetune.py's `demo_shaped_export`). Writes bench/resu
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -96,22 +93,12 @@ def sentence_transformers_trainer(export: Path, files: dict, threads: int) -> di
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("export_dir", type=Path, nargs="?", default=None)
-    parser.add_argument("--train-examples", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=3, help="alternating measurements of each side")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "retrieval.json")
-    args = parser.parse_args()
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from bench.bench_finetune import demo_shaped_export, side_by_side, side_by_side_args, write_results
+
+    args = side_by_side_args(__doc__.splitlines()[0], "retrieval.json")
 
     import sentence_transformers
     import transformers
-
-    from bench.bench_finetune import demo_shaped_export, side_by_side
-    from launcher.io import atomic_write_json
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -120,24 +107,15 @@ def main() -> int:
         files = write_task(Path(tmp) / "task", args.train_examples)
         compared = side_by_side({"ours": ours, "sentence_transformers_trainer": sentence_transformers_trainer},
                                 args.rounds, export, files, args.threads)
-    medians = compared["median_examples_per_second"]
-    results = {
-        "what": "retrieval fine-tuning examples/s of the optimisation loop: roformer finetune --task-type retrieval "
-                "vs SentenceTransformerTrainer, same export, rows (wordnet-senses train: query, passage, hard "
-                "negative), loss, batch sampler, settings and threads",
-        "export": str(args.export_dir) if args.export_dir else "random-init, demo shape (h128 L2, vocab 8000)",
-        "settings": {**SETTINGS, "train_examples": args.train_examples, "torch_threads": args.threads,
-                     "loss": "MultipleNegativesRankingLoss", "batch_sampler": "NoDuplicatesBatchSampler"},
-        "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
-        "versions": {"sentence_transformers": sentence_transformers.__version__,
-                     "transformers": transformers.__version__, "torch": __import__("torch").__version__},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        **compared,
-        "ours_over_sentence_transformers": round(medians["ours"] / medians["sentence_transformers_trainer"], 3),
-    }
-    atomic_write_json(args.out, results)
-    print(f"ours {medians['ours']:.1f} vs SentenceTransformerTrainer {medians['sentence_transformers_trainer']:.1f} "
-          f"examples/s (x{results['ours_over_sentence_transformers']}); -> {args.out}", file=sys.stderr)
+    write_results(args, "retrieval fine-tuning examples/s of the optimisation loop: roformer finetune --task-type "
+                        "retrieval vs SentenceTransformerTrainer, same export, rows (wordnet-senses train: query, "
+                        "passage, hard negative), loss, batch sampler, settings and threads",
+                  {**SETTINGS, "train_examples": args.train_examples, "torch_threads": args.threads,
+                   "loss": "MultipleNegativesRankingLoss", "batch_sampler": "NoDuplicatesBatchSampler"},
+                  {"sentence_transformers": sentence_transformers.__version__,
+                   "transformers": transformers.__version__},
+                  compared, ("sentence_transformers_trainer", "SentenceTransformerTrainer"),
+                  "ours_over_sentence_transformers")
     return 0
 
 

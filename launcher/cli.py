@@ -1,15 +1,10 @@
 """The `roformer` command line.
 
-Each subcommand lives in its own module, which exposes `configure(parser)` (adds its arguments)
-and `run(args) -> int`. Only the chosen subcommand's module is imported, and importing it must not
-import torch or DeepSpeed (they are imported inside `run`), so every `--help` answers at once
-(tests/unit/test_cli_help.py) and a broken optional dependency only breaks the command that needs it.
-
-Every command ends the same way (exit codes: docs/training.md, "Exit codes"): bad input is one line
-and exit code 2; Ctrl-C / SIGTERM name the signal and exit 128 + its number, never with a traceback;
-a reader that went away (`roformer finetune ... | head`) ends the command quietly with 141, as a
-SIGPIPE does for other Unix tools. `roformer pretrain` handles its own signals while its job runs
-(launcher/launch/supervise.py).
+Each subcommand's module exposes `configure(parser)` and `run(args) -> int`; only the chosen one is
+imported, and importing it imports neither torch nor DeepSpeed, so every `--help` answers at once and a
+broken optional dependency only breaks its own command. Every command ends the same way: bad input is one
+line and exit 2, a signal exits 128 + its number without a traceback, a reader gone (`| head`) exits 141
+(docs/training.md, "Exit codes of every command").
 """
 from __future__ import annotations
 

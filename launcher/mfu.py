@@ -1,16 +1,9 @@
 """Model FLOP/s and MFU: the peak a rank is measured against, and one step's model FLOPs.
 
-MFU = model FLOPs of a step (roformer/flops.py: matmuls only, MLM head at the masked positions only,
-attention over the padded length, forward + backward = 3x forward, checkpointing recompute not
-counted) / step time / peak FLOP/s of one rank's device.
-
-The peak, in order of preference:
-1. `logging.peak_tflops` in the run config (> 0): a number the user knows for their hardware;
-2. the table below, looked up by the device's product name (asked through DeepSpeed's accelerator,
-   so no device kind is spelled out) and the run's precision;
-3. on a CPU accelerator: a timed fp32 matmul at start-up (about a second), recorded in
-   metrics.jsonl as a `peak_flops` event. CPU runs compute in fp32 whatever the DeepSpeed precision.
-An accelerator that is in none of these gets no MFU (tflops is still reported).
+MFU = model FLOPs of a step (roformer/flops.py) / step time / peak FLOP/s of one rank's device. The peak,
+in order: `logging.peak_tflops` (> 0); the table below, by device name and precision; on a CPU, a timed
+fp32 matmul at start-up (a `peak_flops` event). Any other accelerator gets no MFU (TFLOP/s is still
+reported).
 """
 from __future__ import annotations
 

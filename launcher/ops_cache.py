@@ -1,21 +1,10 @@
 """Where DeepSpeed's JIT-compiled ops are cached: one directory per Python environment.
 
-torch builds an op (on CPU: DeepSpeed's shared-memory communication op, `deepspeed_shm_comm`) into
-TORCH_EXTENSIONS_DIR/<name>/ and rebuilds it whenever the build's inputs differ: this torch's
-include paths and flags, the ninja binary. Two virtualenvs or checkouts sharing one directory
-therefore rebuild each other's op on every start (measured here: ~14 alternating rebuilds in 30
-minutes, 25-60 s each). So every environment gets its own directory under CACHE_ROOT:
-
-    ~/.cache/roformer-ds/torch_extensions/py311-torch2.13.0-<8 hex>
-
-keyed by the environment's prefix (the venv directory: `.venv/bin/python` and `.venv/bin/python3`
-share it, two venvs never do; symlinks are not resolved, since every venv's python links to the same
-system interpreter) and torch's version. TORCH_EXTENSIONS_DIR set to anything but CACHE_ROOT itself
-(the project's former shared default) is used as it is. `python -m launcher.ops_cache` prints the
-directory for the Makefile, scripts/ and CI; `roformer pretrain` forwards it to every rank
-(launcher/launch/env_forwarding.py) and says when the op is not built yet (about a minute, once).
-
-Imports neither torch nor DeepSpeed (torch's version comes from its installed metadata).
+torch rebuilds an op in TORCH_EXTENSIONS_DIR whenever its build inputs (torch's include paths and flags,
+the ninja binary) differ, so environments sharing one directory rebuild each other's op at every start
+(docs/training.md). Each gets its own directory under CACHE_ROOT, keyed by the environment's prefix (not
+resolved: every venv's python links to the same interpreter) and torch's version; a TORCH_EXTENSIONS_DIR
+other than CACHE_ROOT is used as it is. `python -m launcher.ops_cache` prints it. Imports no torch.
 """
 from __future__ import annotations
 
@@ -26,7 +15,7 @@ from pathlib import Path
 
 ENV_VAR = "TORCH_EXTENSIONS_DIR"
 CPU_COMM_OP = "deepspeed_shm_comm"  # deepspeed/ops/op_builder/cpu/comm.py: ShareMemCommBuilder.NAME
-# Measured on the reference 2-core machine: 25-60 s with a few other jobs, 2-6 min at load 20.
+# What the user is told to expect (the build times measured: docs/training.md).
 CPU_COMM_OP_BUILD = "about a minute on an idle machine, several under heavy load"
 
 

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from .config import ConfigError, RoFormerConfig
+from .hf_interop import rename_keys
 
 # transformers-RoFormer-side name of the learned position table: not in transformers' RoFormer (it has
 # none), the name this module gives BERT's table so that the learned-position model loads like any other.
@@ -156,15 +157,9 @@ def read_bert_directory(directory: str | Path, position_encoding: str = "learned
     elif table.shape[0] != config.max_position_embeddings:
         raise ConfigError(f"{weights}: {BERT_POSITION_KEY} has {table.shape[0]} rows, config.json "
                           f"max_position_embeddings says {config.max_position_embeddings}")
-    ours, unmapped = {}, []
-    for key, tensor in tensors.items():
-        if key in dropped or key in BERT_TIED_KEYS or key in BERT_BUFFERS:
-            continue
-        name = _bert_to_roformer_name(key)
-        if name is None:
-            unmapped.append(key)
-        else:
-            ours[name] = tensor
+    skipped = {*dropped, *BERT_TIED_KEYS, *BERT_BUFFERS}
+    mapped = {key: tensor for key, tensor in tensors.items() if key not in skipped}
+    ours, unmapped = rename_keys(mapped, _bert_to_roformer_name)
     if unmapped:
         raise ConfigError(f"{weights}: no counterpart in RoFormer-DS for tensor(s) {', '.join(sorted(unmapped))}")
     return config, ours, raw, dropped

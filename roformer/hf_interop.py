@@ -79,14 +79,20 @@ def _rename(key: str, rules: list[tuple[re.Pattern, str]]) -> str | None:
     return None
 
 
-def _convert(state_dict: dict[str, torch.Tensor], rules, what: str) -> dict[str, torch.Tensor]:
-    converted, unmapped = {}, []
-    for key, tensor in state_dict.items():
-        new_key = _rename(key, rules)
-        if new_key is None:
+def rename_keys(tensors: dict[str, torch.Tensor], rename) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """`tensors` under `rename(key)`'s names, and the keys it has no name for (None), apart."""
+    renamed, unmapped = {}, []
+    for key, tensor in tensors.items():
+        name = rename(key)
+        if name is None:
             unmapped.append(key)
         else:
-            converted[new_key] = tensor
+            renamed[name] = tensor
+    return renamed, unmapped
+
+
+def _convert(state_dict: dict[str, torch.Tensor], rules, what: str) -> dict[str, torch.Tensor]:
+    converted, unmapped = rename_keys(state_dict, lambda key: _rename(key, rules))
     if unmapped:
         raise ConfigError(f"{what}: no mapping for key(s) {', '.join(sorted(unmapped))}")
     return converted

@@ -7,9 +7,9 @@ The sidecar, `checkpoints/<tag>/sidecar.json`, is written LAST by rank 0 after e
 DeepSpeed files, so its presence (with `complete: true`) marks a finished save. It records where the
 run is (step, stage, data position, counters), what was trained (model config, tokenizer sha256), how
 (world size, precision, ZeRO stage, loss scale), and the size and sha256 of every other file of the
-checkpoint. The same content (without the file records) goes into DeepSpeed's client state, which a
-load checks against it. Format 1 (before checksums and the tokenizer were recorded) is still read;
-its missing fields are None and are not written back, so it round-trips unchanged.
+checkpoint. The same content (without the file records) goes into DeepSpeed's client state,
+which a load checks against it. A format-1 sidecar (no checksums, no tokenizer) reads with those fields
+None and round-trips unchanged.
 
     catalogue = CheckpointCatalogue.scan(run_dir)
     catalogue.entries                   # every tag directory, oldest first (states below)
@@ -33,10 +33,6 @@ States of `checkpoints/<tag>/` (checkpoints/damaged/ and hidden directories are 
   newer     a sidecar of a newer format than this release reads: not damaged, not ours to judge;
             never resumed from, pruned or set aside (resume refuses the run directory, naming it).
 A snapshot is what was on disk at scan time: scan again after writing (a save, a move aside).
-
-Checksums are sha256, like the data manifest and export_info.json: at save time every rank hashes (and
-fsyncs) a share of about equal bytes, at resume rank 0 hashes the chosen checkpoint once. crc32 would
-be ~3x faster but not catch a deliberately replaced file (figures: bench/results/startup.json).
 """
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
-"""Saving and loading a run's checkpoints, all ranks together: the Checkpointer (DeepSpeed's files, this
-rank's random generators, the sidecar written last), retention, and what a save that cannot be written
-says. Which checkpoint a run starts from, and through which conversion, is decided once, before
-(launcher/checkpoint/resume.py over launcher/checkpoint/catalogue.py).
+"""Saving and loading a run's checkpoints, all ranks together: DeepSpeed's files, this rank's random
+generators, the sidecar written last by rank 0; retention; and what a save that cannot be written says.
+Which checkpoint a start comes from is decided before (launcher/checkpoint/resume.py).
 
-Layout (launcher/run_dir/layout.py): RUN_DIR/checkpoints/<tag>/ holds DeepSpeed's files, rng_rank<r>.pt per
-rank and sidecar.json, written LAST by rank 0 after every rank finished; checkpoints/latest names the
-newest complete tag. A checkpoint without a complete sidecar is never resumed from; the newest one whose
-files match the sizes and sha256 its sidecar records is.
-
-Durability: every file of a save is fsynced (each rank its share, while hashing it), then the
-directory, before the sidecar marks the checkpoint complete and before `latest` moves; a power loss
-leaves at worst an incomplete checkpoint, never a "complete" one with missing bytes.
+Durability: every file of a save is fsynced (each rank its share, while hashing it), then the directory,
+before the sidecar marks it complete and `latest` moves: a power loss leaves at worst an incomplete
+checkpoint, never a "complete" one with missing bytes.
 """
 from __future__ import annotations
 

@@ -81,24 +81,14 @@ class RunShape:
 
 @dataclass(frozen=True)
 class ResumePlan:
-    """Where this start of the run comes from, through which conversion, and what is recorded: decided by rank
-    0 (`decide`), the same on every rank after `share`, its writes carried out by rank 0 in `accept`.
+    """Where this start of the run comes from, through which conversion, and what is recorded: decided by
+    rank 0 (`decide`), the same on every rank after `share`, its writes carried out by rank 0 in `accept`.
 
-    Where from (`source`, `source_run`):
-      a fresh start     source None: the model's initialisation, or the weights of `init_from` (cfg.init_from,
-                        read on a fresh start only);
-      this run          source is the newest intact checkpoint of RUN_DIR (source_run is RUN_DIR);
-      another run       (branching, `pretrain --branch-from`) source is a checkpoint of ANOTHER run directory,
-                        source_run that directory. It is only ever read: build the plan with
-                        `plan_start(source, source_run, this run's cfg, ...)` (every check and the route are
-                        the same), and everything written goes into THIS run: the conversion
-                        (`universal_folder`, RUN_DIR/universal/<tag>, `convert_to_universal(source, run_dir)`),
-                        the records (`resumed_from` names the source run), never `set_aside` entries of it.
-    Through which conversion: `universal` (load_route): DeepSpeed's own files of `source`, or its universal
-    checkpoint, converted by rank 0 in `accept`.
-    What to record: `accept` writes the run's config versions (from `step`, `resumed_from`), sets `set_aside`
-    aside; `notes` are the lines it said (metrics.jsonl resume_note events); the build step records the
-    init_from weights (init_from.json) and the `resume` event.
+    `source` None is a fresh start (the initialisation, or `init_from`'s weights); else a checkpoint of
+    `source_run`: this run, or another one when branching, which is only read (its conversion goes to THIS
+    run's universal/, none of its entries is set aside). `universal` (load_route): the load goes through the
+    universal checkpoint. `accept` writes the config versions and moves `set_aside` aside; `notes` are the
+    lines it said.
     """
 
     source: CheckpointEntry | None

@@ -1,21 +1,10 @@
-"""Read-only views of a run's checkpoints for export, averaging and evaluation: one checkpoint found and
-verified (`resolve_checkpoint`), its weights as one fp32 state dict (`consolidate_fp32`), a linked snapshot
-that a stage-end eval job reads while retention goes on (`snapshot_checkpoint`), and the mean of
-several (`roformer export RUN_DIR --average-last N` / `--average TAG,TAG,...`, as the mmBERT / Ettin recipes
-merge the end of a decay).
+"""Read-only views of a run's checkpoints for export, averaging and evaluation.
 
-The weights are consolidated with DeepSpeed's own `deepspeed.utils.zero_to_fp32` for ZeRO 1/2/3 at any
-world size; universal checkpoints (`ds_to_universal` output: `zero/<param>/fp32.pt`) and plain (ZeRO-0)
-checkpoints are read directly. Checkpoints are the run's own files: DeepSpeed's reader unpickles its
-`*_states.pt` files with `weights_only=False` (they hold DeepSpeed objects), and so does the ZeRO-0 path
-here for the same files. Universal `fp32.pt` files are plain tensors and are read with `weights_only=True`.
-
-Averaging: the N newest complete checkpoints (by step), or the tags named; each verified and consolidated
-as a single export's, one at a time, into a float64 running sum (the mean is exact to fp32 rounding
-whatever N). They must be checkpoints of one model: same architecture (RoFormerConfig.diff), same
-tokenizer sha256 and the same RoPE base at save time. Every refusal comes before anything is loaded. The
-export's model card and export_info.json (`averaged`) list each checkpoint averaged: tag, step, stage and
-the sha256 of its sidecar.json (which itself records every file's sha256).
+`resolve_checkpoint` finds and verifies one; `consolidate_fp32` gives its weights as one fp32 state dict
+(DeepSpeed's zero_to_fp32 for ZeRO 1/2/3; universal and ZeRO-0 checkpoints are read directly);
+`snapshot_checkpoint` links one for a stage-end eval job while retention goes on. Averaging (`--average-last
+N` / `--average TAG,...`) sums checkpoints one at a time in float64, after refusing any of another
+architecture, tokenizer or RoPE base (docs/training.md, "Averaging checkpoints").
 """
 from __future__ import annotations
 

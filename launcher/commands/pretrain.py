@@ -1,18 +1,11 @@
 """`roformer pretrain`: staged pretraining on this machine or on the hosts of a hostfile.
 
     roformer pretrain --num_gpus 2 --config configs/demo_cpu.yaml --run-dir runs/demo
-    roformer pretrain --hostfile hostfile --config configs/reference_v100.yaml --run-dir /shared/runs/r1
 
-A thin wrapper around DeepSpeed's runner (`python -m deepspeed.launcher.runner`), which does the
-launching (locally, or through pdsh / OpenMPI / MPICH / Slurm). Before anything starts we check
-what DeepSpeed would only find out on the nodes: the hostfile and host filters
-(launcher.launch.hostfile), the batch arithmetic of every stage at the resulting world size and the
-variables forwarded to the ranks (launcher.launch.launch_plan), the ranks' own start-up checks of the
-data and the DeepSpeed config (launcher.inputs.run_checks), then ssh reachability and the shared
-run directory (launcher.launch.preflight). While it runs, launcher.launch.supervise names the node and rank of a
-failure and makes sure the whole job stops. With --max-restarts N (or the run config's `restarts:`),
-launcher.launch.restart_loop then starts it again from the newest intact checkpoint (docs/unattended.md).
-Multi-node set-up: docs/multinode.md.
+A thin wrapper around DeepSpeed's runner: before anything starts it checks what DeepSpeed would only find
+out on the nodes (hostfile, batch arithmetic, forwarded variables, the ranks' own input checks, ssh and the
+shared run directory); while it runs, launcher.launch.supervise names a failure and stops the whole job;
+with --max-restarts it starts it again (docs/unattended.md). Multi-node set-up: docs/multinode.md.
 """
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
-"""`branch_from` of a run config (`roformer pretrain --branch-from RUN_DIR[:TAG]`): a new run that starts at
-another run's checkpoint, as a WSD user decays from several stable-phase checkpoints and keeps the best.
+"""`branch_from` (`pretrain --branch-from RUN_DIR[:TAG]`): a new run that starts at another run's checkpoint
+(weights, optimizer state, data position, RNG; default TAG: its newest complete one) and then follows its
+own schedule, as a WSD user decays from several stable-phase checkpoints.
 
-A branch is a resume whose checkpoint lives in another run directory: the new run starts at that
-checkpoint's step with its weights, optimizer state, data position and RNG, then follows its own config's
-schedule. Default TAG: the source's newest complete checkpoint. This module parses `branch_from` and compares
-schedules; the checkpoint and the source's records are read and checked by the checkpoint component
-(launcher/checkpoint/resume.py: `find_branch_point`, `check_branch`). What must hold:
-  * the same model architecture (RoFormerConfig.diff) and the data's tokenizer is the checkpoint's
-    (tokenizer_sha256), and the data position continues this data (corpus fingerprint, seed: at start-up);
-  * the schedule up to the branch step is the source's (`schedule_difference`): every stage that started
-    before it has the same first step and the same fields (any but name / micro-batch / grad-accum, which
-    follow the world size; a branch may run on another number of ranks), and the learning rate of every
-    step before it is the same (`lr_difference`). After the branch step the new config's stages and
-    decay apply: that is the point of a branch.
-The source is what it had in effect at the checkpoint's step (its records: launcher/run_dir/records.py).
-It is only read: never written, never locked (a conversion to another shape goes into the new run's
-universal/). The new run records where it came from in RUN_DIR/branch_from.json (records.py).
+This module parses the key and compares schedules: up to the branch step every started stage and every
+step's learning rate must be the source's (`schedule_difference`, `lr_difference`; micro-batch and
+grad-accum may follow another world size). The checkpoint is read and checked by
+launcher/checkpoint/resume.py (docs/training.md, "Branching a decay").
 """
 from __future__ import annotations
 

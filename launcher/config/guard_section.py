@@ -1,20 +1,8 @@
-"""The `guard:` section of a run config: the numerics guard (launcher/train/numerics_guard.py detects,
-launcher/train/guard_actions.py acts; docs/unattended.md, "The numerics guard").
+"""The `guard:` section of a run config: the numerics guard's rules and what it does when one fires.
 
-    guard:
-      action: rewind            # off | warn | stop | rewind (`roformer pretrain --guard ACTION`)
-      window: 50                # running median of the last 50 unflagged steps ...
-      min_window: 10            # ... judged from the 10th value after warmup (median of what is there) ...
-      spike_factor: 1.5         # ... a loss above 1.5x that median ...
-      grad_norm_factor: 5.0     # ... or a gradient norm above 5x its median ...
-      patience: 3               # ... for 3 steps in a row is a spike
-      stage_switch_factor: 1.5  # for `window` steps after a stage switch both factors are this much wider
-      min_loss_scale_steps: 20  # fp16: the loss scale at its minimum for 20 steps in a row
-      max_skipped_share: 0.5    # fp16: more than half of the last `window` steps skipped (overflow)
-      skip_batches: 0           # rewind: batches of the data stream skipped after the checkpoint (0 = auto)
-      max_rewinds: 3            # more rewinds than this end the run as `stop` does
-
-The defaults come from the loss and gradient-norm curves of real runs (docs/unattended.md says which).
+launcher/train/numerics_guard.py detects, launcher/train/guard_actions.py acts. The action is off, warn,
+stop or rewind (`roformer pretrain --guard ACTION`); every field, its default and the runs the defaults
+come from: docs/unattended.md, "The numerics guard".
 """
 from __future__ import annotations
 

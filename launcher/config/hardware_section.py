@@ -3,12 +3,9 @@
     hardware:
       device: V100-16GB     # NAME-MEMORY; NAME as in the peak table of launcher/mfu.py
 
-`roformer plan` and `roformer pretrain --dry-run` price memory and time on this device by default
-(the FITS verdicts against its memory, the time against its table peak in the run's precision), so a
-login node without GPUs plans a GPU run as it will run, not as its own CPU would
-(launcher/pricing/target.py). Flags (`--device-name`, `--device-memory`, `--peak-tflops`) still win.
-Empty = the machine `plan` runs on. Only the launching machine reads this section: the ranks run on
-whatever they find, so it is not part of the run's recorded config.
+`roformer plan` and `pretrain --dry-run` price memory and time on it (launcher/pricing/target.py), so a
+login node plans a GPU run as it will run; flags still win. Only the launching machine reads it, so it is
+not part of the run's recorded config.
 """
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
 """The `restarts:` section of a run config: what `roformer pretrain` does on its own after a fault
-(launcher.launch.restart_loop runs the policy; docs/unattended.md).
+(launcher.launch.restart_loop; the fields and their defaults: docs/unattended.md).
 
-    restarts:
-      max_restarts: 3              # 0 = stop at the first failure, as without this section
-      backoff_seconds: 10.0        # wait before the first restart, doubled for each further one ...
-      max_backoff_seconds: 300.0   # ... up to this
-      exclude_failed_nodes: false  # drop a node that failed or hung from the hostfile for the restart
-      preemption_grace_seconds: 120.0  # SIGTERM/Ctrl-C: time for the checkpoint at the current step
-
-`roformer pretrain --max-restarts N` and `--exclude-failed-nodes` override the first and fourth field.
-Only the launching machine reads this section: the ranks never do, so changing it between runs is not
-a new config version of the run.
+`--max-restarts N` and `--exclude-failed-nodes` override max_restarts and exclude_failed_nodes. Only the
+launching machine reads this section, so changing it between runs is not a new config version of the run.
 """
 from __future__ import annotations
 

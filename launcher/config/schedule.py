@@ -1,25 +1,9 @@
 """Training stages and the learning rate: pure functions of the global optimizer step.
 
-A schedule file (YAML or JSON) lists stages in order:
-
-    stages:
-      - {name: s1, max_seq_len: 512, global_batch_size: 256, steps: 200000}
-      - {name: s2, max_seq_len: 1536, global_batch_size: 256, steps: 12500, micro_batch_size: 4, lr_scale: 1.0}
-      - {name: extend, max_seq_len: 4096, global_batch_size: 64, steps: 1000, rope_theta: 160000}
-
-`rope_theta` (RoPE models only) sets RoPE's base from that stage on, as ModernBERT's context extension
-raises it in its last phase; a stage without it uses the model config's `rope_theta`. The trainer
-applies it at the stage switch to the same engine (the weights are untouched, only the cos/sin table
-is rebuilt), and every checkpoint's sidecar records the theta in force.
-
-`mask_prob` sets the share of tokens chosen for the MLM objective from that stage on (the 80/10/10
-split of the run config's `data.masking` stays), as mmBERT anneals it 30% -> 15% -> 5%; a stage
-without it uses `data.masking.mask_prob`. `mixture: {SOURCE: weight}` sets the share of each named
-source of the prepared data in that stage's sequences (relative weights >= 0, at least one > 0,
-normalised here to sum 1, kept in file order); a stage without it draws the sources in proportion to
-their size. Validation always measures at `data.masking`'s rate, so losses stay comparable across stages.
-
-Steps are counted from 0 over the whole run; stage i covers [first_step_i, first_step_i + steps_i).
+A schedule file (YAML or JSON) lists stages in order, each {name, max_seq_len, global_batch_size, steps}
+plus optional micro_batch_size, lr_scale and the recipe fields rope_theta, mask_prob and mixture (what
+each does: docs/training.md, "Stages" and "Recipes"). Steps are counted from 0 over the whole run; stage i
+covers [first_step_i, first_step_i + steps_i).
 """
 from __future__ import annotations
 

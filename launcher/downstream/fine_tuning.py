@@ -1,13 +1,9 @@
 """`roformer finetune`: fine-tune an export on a labelled task, one or several seeds, and score it.
 
-Consumes only an export directory (any transformers-format RoFormer directory with a tokenizer):
-tokenizer via `AutoTokenizer.from_pretrained`, encoder weights via roformer's loader, a fresh
-head on [CLS] laid out as transformers' RoFormerForSequenceClassification (so the saved model loads
-there). Plain PyTorch on CPU (no DeepSpeed). A task is a TaskSpec (own files or a bundled task, one
-code path): single-text or text-pair classification (cross-entropy), or regression (MSE, one output).
-For each seed the epoch with the best dev value of the selection metric is kept and scored on dev and
-test; the report (launcher.downstream.finetune_report) gives every metric per seed and their
-mean / min / max / n, beside the majority-class or mean-prediction baseline.
+Consumes only an export directory: AutoTokenizer, roformer's encoder loader and a fresh head on [CLS] laid
+out as transformers' RoFormerForSequenceClassification (so the saved model loads there). Plain PyTorch on
+CPU. Classification (single texts or pairs) or regression; per seed the epoch with the best dev selection
+metric is kept and scored on dev and test (launcher.downstream.finetune_report).
 """
 from __future__ import annotations
 
@@ -42,7 +38,7 @@ class FinetuneConfig:
     max_eval_examples: int | None = None  # first N of dev and of test (None = all; file order is fixed)
     seeds: tuple[int, ...] = (0,)  # one fine-tune per seed: head init, dropout, subset and batch order
     # torch CPU threads; 0 = torch's default. 1 by default: this job's small matrices gain nothing
-    # from a second thread, which burned ~3x the CPU time for the same wall time in measurements here.
+    # from a second thread, which only burns CPU time.
     threads: int = 1
     # "pretrained": the export's encoder weights; "random": its random-init twin (same architecture
     # and tokenizer, weights freshly initialised from the seed), to measure what pretraining bought.

@@ -1,13 +1,8 @@
 """A TaskSpec's labelled files, read through `datasets` and checked before any compute.
 
-Formats by extension: .csv, .tsv (tab-separated, no quoting), .jsonl / .json (JSON lines or one JSON
-array of records), .parquet. Every problem is one UserError naming the file, the row (1 = the first
-record, a CSV/TSV header line not counted) and the column: a missing column (the file's columns
-listed), an empty or missing text, a dev/test label never seen in train, a non-numeric regression
-label, a single class in train, a file that does not parse, an unknown extension.
-
-Classification labels may be strings or integers; the label mapping is the sorted set of train's
-labels (integers sorted as numbers), or the spec's `label_names` for integer labels 0..k-1.
+Formats by extension (FORMATS): .csv, .tsv, .jsonl / .json, .parquet. Every problem is one UserError naming
+the file, the row (1 = the first record) and the column. Classification labels are the sorted set of
+train's labels (integers as numbers), or the spec's `label_names` for integer labels 0..k-1.
 """
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
 """`roformer eval-mlm EXPORT --data DATA_DIR | --input FILE... --seq-lens 128,512,1024`: masked-LM figures per length.
 
-For every length the same first `--tokens` tokens of the held-out split are cut into sequences of
-that length ([CLS] + text) and masked deterministically (data_pipeline's counter-based masking,
-keyed by `--seed`), so the lengths differ only in how much context each prediction sees. Lengths
-beyond those seen in pretraining are marked: RoPE has no length cap, and this is where it shows.
-Output: masked-token loss (mean cross-entropy, nats), accuracy and perplexity = exp(loss), as JSON.
-`--random-init` evaluates the export's random-init twin (same config and tokenizer, fresh weights) on
-the same tokens and masks: the baseline that says what the pretraining learned.
-
-Own text (`--input FILE...`, txt / jsonl / parquet, `--text-column`): the files are read by
-data_pipeline's own readers and tokenized with the export's tokenizer into a temporary prepared
-directory (`data_pipeline.prepare` with the export as `--tokenizer`, no de-duplication, no held-out
-split), which is then evaluated exactly as a prepared split (`--tokens 0`: all of its text).
+Every length sees the same first `--tokens` tokens of the held-out split, masked deterministically
+(`--seed`), so the lengths differ only in context; lengths beyond pretraining are marked. Output: loss
+(nats), accuracy and perplexity, as JSON. `--random-init` scores the export's random-init twin on the same
+tokens. Own text (`--input`) is tokenized with the export's tokenizer into a temporary prepared directory
+and evaluated as a prepared split.
 """
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """`roformer finetune --task-type retrieval`: an export as an embedding model, fine-tuned and scored
 with sentence-transformers.
 
-The model is `SentenceTransformer(export)`: transformers' RoFormerModel + mean pooling (every export
-carries the sentence-transformers files, launcher/export/sentence_transformers_files.py; a directory
-without them gets mean pooling explicitly). Training: sentence-transformers' MultipleNegativesRankingLoss
-(in-batch negatives, plus the row's hard negative with a negative column), batches from its
-NoDuplicatesBatchSampler (a query's other relevant passage is never an in-batch "negative"), AdamW
-with linear warmup/decay as the other task types (launcher.downstream.training_loop).
-Evaluation: sentence-transformers' InformationRetrievalEvaluator, cosine similarity, every dev/test
-query against all passages of its split plus the corpus: nDCG@10, MRR@10, recall@1, recall@10, MAP@100.
-`epochs=0` scores the export as it is (zero-shot). Per seed the epoch with the best dev select metric
-is kept; the report (retrieval_report) has the keys of the other task types.
+`SentenceTransformer(export)` (RoFormerModel + mean pooling) trained with MultipleNegativesRankingLoss and
+NoDuplicatesBatchSampler (a query's other relevant passage is never an in-batch negative), scored by
+InformationRetrievalEvaluator (cosine; nDCG@10, MRR@10, recall@1/10, MAP@100); `epochs=0` is zero-shot.
+The report has the keys of the other task types (docs/finetune.md, "Retrieval").
 """
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """A retrieval TaskSpec's files: (query, relevant passage) rows, optional hard negatives and a corpus.
 
-Read with launcher.downstream.labelled_files (same formats, same one-line errors naming file, row and
-column) and checked before any compute: a missing or empty query / passage / negative, a (query,
-passage) row repeated in a file (it would count one relevant passage twice), a split with fewer than
-2 distinct passages (nothing to rank), a corpus file without its column or with an empty passage.
-
-A query may have several relevant passages: the same query text on several rows. Evaluation ranks
-all passages of the split (relevant ones and the split's hard negatives) plus the corpus
-(`RetrievalSplit.ir_inputs`, the input of sentence-transformers' InformationRetrievalEvaluator).
+Read with launcher.downstream.labelled_files and checked before any compute (empty fields, a repeated
+(query, passage) row, a split with fewer than 2 distinct passages, a bad corpus file). A query may have
+several relevant passages; evaluation ranks all passages of the split plus the corpus
+(`RetrievalSplit.ir_inputs`).
 """
 from __future__ import annotations
 

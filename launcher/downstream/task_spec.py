@@ -1,34 +1,9 @@
 """What a fine-tuning task is: its files, columns, task type and optional fine-tune settings.
 
-One `TaskSpec` describes every task `roformer finetune` runs: a user's own files (the command line's
-`--train/--dev/--test --text-column ...`, or a YAML file given to `--task-spec FILE` and to the
-run config's `logging.stage_end_evals`), and the two bundled tasks (launcher.downstream.tasks makes
-their specs). The files themselves are read and checked by launcher.downstream.labelled_files.
-
-YAML task spec (paths relative to the YAML file's directory; docs/finetune.md):
-
-    name: tickets              # optional; default: the file's stem
-    train: data/train.csv
-    dev: data/dev.csv          # or dev_fraction: 0.1
-    test: data/test.csv        # optional
-    text_column: text
-    text_pair_column: text2    # optional: text-pair tasks
-    label_column: label
-    task_type: classification  # optional: inferred from train's label column; "retrieval": below
-    max_length: 128            # optional fine-tune settings (the command line wins)
-    epochs: 3
-    lr: 1e-3
-
-A retrieval task (launcher.downstream.retrieval) has no labels: rows are (query, relevant passage)
-pairs, `text_column` the query, `text_pair_column` the passage, plus optional hard negatives and a
-corpus of extra passages every dev/test query is ranked against:
-
-    task_type: retrieval
-    text_column: question
-    text_pair_column: answer
-    negative_column: wrong_answer    # optional: one hard negative per row
-    corpus: data/corpus.jsonl        # optional
-    corpus_text_column: text
+One `TaskSpec` describes every task `roformer finetune` runs: a user's own files (command-line flags, or
+a YAML file given to `--task-spec FILE` and to `logging.stage_end_evals`) and the bundled tasks
+(launcher.downstream.tasks). The YAML keys, retrieval's included: docs/finetune.md, "Task spec files".
+The files themselves are read and checked by launcher.downstream.labelled_files.
 """
 from __future__ import annotations
 

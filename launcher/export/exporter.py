@@ -1,29 +1,10 @@
-"""`roformer export RUN_DIR [--tag TAG] --out DIR`: a checkpoint as a transformers RoFormer directory (a
-`position_encoding: learned` run: a BERT directory, launcher/export/bert_export.py)
-(`--average-last N` / `--average TAG,...`: the mean of several checkpoints, launcher/checkpoint/weights.py).
+"""`roformer export RUN_DIR [--tag TAG] --out DIR`: a checkpoint as a transformers RoFormer directory.
 
-The directory holds `config.json` + `model.safetensors` (fp32, consolidated from the ZeRO shards of
-any stage and world size), the tokenizer files, `README.md` (model card), the sentence-transformers
-files (modules.json, sentence_bert_config.json, config_sentence_transformers.json, 1_Pooling/config.json:
-mean pooling; launcher/export/sentence_transformers_files.py) and `export_info.json` (source
-run/tag and the checksum of every file, which later jobs use to detect a corrupt file).
-
-Length: our model computes RoPE for any position, but transformers' RoFormer reads positions from a
-sinusoid table of `max_position_embeddings` rows stored in the export and raises IndexError past
-it. `--max-positions` sets that size (default: the larger of 1536 and 4x the longest length the
-checkpoint was trained at); the table costs max_positions x head_size x 4 bytes in model.safetensors.
-The model card and the command's last line state the limit.
-
-Atomicity: everything is written into a hidden temporary directory next to DIR, checked (the
-weights are reloaded with transformers and must reproduce our model's logits), flushed to disk, and
-only then swapped into place (and the parent directory flushed). An existing export at DIR stays
-untouched until the new one is complete.
-
-Tokenizer: the one the checkpoint was trained with. Its sha256 is in the sidecar (format 2); the
-data dir comes from the run config in effect when the checkpoint was written
-(launcher/run_dir/records.py), and a tokenizer with another sha256, from there or --tokenizer-from, is
-refused naming both files and hashes. A format-1 sidecar has no hash: the data dir's corpus
-fingerprint must then match the checkpoint's data position (skipped for --tokenizer-from).
+A `position_encoding: learned` run exports a BERT (launcher/export/bert_export.py); `--average-last N` /
+`--average TAG,...` export the mean of several checkpoints (launcher/checkpoint/weights.py). The directory
+is written into a hidden temporary directory next to DIR, checked against our model's logits, flushed,
+and only then swapped into place; the tokenizer must be the one the checkpoint was trained with. What the
+directory holds, its position-table size and the tokenizer check: docs/training.md, "Exporting".
 """
 from __future__ import annotations
 

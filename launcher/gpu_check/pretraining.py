@@ -1,13 +1,9 @@
 """Part (b) of `roformer gpu-check`: the real commands on all local GPUs, as a user runs them.
 
-1. `roformer data prepare` of a slice of the bundled English corpus (once per work directory);
-2. `roformer pretrain --num_gpus N` of a tiny two-stage schedule (64 then 128 tokens) with the V100-style
-   fp16 ZeRO-2 DeepSpeed config, its initial loss scale raised to 2^24 so that the first steps overflow:
-   they must be skipped and counted (skipped_steps), the scale halved;
-3. the same run again, stopped by SIGTERM a few steps in (the ranks agree on a step, checkpoint it and
-   exit 143), then resumed: every step after the stop must match the uninterrupted run (report.resume_checks);
-4. `roformer export` of the uninterrupted run, loaded by transformers' RoFormerForMaskedLM.
-The runs' output goes to WORK/*.log; a failing command is reported with its last lines.
+`roformer data prepare` of a slice of the English corpus; `roformer pretrain --num_gpus N` of a tiny
+two-stage fp16 ZeRO-2 run whose initial loss scale (2^24) makes the first steps overflow (skipped,
+counted, the scale halved); the same run stopped by SIGTERM and resumed, matching the uninterrupted run
+step by step; `roformer export` loaded by transformers. Output in WORK/*.log.
 """
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """Parts (c) and (d) of `roformer gpu-check`, in this process on GPU 0.
 
-(c) speed: our training step vs transformers' RoFormerForMaskedLM, same weights, same batch, the
-    GPU's best half precision under torch.autocast (bf16 where the GPU has it, else fp16), side by side
-    (side_by_side.round_robin, the device synchronized around every timed step), at lengths 128 and
-    512 with the same tokens per step; tokens/s and MFU against the device's table peak (launcher/mfu.py).
-(d) memory: a real single-rank DeepSpeed engine with the V100-style fp16 ZeRO-2 config
-    (ds_configs/v100_fp16_zero2.json) trains a few steps of one stage shape of the reference model;
-    torch.cuda.max_memory_allocated against `roformer plan`'s estimate of the same stage at world size 1
-    (launcher/pricing/estimate.py, without the runtime allowance: max_memory_allocated does not count the
-    CUDA context).
+(c) speed: our training step vs transformers' RoFormerForMaskedLM, same weights and batch, under autocast
+    in the GPU's best half precision, side by side at lengths 128 and 512: tokens/s and MFU.
+(d) memory: a single-rank DeepSpeed engine with ds_configs/v100_fp16_zero2.json; max_memory_allocated
+    against `roformer plan`'s estimate of the same stage without the runtime allowance (the CUDA context,
+    which max_memory_allocated does not count).
 """
 from __future__ import annotations
 

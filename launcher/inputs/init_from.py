@@ -1,17 +1,10 @@
-"""What a run continued from a model directory (`init_from`, `roformer pretrain --init-from DIR`) reads of DIR.
+"""What a run continued from a model directory (`init_from`, `pretrain --init-from DIR`) reads of DIR.
 
-DIR is our export or any local transformers RoFormer directory (`RoFormerForMaskedLM`, or a bare
-`RoFormerModel`, whose MLM head the run then initialises), or a BERT (`BertForMaskedLM` / `BertModel`:
-continued as RoPE by default, its position table dropped, or with `model.position_encoding: learned` as
-it is; roformer/bert_interop.py). From it come:
-  * the model section: DIR's config.json (roformer.hf_interop.config_from_hf, or
-    roformer.bert_interop.config_from_bert) under the run config's own `model:` keys (the rule:
-    launcher/config/run_config.py model_over_init);
-  * the weights, loaded on a fresh start only (launcher/train/init_weights.py); a resumed run continues
-    from its checkpoint. Optimizer state, LR schedule and data position start fresh;
-  * the tokenizer check: the data must be tokenized with DIR's tokenizer (`roformer data prepare
-    --tokenizer DIR`): its fingerprint (sha256 of spm.model, else tokenizer.json, else vocab.txt) must be the
-    data manifest's; checked before any compute (launcher/inputs/run_checks.py).
+DIR is our export, a transformers RoFormer directory, or a BERT (roformer/bert_interop.py). From it come
+the model section (its config.json under the run config's own `model:` keys: run_config.model_over_init),
+the weights on a fresh start only (launcher/train/init_weights.py), and the tokenizer the data must have
+been prepared with (its fingerprint against the manifest's). docs/training.md, "Continuing from an
+existing model".
 """
 from __future__ import annotations
 

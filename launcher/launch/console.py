@@ -1,20 +1,9 @@
 """What `roformer pretrain` shows of its job's output, and the log that keeps all of it.
 
-Every line the job prints (DeepSpeed's runner and per-node launchers, every rank, pdsh) is appended
-to RUN_DIR/logs/launcher.log as it arrives, with `roformer pretrain`'s own lines. The console gets
-the same lines minus those that do not apply to the user or only repeat what `roformer pretrain`
-says itself (HIDDEN, each with its reason):
-- DeepSpeed's launcher bookkeeping: the [INFO] lines of runner.py / launch.py (the command it runs,
-  world info, "process N spawned", "Setting CUDA_VISIBLE_DEVICES=0,1" even on a CPU machine,
-  "Killing subprocess", "exits successfully");
-- the runner's "Unable to find hostfile" warning on a local run (`roformer pretrain` passes no
-  hostfile on purpose: it resolved the slots itself);
-- the launcher's `[ERROR] ... exits with return code = 143` of a rank that stopped on request after
-  writing a checkpoint (ORDERLY_STOP_EXIT_CODE): a clean stop, reported by `roformer pretrain`;
-- "DeepSpeed ... op built successfully", once per rank: the build is announced before the start.
-Rank 0's progress: in "status" mode (the console is a terminal) its STATUS_MARKER lines become one
-status line at the bottom, redrawn in place, with every other line printed above it; in "lines"
-mode rank 0 prints plain lines itself (launcher/train/progress_line.py). Status lines are not logged.
+Every line the job prints goes to RUN_DIR/logs/launcher.log as it arrives; the console gets the same lines
+less DeepSpeed's launcher bookkeeping and warnings that do not apply to the user (HIDDEN, each with its
+reason). In "status" mode (a terminal) rank 0's STATUS_MARKER lines become one status line at the bottom,
+redrawn in place and not logged; in "lines" mode rank 0 prints plain lines (launcher/train/progress_line.py).
 """
 from __future__ import annotations
 

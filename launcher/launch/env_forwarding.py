@@ -1,35 +1,11 @@
 """Which environment variables every rank of a run gets, and the run's `.deepspeed_env` file.
 
-DeepSpeed's runner forwards only `PYTHON*`, `MLFLOW*`, `MV2*`, `UCX*` (plus the accelerator's
-own, `NCCL*` on CUDA) to other nodes; everything else must be listed in an env file. It reads
-`$DS_ENV_FILE` (a name, default `.deepspeed_env`) joined to `~` and to its working directory
-(`runner.py`: DEEPSPEED_ENVIRONMENT_PATHS); an absolute DS_ENV_FILE therefore names one file. We
-write `RUN_DIR/.deepspeed_env` and point DS_ENV_FILE at it, so each run documents exactly what its
-ranks were given and a stray `~/.deepspeed_env` is not picked up.
-
-What a rank gets is this list and nothing else of the launching shell (documented in
-docs/multinode.md; keep the two in sync). A login node's own environment (its PATH with pyenv shims
-or cargo, its library paths, a CPU torch's op cache) is no business of a GPU node's:
-- computed here: `PYTHONPATH` (the project root first, then the one set here), `MASTER_PORT` (MPI
-  launchers, see launch_plan.py), `ROFORMER_RANKS_PER_NODE` (the hostfile's slots per node), and for a
-  run on this machine only, `PATH` (this shell's, venv's `bin` appended) and `OMP_NUM_THREADS` (when
-  unset: cores / ranks);
-- copied when set: the names in FORWARDED_NAMES and every variable starting with a prefix in
-  FORWARDED_PREFIXES (`NCCL_*`, `CUDA_*`, `DS_*`, `GLOO_*`, `TORCH_*`, `HF_*`, `ROFORMER_*`,
-  `MLFLOW_*`, `WANDB_*`), except
-  NODE_LOCAL_NAMES and names that look like credentials (CREDENTIAL_NAME_RE: `HF_TOKEN`, `..._SECRET`);
-- the `KEY=VALUE` lines of the user's own DeepSpeed env file (`$DS_ENV_FILE`, default
-  `.deepspeed_env`, in the home directory and the project root: where DeepSpeed's runner looks),
-  which DeepSpeed would no longer read once DS_ENV_FILE names the run's file.
-Each node computes the rest itself when a rank starts (launcher.train.rank_entry.
-prepare_process_environment): `TORCH_EXTENSIONS_DIR` from its own Python and torch
-(launcher/ops_cache.py), `OMP_NUM_THREADS` from its own cores, and its own `PATH` with the venv's
-`bin` appended (appended, not prepended: the first `ninja` on PATH compiles DeepSpeed's ops, and two
-ninja versions sharing one op cache rebuild it at every switch, 40-170 s each, measured here).
-
-The pdsh launcher pastes `export KEY=VALUE;` into a remote shell command (values with unusual
-characters in double quotes, `%` substituted by pdsh), so a value containing `"`, `$`, a backtick,
-a backslash, `%` or a line break is refused with the variable's name instead of being run.
+DeepSpeed's runner forwards only a few prefixes to other nodes and reads the rest from an env file: we
+write RUN_DIR/.deepspeed_env and point DS_ENV_FILE at it, so each run documents exactly what its ranks were
+given and a stray ~/.deepspeed_env is not picked up. A rank gets this list and nothing else of the
+launching shell (docs/multinode.md, "Environment forwarding": keep the two in sync). pdsh pastes values
+into a remote shell command, so a value with `"`, `$`, a backtick, a backslash, `%` or a line break is
+refused, naming the variable.
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Hostfiles (`HOST slots=N` per line) and the `--include/--exclude/--num_nodes/--num_gpus` filters.
 
-A hostfile is validated completely before anything starts, because its host names end up on
-command lines: pdsh hands them to ssh, the runner's kill command and our pre-flight checks run
-commands on them. A name is therefore limited to hostname characters (letters, digits, '-', '.',
-'_'; it never starts with '-', which ssh would read as an option). `node1;rm -rf ~` or `$(cmd)` is
-refused here, with the file and line, and never reaches a process, let alone a shell.
-
-The filters keep DeepSpeed's syntax (`NAME[:SLOT[,SLOT]][@NAME...]`) and are resolved by
-DeepSpeed's own functions, after we have checked every name and slot so the user gets a message
-naming the bad one instead of a bare ValueError.
+A hostfile is validated before anything starts, because its names reach command lines (ssh, pdsh, the
+pre-flight checks): a name is letters, digits, '-', '.', '_' and never starts with '-', so `node1;rm -rf ~`
+is refused with its file and line. The filters keep DeepSpeed's syntax and are resolved by DeepSpeed's own
+functions once every name and slot is checked, so the message names the bad one.
 """
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """What `roformer pretrain` will start, worked out (and checked) before anything runs.
 
-A LaunchPlan is pure data: the validated hostfile, the slots each host contributes, the world size,
-every stage's batch arithmetic at that world size, the variables forwarded to the ranks, and the
-argument list for DeepSpeed's runner (`python -m deepspeed.launcher.runner ...`), which does the
-actual launch. `--dry-run` prints it; `launcher.commands.pretrain` runs it.
-
-Each rank runs `python -u -m launcher.launch.rank_process launcher.train.rank_entry --config CFG --run-dir RUN
-[--set k=v ...]` with the venv's Python (DeepSpeed's launcher uses its own sys.executable, which is
-ours), from the project root (pdsh's remote command `cd`s into the runner's working directory).
+A LaunchPlan is pure data: the validated hostfile, each host's slots, the world size, every stage's batch
+arithmetic, the forwarded variables and the arguments for DeepSpeed's runner; `--dry-run` prints it. Each
+rank runs `python -u -m launcher.launch.rank_process launcher.train.rank_entry --config CFG --run-dir RUN`
+with the venv's Python, from the project root.
 """
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """Checks that need the machines, run after the plan is built and before anything starts.
 
 1. the run directory exists (created if missing) and is writable here;
-2. every host answers over ssh (the same `ssh` pdsh will use), each unreachable one named;
-3. the run directory is one directory on all nodes: this machine writes a token, every node must
-   read it and write its own marker, and every node must then read every other node's marker.
-
-Host names reach ssh as separate arguments (launcher.launch.ssh); the only remote shell text is
-built from constants and `shlex.quote`d paths.
-Runs on this machine only (localhost, not through pdsh) and Slurm runs skip 2 and 3.
+2. every host answers over ssh (the `ssh` pdsh will use), each unreachable one named;
+3. the run directory is one directory on all nodes (a token written here, a marker by every node).
+Host names reach ssh as separate arguments; remote shell text is only constants and quoted paths.
+Local runs and Slurm runs skip 2 and 3.
 """
 from __future__ import annotations
 

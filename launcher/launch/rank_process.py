@@ -2,24 +2,11 @@
 
     python -m launcher.launch.rank_process launcher.train.rank_entry --config CFG --run-dir RUN_DIR ...
 
-A rank killed by SIGKILL (the OOM killer, a node problem) cannot report anything itself, and
-DeepSpeed's per-node launcher only logs "exits with return code" for the last command it started,
-not for the rank that failed. This wrapper sits between DeepSpeed's launcher (or mpirun) and the
-rank, which it starts with the same Python. When the rank ends badly it prints one line
-
-    [roformer-rank-exit] rank=1 local_rank=0 node_rank=1 host=gpu07 pid=4242 status=killed by SIGKILL
-
-that `roformer pretrain` picks out of the (pdsh-prefixed) output to name the node and rank, and
-then exits with the rank's status so DeepSpeed's launcher stops the node's other ranks as usual.
-A rank stopped by SIGTERM/SIGINT is not reported (that is the stop, not the cause). If whoever
-started the wrapper dies, the kernel sends it SIGTERM (Linux PR_SET_PDEATHSIG) and the wrapper stops
-the rank, so no rank outlives its launcher. Under mpirun the wrapper also runs DeepSpeed's MPI
-discovery for the rank (see mpi_environment), under srun it reads Slurm's numbers (slurm_environment).
-DeepSpeed's MPICH and Slurm runners start it by file path (`python -u .../rank_process.py MODULE ...`).
-
-The wrapper also runs the hang watchdog (launcher.launch.watchdog) for a rank with a `--run-dir`: when
-the rank stops making progress it prints a `[roformer-watchdog] {...}` line naming the ranks that hold
-the job up, SIGKILLs the rank and exits with HUNG_EXIT_CODE.
+A rank killed by SIGKILL cannot report itself and DeepSpeed's launcher does not name it, so this wrapper
+prints one `[roformer-rank-exit] rank=.. host=.. status=..` line for `roformer pretrain`
+(launcher.launch.supervise) and exits with the rank's status. It stops the rank when its own parent dies
+(PR_SET_PDEATHSIG), finds the rank's numbers under mpirun / srun, and runs the hang watchdog
+(launcher.launch.watchdog) for a rank with a `--run-dir`.
 """
 from __future__ import annotations
 
@@ -108,13 +95,10 @@ def mpi_environment() -> dict[str, str]:
 def slurm_environment() -> dict[str, str]:
     """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT for a rank started by srun.
 
-    DeepSpeed's Slurm runner (`--launcher slurm`) runs `srun -n N python ...` and leaves rank
-    discovery to mpi4py, which needs an MPI library wired to Slurm's PMI. Slurm already gives every
-    task its numbers: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID. Rank 0 runs on the first node
-    of the step (srun's block and cyclic distributions both start there), which `scontrol show
-    hostnames` expands from SLURM_STEP_NODELIST; a MASTER_ADDR in our environment wins. Empty when not
-    a task of an srun step, when under MPI (mpirun inside an allocation inherits its SLURM_* variables;
-    mpi_environment handles it) or when the variables are already set.
+    DeepSpeed's Slurm runner leaves rank discovery to mpi4py, which needs MPI wired to Slurm's PMI; Slurm
+    already gives each task SLURM_PROCID, SLURM_STEP_NUM_TASKS and SLURM_LOCALID. Rank 0 runs on the step's
+    first node (SLURM_STEP_NODELIST through `scontrol show hostnames`); our own MASTER_ADDR wins. Empty outside
+    an srun step, under MPI (mpi_environment) or when the variables are already set.
     """
     if all(name in os.environ for name in DISTRIBUTED_VARIABLES):
         return {}

@@ -1,14 +1,10 @@
 """Restart by itself: `roformer pretrain --max-restarts N [--exclude-failed-nodes]` (docs/unattended.md).
 
-Around the ordinary launch (launcher.launch.supervise: a dead rank, a node's launcher or a hang is named
-and the whole job stopped), on the launching machine: after a fault, judge it (`RestartPolicy.decide`),
-wait a backoff, rebuild the launch plan (the hostfile less the excluded nodes) and launch again. The
-ranks resume by themselves from the newest intact checkpoint (launcher/checkpoint/resume.py; step 0 when there
-is none; a smaller world through the universal checkpoint). Not retried: bad input (exit code 2, a config
-or data error), a stop of the numerics guard (exit code 3), the same error twice at the same step (a
-deterministic bug or a bad batch), a stop asked of `roformer pretrain` itself (Ctrl-C, SIGTERM: preempted,
-resumable), and anything once N restarts are spent. Every fault is recorded in RUN_DIR/restarts.json
-(launcher/run_dir/restart_records.py) with the steps and seconds it cost; `roformer report` shows them.
+After a fault named by launcher.launch.supervise: judge it (`RestartPolicy.decide`), wait a backoff,
+rebuild the launch plan (less excluded nodes) and launch again; the ranks resume from the newest intact
+checkpoint by themselves. Not retried: bad input (2), a numerics-guard stop (3), the same error twice at
+the same step, a stop asked of `roformer pretrain`, anything once N restarts are spent. Every fault goes to
+RUN_DIR/restarts.json.
 """
 from __future__ import annotations
 

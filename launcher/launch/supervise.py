@@ -1,29 +1,11 @@
 """Run DeepSpeed's runner, echo its output, and when a rank dies say which one and stop the rest.
 
-The runner is started in its own session, so a Ctrl-C in the terminal reaches only us. The first
-Ctrl-C/SIGTERM sends SIGTERM to the ranks alone (the trainer then checkpoints and exits); a second
-one, or GRACEFUL_STOP_SECONDS without an end, stops every process of the job. Why not let the
-runner do it: its pdsh signal handler runs
-`pdsh ... pkill -f "<python> -u -m deepspeed.launcher.launch"` on every node, which also kills every
-other DeepSpeed job on those nodes. We instead match this job's own command line
-(`launcher.train.rank_entry --config CFG --run-dir RUN_DIR`, unique per run directory).
-
-Failure naming: each rank runs under launcher.launch.rank_process, which prints a `[roformer-rank-exit]`
-line when its rank dies (even by SIGKILL); pdsh prefixes it with the node name. The first such
-line is the cause; ranks failing after it (a peer's collective erroring out) are consequences.
-A rank that ends on its own error prints it first, on one line ("pretrain (rank N): error: ...",
-RANK_ERROR_PREFIX): the first such line is what the job's last line names as the cause.
-DeepSpeed's own "exits with return code" lines and pdsh's "ssh exited with exit code" lines name
-the node when no guard line is seen. Once a failure is seen, the rest of the job gets
-FAILURE_GRACE_SECONDS to end by itself before we stop it on every node.
-
-Console: every line goes to RUN_DIR/logs/launcher.log; what the user sees is filtered and the
-progress status line drawn by launcher.launch.console.
-
-Hangs: a guard whose rank stopped making progress prints a `[roformer-watchdog] {...}` verdict
-(launcher.launch.watchdog) naming the ranks that hold the job up. A verdict is the cause, whatever
-rank deaths follow it; the guards stop their own ranks, so the rest gets only HUNG_GRACE_SECONDS
-(a partitioned node's launcher never answers), and the job ends with HUNG_EXIT_CODE.
+The runner runs in its own session, so a Ctrl-C reaches only us: the first Ctrl-C/SIGTERM goes to the
+ranks alone (they checkpoint and exit); a second one, or GRACEFUL_STOP_SECONDS, stops every process of the
+job, matched by this job's own command line (the runner's pdsh handler would `pkill -f` every DeepSpeed
+job on the nodes). The cause of a failure is the first `[roformer-rank-exit]` line, rank error line
+(RANK_ERROR_PREFIX) or `[roformer-watchdog]` verdict; the rest gets FAILURE_GRACE_SECONDS (a hang:
+HUNG_GRACE_SECONDS) to end. docs/multinode.md, "When a rank dies" and "When the job hangs".
 """
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """The device `roformer plan` and `roformer pretrain --dry-run` price a run on, in this order:
 
 1. flags: `--device-name` / `--device-memory` / `--peak-tflops` (plan only);
-2. the run config's target, `hardware.device` (launcher/config/hardware_section.py), e.g. V100-16GB:
-   its memory for the FITS verdicts, its table peak (launcher/mfu.py) in the run's precision for the
-   time, accelerator ranks (SDPA's fused attention kernels);
-3. this machine's accelerator, as before: a GPU's memory and table peak, or on a CPU its RAM and a
-   timed matmul. But a run whose precision this machine's accelerator does not support (an fp16
-   config on a login node without GPUs) gets no estimate and one note instead: pricing a V100 job
-   with the login node's CPU (289 days at 0.4 TFLOP/s) is worse than no number.
-
+2. the run config's `hardware.device` (e.g. V100-16GB): its memory and table peak (launcher/mfu.py);
+3. this machine's accelerator: a GPU's memory and peak, or a CPU's RAM and a timed matmul; but a
+   precision this machine cannot train in gets one note and no estimate (a CPU's price of a V100 job
+   misleads more than no number).
 `logging.peak_tflops` (> 0) replaces the table's peak in 2 and 3.
 """
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """RUN_DIR/plots/ kept current by the training run itself, without ever slowing or failing it.
 
-Rank 0 calls PlotHook.stage_end() after each stage-end checkpoint and PlotHook.run_end() when the
-run finishes or stops. Each starts `python -m launcher report RUN_DIR --plots-only` (lowered
-priority, one thread, output appended to RUN_DIR/plots/render.log) and returns at once: training
-never waits for matplotlib. Renders take turns through a lock file (render_lock), so the newest
-data is always written last.
-
-A render that must outlive the rank (every stage end, and a stop) is detached: started through a
-short-lived intermediate process, so it belongs to no rank's process tree. DeepSpeed's per-node
-launcher kills the whole process tree of every rank as soon as one rank exits non-zero, which is
-what an orderly stop looks like to it (exit 143). Only at the normal end of a run does rank 0 start
-a child it waits for, at most RUN_END_WAIT_S, so the plots are complete when `roformer pretrain`
-returns. Any failure is logged as one message and training goes on.
-
-Imports nothing from launcher.train and nothing heavy (launcher.train imports it).
+Rank 0 calls PlotHook.stage_end() after each stage-end checkpoint and run_end() when the run ends; each
+starts `python -m launcher report RUN_DIR --plots-only` at lowered priority and returns at once, and
+renders take turns (render_lock). A render that must outlive the rank is detached through a short-lived
+intermediate process: DeepSpeed's launcher kills every rank's process tree when one rank exits non-zero,
+as an orderly stop (143) does. Only the normal end waits, at most RUN_END_WAIT_S. A failure is logged,
+never raised. Imports nothing from launcher.train (which imports it).
 """
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
 """PNG figures of a run, rendered with matplotlib's Agg backend (no display, no pyplot state).
 
-    curves_steps.png    train / validation MLM loss and accuracy against optimizer steps
-    curves_tokens.png   the same against tokens trained
-    learning_rate.png   learning rate and gradient norm
-    throughput.png      tokens/s and step time (+ MFU and TFLOP/s when the records carry them)
-    loss_scale.png      dynamic fp16 loss scale and skipped steps (fp16 runs, or when it varies)
-    eval_mlm.png        eval-mlm loss / accuracy per sequence length (when reports exist)
-    finetune.png        fine-tune test scores vs the majority baseline and a random-init twin
-
-Every figure is 1200 x 800 px with a title naming the run and its step, labelled axes with units,
-a legend, and the stage boundaries marked and labelled `name: length x batch`. The per-step train
-curves are drawn raw (faint) and smoothed within each stage (a loss jump at a length change is not
-smeared across the boundary).
+One figure per question (curves against steps and tokens, learning rate, throughput, loss scale,
+eval-mlm, fine-tune: docs/training.md, "Plots and the run report"), each 1200 x 800 px with the stage
+boundaries marked. Per-step train curves are drawn raw and smoothed within each stage, so a loss jump at a
+length change is not smeared across the boundary.
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """PNG figures of a reproduction (matplotlib, Agg backend): one question per picture.
 
-- fig2_encodings.png / linear_attention.png / recipes.png: MLM validation loss against steps, the mean over seeds
-  as a line and the min-max over seeds as a band, one colour per variant; the final-loss spread is
-  in the legend.
-- table5_lengths.png: inews test accuracy and macro-F1 against the fine-tuning max length.
-- downstream.png: test accuracy against the label budget, pretrained export vs random-init twin,
-  one panel per task, with the majority baseline dashed.
-- extension.png: masked-LM loss against evaluation length per context-extension variant (mean,
-  min-max over seeds), with the base and extension training lengths marked.
-- recipe_comparison.png: test accuracy per task of the three-phase recipe, recipe.yaml and the random-init
-  twin (mean, min-max over fine-tuning seeds), with each pretraining run's final loss in the legend.
+Losses against steps (mean over seeds as a line, min-max as a band), scores against fine-tuning length or
+label budget (export vs random-init twin), loss against evaluation length per extension variant; each
+function names its figure.
 """
 from __future__ import annotations
 
@@ -59,16 +52,19 @@ def loss_curves(groups: dict, title: str, path: Path) -> Path:
     return _save(fig, path)
 
 
+def _mean_with_range(ax, xs, stats: list[dict], **style) -> None:
+    """Each stats entry's mean at xs, with bars from its min to its max."""
+    err = np.array([[s["mean"] - s["min"] for s in stats], [s["max"] - s["mean"] for s in stats]])
+    ax.errorbar(xs, np.array([s["mean"] for s in stats]), yerr=err, capsize=4, **style)
+
+
 def lengths(table: dict, trained_max_len: int | None, path: Path) -> Path:
     """inews test accuracy and macro-F1 against the fine-tuning max length (mean, min-max bars)."""
     fig, ax = plt.subplots(figsize=SIZE)
     xs = sorted(int(k) for k in table)
     for metric, marker in (("accuracy", "o"), ("macro_f1", "s")):
-        stats = [table[str(x)][metric] for x in xs]
-        mean = np.array([s["mean"] for s in stats])
-        err = np.array([[s["mean"] - s["min"] for s in stats], [s["max"] - s["mean"] for s in stats]])
-        ax.errorbar(xs, mean, yerr=err, marker=marker, capsize=4, linewidth=2,
-                    label=f"test {metric.replace('_', '-')} (mean, min-max over seeds)")
+        _mean_with_range(ax, xs, [table[str(x)][metric] for x in xs], marker=marker, linewidth=2,
+                         label=f"test {metric.replace('_', '-')} (mean, min-max over seeds)")
     if xs:
         ax.axhline(table[str(xs[0])]["majority_baseline_accuracy"], color="black", linestyle="--",
                    linewidth=1, label="majority baseline accuracy")
@@ -93,12 +89,9 @@ def downstream(table: dict, path: Path) -> Path:
         for offset, init in ((-0.08, "pretrained"), (0.08, "random")):
             stats = [table[task][b].get(init, {}).get("accuracy", {"n": 0}) for b in budgets]
             keep = [i for i, s in enumerate(stats) if s["n"]]
-            mean = np.array([stats[i]["mean"] for i in keep])
-            err = np.array([[stats[i]["mean"] - stats[i]["min"] for i in keep],
-                            [stats[i]["max"] - stats[i]["mean"] for i in keep]])
             name = "pretrained export" if init == "pretrained" else "random-init twin"
-            ax.errorbar(xs[keep] + offset, mean, yerr=err, marker="o", capsize=4, linewidth=2,
-                        color=COLOURS[init], label=name)
+            _mean_with_range(ax, xs[keep] + offset, [stats[i] for i in keep], marker="o", linewidth=2,
+                             color=COLOURS[init], label=name)
         ax.axhline(table[task][budgets[0]].get("pretrained", table[task][budgets[0]].get("random", {}))
                    .get("majority_baseline_accuracy", np.nan), color="black", linestyle="--", linewidth=1,
                    label="majority baseline")
@@ -120,10 +113,8 @@ def extension(table: dict, path: Path) -> Path:
             continue
         xs = sorted(int(n) for n in variant["loss"] if variant["loss"][n].get("n"))
         stats = [variant["loss"][str(x)] for x in xs]
-        err = np.array([[s["mean"] - s["min"] for s in stats], [s["max"] - s["mean"] for s in stats]])
-        ax.errorbar(xs, [s["mean"] for s in stats], yerr=err, marker="o", capsize=4, linewidth=2,
-                    color=COLOURS.get(name), label=f"{name} (rope_theta {variant['rope_theta']:g}, "
-                                                   f"n={stats[0]['n'] if stats else 0})")
+        _mean_with_range(ax, xs, stats, marker="o", linewidth=2, color=COLOURS.get(name),
+                         label=f"{name} (rope_theta {variant['rope_theta']:g}, n={stats[0]['n'] if stats else 0})")
     stages = table["stages"]["same-theta"]
     for stage, style in ((max(stages[:-1], key=lambda s: s["max_seq_len"]), ":"), (stages[-1], "--")):
         ax.axvline(stage["max_seq_len"], color="gray", linestyle=style, linewidth=1,
@@ -145,12 +136,10 @@ def recipe_comparison(table: dict, path: Path) -> Path:
     for offset, name in ((-0.15, "three-phase"), (0.0, "recipe"), (0.15, "random-init twin")):
         stats = [table["tasks"][task].get(name, {}).get("accuracy", {"n": 0}) for task in tasks]
         keep = [i for i, stat in enumerate(stats) if stat["n"]]
-        err = np.array([[stats[i]["mean"] - stats[i]["min"] for i in keep],
-                        [stats[i]["max"] - stats[i]["mean"] for i in keep]])
         loss = losses.get(name)
-        ax.errorbar(xs[keep] + offset, [stats[i]["mean"] for i in keep], yerr=err, marker="o", capsize=4,
-                    linestyle="none", color=COLOURS[name],
-                    label=name + (f" (final MLM loss {loss:.3f})" if loss is not None else ""))
+        _mean_with_range(ax, xs[keep] + offset, [stats[i] for i in keep], marker="o", linestyle="none",
+                         color=COLOURS[name],
+                         label=name + (f" (final MLM loss {loss:.3f})" if loss is not None else ""))
     ax.set_xticks(xs, tasks)
     ax.set(title=f"Three-phase recipe vs recipe.yaml at equal tokens\n({table['budget']} labels; mean, min-max over "
                  "fine-tuning seeds)", ylabel="test accuracy", xlim=(-0.5, len(tasks) - 0.5))

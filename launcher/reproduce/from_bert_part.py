@@ -1,15 +1,9 @@
-"""The reproduction's `from-bert` part: the paper's own route (section 4.5.2, a BERT continued as RoFormer) in small.
+"""The reproduction's `from-bert` part: a BERT continued as RoFormer (paper section 4.5.2), in small.
 
-A learned-position model (the encodings part's `learned` run: N steps of the ablation schedule) is
-exported, which writes a BERT (roformer/bert_interop.py), then
-  (a) converted: `--init-from` that BERT as RoPE (its position table dropped) and continued M steps;
-  (b) continued-bert: the same BERT continued M steps as it is (learned positions);
-  (c) rope-scratch: a RoPE model trained from scratch for N + M steps (the ablation schedule plus the
-      continuation stage), the cost of not starting from the BERT.
-Compared on: masked-LM loss at the fixed 15% rate on the same validation tokens at a short length and
-at one longer than the learned table (only RoPE reaches it; launcher/reproduce/checkpoint_mlm.py); how
-many steps (a) needs to get back to the learned model's own final validation loss (the runs' own
-validation: fixed 15%, same split, same length); and inews at a label budget over fine-tuning seeds.
+The encodings part's learned-position run, exported as a BERT, continued (a) converted to RoPE and (b) as
+it is, against (c) RoPE from scratch for as many steps in all; compared on masked-LM loss at a short and a
+longer-than-the-table length, the steps (a) needs to get back to the BERT's loss, and inews fine-tuning
+(docs/reproduction/README.md).
 """
 from __future__ import annotations
 

@@ -1,46 +1,9 @@
 """What the paper reproduction runs: its parts, the runs of each part, and the two presets.
 
-Every run is an ordinary `roformer pretrain` run directory or `roformer finetune` JSON report under
-one output directory, so an interrupted reproduction resumes and finished runs are skipped:
-
-    OUT/data/                          the ablations' prepared corpus (the bundled English + Chinese text)
-    OUT/data-recipe/                   the recipe's prepared corpus (when the preset has its own)
-    OUT/runs/<pretrain run>/           run directories; <run>/export/ is its transformers export
-    OUT/finetune/<finetune run>.json   fine-tune reports
-    OUT/schedules/<run>.yaml           schedules the harness writes (the extension part's variants)
-    OUT/eval/<eval run>.json           checkpoint MLM evaluations (the extension part)
-    OUT/logs/<run>.log                 each command's console output
-    OUT/report/                        report.md, PNG plots and results.json
-
-Parts (each can run alone; `lengths` and `downstream` share the recipe's pretraining run):
-- encodings   paper Fig. 2: RoPE vs sinusoidal vs learned absolute positions, same data, model,
-              schedule and seeds; MLM validation loss against steps.
-- linear      paper eq. 19: linear attention with RoPE vs with sinusoidal absolute positions.
-- lengths     paper Table 5: the RoPE recipe export fine-tuned on the long-document task (inews)
-              at several maximum lengths, up to beyond the longest pretrained length.
-- downstream  the recipe export against its random-init twin on every task at several label budgets,
-              for each pretraining seed of the recipe (the twin depends on no pretraining seed).
-- extension   context extension as a stage field (ModernBERT's last phase): a RoPE model pretrained at
-              short lengths, then a short last stage at a long length with (a) the same RoPE base,
-              (b) a larger one, against (c) no extension stage (the same run's checkpoint before it);
-              masked-LM loss at lengths up to twice the extension length.
-- recipes     the recipe fields at the ablation scale: the RoPE ablation run (linear decay, 15%
-              masked throughout; the encodings part's `rope` runs) against (a) the same run with a
-              warmup-stable-decay learning rate (1-sqrt over the last stage) and (b) its mask rate
-              annealed per stage (30% -> 15%), at equal steps, data and seeds. Compared on the runs'
-              own validation, which always masks at the run config's fixed 15% on the same tokens.
-              With a recipe config (full preset) also the shipped-recipe comparison: the recipe's model,
-              corpus and steps trained as a three-phase recipe (`recipe-three-phase`: mask rate 0.3 ->
-              0.15, RoPE base raised 2500 -> 10000, WSD) against the recipe run and its random-init twin,
-              fine-tuned on every task at one label budget (the recipe's fine-tunes are the downstream
-              part's, run once).
-- retrieval   the recipe export as an embedding model against its random-init twin on the bundled
-              retrieval task (wordnet-senses): zero-shot and fine-tuned on a budget of pairs
-              (launcher/reproduce/retrieval_part.py).
-- from-bert   paper section 4.5.2 in small: the encodings part's learned-position run, exported (a BERT),
-              continued (a) converted to RoPE and (b) as it is, against (c) RoPE from scratch for as many
-              steps in all (launcher/reproduce/from_bert_part.py). Not in --quick's default parts (15
-              more jobs); `--quick --parts from-bert` runs its small form.
+Every run is an ordinary `roformer pretrain` run directory or `roformer finetune` JSON report under one
+output directory (OUT/data*, runs/, finetune/, schedules/, eval/, logs/, report/), so an interrupted
+reproduction resumes and finished runs are skipped. What each part compares (encodings, linear, lengths,
+downstream, extension, recipes, retrieval, from-bert) and the presets: docs/reproduction/README.md.
 """
 from __future__ import annotations
 
@@ -468,15 +431,15 @@ def quick_preset() -> Preset:
         finetune_jobs=2,
         pretrain_jobs=2,
         # One recipe seed and one fine-tuning seed: several seeds are the full preset's, checked by
-        # tests/unit/test_reproduce.py on written reports (each extra job here costs the suite ~30 s).
+        # tests/unit/test_reproduce.py on written reports (each extra job here lengthens the test suite).
         extension=Extension(base=({"name": "short", "max_seq_len": 32, "global_batch_size": 4, "steps": 3},),
                             stage={"name": "extend", "max_seq_len": 64, "global_batch_size": 2, "steps": 2},
                             larger_theta=40000.0, seeds=(0,), eval_lens=(32, 64, 128), eval_tokens=512),
         recipes=RecipeAblation(mask_probs=(0.3, 0.15), seeds=(0,)),  # quick_schedule.yaml's two stages
         # Fine-tuned pairs only (zero-shot jobs are the full preset's; tests/unit/test_retrieval.py runs one).
         retrieval=RetrievalProtocol(32, (32,), ("--epochs", "1"), eval_args=("--max-eval-examples", "32")),
-        # 15 more jobs (4 pretrain, 4 export, 4 eval, 3 finetune: 2 min on a quiet 2-core machine, 6 under load):
-        # run only when asked for (`--quick --parts from-bert`).
+        # 15 more jobs (4 pretrain, 4 export, 4 eval, 3 finetune): run only when asked for
+        # (`--quick --parts from-bert`).
         from_bert=FromBert(stage={"name": "continue", "max_seq_len": 64, "global_batch_size": 2, "steps": 2},
                            seeds=(0,), eval_lens=(32, 128), budget=32, eval_tokens=512, max_length=32,
                            finetune_args=("--epochs", "1", "--max-eval-examples", "32"),

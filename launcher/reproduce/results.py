@@ -1,14 +1,9 @@
 """Every number of a reproduction, gathered from its run directories and fine-tune reports.
 
-`collect(...)` returns one JSON-ready dict (written as OUT/report/results.json): per compared
-group of pretraining runs the validation curves and the final validation loss over seeds; per
-fine-tune setting the test accuracy / macro-F1 over seeds; per extension variant the masked-LM loss
-per evaluation length over seeds. Spread is always reported as mean, min, max and n: with two or
-three seeds a standard deviation says little.
-
-`merge(results, priors)` completes a report with earlier results.json files (runs that are not on this
-machine): a part or comparison group the current output directory has no finished run of is taken from
-the first prior that has it, and `sources` records where each came from.
+`collect(...)` returns OUT/report/results.json's dict: validation curves and final losses, fine-tune
+scores, extension losses, each over seeds as mean, min, max and n (with two or three seeds a standard
+deviation says little). `merge(results, priors)` fills what this output directory has not run from earlier
+results.json files and records each part's source.
 """
 from __future__ import annotations
 

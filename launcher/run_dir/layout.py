@@ -17,7 +17,6 @@
       plots/, report.md           PNGs rendered at every stage end and by `roformer report` (+ its page)
       heartbeats/rank<r>.json     rank r's progress (phase, step, its bound); rank<r>.guard.json: what
                                   its rank guard sees (process state, network); the hang watchdog's input
-      plots/, report.md           PNGs rendered at every stage end and by `roformer report` (+ its page)
       .deepspeed_env, launch/     what `roformer pretrain` gave the ranks (env file, hostfile copy)
       logs/launcher.log           everything the job printed, appended by each `roformer pretrain`
       logs/rank<r>.log            what rank r wrote after its console went away (pdsh killed, ssh gone:

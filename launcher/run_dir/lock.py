@@ -1,27 +1,12 @@
 """One job per run directory: the lock file RUN_DIR/heartbeats/run.lock, its one writer and one reader.
 
-    with acquire(run_dir) as lock:        # UserError naming the holder when another live job has it
-        ... run the job ...               # a thread refreshes the file every `refresh_every` seconds
+    with acquire(run_dir) as lock:   # UserError naming the holder when another live job has it
 
-Who holds it: `roformer pretrain` (launcher/commands/pretrain.py) for the whole job, across the
-restarts of its ranks, and hands its id to the ranks in LOCK_ID_ENV; rank 0 (`held_run_dir`, around the
-rank's life in launcher/train/rank_entry.py) then only checks that the file still holds that id. A job
-started without `roformer pretrain` (plain mpirun / srun, docs/multinode.md) has no id: its rank 0 takes
-the lock itself. Read-only commands (`export`, `report`, `eval-mlm`) never look at it.
-
-The file is JSON (a `LockHolder`): host, pid, when the holder started and when it last refreshed the
-file. It is created atomically (written to a private file, then hard-linked to the lock's name:
-link(2) fails when the name exists, on NFS too), so a reader never sees half a record and two jobs
-starting together cannot both win. Judging a holder stale and taking its lock over happen under an
-flock(2) on `.run.lock.guard` beside it, so two newcomers cannot both take over one stale lock.
-
-A holder is stale (its lock is taken over, saying so) when it is gone: on this host, its pid is
-dead or belongs to another process (a different start time); on another host, the file has not
-been refreshed for `stale_after` seconds (default STALE_SECONDS, ten refresh intervals).
-
-Why in heartbeats/: like the rank heartbeats it is a liveness file, not a record of the run; a
-refused resume must leave every record (and RUN_DIR's own mtime) as it was, and heartbeats/ is the
-one place every launch rewrites anyway.
+`roformer pretrain` holds it for the whole job and hands its id to the ranks (LOCK_ID_ENV); in a job
+started without it (plain mpirun / srun) rank 0 takes it. The file (a LockHolder) is created by link(2),
+which fails when the name exists (on NFS too), and a stale holder (a dead pid on this host; no refresh for
+`stale_after` seconds elsewhere) is taken over under an flock(2) on `.run.lock.guard`, so two newcomers
+cannot both win. It lives in heartbeats/, the one place every launch rewrites (docs/unattended.md).
 """
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """The step convention of RUN_DIR/metrics.jsonl, and reading files written before it.
 
-One convention everywhere: **a step number counts optimizer steps completed**. The train record of
-the run's first step has `step` 1; a validation, a checkpoint event and its tag `global_stepN`, the
-sidecar's `step`, TensorBoard's x axis and the console all say N after N steps. A stage's
-`first_step` (stages.json, the `stage_start` event) is the number of steps completed when it
-starts, so its own steps are first_step + 1 ... first_step + steps.
-
-metrics.jsonl files written before this convention (no `metrics_format` event) numbered train and
-validation records by the 0-based index of the step just taken, i.e. one less; their events were
-already counts. `normalise` shifts such records by one, so every reader sees one convention, and
-the trainer rewrites an old file into the new one when it resumes the run (launcher/train/metrics.py).
+A step number counts optimizer steps completed: the first train record has step 1; a validation, a
+checkpoint `global_stepN`, the sidecar and TensorBoard say N after N steps; a stage's `first_step` is the
+steps completed when it starts. Files without a `metrics_format` event numbered train and validation
+records one less: `normalise` shifts them, and the trainer rewrites such a file when it resumes the run.
 """
 from __future__ import annotations
 

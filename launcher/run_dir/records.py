@@ -1,16 +1,10 @@
 """The run's record files and their versions: what config each part of the run was trained under.
 
-A run starts by writing version 1: config.yaml (the resolved run config), ds_config.resolved.json
-(the DeepSpeed config the engine started with) and stages.json (the stages at its world size). A
-resume that is accepted (launcher/checkpoint/resume.py checks everything first, so a refused one writes
-nothing) and whose records differ writes version N+1 of the files that differ only, e.g.
-config.2.yaml or ds_config.resolved.2.json (launcher.run_dir.layout.versioned); the originals are never
-replaced. `config_versions.json` lists every version: the step it took effect at, the checkpoint it
-resumed from, and which file of each kind was in effect. Run directories from before the index
-existed read as one version 1 of the base files.
-
-Readers ask for the files in effect when a checkpoint was written (`files_in_effect`): export takes
-the data dir (hence the tokenizer) and the model card the stages from there.
+A run writes version 1 of config.yaml, ds_config.resolved.json and stages.json; an accepted resume whose
+records differ writes version N+1 of the files that differ only (config.2.yaml ...), never replacing the
+originals, and config_versions.json lists each version with the step it took effect at. Readers ask for
+the files in effect when a checkpoint was written (`files_in_effect`). A run directory without the index
+reads as one version 1.
 """
 from __future__ import annotations
 

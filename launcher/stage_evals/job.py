@@ -1,21 +1,10 @@
 """The stage-end eval job: exports a stage-end checkpoint and evaluates it beside training.
 
-After the stage-end checkpoint `tag` is complete, rank 0 starts this module as one detached process
-(launcher.stage_evals.start.start_stage_end_job: own session, lowered priority) when
-`logging.stage_end_evals` lists evals. It exports the checkpoint to
-`RUN_DIR/exports/<tag>/` and runs the evals one after another; results land in
-`RUN_DIR/evals/<tag>.<eval>.json` and as scalars in TensorBoard under `RUN_DIR/tb/evals`
-(step = the checkpoint's optimizer step). Jobs of one run take turns (a lock file), so a short
-stage never stacks several eval jobs on the training machine. The log is `RUN_DIR/evals/<tag>.log`.
-
-Evals: `mlm` (eval-mlm on the run's held-out split at the longest trained length and twice it), any
-task of launcher.downstream.tasks (`movie-reviews`, `inews`, the retrieval task `wordnet-senses`:
-nDCG@10 etc., launcher.downstream.retrieval) and a user's task spec YAML file (retrieval too; a path
-ending in .yaml / .yml; launcher.downstream.task_spec), each a quick fine-tune (QUICK_FINETUNE, then
-the spec's own settings). A task may override fine-tune fields after colons, e.g.
-`movie-reviews:max_train_examples=500:epochs=1` or `tasks/tickets.yaml:epochs=1`. A spec's files are
-read and checked by --check, so a bad file is reported before pretraining starts; its results are
-named after the spec's `name`.
+Rank 0 starts it as one detached, lowered-priority process (launcher.stage_evals.start) once the stage-end
+checkpoint `tag` is complete. It exports to RUN_DIR/exports/<tag>/ and runs the evals of
+`logging.stage_end_evals` one after another (mlm, a bundled task or a task spec YAML, `:field=value`
+overrides); results go to RUN_DIR/evals/<tag>.<eval>.json and TensorBoard's RUN_DIR/tb/evals. The jobs of
+a run take turns (a lock file), so short stages never stack them on the training machine.
 """
 from __future__ import annotations
 

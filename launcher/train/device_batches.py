@@ -1,15 +1,9 @@
 """A host batch (data_pipeline's CPU tensors) on its way to the rank's device.
 
-On an accelerator (launcher/train/trainer.py calls these for every micro-batch):
-- what the step needs to know about a batch (masked and real token counts) is read from the host
-  tensors before the copy: reading it from device tensors is a host sync per micro-batch;
-- the copy is from pinned memory (`get_accelerator().pin_memory`) with non_blocking=True, so it is a
-  DMA that overlaps the host's work, not a synchronous copy through a staging buffer;
-- an attention mask with no padding (packed pretraining rows, the common case) is not sent: the
-  model then passes SDPA no mask, which lets it pick the flash kernel on A100 / H100 (SDPA's flash
-  kernel takes no attn_mask; with one it falls back to the memory-efficient kernel). The model does
-  the same by itself on CPU tensors (roformer/model.py), where reading the flag costs nothing.
-On the CPU the batch is used as it is.
+On an accelerator: token counts are read from the host tensors before the copy (on the device each read
+is a host sync); the copy is from pinned memory with non_blocking=True (a DMA that overlaps the host's
+work); a mask without padding is not sent, so SDPA gets no mask and may pick the flash kernel. On the CPU
+the batch is used as it is.
 """
 from __future__ import annotations
 

@@ -1,18 +1,12 @@
 """A rank's side of the hang watchdog: its heartbeats, each with a bound from the step times seen so far.
 
     progress = HeartbeatWriter(run_dir, rank, cfg.watchdog)
-    progress.start_up("engine")                  # each start-up phase: bound watchdog.startup_seconds
-    with progress.step(step, stage.index):       # a training step: bound from this stage's step times
-        ...
-    with progress.phase("checkpoint save", step):   # validation, checkpoint save, stage switch, stage end
-        ...
-    progress.ended("finished", step)             # no longer watched
+    progress.start_up("engine")                 # bound: watchdog.startup_seconds
+    with progress.step(step, stage.index): ...  # bound from this stage's step times
+    progress.ended("finished", step)            # no longer watched
 
-Each call replaces RUN_DIR/heartbeats/rank<r>.json (launcher.run_dir.heartbeat_file) before the work starts, so the
-file always says what the rank is doing now and how long that may take. The rank's wrapper (a separate
-process running launcher.launch.watchdog) compares that with the time since the file was written: a rank
-blocked in a collective or stopped by a signal cannot act itself, its wrapper can. The bounds
-(PhaseBounds) are pure arithmetic on the observed times, tested without processes.
+Each call replaces RUN_DIR/heartbeats/rank<r>.json before the work starts; the rank's wrapper
+(launcher.launch.watchdog) compares it with the time since it was written.
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """The weights a fresh run starts from when its config has `init_from` (launcher/inputs/init_from.py).
 
-Every rank reads DIR (our export, a transformers RoFormer directory, or a BERT continued as the run's
-position_encoding says: roformer/bert_interop.py; safetensors, or
-pytorch_model.bin through torch.load(weights_only=True): roformer.hf_interop.read_hf_directory) and
-loads it into its model before deepspeed.initialize, which then partitions the loaded values (ZeRO
-1/2/3 alike; no rank builds a partitioned model first). A directory without an MLM head (a bare
-`RoFormerModel`) leaves the model's own head, initialised from the run's seed, the same on every rank.
-Only a fresh start loads: a resumed run takes everything from its checkpoint. Rank 0 records where the
-run started (`init_from.json`, launcher/run_dir/records.py), which `roformer report` and the model
-card of every export show.
+Every rank reads DIR (roformer.hf_interop.read_hf_directory; a BERT through roformer/bert_interop.py) and
+loads it before deepspeed.initialize, which then partitions the loaded values (any ZeRO stage). A directory
+without an MLM head keeps the model's own head, initialised from the run's seed. Only a fresh start loads;
+rank 0 records where the run started (init_from.json).
 """
 from __future__ import annotations
 

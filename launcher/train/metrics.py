@@ -1,15 +1,9 @@
 """Rank-0 reporting: RUN_DIR/metrics.jsonl, the sinks of `logging.report_to` and progress lines with ETAs.
 
-metrics.jsonl holds one JSON object per line, `kind` = "train" (every step), "valid" or "event";
-the first line is the `metrics_format` event. Every `step` counts optimizer steps completed
-(launcher/run_dir/metrics_format.py): the first train record has step 1, a validation or checkpoint after
-N steps has step N, as does TensorBoard's x axis. On resume from step N, train/valid lines past N
-are dropped (they belong to the lost future of the interrupted run), so the file always reads as
-one consistent run; TensorBoard gets the same treatment through SummaryWriter's purge_step. When steps are
-redone (a restart from a checkpoint older than the file's last step, a guard rewind), an `attempt` event
-says so and the redone train/valid records carry the new `attempt` number.
-Every record goes to metrics.jsonl first, then to each sink (TensorBoard, MLflow, W&B: launcher/tracking/).
-Console output: launcher/train/progress_line.py.
+One JSON object per line (`kind` train, valid or event); `step` counts optimizer steps completed
+(launcher/run_dir/metrics_format.py). On resume from step N, train/valid lines past N are dropped (and
+TensorBoard purged), so the file reads as one run; redone steps (a restart from an older checkpoint, a
+guard rewind) get an `attempt` event and number. Each record goes to metrics.jsonl first, then to each sink.
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Rank 0's progress on the console: a plain line every N steps, or a status line redrawn in place.
 
-A rank never writes to a terminal: its output goes through DeepSpeed's launcher into a pipe, which
-`roformer pretrain` reads (launcher/launch/console.py). So the rank is told how to report by
-PROGRESS_ENV, which `roformer pretrain` sets:
-- "lines" (the default, and whenever the output is a file or a pipe): one plain line every
-  `every` steps and at the last step. Nothing is ever redrawn, so a log holds each line once.
-- "status" (`roformer pretrain` writes to a terminal): at most one STATUS_MARKER line per
-  STATUS_INTERVAL_S; `roformer pretrain` shows it as one status line at the bottom of the terminal,
-  redrawn in place, with every other line printed above it. The log file gets none of them.
-Messages (stage starts, validations, stops) are plain lines in both modes.
+A rank never writes to a terminal (its output goes through DeepSpeed's launcher into a pipe), so
+`roformer pretrain` tells it how in PROGRESS_ENV: "lines" (the default; files and pipes): a plain line
+every `every` steps and at the last; "status" (a terminal): at most one STATUS_MARKER line per
+STATUS_INTERVAL_S, which launcher/launch/console.py redraws as the bottom line and does not log.
 """
 from __future__ import annotations
 

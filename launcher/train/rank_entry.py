@@ -2,19 +2,11 @@
 
     python -m launcher.train.rank_entry --config CFG --run-dir RUN_DIR [--set section.key=value ...]
 
-Everything that can be wrong with the input is checked before the engine exists and before anything
-in RUN_DIR is written: the run config, the stages for this world size, the run directory, the data
-(launcher/train/rank.py check_inputs); then, holding the run directory (rank 0: its lock), rank 0
-checks the checkpoint to resume (launcher/checkpoint/resume.py): its files against the checksums of its
-save, its model, tokenizer, data position, precision and ZeRO stage. Then the run resumes from the
-newest intact checkpoint of RUN_DIR (through a universal checkpoint when the shape changed; damaged
-newer ones are moved aside and named) or starts fresh, and trains to the end.
-Exit codes: 0 finished, 2 bad input (one line on stderr), 143 stopped by SIGTERM/SIGINT after
-saving a checkpoint (re-run the same command to resume), 130 Ctrl-C before the stop handlers exist, 1 another
-process of the job gone (one line each, no traceback; launcher/peer_errors.py). Every exit ends the same way:
-output flushed, then the process group destroyed before the interpreter finalizes (launcher/train/teardown.py).
-A console that goes away (pdsh killed, an ssh session lost) ends nothing: from then on the rank's output goes
-to RUN_DIR/logs/rank<r>.log (launcher/io.py keep_console).
+Checks the input before the engine exists and before RUN_DIR is written (launcher/train/rank.py), agrees
+on the resume (launcher/checkpoint/resume.py), then trains to the end. Exit codes: 0 finished, 2 bad
+input, 143 stopped after saving a checkpoint, 130 Ctrl-C before the stop handlers exist, 1 a peer gone
+(docs/training.md, "Exit codes of every command"). Every exit flushes the output and destroys the process group first
+(launcher/train/teardown.py); a console that goes away ends nothing (launcher/io.py keep_console).
 """
 from __future__ import annotations
 

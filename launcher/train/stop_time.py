@@ -1,16 +1,10 @@
 """How long a requested stop takes here, against the shortest time a stop may be given.
 
-A stop request (SIGTERM / Ctrl-C) reaches the ranks in the next step's all-reduce: they finish the step in
-flight, at most one more, and write a checkpoint at it (launcher/train/rank.py, trainer.py). Who ends a
-rank that is not done by then:
-- DeepSpeed's per-node launcher (deepspeed/launcher/launch.py, terminate_process_tree) SIGKILLs its ranks
-  DEEPSPEED_LAUNCHER_GRACE_SECONDS after passing a SIGTERM it got on to them: the plain `deepspeed` route,
-  and any route where a scheduler signals every process of a node;
-- the rank itself, and `roformer pretrain` when it was asked to stop (it signals the ranks only, so
-  DeepSpeed's launcher never starts its clock), after restarts.preemption_grace_seconds (default 120 s).
-Rank 0 measures both parts of a stop (its slowest recent steps, its last checkpoint save; a resume starts
-from what metrics.jsonl recorded) and says in one line, once, when the stop no longer fits the shorter
-limit: such a stop loses the steps since the previous checkpoint (docs/multinode.md, "Grace time").
+A stop (SIGTERM / Ctrl-C) finishes the step in flight, at most one more, and checkpoints it. A rank not
+done by then is ended by DeepSpeed's per-node launcher DEEPSPEED_LAUNCHER_GRACE_SECONDS after it passed
+a SIGTERM on, or after restarts.preemption_grace_seconds. Rank 0 measures both parts (its slowest recent
+steps, its last save) and says once, in one line, when a stop no longer fits the shorter limit
+(docs/multinode.md, "Grace time").
 """
 from __future__ import annotations
 

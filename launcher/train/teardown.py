@@ -1,16 +1,11 @@
-"""The end of a rank's process, whatever ended it (finished, stopped on a signal, its own error, a bug):
-its output flushed, then its process group destroyed, before the interpreter finalizes.
+"""The end of a rank's process, whatever ended it: its output flushed, then its process group destroyed,
+before the interpreter finalizes.
 
-Why the process group: torch's gloo backend runs each collective on a C++ worker thread, which drops
-its reference to the finished work when it gets to it, possibly after the main thread has moved on.
-A work of `all_gather_object` (the last collectives of a failed save: Checkpointer._agree) holds
-tensors owned by Python objects, so dropping it takes the GIL. If the interpreter is finalizing by
-then, Python ends that thread (pthread_exit) inside the work's noexcept destructor and libstdc++
-aborts the process: "terminate called without an active exception", SIGABRT, exit 134 instead of the
-rank's own exit code (seen on a loaded machine in about one exit in ten, with a core dump:
-ProcessGroupGloo::runLoop -> ~AsyncAllgatherWork -> decref -> take_gil -> pthread_exit). Destroying
-the process group shuts its backend down, which joins those workers while the interpreter still runs.
-DeepSpeed adds no thread of its own on this path: deepspeed.comm only forwards to torch.distributed.
+Why: gloo runs each collective on a C++ worker thread that drops its finished work later, taking the GIL
+when the work holds Python-owned tensors (all_gather_object). If the interpreter is finalizing by then,
+Python ends that thread inside a noexcept destructor and libstdc++ aborts the process (SIGABRT, exit 134
+instead of the rank's own code). Destroying the process group joins those workers while Python still
+runs. The crash as it was seen: docs/training.md, "Exit codes of every command".
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The hang watchdog: bounds, verdicts, the guards' decision, and two real hangs on two nodes.
-
-Fast tests (no training job): PhaseBounds arithmetic, the `watchdog:` config section, heartbeat files,
-`diagnose` for each kind of evidence, two guards deciding on real (sleeping / stopped) processes, and
-`roformer pretrain`'s report of a verdict. Then on the two-node namespace cluster (tests/support/netns):
-node2's cable pulled mid-run, and rank 0 SIGSTOPped: each job ends by itself with exit code 124 and
-a line naming the rank and node, leaves no process, and a re-run resumes from the newest complete
-checkpoint to the end of the schedule.
+"""Two real hangs on the two-node namespace cluster (tests/support/netns): node2's cable pulled mid-run,
+and rank 0 SIGSTOPped. Each job ends by itself with exit code 124 and a line naming the rank and node,
+leaves no process, and a re-run resumes from the newest complete checkpoint to the end of the schedule.
 """
 from __future__ import annotations
 

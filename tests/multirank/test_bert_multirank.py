@@ -21,11 +21,11 @@ import torch
 from safetensors.torch import load_file
 
 from launcher.export.exporter import export_checkpoint
-from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
 from tests.support.corpus_files import english_paragraphs, write_jsonl
 from tests.support.helpers import (NO_DROPOUT, TINY_MODEL, hf_isolated_logits, report_of, roformer, run_to_end,
                                    tiny_run_config, train_losses)
 from tests.support.hf_dirs import bert_dir
+from tests.support.tiny_models import eval_mlm_with_random_twin, train_tiny_mlm
 
 SEQ_LEN, GLOBAL_BATCH = 64, 16
 CONTINUE = {"stages": [{"name": "continue", "max_seq_len": SEQ_LEN, "global_batch_size": GLOBAL_BATCH, "steps": 2}],
@@ -131,20 +131,11 @@ def test_a_learned_models_bert_export_continued_as_rope_starts_far_below_random(
     writes a learned run (a BERT + the data's tokenizer), continued as RoPE on 1 rank: the first step's
     loss (before any update) is far below eval-mlm of a random-init RoPE twin on the same split; the
     position table was the only thing lost."""
-    from data_pipeline import MaskingConfig, PretrainBatches, copy_hf_tokenizer_files, open_corpus
-    from roformer import RoFormerConfig, RoFormerForMaskedLM
+    from data_pipeline import copy_hf_tokenizer_files
+    from roformer import RoFormerConfig
     from roformer.bert_interop import write_bert_files
-    from roformer.hf_interop import save_pretrained
 
-    torch.manual_seed(0)
-    model = RoFormerForMaskedLM(RoFormerConfig(**{**TINY_MODEL, **NO_DROPOUT}, position_encoding="learned",
-                                               max_position_embeddings=SEQ_LEN))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
-    batches = PretrainBatches(open_corpus(tiny_data, "train"), seed=3, masking=MaskingConfig())
-    for _ in range(150):
-        model(**batches.next_batch(32, 16)).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    model = train_tiny_mlm(tiny_data, position_encoding="learned", max_position_embeddings=SEQ_LEN)
     bert = tmp_path / "bert"
     bert.mkdir()
     write_bert_files(model, bert)
@@ -159,15 +150,9 @@ def test_a_learned_models_bert_export_continued_as_rope_starts_far_below_random(
     config.write_text(yaml.safe_dump(raw))
     run_to_end(1, config, tmp_path / "run")
     first = train_losses(tmp_path / "run")[1]
-    torch.manual_seed(0)
     twin_config = RoFormerConfig(**{**TINY_MODEL, **NO_DROPOUT})
-    twin = save_pretrained(RoFormerForMaskedLM(twin_config), tmp_path / "twin")
-    copy_hf_tokenizer_files(tiny_data, twin)
-    losses = {}
-    for name, model_dir in (("bert", bert), ("random", twin)):
-        report = evaluate_mlm(MLMEvalConfig(export_dir=model_dir, data_dir=tiny_data, split="train",
-                                            seq_lens=[SEQ_LEN], tokens=8 * GLOBAL_BATCH * (SEQ_LEN - 1)))
-        losses[name] = report["results"][0]["loss"]
+    losses = dict(zip(("bert", "random"), eval_mlm_with_random_twin(
+        bert, twin_config, tiny_data, tmp_path, SEQ_LEN, tokens=8 * GLOBAL_BATCH * (SEQ_LEN - 1))))
     print(f"first loss as RoPE {first:.4f}; eval-mlm: learned BERT {losses['bert']:.4f}, random RoPE init "
           f"{losses['random']:.4f} (ln V = {math.log(twin_config.vocab_size):.4f})")
     gap = losses["random"] - losses["bert"]

@@ -27,6 +27,7 @@ from tests.support.corpus_files import chinese_paragraphs, write_jsonl
 from tests.support.helpers import (NO_DROPOUT, REPO, free_port, hf_isolated_logits, report_of, roformer,
                                    run_to_end, tiny_run_config, train_losses, write_yaml)
 from tests.support.hf_dirs import BERT_IDS, roformer_chinese_dir
+from tests.support.tiny_models import eval_mlm_with_random_twin, train_tiny_mlm
 
 SEQ_LEN, GLOBAL_BATCH = 64, 32  # one step = 32 x 63 tokens, ~300 masked: a steady first loss
 CONTINUE = {"stages": [{"name": "continue", "max_seq_len": SEQ_LEN, "global_batch_size": GLOBAL_BATCH, "steps": 2}],
@@ -83,20 +84,10 @@ def trained_dir(tmp_path_factory, tiny_data):
     model trained in this process with plain torch (150 steps of 16 x 32 tokens, ~15 s on a quiet core): MLM
     loss ~5.8 against ~6.8 at random init, a gap the first-loss comparison can see (trainer_export's 16
     steps leave ~0.2)."""
-    from data_pipeline import MaskingConfig, PretrainBatches, copy_hf_tokenizer_files, open_corpus
-    from roformer import RoFormerConfig, RoFormerForMaskedLM
+    from data_pipeline import copy_hf_tokenizer_files
     from roformer.hf_interop import save_pretrained
-    from tests.support.helpers import TINY_MODEL
 
-    torch.manual_seed(0)
-    model = RoFormerForMaskedLM(RoFormerConfig(**{**TINY_MODEL, **NO_DROPOUT}))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
-    batches = PretrainBatches(open_corpus(tiny_data, "train"), seed=3, masking=MaskingConfig())
-    for _ in range(150):
-        model(**batches.next_batch(32, 16)).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    out = save_pretrained(model, tmp_path_factory.mktemp("trained") / "model")
+    out = save_pretrained(train_tiny_mlm(tiny_data), tmp_path_factory.mktemp("trained") / "model")
     copy_hf_tokenizer_files(tiny_data, out)
     return out
 
@@ -105,23 +96,15 @@ def test_first_loss_is_the_models_loss_not_a_random_inits(trained_dir, tiny_data
     """The first step's loss of a run continuing trained_dir (32 sequences of 64 tokens of the train
     split, before any update; 1 rank) against eval-mlm of trained_dir on the same split and length, and
     of its random-init twin (same config and tokenizer, fresh weights): the run starts where the model is."""
-    from roformer import RoFormerForMaskedLM
-    from roformer.hf_interop import read_hf_directory, save_pretrained
+    from roformer.hf_interop import read_hf_directory
 
     config = tiny_run_config(tmp_path, tiny_data, model=NO_DROPOUT, init_from=str(trained_dir),
                              **{**CONTINUE, "stages": [{**CONTINUE["stages"][0], "steps": 1}]})
     run_to_end(1, config, tmp_path / "run")
     first = train_losses(tmp_path / "run")[1]
     model_config, _, _ = read_hf_directory(trained_dir)
-    torch.manual_seed(0)
-    twin = save_pretrained(RoFormerForMaskedLM(model_config), tmp_path / "twin")
-    for name in ("spm.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copyfile(trained_dir / name, twin / name)
-    losses = {}
-    for name, model_dir in (("model", trained_dir), ("random", twin)):
-        report = evaluate_mlm(MLMEvalConfig(export_dir=model_dir, data_dir=tiny_data, split="train",
-                                            seq_lens=[SEQ_LEN], tokens=16 * GLOBAL_BATCH * (SEQ_LEN - 1)))
-        losses[name] = report["results"][0]["loss"]
+    losses = dict(zip(("model", "random"), eval_mlm_with_random_twin(
+        trained_dir, model_config, tiny_data, tmp_path, SEQ_LEN, tokens=16 * GLOBAL_BATCH * (SEQ_LEN - 1))))
     print(f"first training loss {first:.4f}; eval-mlm: model {losses['model']:.4f}, random init "
           f"{losses['random']:.4f} (ln V = {math.log(model_config.vocab_size):.4f})")
     gap = losses["random"] - losses["model"]

@@ -1,10 +1,7 @@
-"""A run directory written before the issue-9 restructure (tests/fixtures/README.md: commit 0c2c7f0,
-2 ranks, ZeRO-2, checkpoint global_step5) read, exported and resumed by today's code.
+"""Run directories written by earlier code (tests/fixtures/README.md) resumed and exported by today's, 2 ranks.
 
-Its data position is data state format 1, which the data pipeline's format 2 (global mixing) refuses
-to continue by design; the launcher checks that before any compute and says so. Everything the
-launcher itself wrote (sidecar, DeepSpeed and RNG files, config.yaml, stages.json) still loads: the
-resume test gives the stored run a fresh data position and trains on from its checkpoint.
+Everything the launcher wrote (sidecar, DeepSpeed and RNG files, config.yaml, stages.json) still loads; the
+stored data position is of a format the data pipeline refuses by design, so the resume gets a fresh one.
 """
 from __future__ import annotations
 

@@ -23,7 +23,6 @@ get fp16_rank_env() (the real path where the CPU has fp16, the reported support 
 """
 from __future__ import annotations
 
-import json
 import math
 import shutil
 from pathlib import Path
@@ -39,6 +38,7 @@ from tests.support.helpers import (
     REPO,
     TEST_RANK_ENTRY,
     TINY_TOTAL_STEPS,
+    bfloat16_copy,
     events,
     start_run,
     tiny_run_config,
@@ -133,15 +133,6 @@ def test_zero_stage_2_to_3_to_1(interrupted, tiny_data, trainer_run):
            "loaded through the universal checkpoint universal/global_step6" in said, said
     assert not any("loss scaler" in line for line in said)  # fp32 throughout: nothing to say about it
     check_losses(run_dir, trainer_run, tolerance=1e-6)
-
-
-def bfloat16_copy(directory: Path) -> Path:
-    """ds_configs/cpu_bf16_zero2.json with its bf16 section under DeepSpeed's older name `bfloat16`."""
-    config = json.loads((REPO / "ds_configs" / "cpu_bf16_zero2.json").read_text())
-    config["bfloat16"] = config.pop("bf16")
-    path = directory / "cpu_bfloat16_zero2.json"
-    path.write_text(json.dumps(config, indent=2))
-    return path
 
 
 def test_precision_fp32_to_bf16_to_fp32(interrupted, tiny_data, tmp_path):

@@ -295,3 +295,37 @@ def finetune_refused(capsys, export: Path, tmp_path: Path, flags: list[str], pre
     assert rc == 2 and len(err) == 1 and err[0].startswith("roformer finetune: error: "), err
     assert not any(path.exists() for path in outputs.values())
     return err[0]
+
+
+def in_process_cli(monkeypatch, capsys):
+    """`run(*args)`: `roformer ARGS` in this process, returning (exit code, stdout, stderr)."""
+    from launcher.cli import main as cli_main
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = cli_main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def init_from_config(tmp_path: Path, init_from, model: dict | None = None, data_dir="/nonexistent-data",
+                     **sections) -> Path:
+    """A run config continuing `init_from`, with no model section unless `model` is given."""
+    raw = run_config_dict(data_dir=data_dir, **sections)
+    raw.pop("model")
+    if model is not None:
+        raw["model"] = model
+    raw["init_from"] = str(init_from)
+    return write_yaml(tmp_path / "run.yaml", raw)
+
+
+def bfloat16_copy(directory: Path) -> Path:
+    """ds_configs/cpu_bf16_zero2.json with its bf16 section under DeepSpeed's older name `bfloat16`."""
+    config = json.loads((REPO / "ds_configs" / "cpu_bf16_zero2.json").read_text())
+    config["bfloat16"] = config.pop("bf16")
+    path = directory / "cpu_bfloat16_zero2.json"
+    path.write_text(json.dumps(config, indent=2))
+    return path

@@ -1,28 +1,15 @@
 """Load exports with transformers alone: `python -I tests/support/hf_isolated.py TEXTS_JSON OUT_DIR EXPORT...`.
 
-The project is installed in editable mode, so `-I` alone does not hide it: a meta-path finder
-placed first refuses every import of roformer / launcher / data_pipeline, and the script checks at
-the end that none of them was loaded. For export i it writes the tokenizer's ids and the MLM logits to
-OUT_DIR/hf_out_<i>.safetensors and prints one JSON line, for the test to compare with our model.
+The project's packages are blocked (tests/support/isolation_guard.py). For export i it writes the
+tokenizer's ids and the MLM logits to OUT_DIR/hf_out_<i>.safetensors and prints one JSON line, for the
+test to compare with our model.
 """
+import json
 import os
 import sys
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PROJECT_PACKAGES = {"roformer", "launcher", "data_pipeline", "tests"}
-
-
-class _BlockProjectCode:
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] in PROJECT_PACKAGES:
-            raise ImportError(f"project code is blocked in this process: {fullname}")
-        return None
-
-
-sys.meta_path.insert(0, _BlockProjectCode())
-sys.path = [p for p in sys.path if p and os.path.abspath(p) not in (REPO_ROOT, os.path.join(REPO_ROOT, "tests"), os.path.join(REPO_ROOT, "tests", "support"))]
-
-import json  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # isolation_guard takes it off again
+import isolation_guard  # noqa: E402  (from here on the project's packages are blocked)
 
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
@@ -42,9 +29,7 @@ def main(texts_json: str, out_dir: str, export_dirs: list) -> None:
         print(json.dumps({"export": export_dir, "tokenizer_class": type(tokenizer).__name__,
                           "model_class": type(model).__name__, "pad_token_id": tokenizer.pad_token_id,
                           "mask_token_id": tokenizer.mask_token_id}))
-    loaded = sorted(m for m in sys.modules if m.split(".")[0] in PROJECT_PACKAGES)
-    if loaded:
-        raise SystemExit(f"project modules were imported: {loaded}")
+    isolation_guard.check_none_loaded()
 
 
 if __name__ == "__main__":

@@ -1,29 +1,16 @@
 """A saved fine-tuned model in plain transformers: `python -I tests/support/hf_pipeline_isolated.py MODEL_DIR INPUTS_JSON OUT_JSON`.
 
-The project's packages are blocked from import as in tests/support/hf_isolated.py (a meta-path
-finder placed first; the script checks at the end that none was loaded). INPUTS_JSON is a list of
+The project's packages are blocked (tests/support/isolation_guard.py). INPUTS_JSON is a list of
 texts or of {"text": a, "text_pair": b}; `pipeline("text-classification", model=MODEL_DIR)` scores
 them and OUT_JSON gets {"config": config.json's id2label / label2id / problem_type / num_labels,
 "outputs": the pipeline's top answer per input}.
 """
+import json
 import os
 import sys
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PROJECT_PACKAGES = {"roformer", "launcher", "data_pipeline", "tests"}
-
-
-class _BlockProjectCode:
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] in PROJECT_PACKAGES:
-            raise ImportError(f"project code is blocked in this process: {fullname}")
-        return None
-
-
-sys.meta_path.insert(0, _BlockProjectCode())
-sys.path = [p for p in sys.path if p and os.path.abspath(p) not in (REPO_ROOT, os.path.join(REPO_ROOT, "tests"), os.path.join(REPO_ROOT, "tests", "support"))]
-
-import json  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # isolation_guard takes it off again
+import isolation_guard  # noqa: E402  (from here on the project's packages are blocked)
 
 from transformers import pipeline  # noqa: E402
 
@@ -38,9 +25,7 @@ def main(model_dir: str, inputs_json: str, out_json: str) -> None:
                          "problem_type": config.problem_type, "num_labels": config.num_labels,
                          "model_class": type(classify.model).__name__},
               "outputs": outputs}
-    loaded = sorted(m for m in sys.modules if m.split(".")[0] in PROJECT_PACKAGES)
-    if loaded:
-        raise SystemExit(f"project modules were imported: {loaded}")
+    isolation_guard.check_none_loaded()
     with open(out_json, "w", encoding="utf-8") as f:
         json.dump(result, f)
 

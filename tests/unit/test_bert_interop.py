@@ -23,7 +23,7 @@ from roformer import RoFormerConfig, RoFormerForMaskedLM
 from roformer.bert_interop import BERT_POSITION_KEY, bert_state_dict, config_from_bert, write_bert_files
 from roformer.config import ConfigError
 from tests.support.corpus_files import english_paragraphs
-from tests.support.helpers import TINY_MODEL, run_config_dict, write_yaml
+from tests.support.helpers import TINY_MODEL, init_from_config
 from tests.support.hf_dirs import bert_dir
 
 HEAD = ["cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias"]
@@ -40,21 +40,12 @@ def bert_mlm(tmp_path_factory, texts) -> Path:
     return bert_dir(tmp_path_factory.mktemp("bert") / "mlm", texts, hidden_act="gelu_new", layer_norm_eps=1e-7)
 
 
-def _config(tmp_path: Path, init_from, model: dict | None = None, data_dir="/nonexistent-data", **sections) -> Path:
-    raw = run_config_dict(data_dir=data_dir, **sections)
-    raw.pop("model")
-    if model is not None:
-        raw["model"] = model
-    raw["init_from"] = str(init_from)
-    return write_yaml(tmp_path / "run.yaml", raw)
-
-
 def test_a_bert_is_continued_as_rope_by_default(tmp_path, bert_mlm):
     """Every tensor but the position table maps one to one (embeddings, token types, every layer, the MLM
     transform and the decoder's bias); the table is dropped, and the records say so."""
     import transformers
 
-    cfg = load_run_config(_config(tmp_path, bert_mlm))
+    cfg = load_run_config(init_from_config(tmp_path, bert_mlm))
     raw = json.loads((bert_mlm / "config.json").read_text())
     assert cfg.model.position_encoding == "rope" and cfg.model.max_position_embeddings is None
     assert (cfg.model.hidden_act, cfg.model.layer_norm_eps, cfg.model.vocab_size) == ("gelu_new", 1e-7, raw["vocab_size"])
@@ -79,7 +70,7 @@ def test_a_bert_model_gets_a_fresh_head_and_learned_keeps_the_table(tmp_path, te
     import transformers
 
     source = bert_dir(tmp_path / "encoder", texts, head=False, safetensors=False, seed=3)
-    cfg = load_run_config(_config(tmp_path, source, model={"position_encoding": "learned"}))
+    cfg = load_run_config(init_from_config(tmp_path, source, model={"position_encoding": "learned"}))
     assert (cfg.model.position_encoding, cfg.model.max_position_embeddings) == ("learned", 256)
     assert "continued as it is" in init_source_note(cfg.init_from, cfg.model)
     initial = InitialWeights.read(cfg.init_from, cfg.model)
@@ -140,7 +131,7 @@ def test_bad_bert_input_is_one_line_exit_2_nothing_written(capsys, tmp_path, ber
             tensors[key] = tensors[key][:, :-1].contiguous()
             expected = "roformer.layers.1.ffn_out.weight (32, 63) != (32, 64)"
         save_file(tensors, str(source / "model.safetensors"), metadata={"format": "pt"})
-    config = _config(tmp_path, source, model=model)
+    config = init_from_config(tmp_path, source, model=model)
     capsys.readouterr()
     if case in ("missing", "shape"):  # read by every rank at the engine's start, before any step
         cfg = load_run_config(config)

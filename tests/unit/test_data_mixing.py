@@ -34,7 +34,7 @@ from data_pipeline.config import (
     TokenizerConfig,
 )
 from data_pipeline.prepare import prepare
-from data_pipeline.tokenizer import load_sentencepiece
+from tests.support.token_sources import token_source_table
 from tests.unit.test_data_batches import assert_same, original_ids
 
 ALPHABETS = ("abcdef", "ghijkl", "mnopqr", "stuvwx")
@@ -80,15 +80,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def source_of(corpus):
     """(V,) source of each token id; -1 for special ids and pieces without letters (a lone '▁')."""
-    sp = load_sentencepiece(corpus.data_dir / "tokenizer" / "spm.model")
-    table = np.full(corpus.vocab_size, -1, dtype=np.int64)
-    for i in range(NUM_SPECIAL_IDS, corpus.vocab_size):
-        letters = set(sp.id_to_piece(i)) - {"▁"}
-        owners = {s for s, alphabet in enumerate(ALPHABETS) if letters & set(alphabet)}
-        assert len(owners) <= 1, sp.id_to_piece(i)  # disjoint alphabets: no piece mixes sources
-        if owners:
-            table[i] = owners.pop()
-    return table
+    return token_source_table(corpus, ALPHABETS)
 
 
 def corpus_shares(corpus, source_of) -> np.ndarray:

@@ -20,10 +20,9 @@ import pytest
 import torch
 
 from data_pipeline import DataError, PretrainBatches, open_corpus
-from data_pipeline.config import NUM_SPECIAL_IDS
-from data_pipeline.tokenizer import load_sentencepiece
 from launcher.cli import main as roformer
 from tests.support.corpus_files import named_sources_dir, prepared_dir, write_jsonl
+from tests.support.token_sources import token_source_table
 from tests.unit.test_data_batches import assert_same, original_ids
 
 ALPHABETS = {"en": "abcdef", "zh": "ghijkl", "code": "mnopqr"}
@@ -70,14 +69,7 @@ def corpus(data_dir):
 @pytest.fixture(scope="module")
 def source_of(corpus):
     """(V,) index (in source order) of the source owning each token id; -1 for special / letterless pieces."""
-    sp = load_sentencepiece(corpus.data_dir / "tokenizer" / "spm.model")
-    table = np.full(corpus.vocab_size, -1, dtype=np.int64)
-    for i in range(NUM_SPECIAL_IDS, corpus.vocab_size):
-        letters = set(sp.id_to_piece(i)) - {"▁"}
-        owners = {k for k, alphabet in enumerate(ALPHABETS.values()) if letters & set(alphabet)}
-        assert len(owners) <= 1
-        table[i] = owners.pop() if owners else -1
-    return table
+    return token_source_table(corpus, list(ALPHABETS.values()))
 
 
 def test_prepare_writes_each_source_with_its_own_shards_and_counts(data_dir, corpus, source_of):

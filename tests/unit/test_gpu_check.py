@@ -6,29 +6,21 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import pytest
 import torch
 
-from launcher.cli import main as cli_main
 from launcher.pricing.estimate import estimate_memory, setup_from_configs
 from launcher.gpu_check import check_report as gpu_report
 from launcher.gpu_check.check_report import (Check, GpuCheckReport, SpeedRow, memory_check, overflow_check, resume_checks,
                                        tolerance_check)
 from launcher.gpu_check.side_by_side import round_robin
-from tests.support.helpers import REPO
+from tests.support.helpers import REPO, in_process_cli
 
 
 @pytest.fixture
 def cli(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = cli_main(list(args))
-        out, err = capsys.readouterr()
-        return code, out, err
-    return run
+    return in_process_cli(monkeypatch, capsys)
 
 
 def test_without_cuda_it_says_so_in_one_line_and_exits_2(cli, tmp_path, monkeypatch):

@@ -29,7 +29,7 @@ from launcher.train.engine import build_model
 from launcher.train.init_weights import InitialWeights
 from roformer.hf_interop import to_hf_state_dict
 from tests.support.corpus_files import english_paragraphs, write_jsonl
-from tests.support.helpers import run_config_dict, write_yaml
+from tests.support.helpers import init_from_config, run_config_dict, write_yaml
 from tests.support.hf_dirs import SPECIALS, plain_transformers_dir, wordpiece_tokenizer
 
 
@@ -55,23 +55,14 @@ def hf_data(tmp_path_factory, hf_dir, texts) -> Path:
     return out
 
 
-def _config(tmp_path: Path, init_from, model: dict | None = None, data_dir="/nonexistent-data") -> Path:
-    raw = run_config_dict(data_dir=data_dir)
-    raw.pop("model")
-    if model is not None:
-        raw["model"] = model
-    raw["init_from"] = str(init_from)
-    return write_yaml(tmp_path / "run.yaml", raw)
-
-
 def test_model_section_comes_from_the_directory(tmp_path, hf_dir):
     hf = json.loads((hf_dir / "config.json").read_text())
-    cfg = load_run_config(_config(tmp_path, hf_dir))
+    cfg = load_run_config(init_from_config(tmp_path, hf_dir))
     assert cfg.init_from == str(hf_dir)
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
         assert getattr(cfg.model, key) == hf[key]
     # Shape-free fields may change, from the config or --set; equal values of shape fields are accepted.
-    cfg = load_run_config(_config(tmp_path, hf_dir, model={"hidden_size": hf["hidden_size"]}),
+    cfg = load_run_config(init_from_config(tmp_path, hf_dir, model={"hidden_size": hf["hidden_size"]}),
                           ["model.hidden_dropout_prob=0.25", "model.attention_probs_dropout_prob=0.05"])
     assert (cfg.model.hidden_dropout_prob, cfg.model.attention_probs_dropout_prob) == (0.25, 0.05)
     # The resolved copy (config.yaml of the run) loads back to the same model.
@@ -86,7 +77,7 @@ def test_model_section_comes_from_the_directory(tmp_path, hf_dir):
 ])
 def test_a_change_of_weight_shape_is_refused_naming_both_values(tmp_path, hf_dir, override, field, ours, theirs):
     with pytest.raises(UserError) as caught:
-        load_run_config(_config(tmp_path, hf_dir), [override])
+        load_run_config(init_from_config(tmp_path, hf_dir), [override])
     message = str(caught.value)
     assert f"model.{field}: {ours} differs from {theirs} in {hf_dir}/config.json" in message
     assert "\n" not in message
@@ -94,18 +85,18 @@ def test_a_change_of_weight_shape_is_refused_naming_both_values(tmp_path, hf_dir
 
 def test_init_from_errors_name_the_field(tmp_path, hf_dir):
     with pytest.raises(UserError, match="init_from: .* is not a directory"):
-        load_run_config(_config(tmp_path, tmp_path / "nothing"))
+        load_run_config(init_from_config(tmp_path, tmp_path / "nothing"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="config.json missing"):
-        load_run_config(_config(tmp_path, tmp_path / "empty"))
+        load_run_config(init_from_config(tmp_path, tmp_path / "empty"))
     no_weights = tmp_path / "no_weights"
     no_weights.mkdir()
     (no_weights / "config.json").write_text((hf_dir / "config.json").read_text())
     with pytest.raises(UserError, match="has no weights"):
-        load_run_config(_config(tmp_path, no_weights))
+        load_run_config(init_from_config(tmp_path, no_weights))
     # Relative to the config file's directory, like every other path of a run config.
     (tmp_path / "sub").mkdir()
-    raw = yaml.safe_load(_config(tmp_path, hf_dir).read_text())
+    raw = yaml.safe_load(init_from_config(tmp_path, hf_dir).read_text())
     raw["init_from"] = "../" + hf_dir.name
     hf_sibling = tmp_path / hf_dir.name
     shutil.copytree(hf_dir, hf_sibling)
@@ -118,7 +109,7 @@ def test_init_from_errors_name_the_field(tmp_path, hf_dir):
 def test_weights_are_loaded_into_the_engine_model(tmp_path, hf_dir):
     import transformers
 
-    cfg = load_run_config(_config(tmp_path, hf_dir))
+    cfg = load_run_config(init_from_config(tmp_path, hf_dir))
     initial = InitialWeights.read(cfg.init_from, cfg.model)
     model = build_model(cfg, initial)
     assert initial.new_head is False
@@ -145,7 +136,7 @@ def test_a_bare_roformer_model_gets_a_new_mlm_head(tmp_path, texts):
 
     source = plain_transformers_dir(tmp_path / "encoder", texts, head=False, safetensors=False, seed=3)
     assert (source / "pytorch_model.bin").is_file() and not (source / "model.safetensors").exists()
-    cfg = load_run_config(_config(tmp_path, source))
+    cfg = load_run_config(init_from_config(tmp_path, source))
     initial = InitialWeights.read(cfg.init_from, cfg.model)
     model = build_model(cfg, initial)
     assert initial.new_head is True and initial.record()["mlm_head"] == "new"

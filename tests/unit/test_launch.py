@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.cli import main as cli_main
 from tests.support.helpers import (
     REPO,
     fake_tools,
+    in_process_cli,
     run_config_dict,
     write_schedule,
     write_yaml,
@@ -53,14 +53,7 @@ def _demo_config(demo_on_tiny_data, monkeypatch):
 def cli(monkeypatch, capsys):
     """Run `roformer ARGS` in this process; returns (exit code, stdout, stderr)."""
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = cli_main(list(args))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    return in_process_cli(monkeypatch, capsys)
 
 
 def world_info_of(command: str) -> dict:

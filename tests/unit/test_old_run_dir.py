@@ -1,10 +1,6 @@
-"""A run directory written before the issue-9 restructure (tests/fixtures/README.md: commit 0c2c7f0,
-2 ranks, ZeRO-2, checkpoint global_step5) read, exported and resumed by today's code.
-
-Its data position is data state format 1, which the data pipeline's format 2 (global mixing) refuses
-to continue by design; the launcher checks that before any compute and says so. Everything the
-launcher itself wrote (sidecar, DeepSpeed and RNG files, config.yaml, stages.json) still loads: the
-resume test gives the stored run a fresh data position and trains on from its checkpoint.
+"""Run directories written by earlier code (tests/fixtures/README.md) read by today's: the sidecar, the export
+and its weights; the stored data position (data state format 1) is refused before any compute, as the
+data pipeline's format 2 (global mixing) cannot continue it.
 """
 from __future__ import annotations
 

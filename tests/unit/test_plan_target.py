@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 
 import deepspeed.utils  # noqa: F401  DeepSpeed's stdout logger made now, not on a test's own (later closed) capture
 import pytest
 import yaml
 
-from launcher.cli import main as cli_main
 from launcher.config.run_config import load_run_config
 from launcher.errors import UserError
 from launcher.mfu import table_peak_tflops
 from tests.support.cpu_precision import pin_cpu_accelerator
-from tests.support.helpers import REPO, write_schedule, write_yaml
+from tests.support.helpers import REPO, in_process_cli, write_schedule, write_yaml
 
 REFERENCE = REPO / "configs" / "reference_v100.yaml"
 HOSTFILE = REPO / "hostfile"
@@ -27,14 +25,7 @@ def login_node(monkeypatch, capsys):
     """A CPU machine without fp16 (a typical login node), DS_ACCELERATOR unset as a GPU user has it."""
     pin_cpu_accelerator(monkeypatch, fp16=False)
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = cli_main(list(args))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    return in_process_cli(monkeypatch, capsys)
 
 
 def plan_json(run, *extra: str) -> tuple[dict, str]:

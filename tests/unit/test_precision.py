@@ -16,7 +16,7 @@ import yaml
 
 from launcher.config.precision import train_precision
 from launcher.errors import UserError
-from tests.support.helpers import REPO, stored_run_resume_config
+from tests.support.helpers import REPO, bfloat16_copy, stored_run_resume_config
 
 ACCEPTED = [
     ({}, "fp32"),
@@ -81,15 +81,6 @@ def test_a_refused_precision_stops_the_config_at_load(tmp_path):
     path.write_text(json.dumps({"bfloat16": {"enabled": True}, "zero_optimization": {"stage": 0}}))
     with pytest.raises(UserError, match=f"^{path}: zero_optimization.stage: 0 with bf16 cannot be exported"):
         load_ds_json(path)
-
-
-def bfloat16_copy(tmp_path: Path) -> Path:
-    """ds_configs/cpu_bf16_zero2.json with DeepSpeed's older spelling `bfloat16` for its bf16 section."""
-    config = json.loads((REPO / "ds_configs" / "cpu_bf16_zero2.json").read_text())
-    config["bfloat16"] = config.pop("bf16")
-    path = tmp_path / "cpu_bfloat16_zero2.json"
-    path.write_text(json.dumps(config, indent=2))
-    return path
 
 
 def test_plan_and_report_see_bf16_in_a_bfloat16_config(stored_run, copy_of, tmp_path, monkeypatch, capsys):

@@ -38,17 +38,21 @@ def _summed_inputs(embeddings: Embeddings, ids: torch.Tensor) -> torch.Tensor:
     return seen["x"]
 
 
+def _at_init(encoding: str):
+    """(config, embeddings, ids, LayerNorm input, table rows) for 4 x 64 random ids under seed 0."""
+    torch.manual_seed(0)
+    config = _config(encoding)
+    embeddings = _embeddings(config)
+    ids = torch.randint(5, config.vocab_size, (4, 64))
+    return config, embeddings, ids, _summed_inputs(embeddings, ids), embeddings.position_table[:64]
+
+
 def test_the_table_has_rms_one_over_sqrt_two():
     assert abs(_rms(sinusoidal_position_table(512, 128)) - 1 / math.sqrt(2)) < 1e-3
 
 
 def test_vaswani_scaling_multiplies_token_embeddings_by_sqrt_d_model():
-    torch.manual_seed(0)
-    config = _config("sinusoidal")
-    embeddings = _embeddings(config)
-    ids = torch.randint(5, config.vocab_size, (4, 64))
-    summed = _summed_inputs(embeddings, ids)
-    table = embeddings.position_table[:64]
+    config, embeddings, ids, summed, table = _at_init("sinusoidal")
     tokens = summed - table - embeddings.token_type.weight[0]
     expected = embeddings.word(ids) * math.sqrt(config.embedding_size)
     torch.testing.assert_close(tokens, expected, rtol=1e-5, atol=1e-5)
@@ -58,12 +62,7 @@ def test_vaswani_scaling_multiplies_token_embeddings_by_sqrt_d_model():
 
 
 def test_unscaled_variant_keeps_the_old_sum_and_its_mismatch():
-    torch.manual_seed(0)
-    config = _config("sinusoidal_unscaled")
-    embeddings = _embeddings(config)
-    ids = torch.randint(5, config.vocab_size, (4, 64))
-    summed = _summed_inputs(embeddings, ids)
-    table = embeddings.position_table[:64]
+    _, embeddings, ids, summed, table = _at_init("sinusoidal_unscaled")
     torch.testing.assert_close(summed, embeddings.word(ids) + embeddings.token_type.weight[0] + table)
     assert _rms(embeddings.word(ids)) / _rms(table) < 0.05  # position drowns the tokens at init
 
