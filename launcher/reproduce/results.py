@@ -129,7 +129,8 @@ def collect(preset: Preset, layout: Layout, parts: tuple[str, ...]) -> dict:
         results["lengths"] = finetune_table([r for r in finetune if r.part == "lengths"], layout,
                                             key=lambda r: (str(r.max_length),))
     if "extension" in parts and preset.extension is not None:
-        results["extension"] = extension_table(preset.eval_runs(parts), layout, preset)
+        results["extension"] = extension_table([r for r in preset.eval_runs(parts) if r.part == "extension"], layout,
+                                               preset)
     if "recipes" in parts and preset.recipes is not None:
         results["recipes"] = recipe_comparison(pretrain, preset, layout)
     if preset.compares_recipe(parts):

@@ -438,3 +438,21 @@ def test_the_from_bert_report_says_what_recovered_and_what_cannot_be_read():
     assert "seed 0: the learned model's last validation loss 5.900; converted to RoPE, the first validation " \
            "(step 10) was 6.100, and it recovered it after 20 steps." in text
     assert "did NOT recover it within its 120 steps" in text and "| 1000 |" in text
+
+
+def test_the_extension_table_takes_only_the_extension_parts_evaluations(tmp_path):
+    """A report over every part of an output directory where only the from-bert part ran: its checkpoint
+    evaluations are not the extension part's variants (they once were, and hid the extension figures that
+    a merged earlier report held)."""
+    from launcher.reproduce.job_runner import Layout
+    from launcher.reproduce.results import collect
+
+    preset, layout = PRESETS["full"](), Layout(tmp_path)
+    for run in preset.eval_runs(("from-bert",)):
+        path = layout.eval_report(run)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('{"rope_theta": 10000.0, "trained_max_seq_len": 512, '
+                        '"results": [{"seq_len": 128, "loss": 6.5, "accuracy": 0.1}]}', encoding="utf-8")
+    results = collect(preset, layout, ("extension", "from-bert"))
+    assert results["extension"]["variants"] == {}
+    assert results["from-bert"]["variants"]
