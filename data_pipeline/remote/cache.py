@@ -10,8 +10,8 @@ downloads, `.X.part`.
   when its process dies: a killed download leaves a `.part` the next taker starts over, never a lock.
 - Every object is checked against the manifest's sha256 before it is renamed into place; a mismatch
   is a DataError naming the object, and nothing of it stays.
-- data.cache_limit bounds the bytes of the whole cache root (all locations; lock and marker files
-  are empty): room is made under one flock of CACHE_ROOT/.space.lock by evicting the least recently
+- data.cache_limit bounds the shard bytes (token files) of the whole cache root, all locations together
+  (the manifest, tokenizer and .idx files, a few bytes per document, are kept beside them): room is made under one flock of CACHE_ROOT/.space.lock by evicting the least recently
   used shard whose lock nobody holds (a try-lock), and a download's `.part` is sized to the object
   before its first byte, so the bytes on disk never pass the limit.
 """
@@ -39,11 +39,12 @@ def _side(path: Path, kind: str) -> Path:
 
 
 def cache_usage(root: Path) -> int:
-    """Bytes held under a cache root (objects and downloads in progress, at their full size)."""
+    """Shard bytes held under a cache root: token files and downloads in progress (at their full size).
+    The metadata read once per node (manifest, tokenizer, .idx: bytes per document) is not counted."""
     total = 0
     for directory, _dirs, files in os.walk(root):
         for name in files:
-            if name.endswith((".lock", ".ok")):
+            if not (name.endswith(".bin") or name.endswith(".bin.part")):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 total += os.stat(os.path.join(directory, name)).st_size

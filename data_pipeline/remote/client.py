@@ -57,7 +57,7 @@ class RemoteStore:
         import boto3
         from botocore.config import Config
 
-        self.location, self.retries = location, max(0, int(retries))
+        self.location, self.retries, self.timeout = location, max(0, int(retries)), float(timeout)
         config = Config(connect_timeout=timeout, read_timeout=timeout, retries={"total_max_attempts": 1},
                         signature_version="s3v4")
         self.client = boto3.session.Session().client("s3", config=config)
@@ -101,7 +101,7 @@ class RemoteStore:
             if attempt >= self.retries:
                 raise DataError(f"{self._where(relative)}: {what} failed after {attempt + 1} attempts, the last "
                                 f"with {reason} (data.remote_retries {self.retries}, data.remote_timeout "
-                                f"per request): is the endpoint reachable?") from None
+                                f"{self.timeout:g} s): is the endpoint reachable?") from None
             time.sleep(min(BACKOFF_MAX_S, BACKOFF_S * 2 ** attempt))
             attempt += 1
 
@@ -117,7 +117,10 @@ class RemoteStore:
 
     def check_bucket(self) -> None:
         """DataError naming endpoint and bucket unless the bucket answers."""
-        self.call("", "bucket", lambda: self.client.head_bucket(Bucket=self.location.bucket))
+        try:
+            self.call("", "HEAD bucket", lambda: self.client.head_bucket(Bucket=self.location.bucket))
+        except MissingObject:
+            raise DataError(f"{self.endpoint}: {self.location}: no bucket {self.location.bucket!r}") from None
 
     def list(self, relative_dir: str) -> list[tuple[str, int, str]]:
         """(path relative to the location, size, ETag) of every object under relative_dir/."""
@@ -125,7 +128,7 @@ class RemoteStore:
         found, token = [], None
         while True:
             kwargs = {"Bucket": self.location.bucket, "Prefix": prefix, **({"ContinuationToken": token} if token else {})}
-            page = self.call(relative_dir, "LIST", lambda: self.client.list_objects_v2(**kwargs))
+            page = self.call(relative_dir, "LIST", lambda: self.client.list_objects_v2(**kwargs))  # noqa: B023
             skip = len(self.location.prefix) + 1 if self.location.prefix else 0
             found += [(item["Key"][skip:], item["Size"], item.get("ETag", "")) for item in page.get("Contents", [])]
             if not page.get("IsTruncated"):

@@ -63,11 +63,13 @@ def _itemsize(manifest: dict) -> int:
 
 def open_remote(location, options: RemoteOptions | None) -> RemoteData:
     """The location opened once per process and options (train and valid share its cache and holds)."""
+    import hashlib
     import os
 
     options = options or RemoteOptions()
-    key = (str(parse_location(location)), options, os.environ.get("AWS_ENDPOINT_URL"),
-           os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_PROFILE"))
+    chain = "\0".join(os.environ.get(name, "") for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                                                             "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"))
+    key = (str(parse_location(location)), options, hashlib.sha256(chain.encode()).hexdigest())
     with _OPEN_LOCK:
         data = _OPEN.get(key)
         if data is None:
