@@ -105,6 +105,9 @@ class NodeCache:
         fd = self._open_lock(relative)
         try:
             while True:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # readers share; a download needs the lock alone
+                if self._is_verified(path, size, sha256, rehash=False):
+                    break
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if not self._is_verified(path, size, sha256):
                     self._download(relative, path, size, sha256, make_room=True)

@@ -60,6 +60,8 @@ FORWARDED_PREFIXES = (
     "ROFORMER_",  # the project's own settings
     "MLFLOW_",  # MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME (rank 0's tracker, launcher/tracking/)
     "WANDB_",  # WANDB_PROJECT, WANDB_MODE, WANDB_ENTITY, WANDB_BASE_URL (not WANDB_API_KEY: a credential)
+    "AWS_",  # s3:// data: AWS_ENDPOINT_URL, AWS_PROFILE, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SHARED_CREDENTIALS_FILE ...
+    # (not AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN: credentials, see held_back_credentials)
 )
 # Set on every node from that node's own software (launcher/ops_cache.py): this machine's value
 # (e.g. a CPU torch's op cache on a login node) would be wrong there.
@@ -100,6 +102,13 @@ def forwarded_environment(base: dict[str, str], *, ranks_per_node: int, python: 
         if "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, ranks_per_node)))
     return env
+
+
+def held_back_credentials(base: dict[str, str]) -> list[str]:
+    """Credential variables set here under a forwarded prefix that other nodes do not get (AWS_SECRET_ACCESS_KEY):
+    DeepSpeed's runner would write them into the shared .deepspeed_env and log them in its pdsh command line.
+    Each node finds its own through the standard chain (AWS_PROFILE and its credentials file, an instance role)."""
+    return sorted(k for k in base if k.startswith(FORWARDED_PREFIXES) and CREDENTIAL_NAME_RE.search(k))
 
 
 def append_venv_bin(path_list: str, python: str = sys.executable) -> str:

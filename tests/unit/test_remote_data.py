@@ -186,3 +186,17 @@ def test_a_process_killed_while_it_downloads_leaves_no_lock(s3_env, s3_tiny_data
     corpus = open_corpus(s3_tiny_data, "train", remote_options=options(tmp_path))
     tokens = np.asarray(corpus.shards[0].token_ids)
     assert time.monotonic() - started < 20 and len(tokens) == corpus.shards[0].tokens
+
+
+def test_dry_run_forwards_the_aws_settings_and_never_shows_a_secret(capsys, s3_env, s3_tiny_data, tiny_data, tmp_path,
+                                                                     monkeypatch):
+    from launcher.cli import main
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    config = tiny_run_config(tmp_path, tiny_data, data={"data_dir": s3_tiny_data, "cache_dir": str(tmp_path / "c")})
+    assert main(["pretrain", "--hostfile", str(REPO / "hostfile"), "--config", str(config),
+                 "--run-dir", str(tmp_path / "run"), "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert f"export AWS_ENDPOINT_URL={s3_env.endpoint};" in out and f"export AWS_ACCESS_KEY_ID={s3_env.access_key};" in out
+    assert "AWS_SECRET_ACCESS_KEY=<redacted" in out
+    assert s3_env.secret_key not in out + err
