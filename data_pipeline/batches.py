@@ -335,8 +335,8 @@ class PretrainBatches:
         """DataError unless this reader can resume `state` exactly (format, stream definition, shape)."""
         check_state_format(state)
         mine = self.state_dict()
-        for key, default in (("seed", None), ("shuffle", None), ("lanes", None), ("corpus", None),
-                             ("order", "global"), ("shard_window", None)):
+        for key, default in (("order", "global"), ("shard_window", None), ("seed", None), ("shuffle", None),
+                             ("lanes", None), ("corpus", None)):
             if state.get(key, default) != mine.get(key, default):
                 raise DataError(f"data state: {key} {state.get(key, default)!r} differs from this reader's "
                                 f"{mine.get(key, default)!r} (resuming would not continue the same stream)")

@@ -39,6 +39,18 @@ MAX_LANES = 4096
 lanes only spread a long document over more steps."""
 
 
+def window_cache_need(train: Corpus, valid: Corpus, shard_window: int) -> int:
+    """Bytes of shards a shard_window reader holds at once, at most: two windows (the one read and the next,
+    which lanes reach a few steps apart) of each source's training stream and of the validation stream; a
+    window counted as its source's `shard_window` largest shards."""
+    def two_windows(corpus: Corpus) -> int:
+        sizes = sorted((s.tokens * s.dtype.itemsize for s in corpus.shards), reverse=True)
+        return sum(sizes[:2 * shard_window])
+
+    sources = {s.source for s in train.shards}
+    return sum(two_windows(train.source_corpus(name)) for name in sources) + two_windows(valid)
+
+
 def default_lanes(epoch_length: int) -> int:
     return max(1, min(MAX_LANES, epoch_length // MIN_LANE_UNITS))
 

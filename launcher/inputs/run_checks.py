@@ -154,7 +154,8 @@ def _check_precision(precision: str, source: str, binding: bool) -> str | None:
 def open_streams(cfg: RunConfig, rank: int, world_size: int, verify: bool = False) -> tuple[PretrainBatches, PretrainBatches]:
     """Rank `rank`'s training and validation streams over data.data_dir (open_data's checks on opening; `verify`:
     also re-hash shards changed since they were prepared). A rank opens and keeps its own; the checks only read."""
-    return tuple(PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed, masking=cfg.data.masking)
+    return tuple(PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed, masking=cfg.data.masking,
+                                 order=cfg.data.order, shard_window=cfg.data.shard_window)
                  for corpus in open_data(cfg, verify))
 
 
@@ -190,9 +191,20 @@ def cache_line(cfg: RunConfig, train, valid) -> str | None:
 
 
 def check_cache_limit(cfg: RunConfig, train, valid) -> None:
-    """Remote data in global order touches every shard every few steps: the cache must hold the whole corpus."""
+    """Remote data in global order touches every shard every few steps: the cache must hold the whole corpus;
+    in shard_window order it holds two windows per stream at once (data_pipeline.stream.window_cache_need)."""
+    from data_pipeline.stream import window_cache_need
+
     limit = cfg.data.cache_limit_bytes
-    if not cfg.data.is_remote or not limit or cfg.data.order != "global":
+    if not cfg.data.is_remote or not limit:
+        return
+    if cfg.data.order == "shard_window":
+        need = window_cache_need(train, valid, cfg.data.shard_window)
+        if need > limit:
+            raise UserError(f"{cfg.source}: data.cache_limit {limit:,} bytes is smaller than what data.order shard_window "
+                            f"holds at once at {cfg.data.data_dir}: two windows of data.shard_window "
+                            f"{cfg.data.shard_window} shards for each source and for validation, {need:,} bytes: raise "
+                            f"data.cache_limit or lower data.shard_window")
         return
     corpus = train.token_bytes + valid.token_bytes
     if corpus > limit:
