@@ -209,7 +209,8 @@ class NodeCache:
         if make_room and self.limit:
             self._reserve(part, size, relative, wait)
         with open(part, "r+b" if part.exists() else "w+b") as handle:
-            got = self.store.download(relative, handle, f"GET {'shard' if make_room else 'object'}", size)
+            got = self.store.download(relative, handle, f"GET {'shard' if make_room else 'object'}", size,
+                                      notify=make_room)
             if handle.tell() != size:
                 handle.close()
                 part.unlink(missing_ok=True)

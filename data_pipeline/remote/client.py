@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +67,9 @@ class RemoteStore:
     def _where(self, relative: str) -> str:
         return f"{self.endpoint}: {self.location.url(relative)}"
 
-    def call(self, relative: str, what: str, action: Callable[[], T]) -> T:
-        """action() with retries of transient failures; DataError naming endpoint and object otherwise."""
+    def call(self, relative: str, what: str, action: Callable[[], T], notify: bool = False) -> T:
+        """action() with retries of transient failures; DataError naming endpoint and object otherwise.
+        notify: each retry is a line on stderr (shard reads during training; start-up fails in one line)."""
         from botocore.exceptions import (BotoCoreError, ClientError, ConnectionError as BotoConnectionError,
                                          HTTPClientError, IncompleteReadError, NoCredentialsError,
                                          ReadTimeoutError, ResponseStreamingError)
@@ -102,7 +104,11 @@ class RemoteStore:
                 raise DataError(f"{self._where(relative)}: {what} failed after {attempt + 1} attempts, the last "
                                 f"with {reason} (data.remote_retries {self.retries}, data.remote_timeout "
                                 f"{self.timeout:g} s): is the endpoint reachable?") from None
-            time.sleep(min(BACKOFF_MAX_S, BACKOFF_S * 2 ** attempt))
+            delay = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** attempt)
+            if notify:
+                print(f"remote: {self._where(relative)}: {what}: {reason}, retry {attempt + 1}/{self.retries} in "
+                      f"{delay:g} s", file=sys.stderr, flush=True)
+            time.sleep(delay)
             attempt += 1
 
     def head(self, relative: str) -> dict | None:
@@ -141,7 +147,7 @@ class RemoteStore:
 
         return self.call(relative, what, get)
 
-    def download(self, relative: str, handle: BinaryIO, what: str, size: int) -> str:
+    def download(self, relative: str, handle: BinaryIO, what: str, size: int, notify: bool = False) -> str:
         """The object's bytes into `handle` (from its start; a retry starts over); returns their sha256.
         An object longer than `size` (the manifest's) is refused before it outgrows the room made for it."""
         def get() -> str:
@@ -160,7 +166,7 @@ class RemoteStore:
             handle.flush()
             return digest.hexdigest()
 
-        return self.call(relative, what, get)
+        return self.call(relative, what, get, notify)
 
     def delete(self, relative: str) -> None:
         self.call(relative, "DELETE", lambda: self.client.delete_object(

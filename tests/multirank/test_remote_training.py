@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -76,30 +82,60 @@ class CacheSampler:
         return self.samples
 
 
-def test_shard_window_under_a_small_cache_resumes_exactly(s3_server, tiny_data, tmp_path):
-    """Small shards (one window = one shard of ~1000 tokens) so the tiny schedule crosses many windows; a cache
-    limit far below half the corpus; an uninterrupted run, and one stopped mid-stage by SIGTERM then resumed:
-    the same losses and weights (no dropout, 1e-6), the cache never above its limit."""
+@dataclass
+class WindowRun:
+    data: dict
+    """data section of the runs: the small-shard prefix, shard_window 1, the cache limit"""
+    limit: int
+    reference: Path
+    """the uninterrupted run (reference.safetensors: its final weights)"""
+    samples: list[int]
+    """the cache's shard bytes sampled during it"""
+
+
+@pytest.fixture(scope="module")
+def window_run(s3_server, tiny_data, tmp_path_factory) -> WindowRun:
+    """Small shards (one window = one shard of ~1000 tokens) so the tiny schedule crosses many windows, a cache
+    limit far below half the corpus (what shard_window 1 holds at once and one more shard fetched ahead), and
+    one uninterrupted run on them."""
+    root = tmp_path_factory.mktemp("window_run")
     env = roformer_env(**s3_server.env())
-    raw = raw_corpus(tmp_path / "raw")
+    raw = raw_corpus(root / "raw")
     prepared = roformer("data", "prepare", "--input", *map(str, raw), "--out", "s3://roformer-test/run-b",
                         "--tokenizer", str(tiny_data), "--shard-tokens", "1000", "--valid-fraction", "0.05", env=env)
     assert prepared.returncode == 0, prepared.stderr
     manifest = json.loads(s3_server.client().get_object(Bucket="roformer-test", Key="run-b/manifest.json")["Body"].read())
     shard_bytes = {split: sorted(2 * s["tokens"] for s in manifest["splits"][split]["shards"])
                    for split in ("train", "valid")}
-    corpus_bytes = sum(map(sum, shard_bytes.values()))
-    # what shard_window 1 holds at once (two train, two valid windows) and one more shard fetched ahead
     limit = 3 * shard_bytes["train"][-1] + 2 * shard_bytes["valid"][-1]
-    assert limit < corpus_bytes / 2
-    cache = tmp_path / "cache"
-    data = {"data_dir": "s3://roformer-test/run-b", "cache_dir": str(cache), "cache_limit": limit,
+    assert limit < sum(map(sum, shard_bytes.values())) / 2
+    data = {"data_dir": "s3://roformer-test/run-b", "cache_dir": str(root / "cache"), "cache_limit": limit,
             "order": "shard_window", "shard_window": 1}
-    config = tiny_run_config(tmp_path, tiny_data, model=NO_DROPOUT, data=data)
-    sampler = CacheSampler(cache)
+    config = tiny_run_config(root, tiny_data, model=NO_DROPOUT, data=data)
+    sampler = CacheSampler(root / "cache")
     try:
-        run_to_end(2, config, tmp_path / "reference", module=TEST_RANK_ENTRY, ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1",
+        run_to_end(2, config, root / "reference", module=TEST_RANK_ENTRY, ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1",
                    **s3_server.env())
+    finally:
+        samples = sampler.stop()
+    return WindowRun(data, limit, root / "reference", samples)
+
+
+def assert_same_run(run_dir: Path, reference: Path) -> None:
+    """The losses of every step and the final weights of the uninterrupted run (no dropout: 1e-6)."""
+    expected, got = train_losses(reference), train_losses(run_dir)
+    assert sorted(got) == sorted(expected) == list(range(1, TINY_TOTAL_STEPS + 1))
+    assert all(abs(got[s] - expected[s]) <= 1e-6 for s in expected), (got, expected)
+    ours, theirs = (load_file(str(d / "reference.safetensors")) for d in (run_dir, reference))
+    assert all(torch.allclose(ours[k], theirs[k], atol=1e-6, rtol=0) for k in ours)
+
+
+def test_shard_window_under_a_small_cache_resumes_exactly(s3_server, window_run, tiny_data, tmp_path):
+    """Stopped mid-stage by SIGTERM and resumed on the same node cache: the uninterrupted run's losses and weights,
+    the cache never above its limit (sampled every 50 ms), shards evicted and fetched again."""
+    config = tiny_run_config(tmp_path, tiny_data, model=NO_DROPOUT, data=window_run.data)
+    sampler = CacheSampler(Path(window_run.data["cache_dir"]))
+    try:
         stopped = start_run(2, config, tmp_path / "run", module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGTERM_LAUNCHER_AT="3",
                             **s3_server.env())
         assert stopped.wait(timeout=600) != 0
@@ -107,12 +143,44 @@ def test_shard_window_under_a_small_cache_resumes_exactly(s3_server, tiny_data, 
         run_to_end(2, config, tmp_path / "run", module=TEST_RANK_ENTRY, ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1",
                    **s3_server.env())
     finally:
-        samples = sampler.stop()
-    expected, got = train_losses(tmp_path / "reference"), train_losses(tmp_path / "run")
-    assert sorted(got) == sorted(expected) == list(range(1, TINY_TOTAL_STEPS + 1))
-    assert all(abs(got[s] - expected[s]) <= 1e-6 for s in expected), (got, expected)
-    ours, reference = (load_file(str(tmp_path / d / "reference.safetensors")) for d in ("run", "reference"))
-    assert all(torch.allclose(ours[k], reference[k], atol=1e-6, rtol=0) for k in ours)
-    assert len(samples) > 100 and max(samples) <= limit, max(samples)
+        samples = window_run.samples + sampler.stop()
+    assert_same_run(tmp_path / "run", window_run.reference)
+    assert len(samples) > 100 and max(samples) <= window_run.limit, max(samples)
     gets = downloads(s3_server, "run-b")
     assert len(gets) > 5 and sum(gets.values()) > len(gets), gets  # many shards read, some evicted and read again
+
+
+def wait_for_step(run_dir: Path, step: int, proc, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while max(train_losses(run_dir) or [0]) < step:
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before the step"
+        time.sleep(0.1)
+
+
+def test_a_paused_server_is_ridden_out_and_past_the_retries_the_same_command_resumes(s3_server, window_run,
+                                                                                       tiny_data, tmp_path):
+    """moto SIGSTOPped for 8 s mid-run on a cold cache (requests time out after 1 s, 5 retries with backoff,
+    ~21 s in all): the run rides it out. Later stopped for good: the rank fails in one line naming endpoint
+    and object; once the server is back the same command resumes to the uninterrupted run's weights."""
+    data = {**window_run.data, "cache_dir": str(tmp_path / "cache"), "remote_retries": 5, "remote_timeout": 1.0}
+    config = tiny_run_config(tmp_path, tiny_data, model=NO_DROPOUT, data=data)
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+    proc = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1", **s3_server.env())
+    try:
+        wait_for_step(run_dir, 2, proc)
+        with s3_server.paused():
+            time.sleep(8)
+        assert "retry 1/5" in log.read_text(), "no request met the pause"
+        wait_for_step(run_dir, 9, proc)
+        with s3_server.paused():
+            code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code != 0
+    failures = [line for line in log.read_text().splitlines() if "failed after 6 attempts" in line]
+    assert failures and re.search(rf"{re.escape(s3_server.endpoint)}: s3://roformer-test/run-b/\S+: .* the last with "
+                                  rf"\w+ \(data.remote_retries 5, data.remote_timeout 1 s\)", failures[0]), failures
+    assert max(train_losses(run_dir)) < TINY_TOTAL_STEPS
+    run_to_end(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1", **s3_server.env())
+    assert_same_run(run_dir, window_run.reference)

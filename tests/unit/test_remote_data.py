@@ -5,6 +5,7 @@ size bound) and the bad inputs, each one line naming the object or field."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -112,7 +113,7 @@ def test_bad_remote_inputs_are_one_line_naming_the_object(capsys, s3_env, s3_tin
     config = tiny_run_config(tmp_path, tiny_data, data={"data_dir": location, "cache_dir": str(tmp_path / "cache"),
                                                         "remote_retries": 1, "remote_timeout": 2.0})
     line = refused(capsys, ["plan", "--config", config, "--world-size", "2"], owned=[tmp_path / "run.yaml"])
-    assert __import__("re").search(expected, line), line
+    assert re.search(expected, line), line
     assert os.environ["AWS_SECRET_ACCESS_KEY"] not in line
 
 
@@ -200,3 +201,25 @@ def test_dry_run_forwards_the_aws_settings_and_never_shows_a_secret(capsys, s3_e
     assert f"export AWS_ENDPOINT_URL={s3_env.endpoint};" in out and f"export AWS_ACCESS_KEY_ID={s3_env.access_key};" in out
     assert "AWS_SECRET_ACCESS_KEY=<redacted" in out
     assert s3_env.secret_key not in out + err
+
+
+def test_shard_window_with_a_cache_below_two_windows_is_refused(capsys, s3_env, s3_tiny_data, tiny_data, tmp_path):
+    config = tiny_run_config(tmp_path, tiny_data, data={"data_dir": s3_tiny_data, "cache_dir": str(tmp_path / "c"),
+                                                        "cache_limit": "30KB", "order": "shard_window",
+                                                        "shard_window": 2})
+    line = refused(capsys, ["plan", "--config", config, "--world-size", "2"], owned=[tmp_path / "run.yaml"])
+    assert re.search(r"data.cache_limit 30,000 bytes is smaller than what data.order shard_window holds at once at "
+                     r"s3://roformer-test/tiny: two windows of data.shard_window 2 shards for each source and for "
+                     r"validation, [\d,]+ bytes", line), line
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("cache_limit", "2 parsecs", "data.cache_limit: expected a size such as 2GB"),
+    ("order", "random", "data.order: must be one of global, shard_window"),
+    ("shard_window", 0, "data.shard_window: must be >= 1 shard"),
+    ("data_dir", "s3://", "data.data_dir: s3://: no bucket"),
+])
+def test_bad_remote_settings_are_refused_naming_the_field(capsys, tiny_data, tmp_path, key, value, expected):
+    config = tiny_run_config(tmp_path, tiny_data, data={key: value})
+    line = refused(capsys, ["plan", "--config", config, "--world-size", "2"], owned=[tmp_path / "run.yaml"])
+    assert expected in line, line
