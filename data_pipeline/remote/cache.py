@@ -51,6 +51,14 @@ def cache_usage(root: Path) -> int:
     return total
 
 
+def settled_cache_usage(cache_root: Path) -> int:
+    """cache_usage under the cache's space lock: every byte a cache adds is reserved under it, so this is one
+    consistent moment (a walk without it may count a file of one directory before an eviction and a new one of
+    another directory after it)."""
+    with _flocked(Path(cache_root) / ".space.lock"):
+        return cache_usage(cache_root)
+
+
 class NodeCache:
     """Objects of one location in the node-local cache. Thread-safe within a process."""
 

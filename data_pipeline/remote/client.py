@@ -42,6 +42,15 @@ class RemoteOptions:
     retries: int = 5
     timeout: float = 30.0
 
+    @classmethod
+    def from_data_section(cls, data: dict) -> "RemoteOptions":
+        """From a run config's `data` mapping as written in a run directory (its defaults where absent)."""
+        from data_pipeline.remote.url import parse_size
+
+        return cls(cache_dir=str(data.get("cache_dir") or ""),
+                   cache_limit=parse_size(data.get("cache_limit") or 0, "data.cache_limit"),
+                   retries=int(data.get("remote_retries", cls.retries)), timeout=float(data.get("remote_timeout", cls.timeout)))
+
     @property
     def cache_root(self) -> Path:
         return Path(os.path.expanduser(self.cache_dir or "~/.cache/roformer-ds/remote"))
@@ -151,8 +160,7 @@ class RemoteStore:
         """The object's bytes into `handle` (from its start; a retry starts over); returns their sha256.
         An object longer than `size` (the manifest's) is refused before it outgrows the room made for it."""
         def get() -> str:
-            handle.seek(0)
-            handle.truncate()
+            handle.seek(0)  # over what a failed try wrote; the file keeps its reserved size (cache.py)
             digest, written = hashlib.sha256(), 0
             body = self.client.get_object(Bucket=self.location.bucket, Key=self.location.key(relative))["Body"]
             for block in body.iter_chunks(CHUNK):
@@ -163,6 +171,7 @@ class RemoteStore:
                                     f"object, or a manifest of other data)")
                 digest.update(block)
                 handle.write(block)
+            handle.truncate(written)
             handle.flush()
             return digest.hexdigest()
 

@@ -71,10 +71,10 @@ class CacheSampler:
         self._thread.start()
 
     def _run(self):
-        from data_pipeline.remote.cache import cache_usage
+        from data_pipeline.remote.cache import settled_cache_usage
 
         while not self._stop.wait(0.05):
-            self.samples.append(cache_usage(self.cache))
+            self.samples.append(settled_cache_usage(self.cache))
 
     def stop(self) -> list[int]:
         self._stop.set()
