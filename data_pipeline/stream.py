@@ -1,4 +1,5 @@
-"""The global token stream: per epoch a seeded permutation of ALL documents, read through K lanes.
+"""The token stream: per epoch a seeded permutation of ALL documents (or, in shard_window order, of
+windows of shards and of the documents inside each), read through K lanes.
 
 Order. Epoch e lays every document of the split (its tokens, then one [SEP]) out in the order of a
 permutation of all documents drawn from (seed, e): the epoch stream D_e, L units long (the same L
@@ -9,6 +10,14 @@ has got), so the G sequences of a global batch come from G different lanes: G fa
 a random document order, a sample of the whole corpus whatever the shards or the input order. A
 document longer than a sequence stays contiguous in its lane and is read on, piece by piece, every
 K sequences: long sequences still see long documents whole, yet no batch is dominated by one.
+
+Order shard_window (for a node-local cache smaller than the corpus, data_pipeline/remote/). The shards
+are grouped into windows of `shard_window` shards, once per stream (which shards share a window is
+seeded); D_e lays out the windows in a seeded order per epoch, each window's documents in a seeded order
+of their own. Lanes are cut per window: lane l's part of window w is [l * U_w // K, (l+1) * U_w // K)
+of it, closed by one [SEP], and the lane reads its parts of the epoch's windows in turn, so every lane
+crosses into the next window within a few steps and a reader holds two windows at a time (`end_batch`
+lets the others go). The global order is the case of one window: the stream above, bit for bit.
 
 Seeking. Per epoch: the permutation (int32, n_docs) and the start of every 64th permuted document
 (int64, n_docs / 64), built in O(n_docs) and cached for two epochs (lanes cross an epoch boundary a
@@ -104,11 +113,9 @@ class TokenStream:
         self._touched_before: set[int] = set()
         self._held: set[int] = set()
         self._frontier = (0, 0)
-        remote = corpus.remote
-        if remote is not None and order == "global":  # every shard is needed every few steps
-            remote.prefetcher.want([s.remote_object for s in corpus.shards])
-        elif remote is not None:
-            self._prefetch_after(0, -1)
+        self._prefetching = False
+        """Fetching ahead starts with the first batch read: checks that open a stream and read nothing
+        (`roformer plan`, the launching side of `pretrain`) download no shard."""
 
     def _make_windows(self) -> list[np.ndarray]:
         count = len(self.corpus.shards)
@@ -225,8 +232,13 @@ class TokenStream:
             self._release_window(w)
         self._held = (self._held & keep) | self._touched
         self._touched_before, self._touched = self._touched, set()
-        if self.corpus.remote is not None and self.order != "global":
+        if self.corpus.remote is None:
+            return
+        if self.order != "global":
             self._prefetch_after(*self._frontier)
+        elif not self._prefetching:  # every shard is needed every few steps
+            self.corpus.remote.prefetcher.want([s.remote_object for s in self.corpus.shards])
+        self._prefetching = True
 
     def release_all(self) -> None:
         for w in self._held | self._touched:

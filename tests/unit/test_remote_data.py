@@ -223,3 +223,22 @@ def test_bad_remote_settings_are_refused_naming_the_field(capsys, tiny_data, tmp
     config = tiny_run_config(tmp_path, tiny_data, data={key: value})
     line = refused(capsys, ["plan", "--config", config, "--world-size", "2"], owned=[tmp_path / "run.yaml"])
     assert expected in line, line
+
+
+def test_named_sources_and_a_mixture_read_the_same_from_the_bucket(s3_env, tmp_path_factory, tmp_path):
+    from tests.support.corpus_files import named_sources_dir
+
+    local_dir = named_sources_dir(tmp_path_factory)
+    upload_directory(local_dir, "s3://roformer-test/named")
+    remote = open_corpus("s3://roformer-test/named", "train", remote_options=options(tmp_path, cache_limit=10**9))
+    local = open_corpus(local_dir, "train")
+    assert remote.source_names == local.source_names == ["en", "zh"]
+    a, b = (PretrainBatches(c, rank=0, world_size=2, seed=9, order="shard_window", shard_window=2)
+            for c in (remote, local))
+    for mixture in ({"en": 3, "zh": 1}, {"zh": 1}):
+        a.set_mixture(mixture)
+        b.set_mixture(mixture)
+        for _ in range(3):
+            x, y = a.next_batch(32, 2), b.next_batch(32, 2)
+            assert all((x[k] == y[k]).all() for k in x)
+    assert a.state_dict() == b.state_dict()
