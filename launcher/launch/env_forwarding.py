@@ -74,6 +74,12 @@ RUNNER_FORWARDED_PREFIXES = ("PYTHON", "MLFLOW", "MV2", "UCX", "NCCL")
 # Credentials under a forwarded prefix (HF_TOKEN, ...) would be written to the shared RUN_DIR/.deepspeed_env,
 # printed by --dry-run and shown in every node's `ps`; the ranks never need them (no hub access).
 CREDENTIAL_NAME_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL", re.IGNORECASE)
+# ... unless the name says it holds a path (AWS_SHARED_CREDENTIALS_FILE): where a node finds its own credentials.
+_PATH_NAME_RE = re.compile(r"_(FILE|PATH)$")
+
+
+def is_credential(name: str) -> bool:
+    return bool(CREDENTIAL_NAME_RE.search(name)) and not _PATH_NAME_RE.search(name)
 
 _KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _UNSAFE_VALUE_CHARS = frozenset('"$`\\%\n\r')
@@ -93,7 +99,7 @@ def forwarded_environment(base: dict[str, str], *, ranks_per_node: int, python: 
     local: the ranks run on this machine, so this machine's PATH and core count are theirs too."""
     env = {k: v for k, v in base.items()
            if k not in NODE_LOCAL_NAMES
-           and (k in FORWARDED_NAMES or (k.startswith(FORWARDED_PREFIXES) and not CREDENTIAL_NAME_RE.search(k)))}
+           and (k in FORWARDED_NAMES or (k.startswith(FORWARDED_PREFIXES) and not is_credential(k)))}
     env.update(user_env_file_entries(base))
     env["PYTHONPATH"] = _prepend(str(project_root()), env.get("PYTHONPATH", base.get("PYTHONPATH", "")))
     env[RANKS_PER_NODE_VAR] = str(ranks_per_node)
@@ -108,7 +114,7 @@ def held_back_credentials(base: dict[str, str]) -> list[str]:
     """Credential variables set here under a forwarded prefix that other nodes do not get (AWS_SECRET_ACCESS_KEY):
     DeepSpeed's runner would write them into the shared .deepspeed_env and log them in its pdsh command line.
     Each node finds its own through the standard chain (AWS_PROFILE and its credentials file, an instance role)."""
-    return sorted(k for k in base if k.startswith(FORWARDED_PREFIXES) and CREDENTIAL_NAME_RE.search(k))
+    return sorted(k for k in base if k.startswith(FORWARDED_PREFIXES) and is_credential(k))
 
 
 def append_venv_bin(path_list: str, python: str = sys.executable) -> str:

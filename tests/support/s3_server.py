@@ -64,16 +64,17 @@ class S3Server:
                 self.process.wait()
 
 
-def start_s3_server(work: Path) -> S3Server:
+def start_s3_server(work: Path, host: str = "127.0.0.1") -> S3Server:
+    """host: the address it listens on (the namespace cluster's bridge address, for its nodes)."""
     import boto3
 
     port = free_port()
     log = work / "moto_server.log"
     env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT=str(_SETUP_REQUESTS), MOTO_PORT=str(port))
     with open(log, "wb") as handle:
-        process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
                                    env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
-    endpoint = f"http://127.0.0.1:{port}"
+    endpoint = f"http://{host}:{port}"
     deadline = time.monotonic() + 60
     while True:
         try:
