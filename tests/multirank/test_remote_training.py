@@ -163,8 +163,8 @@ def wait_for_step(run_dir: Path, step: int, proc, timeout: float = 300) -> None:
 
 def test_a_paused_server_is_ridden_out_and_past_the_retries_the_same_command_resumes(s3_server, window_run,
                                                                                        tiny_data, tmp_path):
-    """moto SIGSTOPped for 8 s mid-run on a cold cache (requests time out after 1 s, 5 retries with backoff,
-    ~21 s in all): the run rides it out. Later stopped for good: the rank fails in one line naming endpoint
+    """moto SIGSTOPped mid-run on a cold cache until a request has met the pause, and 3 s more (requests time
+    out after 1 s, 5 retries with backoff, ~21 s in all): the run rides it out. Later stopped for good: the rank fails in one line naming endpoint
     and object; once the server is back the same command resumes to the uninterrupted run's weights."""
     data = {**window_run.data, "cache_dir": str(tmp_path / "cache"), "remote_retries": 5, "remote_timeout": 1.0}
     config = tiny_run_config(tmp_path, tiny_data, model=NO_DROPOUT, data=data)
@@ -172,8 +172,11 @@ def test_a_paused_server_is_ridden_out_and_past_the_retries_the_same_command_res
     proc = start_run(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1", **s3_server.env())
     try:
         wait_for_step(run_dir, 1, proc)
-        with s3_server.paused():
-            time.sleep(8)
+        with s3_server.paused():  # until a request meets it, then 3 s more: well inside the retries' ~21 s
+            deadline = time.monotonic() + 30
+            while "retry 1/5" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(3)
         assert "retry 1/5" in log.read_text(), "no request met the pause"
         wait_for_step(run_dir, 4, proc)  # ~1000 of the ~4900 units the run reads: windows to fetch are left
         with s3_server.paused():

@@ -160,6 +160,7 @@ from data_pipeline import open_corpus
 from data_pipeline.remote.client import RemoteOptions
 corpus = open_corpus({location!r}, "train", remote_options=RemoteOptions(cache_dir={cache!r}, retries=0, timeout=600))
 print("opened", flush=True)
+sys.stdin.readline()  # the server is stopped now: the download below hangs mid-way
 corpus.shards[0].token_ids
 """
 
@@ -170,10 +171,12 @@ def test_a_process_killed_while_it_downloads_leaves_no_lock(s3_env, s3_tiny_data
     cache = tmp_path / "cache"
     child = subprocess.Popen([sys.executable, "-c", _HOLD_DOWNLOAD.format(repo=str(REPO), location=s3_tiny_data,
                                                                          cache=str(cache))],
-                             env=dict(os.environ), stdout=subprocess.PIPE, text=True)
+                             env=dict(os.environ), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "opened"
         with s3_env.paused():
+            child.stdin.write("go\n")
+            child.stdin.flush()
             deadline = time.monotonic() + 30
             while not list(cache.rglob(".shard_00000.bin.part")) and time.monotonic() < deadline:
                 time.sleep(0.05)
