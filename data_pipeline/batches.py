@@ -75,7 +75,7 @@ class PretrainBatches:
 
     def __init__(self, corpus: Corpus, rank: int = 0, world_size: int = 1, seed: int = 0,
                  masking: MaskingConfig | None = None, shuffle: bool = True, lanes: int | None = None,
-                 max_epochs: int | None = None):
+                 max_epochs: int | None = None, order: str = "global", shard_window: int = 8):
         if world_size < 1 or not 0 <= rank < world_size:
             raise DataError(f"rank/world_size: rank {rank} is not in [0, {world_size})")
         if max_epochs is not None and max_epochs < 1:
@@ -83,7 +83,8 @@ class PretrainBatches:
         self.corpus, self.rank, self.world_size, self.seed = corpus, rank, world_size, int(seed)
         self.masking = masking or MaskingConfig()
         self._base_masking = self.masking  # the run config's: what set_mask_prob(None) returns to
-        self.stream = TokenStream(corpus, self.seed, shuffle=shuffle, lanes=lanes, max_epochs=max_epochs)
+        self.stream = TokenStream(corpus, self.seed, shuffle=shuffle, lanes=lanes, max_epochs=max_epochs,
+                                  order=order, shard_window=shard_window)
         """The whole split's stream: validation reads it, and it is the training stream of one source."""
         self._word_starts = corpus.word_starts() if self.masking.whole_word else None
         self.special = corpus.special_ids
@@ -94,7 +95,8 @@ class PretrainBatches:
         """Units per sequence (seq_len - 1) since which sequence: where every lane has got to."""
         self.source_names = corpus.source_names
         """The data's named sources in manifest order (one, 'default', for plain --input data)."""
-        self._stream_options = {"shuffle": shuffle, "lanes": lanes, "max_epochs": max_epochs}
+        self._stream_options = {"shuffle": shuffle, "lanes": lanes, "max_epochs": max_epochs, "order": order,
+                                "shard_window": shard_window}
         self._source_streams: list[TokenStream] | None = [self.stream] if len(self.source_names) == 1 else None
         self.source_sequences = np.zeros(len(self.source_names), dtype=np.int64)
         """Global count of sequences drawn from each source."""
@@ -170,7 +172,7 @@ class PretrainBatches:
     @property
     def epoch(self) -> int:
         """Epochs completed, counted in units (lanes cross an epoch boundary a few steps apart)."""
-        return self.position // (self.stream.epoch_length + self.stream.lanes)
+        return self.position // self.stream.epoch_units
 
     def set_mask_prob(self, mask_prob: float | None) -> None:
         """Mask this share of tokens in the batches handed out from now on (the 80/10/10 split and
@@ -204,6 +206,9 @@ class PretrainBatches:
                                       for s, name in enumerate(self.source_names)}  # [CLS] + units
         mine = range(self.rank * micro_batch_size, (self.rank + 1) * micro_batch_size)
         rows = [self.source_streams[draws[i]].read_lane(int(lanes[i]), int(offsets[i]), seq_len - 1) for i in mine]
+        for stream in self.source_streams:
+            if stream is not None:
+                stream.end_batch()
         return self._build(rows, first, seq_len)
 
     def next_batches(self, seq_len: int, micro_batch_size: int, count: int) -> tuple[list, dict[str, int]]:
@@ -279,8 +284,10 @@ class PretrainBatches:
                 if len(out):
                     self.stream.fill_from_epoch(0, k * span, out)
                 rows.append(out)
+            self.stream.end_batch()
             yield self._build(rows, first, seq_len)
             produced += 1
+        self.stream.release_all()
 
     def _build(self, rows: list[np.ndarray], first_index: int, seq_len: int) -> dict[str, torch.Tensor]:
         """Pack `rows` (units after [CLS]; row i is global sequence first_index + i) and mask them."""
@@ -310,6 +317,8 @@ class PretrainBatches:
                  "tokens_consumed": self.tokens_consumed, "spans": [list(s) for s in self.spans.segments],
                  "seed": self.seed, "shuffle": self.stream.shuffle, "lanes": self.stream.lanes,
                  "corpus": self.corpus.fingerprint}
+        if self.stream.order != "global":  # a global-order state is exactly that of data before orders existed
+            state.update(order=self.stream.order, shard_window=self.stream.shard_window)
         if len(self.source_names) > 1:
             state["sources"] = {name: {"sequences": int(self.source_sequences[s]),
                                        "spans": [list(x) for x in self.source_spans[s].segments],
@@ -326,10 +335,11 @@ class PretrainBatches:
         """DataError unless this reader can resume `state` exactly (format, stream definition, shape)."""
         check_state_format(state)
         mine = self.state_dict()
-        for key in ("seed", "shuffle", "lanes", "corpus"):
-            if state.get(key) != mine[key]:
-                raise DataError(f"data state: {key} {state.get(key)!r} differs from this reader's "
-                                f"{mine[key]!r} (resuming would not continue the same stream)")
+        for key, default in (("order", "global"), ("shard_window", None), ("seed", None), ("shuffle", None),
+                             ("lanes", None), ("corpus", None)):
+            if state.get(key, default) != mine.get(key, default):
+                raise DataError(f"data state: {key} {state.get(key, default)!r} differs from this reader's "
+                                f"{mine.get(key, default)!r} (resuming would not continue the same stream)")
         sequences = state.get("sequences_consumed")
         if not isinstance(sequences, int) or sequences < 0:
             raise DataError(f"data state: sequences_consumed {sequences!r} is not a count")

@@ -111,6 +111,8 @@ class Shard:
     dtype: np.dtype
     source: str = DEFAULT_SOURCE
     """Name of the source whose documents the shard holds."""
+    remote: tuple | None = None
+    """(RemoteData, relative path, size, sha256) of its token file in object storage; None: local."""
 
     def __post_init__(self) -> None:
         self._tokens_map = None
@@ -119,8 +121,28 @@ class Shard:
     @property
     def token_ids(self) -> np.ndarray:
         if self._tokens_map is None:
-            self._tokens_map = np.memmap(self.path.with_suffix(".bin"), dtype=self.dtype, mode="r")
+            path = self.path.with_suffix(".bin")
+            if self.remote is not None:  # held in the node's cache until release()
+                data, relative, size, sha256 = self.remote
+                path = data.cache.acquire(relative, size, sha256)
+            self._tokens_map = np.memmap(path, dtype=self.dtype, mode="r")
         return self._tokens_map
+
+    @property
+    def is_mapped(self) -> bool:
+        return self._tokens_map is not None
+
+    def release(self) -> None:
+        """Unmap the token file; a remote shard's cached copy may then be evicted."""
+        if self._tokens_map is None:
+            return
+        self._tokens_map = None
+        if self.remote is not None:
+            self.remote[0].cache.release(self.remote[1])
+
+    @property
+    def remote_object(self) -> tuple[str, int, str] | None:
+        return None if self.remote is None else self.remote[1:]
 
     @property
     def offsets(self) -> np.ndarray:
@@ -128,12 +150,12 @@ class Shard:
             self._offsets_map = np.memmap(self.path.with_suffix(".idx"), dtype=np.int64, mode="r")
         return self._offsets_map
 
-    def __getstate__(self):  # memory maps are reopened in another process, never pickled
-        return {k: v for k, v in self.__dict__.items() if not k.endswith("_map")}
+    def __getstate__(self):  # memory maps and cache holds are reopened in another process, never pickled
+        return {k: v for k, v in self.__dict__.items() if not k.endswith("_map") and k != "remote"}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._tokens_map = self._offsets_map = None
+        self._tokens_map = self._offsets_map = self.remote = None
 
 
 @dataclass
@@ -146,6 +168,8 @@ class Corpus:
     vocab_size: int
     tokenizer_sha256: str
     manifest: dict
+    location: str = ""
+    """Where the data lives: data_dir, or the s3:// location whose cached copy data_dir is."""
 
     @property
     def documents(self) -> int:
@@ -172,7 +196,16 @@ class Corpus:
         if name not in self.source_names:
             raise DataError(f"{self.data_dir / MANIFEST}: no source {name!r} (has {', '.join(self.source_names)})")
         return Corpus(self.data_dir, self.split, [s for s in self.shards if s.source == name], self.vocab_size,
-                      self.tokenizer_sha256, self.manifest)
+                      self.tokenizer_sha256, self.manifest, self.location)
+
+    @property
+    def remote(self):
+        """The RemoteData its shards are read through (data_pipeline/remote), or None for local data."""
+        return next((s.remote[0] for s in self.shards if s.remote is not None), None)
+
+    @property
+    def token_bytes(self) -> int:
+        return sum(s.tokens * s.dtype.itemsize for s in self.shards)
 
     @property
     def special_ids(self) -> SpecialIds:
@@ -213,14 +246,25 @@ def read_manifest(data_dir: Path) -> dict:
     return manifest
 
 
-def open_corpus(data_dir: Path, split: str = "train", verify: bool = True,
-                expected_tokenizer_sha256: str | None = None) -> Corpus:
+def open_corpus(data_dir: Path | str, split: str = "train", verify: bool = True,
+                expected_tokenizer_sha256: str | None = None, remote_options=None) -> Corpus:
     """Open one split; checks shard structure always, and content when `verify`: sha256 of every
     shard whose size or mtime is not the one recorded at prepare time (see the module docstring).
 
     `expected_tokenizer_sha256` is the run's tokenizer (e.g. `tokenizer_hash(spm.model)`); the
     shards must have been built with it. Every failure raises DataError naming the file.
+    An s3://BUCKET/PREFIX location is read through the node-local cache (data_pipeline/remote,
+    `remote_options` a RemoteOptions): manifest, tokenizer and .idx files now, each shard's tokens when
+    first read, every object checked against the manifest's sha256 whatever `verify` says.
     """
+    from data_pipeline.remote.url import is_remote
+
+    location, remote = str(data_dir), None
+    if is_remote(data_dir):
+        from data_pipeline.remote.dataset import open_remote
+
+        remote = open_remote(data_dir, remote_options)
+        data_dir, location = remote.root, str(remote.location)
     data_dir = Path(data_dir)
     manifest = read_manifest(data_dir)
     if split not in manifest["splits"]:
@@ -240,7 +284,8 @@ def open_corpus(data_dir: Path, split: str = "train", verify: bool = True,
     shards = []
     for entry in manifest["splits"][split]["shards"]:
         shard = Shard(data_dir / split / entry["name"], entry["documents"], entry["tokens"], dtype,
-                      entry.get("source", DEFAULT_SOURCE))
+                      entry.get("source", DEFAULT_SOURCE),
+                      None if remote is None else (remote, *remote.shard_object(split, entry, dtype.itemsize)))
         _check_shard(shard, entry, verify)
         shards.append(shard)
     if not shards:
@@ -250,17 +295,19 @@ def open_corpus(data_dir: Path, split: str = "train", verify: bool = True,
                             f"pretraining validates on it: prepare the data again with --valid-fraction > 0 "
                             f"(default 0.01)")
         raise DataError(f"{data_dir / split}: split {split!r} has no shards (corpus too small for it?)")
-    return Corpus(data_dir, split, shards, tok["vocab_size"], tok["sha256"], manifest)
+    return Corpus(data_dir, split, shards, tok["vocab_size"], tok["sha256"], manifest, location)
 
 
 def _check_shard(shard: Shard, entry: dict, verify: bool) -> None:
+    """Sizes and offsets always, content when `verify`; a remote shard's token file is checked (sha256)
+    when it is downloaded, and its .idx was when it came into the cache."""
     bin_path, idx_path = shard.path.with_suffix(".bin"), shard.path.with_suffix(".idx")
-    for p in (bin_path, idx_path):
+    for p in (idx_path,) if shard.remote else (bin_path, idx_path):
         if not p.is_file():
             raise DataError(f"{p}: shard file listed in the manifest is missing")
     if shard.documents < 1 or shard.tokens < 1:
         raise DataError(f"{bin_path}: empty shard (documents={shard.documents}, tokens={shard.tokens})")
-    if bin_path.stat().st_size != shard.tokens * shard.dtype.itemsize:
+    if shard.remote is None and bin_path.stat().st_size != shard.tokens * shard.dtype.itemsize:
         raise DataError(f"{bin_path}: size {bin_path.stat().st_size} bytes does not match the manifest's "
                         f"{shard.tokens} tokens of {shard.dtype}")
     if idx_path.stat().st_size != (shard.documents + 1) * 8:
@@ -268,7 +315,7 @@ def _check_shard(shard: Shard, entry: dict, verify: bool) -> None:
     offsets = shard.offsets
     if offsets[0] != 0 or offsets[-1] != shard.tokens:
         raise DataError(f"{idx_path}: offsets do not span the shard's {shard.tokens} tokens")
-    if verify:
+    if verify and shard.remote is None:
         for p, key in ((bin_path, "bin"), (idx_path, "idx")):
             if p.stat().st_mtime_ns == entry.get(f"{key}_mtime_ns"):
                 continue  # hashed when written, untouched since (sizes were checked above)

@@ -7,7 +7,7 @@ Refused, in one line naming both flags, before anything is read or written: an o
 or containing an input or another output of the same command (the input would be overwritten, the
 second output would replace the first, or a later read would take the output for input); a URL
 (`s3://`, `hdfs://`, `http://` ...) where a local path is meant (it would become a local `./s3:/...`);
-an output file that is a directory, an output directory that is a file; a non-empty directory the command
+(prepared data may be s3://: data.data_dir, `data prepare --out`, `data upload`); an output file that is a directory, an output directory that is a file; a non-empty directory the command
 would replace that is not of its own kind (prepared data, an export, a run directory).
 """
 from __future__ import annotations
@@ -55,12 +55,14 @@ is the user's, and replacing the directory would delete it."""
 
 
 def refuse_url(flag: str, value) -> None:
-    """Object storage is not read or written yet: a URL would silently become a local `./s3:/...` path."""
+    """A URL where a local path is meant would silently become a local `./s3:/...` path. Object storage is
+    read and written only as prepared data (data.data_dir, `data prepare --out`, `data upload`), which do
+    not call this."""
     if value is not None and _URL.match(str(value)):
         scheme, rest = str(value).split(":/", 1)
         raise UserError(f"{flag} {scheme}://{rest.lstrip('/')}: a {scheme}:// URL, but a local path is expected "
-                        f"(object storage is not supported yet: copy it to a local or mounted directory and give "
-                        f"that path)")
+                        f"(only prepared data may live in object storage, as s3://BUCKET/PREFIX: data.data_dir, "
+                        f"`data prepare --out`, `data upload`; give a local or mounted path here)")
 
 
 def _flat(paths: dict) -> list[tuple[str, Path]]:

@@ -60,6 +60,31 @@ def tiny_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's S3 server, its own process on 127.0.0.1 (tests/support/s3_server.py), with the bucket
+    `roformer-test`; `s3_server.env()` are the variables a client needs."""
+    from tests.support.s3_server import start_s3_server
+
+    server = start_s3_server(tmp_path_factory.mktemp("s3_server"))
+    server.client().create_bucket(Bucket="roformer-test")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_tiny_data(s3_server, tiny_data) -> str:
+    """tiny_data uploaded to s3://roformer-test/tiny (data_pipeline.remote.upload). Read-only."""
+    from data_pipeline.remote.upload import upload_directory
+
+    location = "s3://roformer-test/tiny"
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in s3_server.env().items():
+            patch.setenv(key, value)
+        upload_directory(tiny_data, location)
+    return location
+
+
+@pytest.fixture(scope="session")
 def trainer_run(tmp_path_factory, tiny_data) -> Path:
     """One uninterrupted run of the real trainer: 2 ranks, ZeRO-2, fp32, no dropout, the three tiny
     stages (tests.support.helpers.TINY_STAGES, 16 steps), checkpoints every 4 steps and at stage ends (3 kept),

@@ -1,4 +1,6 @@
-"""`roformer data prepare|tokenizer`: thin wrapper over data_pipeline (options -> config -> call)."""
+"""`roformer data prepare|tokenizer|upload`: thin wrapper over data_pipeline (options -> config -> call).
+`prepare --out s3://BUCKET/PREFIX` prepares into a local temporary directory and uploads it
+(data_pipeline/remote/upload.py), the manifest last."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +17,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     prep = sub.add_parser("prepare", help="raw text -> tokenizer + train/valid shards + manifest",
                           description="raw text -> tokenizer + train/valid shards + manifest", **shown)
     _input_args(prep)
-    prep.add_argument("--out", type=Path, required=True, help="prepared data directory")
+    prep.add_argument("--out", required=True,
+                      help="prepared data directory, or s3://BUCKET/PREFIX (prepared in a temporary directory, "
+                           "then uploaded, the manifest last)")
     prep.add_argument("--workers", type=int, default=1, help="parallel worker processes")
     prep.add_argument("--valid-fraction", type=float, default=0.01, help="share of documents for validation")
     prep.add_argument("--max-documents", type=int, default=None,
@@ -37,6 +41,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     tok.add_argument("--out", type=Path, required=True, help="tokenizer directory to write")
     tok.add_argument("--max-documents", type=int, default=None, help="read at most N documents (default: all)")
     _tokenizer_args(tok)
+
+    up = sub.add_parser("upload", help="copy a prepared directory to s3://BUCKET/PREFIX (resumable, manifest last)",
+                        description="copy a prepared directory to s3://BUCKET/PREFIX: objects whose size and sha256 "
+                                    "already match are skipped, the manifest goes up last; endpoint and credentials "
+                                    "from the standard AWS chain (AWS_ENDPOINT_URL, AWS_PROFILE, ...)", **shown)
+    up.add_argument("data_dir", type=Path, help="prepared data directory (`roformer data prepare --out DIR`)")
+    up.add_argument("destination", help="s3://BUCKET/PREFIX")
+    _remote_args(up)
+    _remote_args(prep)
+
+
+def _remote_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--remote-retries", type=int, default=5,
+                   help="s3:// only: retries of a request that timed out or got a 5xx answer")
+    p.add_argument("--remote-timeout", type=float, default=30.0,
+                   help="s3:// only: seconds to connect and between bytes of an answer")
 
 
 def _input_args(p: argparse.ArgumentParser) -> None:
@@ -85,14 +105,24 @@ def _tokenizer_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig, TokenizerConfig
+    from data_pipeline.config import InputConfig, TokenizerConfig
     from data_pipeline.prepare import prepare, train_tokenizer_only
+    from data_pipeline.remote.url import is_remote
+
+    if args.data_command == "upload":
+        return _upload(args)
+    remote_out = args.data_command == "prepare" and is_remote(args.out)
+    if args.data_command == "prepare" and not remote_out:
+        args.out = Path(args.out)
 
     reading = {"txt_mode": args.txt_mode, "text_field": args.text_field}
     input_cfg = InputConfig(inputs=list(args.input), sources=_sources(args), text_format=args.format,
                             lenient=args.lenient, **{key: value for key, value in reading.items() if value is not None})
     _check_reading_options(args, input_cfg)
-    check_data_paths(args, input_cfg)
+    if remote_out:
+        _check_remote_out(args)
+    else:
+        check_data_paths(args, input_cfg)
     given = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in TRAINING_OPTIONS}
     given = {flag: value for flag, value in given.items() if value is not None}
     if given and getattr(args, "tokenizer", None) is not None:
@@ -103,17 +133,69 @@ def run(args: argparse.Namespace) -> int:
         path = train_tokenizer_only(input_cfg, tok_cfg, args.out, max_documents=args.max_documents)
         print(f"tokenizer written to {path.parent}")
         return 0
-    cfg = PrepareConfig(
-        input=input_cfg, out_dir=args.out, tokenizer=tok_cfg, existing_tokenizer=args.tokenizer,
-        cleaning=CleaningConfig(nfkc=args.nfkc, strip_control=not args.keep_control_chars,
-                                dedup=not args.no_dedup, valid_fraction=args.valid_fraction,
-                                max_documents=args.max_documents),
-        workers=args.workers, shard_tokens=args.shard_tokens, overwrite=args.overwrite)
+    if remote_out:
+        return _prepare_to_bucket(args, input_cfg, tok_cfg)
+    cfg = _prepare_config(args, input_cfg, tok_cfg, args.out)
     if args.valid_fraction == 0:
         print("roformer data: warning: --valid-fraction 0: no validation split; `roformer pretrain` refuses such "
               "data (it validates), eval-mlm --data needs --split train", file=sys.stderr)
     with writer_lock("--out", args.out, "roformer data prepare"):
         report = prepare(cfg)
+    print(report.summary(), file=sys.stderr)
+    return 0
+
+
+def _prepare_config(args: argparse.Namespace, input_cfg, tok_cfg, out_dir: Path):
+    from data_pipeline.config import CleaningConfig, PrepareConfig
+
+    return PrepareConfig(
+        input=input_cfg, out_dir=out_dir, tokenizer=tok_cfg, existing_tokenizer=args.tokenizer,
+        cleaning=CleaningConfig(nfkc=args.nfkc, strip_control=not args.keep_control_chars,
+                                dedup=not args.no_dedup, valid_fraction=args.valid_fraction,
+                                max_documents=args.max_documents),
+        workers=args.workers, shard_tokens=args.shard_tokens, overwrite=args.overwrite)
+
+
+def _check_remote_out(args: argparse.Namespace) -> None:
+    """--out s3://...: the location parses, the bucket answers, and prepared data there needs --overwrite."""
+    from data_pipeline.remote.upload import remote_manifest_exists
+    from data_pipeline.remote.url import parse_location
+
+    parse_location(args.out, "--out")
+    if remote_manifest_exists(args.out, args.remote_retries, args.remote_timeout) and not args.overwrite:
+        raise UserError(f"--out {args.out}: already holds prepared data (a manifest.json); use --overwrite to "
+                        f"replace it")
+
+
+def _prepare_to_bucket(args: argparse.Namespace, input_cfg, tok_cfg) -> int:
+    """Prepare into a temporary directory, upload it (manifest last), remove it."""
+    import shutil
+    import tempfile
+
+    from data_pipeline.prepare import prepare
+    from data_pipeline.remote.upload import upload_directory
+
+    work = Path(tempfile.mkdtemp(prefix="roformer-prepare-"))
+    try:
+        report = prepare(_prepare_config(args, input_cfg, tok_cfg, work / "data"))
+        print(report.summary(), file=sys.stderr)
+        uploaded = upload_directory(work / "data", args.out, args.remote_retries, args.remote_timeout)
+        print(uploaded.summary(), file=sys.stderr)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _upload(args: argparse.Namespace) -> int:
+    from data_pipeline.remote.upload import upload_directory
+    from data_pipeline.remote.url import is_remote
+
+    if not is_remote(args.destination):
+        raise UserError(f"DESTINATION {args.destination}: expected s3://BUCKET/PREFIX")
+    if not args.data_dir.is_dir():
+        raise UserError(f"DATA_DIR {args.data_dir}: not a directory (a `roformer data prepare --out` directory)")
+    report = upload_directory(args.data_dir, args.destination, args.remote_retries, args.remote_timeout,
+                              log=lambda line: print(line, file=sys.stderr))
     print(report.summary(), file=sys.stderr)
     return 0
 

@@ -171,7 +171,7 @@ def plan_checks(cfg, stages, world_size: int) -> list[str]:
     from launcher.inputs.run_checks import check_deepspeed_configs, check_run
 
     here = "DS_ACCELERATOR" in os.environ
-    if not Path(cfg.data.data_dir).is_dir():
+    if not cfg.data.is_remote and not Path(cfg.data.data_dir).is_dir():
         return [*check_deepspeed_configs(cfg, stages, world_size, here),
                 f"data.data_dir {cfg.data.data_dir} does not exist (yet): the data was not checked (its tokenizer "
                 f"against model.vocab_size, one global batch per stage); roformer pretrain checks it before starting"]
@@ -187,9 +187,14 @@ def plan_sources(cfg, stages):
     from data_pipeline.shards import manifest_sources
     from launcher.config.source_plan import source_plan
 
-    if not (Path(cfg.data.data_dir) / "manifest.json").is_file():
+    data_dir = Path(cfg.data.data_dir)
+    if cfg.data.is_remote:  # opened (manifest in the cache) by plan_checks before
+        from data_pipeline.remote.dataset import open_remote
+
+        data_dir = open_remote(cfg.data.data_dir, cfg.data.remote_options()).root
+    if not (data_dir / "manifest.json").is_file():
         return None
-    return source_plan(stages, manifest_sources(read_manifest(Path(cfg.data.data_dir))))
+    return source_plan(stages, manifest_sources(read_manifest(data_dir)))
 
 
 def plan_estimates(args: argparse.Namespace, cfg, ds_config: dict, stages) -> PlanEstimates | str:

@@ -49,16 +49,54 @@ source lets the run change, e.g. a BERT's position_encoding)."""
 config.json they came from). launcher/inputs/init_from.py reads them; parsing reads no model directory."""
 
 
+ORDERS = ("global", "shard_window")
+REMOTE_KEYS = ("cache_dir", "cache_limit", "remote_retries", "remote_timeout")
+
+
 @dataclass
 class DataSection:
     data_dir: str = ""
-    """Prepared data directory (`roformer data prepare --out DIR`): manifest, tokenizer, train/ and valid/."""
+    """Prepared data directory (`roformer data prepare --out DIR`): manifest, tokenizer, train/ and valid/;
+    or an s3://BUCKET/PREFIX location of one, read through the node-local cache (docs/data_format.md)."""
     seed: int = 1234
     """Seed of the data order and the masking; the global stream depends on it, not on the world size."""
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     """MLM corruption (`data_pipeline.MaskingConfig`; the YAML mapping holds its fields, empty = defaults)."""
     verify: bool = True
     """Check the manifest checksums and tokenizer hash when opening the corpus."""
+    order: str = "global"
+    """'global': every epoch a permutation of all documents (needs a cache that holds the whole corpus when
+    data_dir is remote); 'shard_window': documents shuffled within windows of `shard_window` shards, the
+    windows in a seeded order (a cache of two windows is enough)."""
+    shard_window: int = 8
+    """Shards per window of the shard_window order."""
+    cache_dir: str = ""
+    """s3:// data only: the node-local cache ('' = ~/.cache/roformer-ds/remote), shared by a node's ranks."""
+    cache_limit: str = ""
+    """s3:// data only: bytes the cache may hold, e.g. 2GB or 512MiB ('' or 0 = no limit)."""
+    remote_retries: int = 5
+    """s3:// data only: retries of a request that timed out, could not connect or got a 5xx answer."""
+    remote_timeout: float = 30.0
+    """s3:// data only: seconds to connect and between bytes of an answer before a request is retried."""
+
+    @property
+    def is_remote(self) -> bool:
+        from data_pipeline.remote.url import is_remote
+
+        return is_remote(self.data_dir)
+
+    @property
+    def cache_limit_bytes(self) -> int:
+        from data_pipeline.remote.url import parse_size
+
+        return parse_size(self.cache_limit or 0, "data.cache_limit")
+
+    def remote_options(self):
+        """The data_pipeline.remote.client.RemoteOptions of these settings."""
+        from data_pipeline.remote.client import RemoteOptions
+
+        return RemoteOptions(cache_dir=self.cache_dir, cache_limit=self.cache_limit_bytes,
+                             retries=self.remote_retries, timeout=self.remote_timeout)
 
 
 @dataclass
@@ -208,6 +246,10 @@ class RunConfig:
             out.pop("init_from")  # runs that start from random weights record what they always did
         if not out["branch_from"]:
             out.pop("branch_from")  # the same for runs that are no branch
+        defaults = DataSection()
+        for key in ("order", "shard_window", *REMOTE_KEYS):  # local global-order runs record what they always did
+            if out["data"][key] == getattr(defaults, key) and (key not in REMOTE_KEYS or not self.data.is_remote):
+                out["data"].pop(key)
         return out
 
 
@@ -298,8 +340,15 @@ def _build_section(name: str, cls: type, values: Any, source: str, base_dir: Pat
             continue
         kwargs[key] = _check_type(f"{name}.{key}", value, default, source)
         if (name, key) in PATH_FIELDS and kwargs[key]:
+            from data_pipeline.remote.url import SCHEME, is_remote, parse_location
             from launcher.output_paths import refuse_url
 
+            if (name, key) == ("data", "data_dir") and is_remote(kwargs[key]):
+                try:
+                    kwargs[key] = SCHEME + str(parse_location(kwargs[key], f"{name}.{key}"))[len(SCHEME):]
+                except DataError as err:
+                    raise UserError(f"{source}: {err}") from None
+                continue
             refuse_url(f"{source}: {name}.{key}", kwargs[key])  # not a folder beside the config named s3:
             expanded = Path(os.path.expandvars(os.path.expanduser(kwargs[key])))
             kwargs[key] = str(expanded if expanded.is_absolute() else (base_dir / expanded).resolve())
@@ -323,12 +372,15 @@ def _build_nested(where: str, cls: type, values: Any, source: str):
 
 # Word values that YAML 1.1 reads as booleans (`action: off` is False): the word the user wrote.
 BOOLEAN_WORDS = {"guard.action": {False: "off"}}
+SIZE_FIELDS = ("data.cache_limit",)
 
 
 def _check_type(where: str, value: Any, default: Any, source: str) -> Any:
     """Values must have the type of the field's default (ints are accepted where floats are)."""
     if isinstance(value, bool) and value in BOOLEAN_WORDS.get(where, {}):
         value = BOOLEAN_WORDS[where][value]
+    if where in SIZE_FIELDS and isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)  # bytes as a number, or a size with its unit
     if isinstance(default, bool):
         ok = isinstance(value, bool)
     elif isinstance(default, int):
@@ -348,6 +400,21 @@ def _check_type(where: str, value: Any, default: Any, source: str) -> Any:
     return value
 
 
+def _validate_data(data: DataSection, fail) -> None:
+    if data.order not in ORDERS:
+        fail("data.order", f"must be one of {', '.join(ORDERS)}, got {data.order!r}")
+    if data.shard_window < 1:
+        fail("data.shard_window", f"must be >= 1 shard, got {data.shard_window}")
+    if data.remote_retries < 0:
+        fail("data.remote_retries", f"must be >= 0, got {data.remote_retries}")
+    if not data.remote_timeout > 0:
+        fail("data.remote_timeout", f"must be > 0 seconds, got {data.remote_timeout}")
+    try:
+        data.cache_limit_bytes
+    except DataError as err:
+        fail("data.cache_limit", str(err).split(": ", 1)[1])
+
+
 def _validate(cfg: RunConfig) -> None:
     src = cfg.source
 
@@ -356,6 +423,7 @@ def _validate(cfg: RunConfig) -> None:
 
     if not cfg.data.data_dir:
         fail("data.data_dir", "required (a directory made by `roformer data prepare`)")
+    _validate_data(cfg.data, fail)
     if not cfg.schedule.file:
         fail("schedule.file", "required (a schedule in launcher/schedules/)")
     if cfg.schedule.max_tokens_per_micro_batch < 0:

@@ -102,7 +102,7 @@ def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
                                  seed=cfg.seed, masking=masking, trained_len=trained_len)
     return {
         "export": str(Path(cfg.export_dir).resolve()),
-        "data": str(data_dir.resolve()),
+        "data": corpus.location if corpus.remote is not None else str(Path(data_dir).resolve()),
         "split": split,
         "trained_max_seq_len": trained_len,
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("export_dir", "data_dir", "inputs")},
@@ -178,6 +178,10 @@ def _masked_lm_figures(model, batches) -> dict:
 
 def _resolve_data(path: Path, split: str) -> tuple[Path, str]:
     """A data dir, or a split dir inside one (DATA/valid) which then names the split."""
+    from data_pipeline.remote.url import is_remote
+
+    if is_remote(path):  # a run's s3:// data (stage-end evals): read through the node-local cache
+        return path, split
     path = Path(path)
     if not path.exists():
         raise UserError(f"--data {path}: not found")

@@ -186,6 +186,8 @@ def check_transformers_parity(export_dir: Path, model: torch.nn.Module) -> float
 
 
 def _tokenizer_source(ref: CheckpointRef, override: Path | None) -> Path:
+    from data_pipeline.remote.url import is_remote
+
     if override is not None:
         source = Path(override)
         origin = "--tokenizer-from"
@@ -195,6 +197,12 @@ def _tokenizer_source(ref: CheckpointRef, override: Path | None) -> Path:
         if not data_dir:
             raise UserError(f"{config}: no data.data_dir recorded; pass --tokenizer-from DATA_DIR")
         source, origin = Path(data_dir), f"data.data_dir of {config}"
+        if is_remote(data_dir):  # the tokenizer files of the node's cached copy (fetched if missing)
+            from data_pipeline.remote.client import RemoteOptions
+            from data_pipeline.remote.dataset import open_remote
+
+            data = (_read_run_config(config) or {}).get("data") or {}
+            source = open_remote(data_dir, RemoteOptions.from_data_section(data)).root
     if not source.is_dir():
         raise UserError(f"tokenizer missing: {source} ({origin}) does not exist; pass --tokenizer-from DATA_DIR")
     _check_trained_tokenizer(ref, source, origin)

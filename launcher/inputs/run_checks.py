@@ -57,8 +57,9 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, v
     """
     notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks)
     notes += [note] if (note := warmup_note(cfg)) else []
-    train, _ = open_streams(cfg, 0, world_size, verify_data)
+    train, valid = open_streams(cfg, 0, world_size, verify_data)
     findings = check_data(cfg, stages, train, run_dir)
+    notes += [line] if (line := cache_line(cfg, train.corpus, valid.corpus)) else []
     findings.notes[:0] = notes
     return findings
 
@@ -153,21 +154,63 @@ def _check_precision(precision: str, source: str, binding: bool) -> str | None:
 def open_streams(cfg: RunConfig, rank: int, world_size: int, verify: bool = False) -> tuple[PretrainBatches, PretrainBatches]:
     """Rank `rank`'s training and validation streams over data.data_dir (open_data's checks on opening; `verify`:
     also re-hash shards changed since they were prepared). A rank opens and keeps its own; the checks only read."""
-    return tuple(PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed, masking=cfg.data.masking)
+    return tuple(PretrainBatches(corpus, rank=rank, world_size=world_size, seed=cfg.data.seed, masking=cfg.data.masking,
+                                 order=cfg.data.order, shard_window=cfg.data.shard_window)
                  for corpus in open_data(cfg, verify))
 
 
 def open_data(cfg: RunConfig, verify: bool):
     """The train and valid splits of data.data_dir (manifest, shards, tokenizer; DataError names the
     file) and model.vocab_size against the tokenizer's vocabulary."""
-    data_dir = Path(cfg.data.data_dir)
-    if not data_dir.is_dir():
+    data_dir = cfg.data.data_dir if cfg.data.is_remote else Path(cfg.data.data_dir)
+    if not cfg.data.is_remote and not data_dir.is_dir():
         raise UserError(f"{cfg.source}: data.data_dir: {data_dir} is not a directory "
                         f"(make it with `roformer data prepare --out {data_dir}`)")
-    train, valid = (open_corpus(data_dir, split=split, verify=verify) for split in ("train", "valid"))
+    options = cfg.data.remote_options() if cfg.data.is_remote else None
+    train, valid = (open_corpus(data_dir, split=split, verify=verify, remote_options=options)
+                    for split in ("train", "valid"))
     check_vocab_size(cfg, train)
     check_pad_id(cfg, train)
+    check_cache_limit(cfg, train, valid)
     return train, valid
+
+
+def cache_line(cfg: RunConfig, train, valid) -> str | None:
+    """`roformer plan`'s line on remote data: the corpus against the cache limit, and the order that needs."""
+    if not cfg.data.is_remote:
+        return None
+    from data_pipeline.remote.url import format_size
+
+    corpus, limit = train.token_bytes + valid.token_bytes, cfg.data.cache_limit_bytes
+    fits = not limit or corpus <= limit
+    return (f"data: {cfg.data.data_dir}: corpus {format_size(corpus)} (train {format_size(train.token_bytes)}, valid "
+            f"{format_size(valid.token_bytes)}) against data.cache_limit "
+            f"{format_size(limit) if limit else 'none'} in {cfg.data.remote_options().cache_root}: "
+            + ("the cache holds the whole corpus, data.order global reads it bit for bit as a local copy" if fits else
+               f"the cache holds part of it: data.order shard_window (windows of {cfg.data.shard_window} shards)"))
+
+
+def check_cache_limit(cfg: RunConfig, train, valid) -> None:
+    """Remote data in global order touches every shard every few steps: the cache must hold the whole corpus;
+    in shard_window order it holds two windows per stream at once (data_pipeline.stream.window_cache_need)."""
+    from data_pipeline.stream import window_cache_need
+
+    limit = cfg.data.cache_limit_bytes
+    if not cfg.data.is_remote or not limit:
+        return
+    if cfg.data.order == "shard_window":
+        need = window_cache_need(train, valid, cfg.data.shard_window)
+        if need > limit:
+            raise UserError(f"{cfg.source}: data.cache_limit {limit:,} bytes is smaller than what data.order shard_window "
+                            f"holds at once at {cfg.data.data_dir}: two windows of data.shard_window "
+                            f"{cfg.data.shard_window} shards for each source and for validation, {need:,} bytes: raise "
+                            f"data.cache_limit or lower data.shard_window")
+        return
+    corpus = train.token_bytes + valid.token_bytes
+    if corpus > limit:
+        raise UserError(f"{cfg.source}: data.cache_limit {limit:,} bytes is smaller than the corpus at "
+                        f"{cfg.data.data_dir} ({corpus:,} bytes of shards) and data.order is global, which reads every "
+                        f"shard every few steps: set data.order: shard_window, or a cache_limit of at least {corpus:,}")
 
 
 def check_vocab_size(cfg: RunConfig, corpus) -> None:

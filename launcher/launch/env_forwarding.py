@@ -36,6 +36,8 @@ FORWARDED_PREFIXES = (
     "ROFORMER_",  # the project's own settings
     "MLFLOW_",  # MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME (rank 0's tracker, launcher/tracking/)
     "WANDB_",  # WANDB_PROJECT, WANDB_MODE, WANDB_ENTITY, WANDB_BASE_URL (not WANDB_API_KEY: a credential)
+    "AWS_",  # s3:// data: AWS_ENDPOINT_URL, AWS_PROFILE, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SHARED_CREDENTIALS_FILE ...
+    # (not AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN: credentials, see held_back_credentials)
 )
 # Set on every node from that node's own software (launcher/ops_cache.py): this machine's value
 # (e.g. a CPU torch's op cache on a login node) would be wrong there.
@@ -48,6 +50,12 @@ RUNNER_FORWARDED_PREFIXES = ("PYTHON", "MLFLOW", "MV2", "UCX", "NCCL")
 # Credentials under a forwarded prefix (HF_TOKEN, ...) would be written to the shared RUN_DIR/.deepspeed_env,
 # printed by --dry-run and shown in every node's `ps`; the ranks never need them (no hub access).
 CREDENTIAL_NAME_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL", re.IGNORECASE)
+# ... unless the name says it holds a path (AWS_SHARED_CREDENTIALS_FILE): where a node finds its own credentials.
+_PATH_NAME_RE = re.compile(r"_(FILE|PATH)$")
+
+
+def is_credential(name: str) -> bool:
+    return bool(CREDENTIAL_NAME_RE.search(name)) and not _PATH_NAME_RE.search(name)
 
 _KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _UNSAFE_VALUE_CHARS = frozenset('"$`\\%\n\r')
@@ -67,7 +75,7 @@ def forwarded_environment(base: dict[str, str], *, ranks_per_node: int, python: 
     local: the ranks run on this machine, so this machine's PATH and core count are theirs too."""
     env = {k: v for k, v in base.items()
            if k not in NODE_LOCAL_NAMES
-           and (k in FORWARDED_NAMES or (k.startswith(FORWARDED_PREFIXES) and not CREDENTIAL_NAME_RE.search(k)))}
+           and (k in FORWARDED_NAMES or (k.startswith(FORWARDED_PREFIXES) and not is_credential(k)))}
     env.update(user_env_file_entries(base))
     env["PYTHONPATH"] = _prepend(str(project_root()), env.get("PYTHONPATH", base.get("PYTHONPATH", "")))
     env[RANKS_PER_NODE_VAR] = str(ranks_per_node)
@@ -76,6 +84,13 @@ def forwarded_environment(base: dict[str, str], *, ranks_per_node: int, python: 
         if "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, ranks_per_node)))
     return env
+
+
+def held_back_credentials(base: dict[str, str]) -> list[str]:
+    """Credential variables set here under a forwarded prefix that other nodes do not get (AWS_SECRET_ACCESS_KEY):
+    DeepSpeed's runner would write them into the shared .deepspeed_env and log them in its pdsh command line.
+    Each node finds its own through the standard chain (AWS_PROFILE and its credentials file, an instance role)."""
+    return sorted(k for k in base if k.startswith(FORWARDED_PREFIXES) and is_credential(k))
 
 
 def append_venv_bin(path_list: str, python: str = sys.executable) -> str:

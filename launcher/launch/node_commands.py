@@ -127,6 +127,8 @@ def describe_environment(plan: LaunchPlan) -> list[str]:
     lines = [f"environment each node ({hosts}) receives from this machine, and nothing else of it "
              f"({plan.env_file}, plus what DeepSpeed's runner forwards by itself: PYTHON*, UCX*, ...):"]
     lines += [f"  {key}={value}" for key, value in sorted(received.items())]
+    lines += [f"  {key}=<redacted: a credential, not forwarded; each node reads its own (AWS_PROFILE, a credentials "
+              f"file, an instance role)>" for key in env_forwarding.held_back_credentials(dict(os.environ))]
     if plan.launcher == "slurm":
         lines.append("  (slurm: DeepSpeed runs srun --export=ALL, which also passes this shell's whole environment)")
     lines.append("computed on each node when its ranks start (launcher/train/rank_entry.py), not forwarded:")

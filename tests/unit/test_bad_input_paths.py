@@ -122,7 +122,7 @@ def test_urls_are_refused_where_a_local_path_is_meant(capsys, corpus, stored_run
     monkeypatch.chdir(tmp_path)
     good = corpus / "good.txt"
     for argv, flag, url in (
-            (["data", "prepare", "--input", good, "--out", "s3://b/d"], "--out", "s3://b/d"),
+            (["data", "tokenizer", "--input", good, "--out", "s3://b/d"], "--out", "s3://b/d"),
             (["export", stored_run, "--out", "hdfs://nn/e"], "--out", "hdfs://nn/e"),
             (["pretrain", "--config", "c.yaml", "--run-dir", "s3://b/run"], "--run-dir", "s3://b/run")):
         line = refused(capsys, argv, [corpus, stored_run])
