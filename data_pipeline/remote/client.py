@@ -66,11 +66,15 @@ class RemoteStore:
     def __init__(self, location: S3Location, retries: int = 5, timeout: float = 30.0):
         import boto3
         from botocore.config import Config
+        from botocore.exceptions import BotoCoreError
 
         self.location, self.retries, self.timeout = location, max(0, int(retries)), float(timeout)
         config = Config(connect_timeout=timeout, read_timeout=timeout, retries={"total_max_attempts": 1},
                         signature_version="s3v4")
-        self.client = boto3.session.Session().client("s3", config=config)
+        try:
+            self.client = boto3.session.Session().client("s3", config=config)
+        except BotoCoreError as err:  # e.g. AWS_PROFILE naming a profile no config or credentials file has
+            raise DataError(f"{location}: {err}") from None
         self.endpoint = self.client.meta.endpoint_url
 
     def _where(self, relative: str) -> str:

@@ -102,6 +102,8 @@ def test_cache_limit_smaller_than_one_shard_is_refused(s3_env, s3_tiny_data, tmp
     ("s3://roformer-test/no-such-prefix", {}, r"s3://roformer-test/no-such-prefix/manifest.json: no manifest at this "
                                              r"prefix"),
     ("s3://roformer-test/tiny", {"AWS_SECRET_ACCESS_KEY": "Xq9zNotTheSecret"}, r"access refused \(\w+: wrong or missing credentials"),
+    ("s3://roformer-test/tiny", {"AWS_PROFILE": "no-such-profile"},
+     r"s3://roformer-test/tiny: The config profile \(no-such-profile\) could not be found"),
     ("s3://roformer-test/tiny", {"AWS_ENDPOINT_URL": "http://127.0.0.1:{port}"},
      r"http://127.0.0.1:\d+: s3://roformer-test/tiny: HEAD bucket failed after 2 attempts, the last with "
      r"EndpointConnectionError \(data.remote_retries 1, data.remote_timeout 2 s\)"),
