@@ -4,8 +4,8 @@
 #   of its time waiting (watchdog bounds, ssh sessions, pulled links, restart backoff), then tests/unit
 #   (one process, one core); its output is kept in a log and printed after the main lane.
 #   It ends with the quick reproduction (tests/multirank/test_reproduce_multirank.py: ~3 min of `roformer`
-#   jobs of its own, no session fixture), which evens the two lanes (measured 2026-11-25: main 19.4 min
-#   with it, side 14.9 min without).
+#   jobs of its own, no session fixture) and the runs from object storage (test_remote_training.py: its
+#   moto server and bucket are the side lane's too), which even the two lanes.
 # - main lane: the rest (multirank: real 2-rank DeepSpeed runs; gpu, which skips without CUDA).
 # Same arguments to both; the exit status is the first non-zero one. One folder alone:
 # `.venv/bin/python -m pytest tests/unit` (`make test-fast`).
@@ -13,17 +13,17 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 log=$(mktemp "${TMPDIR:-/tmp}/roformer-side-lane.XXXXXX.log")
-SIDE_MULTIRANK=tests/multirank/test_reproduce_multirank.py
-"$PY" -m pytest tests/cluster tests/unit "$SIDE_MULTIRANK" "$@" >"$log" 2>&1 &
+SIDE_MULTIRANK=(tests/multirank/test_reproduce_multirank.py tests/multirank/test_remote_training.py)
+"$PY" -m pytest tests/cluster tests/unit "${SIDE_MULTIRANK[@]}" "$@" >"$log" 2>&1 &
 side=$!
 # A stop of `make test` stops the side lane too (the cluster tests clean up their namespaces on SIGTERM).
 trap 'kill -TERM "$side" 2>/dev/null; wait "$side"; exit 130' INT TERM
-"$PY" -m pytest tests --ignore=tests/cluster --ignore=tests/unit --ignore="$SIDE_MULTIRANK" "$@"
+"$PY" -m pytest tests --ignore=tests/cluster --ignore=tests/unit "${SIDE_MULTIRANK[@]/#/--ignore=}" "$@"
 main_rc=$?
 wait "$side"
 side_rc=$?
 trap - INT TERM
-echo "=== tests/cluster, tests/unit and $SIDE_MULTIRANK (ran beside the rest; log: $log) ==="
+echo "=== tests/cluster, tests/unit and ${SIDE_MULTIRANK[*]} (ran beside the rest; log: $log) ==="
 cat "$log"
 [ "$main_rc" -ne 0 ] && exit "$main_rc"
 exit "$side_rc"
