@@ -23,7 +23,7 @@ from tests.support.helpers import REPO, roformer_env
 HELP_SECONDS = 0.3  # CPU time of one --help
 WALL_SECONDS = 1.0  # its wall time on a shared machine: still catches an eager torch import (~1.5 s alone)
 # Every command line whose --help is checked: each subcommand, and the actions of `data`.
-COMMANDS = [[name] for name in SUBCOMMANDS] + [["data", "prepare"], ["data", "tokenizer"]]
+COMMANDS = [[name] for name in SUBCOMMANDS] + [["data", "prepare"], ["data", "tokenizer"], ["data", "upload"]]
 # A fresh interpreter builds one subcommand's parser and reports which heavy modules that imported.
 _PROBE = """
 import json, sys
