@@ -97,11 +97,13 @@ class TokenStream:
             raise DataError(f"lanes: {self.lanes} must be in [1, {int(self.window_units.min())}] (units in one "
                             f"epoch{'' if order == 'global' else ' of the smallest shard window'})")
         k = np.arange(self.lanes + 1, dtype=np.int64)
-        self._part_starts = [k * int(u) // self.lanes for u in self.window_units]
-        """Per window: where each lane's part of it starts (lane l's part is [starts[l], starts[l+1]))."""
+        self._part_starts = self.window_units[:, None] * k // self.lanes
+        """(windows, K+1): where each lane's part of a window starts (lane l's part is [starts[l], starts[l+1]))."""
+        self._part_units = np.diff(self._part_starts, axis=1) + 1
+        """(windows, K): units of each lane's part of a window, with the [SEP] closing it."""
         self.lane_starts = self._part_starts[0] if order == "global" else None
         """Global order: (K+1,) where each lane's part of D_e starts (b_l = l * L // K)."""
-        self.lane_period = np.sum([np.diff(st) + 1 for st in self._part_starts], axis=0).astype(np.int64)
+        self.lane_period = self._part_units.sum(axis=0)
         """(K,) units of the lane per epoch: its part of every window, each closed by one [SEP]."""
         self.epoch_units = int(self.lane_period.sum())
         """Units of one epoch over all lanes (the documents' and the [SEP]s closing the lane parts)."""
@@ -136,8 +138,7 @@ class TokenStream:
         while filled < count:
             epoch, within = divmod(offset + filled, period)
             window_order, window_starts = self._epoch_windows(epoch)
-            parts = np.asarray([int(self._part_starts[w][lane + 1] - self._part_starts[w][lane]) + 1
-                                for w in window_order], dtype=np.int64)  # each part and its [SEP]
+            parts = self._part_units[window_order, lane]  # this lane's part of each window, in epoch order
             ends = np.cumsum(parts)
             j = int(np.searchsorted(ends, within, side="right"))
             inner = within - (int(ends[j - 1]) if j else 0)
@@ -147,7 +148,7 @@ class TokenStream:
                 filled += 1
                 continue
             w = int(window_order[j])
-            position = int(window_starts[j]) + int(self._part_starts[w][lane]) + inner
+            position = int(window_starts[j]) + int(self._part_starts[w, lane]) + inner
             filled += self.fill_from_epoch(epoch, position, out[filled:filled + int(parts[j]) - 1 - inner])
         return out
 
