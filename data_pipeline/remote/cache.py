@@ -173,14 +173,8 @@ class NodeCache:
         lock.parent.mkdir(parents=True, exist_ok=True)
         return os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
 
-    @contextlib.contextmanager
     def _object_lock(self, relative: str):
-        fd = self._open_lock(relative)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        return _flocked(_side(self.root / relative, "lock"))
 
     def _is_verified(self, path: Path, size: int, sha256: str | None, rehash: bool = True,
                      tag: str | None = None) -> bool:
