@@ -7,7 +7,9 @@ records one less: `normalise` shifts them, and the trainer rewrites such a file 
 """
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 METRICS_FORMAT = 2
 FORMAT_EVENT = "metrics_format"
@@ -38,3 +40,19 @@ def normalise(records: list[dict]) -> list[dict]:
         return records
     return [{**r, "step": r["step"] + offset} if r.get("kind") in _SHIFTED_KINDS and isinstance(r.get("step"), int)
             else r for r in records]
+
+
+def read_records(path: Path) -> list[dict]:
+    """Every record of a metrics.jsonl, all kinds, in the order written, steps counted as steps completed
+    ([] for no file; a line cut by a kill is skipped)."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return normalise(records)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from launcher.io import write_line
 from launcher.run_dir.layout import RunDir
-from launcher.run_dir.metrics_format import normalise
+from launcher.run_dir.metrics_format import read_records
 from launcher.tracking.remote import Connection, tracking_dir
 from launcher.tracking.sink import TRACKERS
 
@@ -43,16 +43,3 @@ def stage_ends(run_dir: RunDir) -> list[int]:
         return []
     stages = stages.get("stages", stages) if isinstance(stages, dict) else stages
     return [int(s["first_step"]) + int(s["steps"]) for s in stages if isinstance(s, dict) and "steps" in s]
-
-
-def read_records(path: Path) -> list[dict]:
-    """metrics.jsonl's records, steps counted as steps completed (a line cut by a kill skipped)."""
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return normalise(records)

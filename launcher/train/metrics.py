@@ -13,7 +13,7 @@ from pathlib import Path
 
 from launcher.config.stages import ResolvedStage
 from launcher.io import atomic_write_text, write_line
-from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, normalise
+from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, read_records
 from launcher.run_dir.layout import RunDir
 from launcher.mfu import Peak, resolve_peak, speed_fields
 from launcher.tracking import open_sinks
@@ -193,26 +193,12 @@ class Metrics:
 def read_metrics(run_dir: Path, kind: str = "train") -> list[dict]:
     """The records of one kind in RUN_DIR/metrics.jsonl, in order, steps counted as steps completed
     whatever the file's format ([] before the first step)."""
-    return [r for r in _read_all(RunDir(Path(run_dir)).metrics) if r.get("kind") == kind]
+    return [r for r in read_records(RunDir(Path(run_dir)).metrics) if r.get("kind") == kind]
 
 
 def read_all_records(run_dir: RunDir) -> list[dict]:
     """Every record of RUN_DIR/metrics.jsonl, all kinds, in the order written (steps as read_metrics counts them)."""
-    return _read_all(run_dir.metrics)
-
-
-def _read_all(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by a kill
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return normalise(records)
+    return read_records(run_dir.metrics)
 
 
 def _truncate_from(path: Path, start_step: int) -> tuple[list[dict], int, bool]:
@@ -220,7 +206,7 @@ def _truncate_from(path: Path, start_step: int) -> tuple[list[dict], int, bool]:
     records of steps up to start_step (an older file's converted to steps completed) and every event.
     Returns the records kept, the file's attempt number so far and whether records past start_step were dropped
     (their steps are about to be redone)."""
-    records = [r for r in _read_all(path) if r.get("event") != FORMAT_EVENT]
+    records = [r for r in read_records(path) if r.get("event") != FORMAT_EVENT]
     kept = [r for r in records if r.get("kind") == "event" or r.get("step", -1) <= start_step]
     attempt = max([int(r.get("attempt") or 0) for r in records if r.get("kind") != "event" or r.get("event") == "attempt"],
                   default=0)
