@@ -25,6 +25,8 @@ SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 FORMATS = ("auto", "txt", "jsonl", "parquet")
 TXT_MODES = ("line", "paragraph")
+ORDERS = ("global", "shard_window")
+"""The token stream's document orders (data_pipeline/stream.py; the run config's data.order)."""
 
 
 def check_source_name(name: object, where: str = "source") -> str:

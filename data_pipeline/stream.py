@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from data_pipeline.config import ORDERS
 from data_pipeline.errors import DataError
 from data_pipeline.shards import Corpus
 
 _DOCUMENT_ORDER_KEY = 0xD0C5  # separates the RNG stream of the document order from masking's
 _WINDOW_KEY = 0x5717D0  # the shard_window order's draws (window members, window order) apart from the documents'
-ORDERS = ("global", "shard_window")
 _BLOCK = 64  # documents per stored start: memory / 64 for a cumulative sum of <= 64 lengths per seek
 MIN_LANE_UNITS = 4096
 """Default lane count keeps each lane at least this long (a lane is read a few sequences at a time)."""

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import yaml
 
+from data_pipeline.config import ORDERS
 from data_pipeline.errors import DataError
 from data_pipeline.masking import MaskingConfig
 from launcher.io import read_mapping
@@ -43,13 +44,11 @@ from roformer.config import ConfigError, RoFormerConfig
 DECAY_KINDS = ("linear", "cosine", "constant", "wsd")
 
 InitModelReader = Callable[[str, str, "dict | None"], tuple[dict, Path, tuple[str, ...]]]
-"""(init_dir, source, the config's model keys) -> (DIR's model fields, its config.json, the WEIGHT_FIELDS the
-source lets the run change, e.g. a BERT's position_encoding)."""
-"""How a config with `init_from` gets DIR's model section: (DIR, config source) -> (DIR's model fields, the
-config.json they came from). launcher/inputs/init_from.py reads them; parsing reads no model directory."""
+"""How a config with `init_from` gets DIR's model section: (init_dir, source, the config's model keys) ->
+(DIR's model fields, its config.json, the WEIGHT_FIELDS the source lets the run change, e.g. a BERT's
+position_encoding). launcher/inputs/init_from.py reads them; parsing reads no model directory."""
 
 
-ORDERS = ("global", "shard_window")
 REMOTE_KEYS = ("cache_dir", "cache_limit", "remote_retries", "remote_timeout")
 
 
