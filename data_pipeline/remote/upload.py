@@ -50,7 +50,8 @@ def _known_sha256(manifest: dict) -> dict[str, str]:
 
 
 def upload_directory(data_dir: Path, location: str, retries: int = 5, timeout: float = 30.0,
-                     multipart_bytes: int = MULTIPART_BYTES, log=None) -> UploadReport:
+                     multipart_bytes: int = MULTIPART_BYTES, log=None, overwrite: bool = False) -> UploadReport:
+    """`data_dir` to `location`; a location holding other prepared data (another manifest) only with `overwrite`."""
     from boto3.s3.transfer import TransferConfig
 
     from data_pipeline.shards import MANIFEST, file_sha256, read_manifest
@@ -66,6 +67,9 @@ def upload_directory(data_dir: Path, location: str, retries: int = 5, timeout: f
     manifest_sha = file_sha256(data_dir / MANIFEST)
     existing = store.head(MANIFEST)
     if existing is not None and existing["sha256"] != manifest_sha:
+        if not overwrite:
+            raise DataError(f"{target.url(MANIFEST)}: the location holds other prepared data (its manifest differs "
+                            f"from {data_dir / MANIFEST}); use --overwrite to replace it")
         store.delete(MANIFEST)  # the prefix is unfinished until the new manifest is up
     uploaded = skipped = uploaded_bytes = 0
     for path in [*_local_files(data_dir), data_dir / MANIFEST]:

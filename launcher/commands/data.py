@@ -48,6 +48,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                     "from the standard AWS chain (AWS_ENDPOINT_URL, AWS_PROFILE, ...)", **shown)
     up.add_argument("data_dir", type=Path, help="prepared data directory (`roformer data prepare --out DIR`)")
     up.add_argument("destination", help="s3://BUCKET/PREFIX")
+    up.add_argument("--overwrite", action="store_true",
+                    help="replace other prepared data at DESTINATION (a different manifest.json)")
     _remote_args(up)
     _remote_args(prep)
 
@@ -179,7 +181,8 @@ def _prepare_to_bucket(args: argparse.Namespace, input_cfg, tok_cfg) -> int:
     try:
         report = prepare(_prepare_config(args, input_cfg, tok_cfg, work / "data"))
         print(report.summary(), file=sys.stderr)
-        uploaded = upload_directory(work / "data", args.out, args.remote_retries, args.remote_timeout)
+        uploaded = upload_directory(work / "data", args.out, args.remote_retries, args.remote_timeout,
+                                    overwrite=args.overwrite)  # checked before preparing
         print(uploaded.summary(), file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -195,7 +198,7 @@ def _upload(args: argparse.Namespace) -> int:
     if not args.data_dir.is_dir():
         raise UserError(f"DATA_DIR {args.data_dir}: not a directory (a `roformer data prepare --out` directory)")
     report = upload_directory(args.data_dir, args.destination, args.remote_retries, args.remote_timeout,
-                              log=lambda line: print(line, file=sys.stderr))
+                              log=lambda line: print(line, file=sys.stderr), overwrite=args.overwrite)
     print(report.summary(), file=sys.stderr)
     return 0
 

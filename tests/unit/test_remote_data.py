@@ -92,6 +92,24 @@ def test_cache_limit_bounds_the_cache_and_evicts_unheld_shards(s3_env, s3_tiny_d
         shard.release()
 
 
+def test_upload_over_other_prepared_data_needs_overwrite(capsys, s3_env, tiny_data, tmp_path):
+    import json
+    import shutil
+
+    from launcher.cli import main
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_data, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps({**manifest, "comment": "another preparation"}))
+    assert upload_directory(tiny_data, "s3://roformer-test/taken").uploaded > 0
+    assert main(["data", "upload", str(other), "s3://roformer-test/taken"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "s3://roformer-test/taken/manifest.json: the location holds other prepared data" in line
+    assert "\n" not in line and upload_directory(tiny_data, "s3://roformer-test/taken").uploaded == 0  # untouched
+    assert main(["data", "upload", str(other), "s3://roformer-test/taken", "--overwrite"]) == 0
+
+
 def test_cache_limit_smaller_than_one_shard_is_refused(s3_env, s3_tiny_data, tmp_path):
     with pytest.raises(DataError, match=r"data.cache_limit 1.00 KB is smaller than one shard of s3://roformer-test/tiny"):
         open_corpus(s3_tiny_data, "train", remote_options=options(tmp_path, cache_limit=1000))
