@@ -51,12 +51,29 @@ def cache_usage(root: Path) -> int:
     return total
 
 
+CACHE_MARKER = ".roformer-ds-cache"
+"""Marks a directory as a cache: eviction deletes files in it, so it must not be the user's other files."""
+SPACE_LOCK = ".space.lock"
+"""Held while room is made or the shard bytes are counted (one consistent moment for every rank)."""
+
+
 def settled_cache_usage(cache_root: Path) -> int:
     """cache_usage under the cache's space lock: every byte a cache adds is reserved under it, so this is one
     consistent moment (a walk without it may count a file of one directory before an eviction and a new one of
     another directory after it)."""
-    with _flocked(Path(cache_root) / ".space.lock"):
+    with _flocked(Path(cache_root) / SPACE_LOCK):
         return cache_usage(cache_root)
+
+
+def claim_cache_root(root: Path) -> None:
+    """`root` as a cache: new, empty, or marked as one already; DataError naming data.cache_dir otherwise."""
+    if (root / CACHE_MARKER).is_file():
+        return
+    if root.exists() and (not root.is_dir() or any(p.name != SPACE_LOCK for p in root.iterdir())):
+        raise DataError(f"data.cache_dir {root}: {'not a directory' if not root.is_dir() else 'not empty'} and not a "
+                        f"cache of ours (no {CACHE_MARKER}); its files could be evicted: name a new or empty directory")
+    root.mkdir(parents=True, exist_ok=True)
+    (root / CACHE_MARKER).touch()
 
 
 class NodeCache:
@@ -65,6 +82,7 @@ class NodeCache:
     def __init__(self, store: RemoteStore, options: RemoteOptions):
         self.store, self.options = store, options
         self.cache_root = options.cache_root
+        claim_cache_root(self.cache_root)
         host = re.sub(r"[^A-Za-z0-9._-]", "_", urlparse(store.endpoint).netloc or "default")
         location = store.location
         self.root = self.cache_root / host / location.bucket / location.prefix
@@ -233,7 +251,7 @@ class NodeCache:
                             f"{self.store.location.url(relative)} has {format_size(size)}")
         deadline = time.monotonic() + ROOM_WAIT_S
         while True:
-            with _flocked(self.cache_root / ".space.lock"):
+            with _flocked(self.cache_root / SPACE_LOCK):
                 if self._evict_until(self.limit - size):
                     with open(part, "wb") as handle:
                         handle.truncate(size)

@@ -110,6 +110,15 @@ def test_upload_over_other_prepared_data_needs_overwrite(capsys, s3_env, tiny_da
     assert main(["data", "upload", str(other), "s3://roformer-test/taken", "--overwrite"]) == 0
 
 
+def test_a_cache_dir_holding_other_files_is_refused_and_left_alone(s3_env, s3_tiny_data, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "shard.bin").write_bytes(b"user data")
+    with pytest.raises(DataError, match=rf"data.cache_dir {mine}: not empty and not a cache of ours"):
+        open_corpus(s3_tiny_data, "train", remote_options=RemoteOptions(cache_dir=str(mine), cache_limit=10**6))
+    assert [p.name for p in mine.iterdir()] == ["shard.bin"]
+
+
 def test_cache_limit_smaller_than_one_shard_is_refused(s3_env, s3_tiny_data, tmp_path):
     with pytest.raises(DataError, match=r"data.cache_limit 1.00 KB is smaller than one shard of s3://roformer-test/tiny"):
         open_corpus(s3_tiny_data, "train", remote_options=options(tmp_path, cache_limit=1000))
