@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from launcher.defaults import PEER_GONE_PREFIX
+
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused",
               "Socket closed", "recvValue failed", "failed to recv")
 
@@ -54,5 +56,5 @@ def rank_stop_line(err: BaseException, rank: str) -> tuple[str, int] | None:
         return f"pretrain (rank {rank}): error: {reason}", 1
     reason = peer_gone(err)
     if reason is not None:
-        return f"pretrain (rank {rank}): stopped: another process of the job is gone ({reason})", 1
+        return f"{PEER_GONE_PREFIX.format(rank=rank)} ({reason})", 1
     return None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.defaults import (GUARD_STOP_EXIT_CODE, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE,
-                               RANK_ERROR_PREFIX)
+                               PEER_GONE_PREFIX, RANK_ERROR_PREFIX)
 from launcher.launch import env_forwarding
 from launcher.launch.console import Console
 from launcher.launch.launch_plan import LaunchPlan
@@ -44,6 +44,7 @@ _NODE_SIGNALLED_RE = re.compile(r"Main process received (SIGTERM|SIGINT), exitin
 _PDSH_SSH_EXIT_RE = re.compile(r"^pdsh@\S+: ([A-Za-z0-9_.-]+): ssh exited with exit code (\d+)")
 _RANK_ERROR_RE = re.compile("^" + re.escape(RANK_ERROR_PREFIX.format(rank="RANK")).replace("RANK", r"(\d+)")
                             + r"(.+)$")
+_PEER_GONE_RE = re.compile("^" + re.escape(PEER_GONE_PREFIX.format(rank="RANK")).replace("RANK", r"(\d+)"))
 
 
 @dataclass
@@ -85,6 +86,9 @@ class OutputMonitor:
     """Nodes whose DeepSpeed launcher said it got SIGTERM/SIGINT (a scheduler preempting the job, or our stop)."""
     first_error: RankError | None = None
     """The first rank's own error line seen (the cause the job's last line names), None when none was."""
+    peer_gone_ranks: set[int] = field(default_factory=set)
+    """Ranks that said they failed only because another process of the job ended: never the cause while
+    another rank's failure was seen (their exit can reach us first: a killed rank's wrapper is slower)."""
 
     def feed(self, line: str) -> None:
         host, text = None, line.rstrip("\n")
@@ -94,6 +98,10 @@ class OutputMonitor:
         if _NODE_SIGNALLED_RE.search(text):
             with self.lock:
                 self.signalled_nodes.append(host or next(iter(self.plan.resources)))
+        peer_gone = _PEER_GONE_RE.match(text)
+        if peer_gone:
+            with self.lock:
+                self.peer_gone_ranks.add(int(peer_gone.group(1)))
         error = _RANK_ERROR_RE.match(text)
         if error:
             with self.lock:
@@ -130,7 +138,8 @@ class OutputMonitor:
         with self.lock:
             hung = [f for f in self.failures if f.hung]
             ranked = [f for f in self.failures if f.rank is not None]
-            return min(hung or ranked or self.failures, key=lambda f: f.seen_at, default=None)
+            causes = [f for f in ranked if f.rank not in self.peer_gone_ranks]
+            return min(hung or causes or ranked or self.failures, key=lambda f: f.seen_at, default=None)
 
     def snapshot(self) -> list[Failure]:
         with self.lock:

@@ -461,6 +461,27 @@ def test_output_monitor_blames_the_first_rank_that_died():
     assert "Afterwards: rank 1 (local rank 1) on node node1: exit code 1" in report
 
 
+def test_a_rank_that_only_lost_its_peer_is_not_the_cause_even_when_its_exit_is_seen_first():
+    from launcher.launch.supervise import OutputMonitor
+    from launcher.peer_errors import rank_stop_line
+
+    # rank 1 was SIGKILLed; rank 0's collective failed at once and its exit can reach us before the
+    # killed rank's wrapper reports (a loaded machine): the restart loop compares causes across launches.
+    line, code = rank_stop_line(RuntimeError("[pair.cc:534] Connection closed by peer [127.0.0.1]:123"), "0")
+    monitor = OutputMonitor(_plan("pdsh"))
+    for text in [f"node1: {line}\n",
+                 f"node1: [roformer-rank-exit] rank=0 local_rank=0 node_rank=0 host=gpu1 pid=12 status=exit code {code}\n",
+                 "node1: [roformer-rank-exit] rank=1 local_rank=1 node_rank=0 host=gpu1 pid=13 status=killed by SIGKILL\n"]:
+        monitor.feed(text)
+        time.sleep(0.01)
+    assert (monitor.first().rank, monitor.first().status) == (1, "killed by SIGKILL")
+
+    alone = OutputMonitor(_plan("pdsh"))  # nobody else failed: the rank that lost its peer is all we know
+    alone.feed(f"node1: {line}\n")
+    alone.feed("node1: [roformer-rank-exit] rank=0 local_rank=0 node_rank=0 host=gpu1 pid=12 status=exit code 1\n")
+    assert alone.first().rank == 0
+
+
 def test_the_last_line_names_the_first_error_a_rank_gave_not_only_its_exit_code():
     from launcher.launch.restart_loop import fault_of
     from launcher.launch.supervise import JobOutcome, OutputMonitor, failure_report
