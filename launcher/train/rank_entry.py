@@ -5,13 +5,12 @@
 Checks the input before the engine exists and before RUN_DIR is written (launcher/train/rank.py), agrees
 on the resume (launcher/checkpoint/resume.py), then trains to the end. Exit codes: 0 finished, 2 bad
 input, 143 stopped after saving a checkpoint, 130 Ctrl-C before the stop handlers exist, 1 a peer gone
-(docs/training.md, "Exit codes of every command"). Every exit flushes the output and destroys the process group first
+(docs/training.md, "Exit codes of every command"). Every exit flushes the output, destroys the process group and skips the interpreter's finalization
 (launcher/train/teardown.py); a console that goes away ends nothing (launcher/io.py keep_console).
 """
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 PROCESS_START = time.time()  # for the start-up timing event
@@ -79,4 +78,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from launcher.train.teardown import exit_rank_process
+
+    exit_rank_process(main)

@@ -1,16 +1,19 @@
-"""The end of a rank's process, whatever ended it: its output flushed, then its process group destroyed,
-before the interpreter finalizes.
+"""The end of a rank's process, whatever ended it: its output flushed, its process group destroyed, its
+atexit handlers run, then the process ends without the interpreter's finalization.
 
 Why: gloo runs each collective on a C++ worker thread that drops its finished work later, taking the GIL
 when the work holds Python-owned tensors (all_gather_object). If the interpreter is finalizing by then,
 Python ends that thread inside a noexcept destructor and libstdc++ aborts the process (SIGABRT, exit 134
-instead of the rank's own code). Destroying the process group joins those workers while Python still
-runs. The crash as it was seen: docs/training.md, "Exit codes of every command".
+instead of the rank's own code). destroy_process_group does not stop those threads while anything else
+still references the group, and DeepSpeed's engine and deepspeed.utils.groups do; so the rank never
+finalizes. The crash as it was seen: docs/training.md, "Exit codes of every command".
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+from typing import Callable, NoReturn
 
 from launcher.io import flush_console, write_line
 
@@ -28,3 +31,22 @@ def end_rank() -> None:
         distributed.destroy_process_group()
     except Exception as err:  # noqa: BLE001  a broken group (a peer gone) must not turn the exit into a traceback
         write_line(f"pretrain (rank {os.environ.get('RANK', '?')}): note: process group teardown: {err}")
+
+
+def exit_rank_process(main: Callable[[], int | None]) -> NoReturn:
+    """Run the rank's `main` and end the process with its exit code as `sys.exit(main())` would (an
+    unexpected error: its traceback and 1), but with os._exit after the atexit handlers (logging, weakref
+    finalizers), so no gloo worker thread can outlive the interpreter."""
+    try:
+        code = main()
+    except SystemExit as stop:
+        code = stop.code
+    except BaseException:  # noqa: BLE001  printed as the interpreter would, then exit code 1
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()  # what the interpreter would run first at its exit; finalization itself is skipped
+    flush_console()
+    os._exit(code or 0)

@@ -220,5 +220,6 @@ if __name__ == "__main__":
         enable_fp16_on_cpu()
     install_faults()
     from launcher.train.rank_entry import main
+    from launcher.train.teardown import exit_rank_process
 
-    sys.exit(main(sys.argv[1:]))
+    exit_rank_process(lambda: main(sys.argv[1:]))

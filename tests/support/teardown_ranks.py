@@ -3,7 +3,7 @@
     python -m tests.support.teardown_ranks SCENARIO[,SCENARIO...] WORK_DIR    (one repetition per SCENARIO)
 
 What one repetition is: two ranks, each the real rank entry (launcher.train.rank_entry.main: its error
-line, its teardown, then the interpreter's own finalization) around a `start` that only does what
+line, its teardown, then its exit: teardown.exit_rank_process) around a `start` that only does what
 ends such a rank: the real rendezvous (engine.init_distributed: DeepSpeed's gloo process group) and
 then, by SCENARIO,
   save   the end of a save that failed on a full disk: rank 1's write fails with ENOSPC, all ranks
@@ -11,7 +11,9 @@ then, by SCENARIO,
          and every rank raises CheckpointWriteError (Checkpointer._abandon), as in
          tests/multirank/test_checkpoint_disk_full.py;
   input  a refused input once the process group exists: rank 0's decision shared as resume.share does
-         (broadcast_object_list), then a UserError on every rank.
+         (broadcast_object_list), then a UserError on every rank;
+  done   a rank that ends well after an all_gather_object, its process group still referenced (as
+         DeepSpeed's engine and deepspeed.utils.groups keep theirs).
 The process group's threads run at idle priority on their rank's core (gloo_threads_behind), which
 makes the race of issue 33 frequent. The expensive part of a rank start, importing torch and DeepSpeed and loading DeepSpeed's CPU
 all-reduce op, is done once: this process does it, then forks the two ranks of every repetition, all
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from launcher.train.rank_entry import prepare_process_environment
 
+STILL_REFERENCED = []
 REFUSED = "the refused input of this test, after the process group exists"
 TAG = "global_step1"
 
@@ -49,6 +52,7 @@ def checked_inputs(argv: list[str]):
 def failing_start(scenarios: list[str]):
     def start(inputs, timer):
         import deepspeed.comm as dist
+        import torch.distributed
 
         from launcher.errors import UserError
         from launcher.checkpoint.checkpointer import write_failure
@@ -60,6 +64,12 @@ def failing_start(scenarios: list[str]):
             engine.init_distributed()
         world_size = dist.get_world_size()
         scenario = scenarios[int(inputs.run_dir.root.name.removeprefix("run"))]
+        if scenario == "done":  # a rank that ends well while its process group is still referenced, as the
+            # engine and deepspeed.utils.groups keep theirs: destroy_process_group then leaves its threads alive
+            STILL_REFERENCED.append(torch.distributed.group.WORLD)
+            box = [None] * world_size
+            dist.all_gather_object(box, rank)  # the last collective: its work holds Python-owned tensors
+            return None
         if scenario == "input":  # as resume.share, then a refusal: the broadcast's work holds Python-owned tensors
             box = [REFUSED if rank == 0 else None]
             dist.broadcast_object_list(box, src=0)
@@ -103,6 +113,7 @@ def main(argv: list[str]) -> int:
     from launcher.launch.rank_process import _rank_identity, exit_line
     from launcher.train import rank as rank_module
     from launcher.train import rank_entry
+    from launcher.train.teardown import exit_rank_process
 
     from deepspeed.comm.torch import build_shm_op
 
@@ -121,9 +132,9 @@ def main(argv: list[str]) -> int:
         sys.stderr.flush()
         for rank in (0, 1):
             pid = os.fork()
-            if pid == 0:  # the rank: its SystemExit ends this interpreter the ordinary way (finalization included)
+            if pid == 0:  # the rank: it ends as the real one does (rank_entry's __main__)
                 os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
-                sys.exit(rank_entry.main(["--config", os.devnull, "--run-dir", str(run_dir)]))
+                exit_rank_process(lambda: rank_entry.main(["--config", os.devnull, "--run-dir", str(run_dir)]))
             children[(repetition, rank)] = pid
             envs[(repetition, rank)] = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
     codes: dict[int, dict[int, int]] = {}
