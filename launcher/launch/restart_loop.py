@@ -8,7 +8,6 @@ RUN_DIR/restarts.json.
 """
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -20,6 +19,7 @@ from launcher.defaults import BAD_INPUT_EXIT_CODE, GUARD_STOP_EXIT_CODE
 from launcher.errors import UserError
 from launcher.launch.supervise import JobOutcome
 from launcher.run_dir.layout import RunDir
+from launcher.run_dir.metrics_format import read_records
 from launcher.run_dir.restart_records import RestartRecord, append_restart, read_restarts, update_restart
 
 NOT_REPEATABLE_KINDS = ("preempted", "preflight")  # not a property of the step: never "the same error twice"
@@ -140,17 +140,9 @@ def _records(run_dir: RunDir, since: float = 0.0) -> list[dict]:
     (a resumed rank 0 rewrites the file without the lines past its checkpoint, a fresh format event first,
     before its `startup` event: so neither a byte offset nor the first time stamp would do)."""
     try:
-        lines = run_dir.metrics.read_text(encoding="utf-8", errors="replace").splitlines()
+        out = read_records(run_dir.metrics)
     except OSError:
         return []
-    out = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
     if since:
         first = next((i for i, r in enumerate(out) if r.get("event") == STARTUP_EVENT
                       and isinstance(r.get("time"), (int, float)) and r["time"] >= since), len(out))

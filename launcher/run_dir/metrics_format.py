@@ -44,11 +44,11 @@ def normalise(records: list[dict]) -> list[dict]:
 
 def read_records(path: Path) -> list[dict]:
     """Every record of a metrics.jsonl, all kinds, in the order written, steps counted as steps completed
-    ([] for no file; a line cut by a kill is skipped)."""
+    ([] for no file; a line cut by a kill, or bytes that are not UTF-8, skipped)."""
     if not path.is_file():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:

@@ -185,6 +185,8 @@ class ScriptedJob:
             fresh = json.dumps({"kind": "event", "event": "metrics_format", "version": 2, "time": time.time()})
             self.run_dir.metrics.write_text("".join(line + "\n" for line in [fresh, *kept]))
         with open(self.run_dir.metrics, "a") as f:
+            if not done and f.tell() == 0:  # as a new run's rank 0 does: the format event first
+                f.write(json.dumps({"kind": "event", "event": "metrics_format", "version": 2, "time": time.time()}) + "\n")
             f.write(json.dumps({"kind": "event", "event": "startup", "time": time.time()}) + "\n")
             for step in range(start + 1, reach + 1):
                 f.write(json.dumps({"kind": "train", "step": step, "step_time_s": 0.25 if done else 0.5}) + "\n")

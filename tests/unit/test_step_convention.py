@@ -89,3 +89,17 @@ def test_status_lines_are_marked_and_at_most_one_per_interval():
         printer.step(step, lambda s=step: asked.append(s) or f"step {s}")
     assert out.getvalue().splitlines() == [f"{STATUS_MARKER}step 1", f"{STATUS_MARKER}step 1000"]
     assert asked == [1, 1000]  # the text is only formatted when a line is due
+
+
+def test_one_reader_skips_a_cut_line_and_bytes_that_are_not_utf8_for_every_caller(tmp_path):
+    from launcher.launch.restart_loop import train_records
+    from launcher.run_dir.layout import RunDir
+    from launcher.run_dir.metrics_format import format_event
+
+    run = RunDir(tmp_path)
+    good = [format_event(), {"kind": "train", "step": 1, "loss": 7.0}, {"kind": "train", "step": 2, "loss": 6.0}]
+    lines = [json.dumps(r).encode() for r in good]
+    run.metrics.write_bytes(lines[0] + b"\n" + lines[1] + b"\n" + b'{"kind": "train", "step": \xff\xfe}\n'
+                            + lines[2] + b"\n" + b'{"kind": "train", "st')
+    assert [r["step"] for r in read_metrics(tmp_path, "train")] == [1, 2]
+    assert [r["step"] for r in train_records(run)] == [1, 2]  # the restart loop reads it the same way
