@@ -30,8 +30,8 @@ from tests.support.netns.jobs import (
 WIDE_STEPS = 30  # total 6 + 4 + 30 = 40 steps, checkpoints every 4 steps and at the stage ends
 TOTAL = 6 + 4 + WIDE_STEPS
 FLAGS = ["--entry-module", "tests.support.rank_wrapper", "--set", "watchdog.min_step_seconds=20",
-         "--set", "watchdog.phase_seconds=30", "--set", "restarts.backoff_seconds=10",
-         "--set", "restarts.max_backoff_seconds=20",
+         "--set", "watchdog.phase_seconds=30", "--set", "restarts.backoff_seconds=5",
+         "--set", "restarts.max_backoff_seconds=10",
          # Dropout off, as in the exact-resume tests (tests/multirank/test_resume.py): the weights compare exactly.
          "--set", "model.hidden_dropout_prob=0.0", "--set", "model.attention_probs_dropout_prob=0.0"]
 FAULT_TIMEOUT = 300

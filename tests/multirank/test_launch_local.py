@@ -6,6 +6,7 @@ import re
 import signal
 import time
 
+from launcher.run_dir.layout import RunDir
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import (
     newest_checkpoint,
@@ -49,6 +50,7 @@ def test_local_two_rank_run_through_the_wrapper(tiny_data, tmp_path):
     assert starts == [("1", "short", "0", "1", "6"), ("2", "long", "6", "7", "10"), ("3", "wide", "10", "11", "16")]
     assert [e["step"] for e in events(run_dir, "stage_start")] == [0, 6, 10]
     assert output.count(f"finished at step {TINY_TOTAL_STEPS};") == 1
+    assert not RunDir(run_dir).restarts.exists()  # restarts.json only where a restart happened
     assert json.loads((run_dir / "stages.json").read_text())["world_size"] == 2
     assert metrics_steps(run_dir) == list(range(1, TINY_TOTAL_STEPS + 1))
     forwarded = dict(line.split("=", 1) for line in (run_dir / ".deepspeed_env").read_text().splitlines())

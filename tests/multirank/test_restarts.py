@@ -2,9 +2,10 @@
 
 A rank SIGKILLed once mid-run (tests/support/rank_wrapper.py, ROFORMER_TEST_SIGKILL_ONCE_AT): the job is
 stopped, started again from the newest checkpoint and finishes by itself, with final weights equal to an
-uninterrupted run's within 1e-6 (dropout off, as in the exact-resume tests); the restart is in RUN_DIR/restarts.json and in `roformer report`'s
-restarts table. A rank killed at the same step every time: restarted once, then not again, named; its first
-fault also damages the newest checkpoint, so the restart resumes from the older one and says so in restarts.json.
+uninterrupted run's (the session's trainer_run) within 1e-6 (dropout off, as in the exact-resume tests);
+the restart is in RUN_DIR/restarts.json and in `roformer report`'s restarts table. A rank killed at the
+same step every time: restarted once, then not again, named; its first fault also damages the newest
+checkpoint, so the restart resumes from the older one and says so in restarts.json.
 """
 from __future__ import annotations
 
@@ -34,13 +35,10 @@ def _pretrain(config, run_dir, *flags, timeout=600, **env):
                     *flags, env=roformer_env(ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1", **env), timeout=timeout)
 
 
-def test_a_killed_rank_is_restarted_and_the_run_ends_as_an_uninterrupted_one(tiny_data, tmp_path):
+def test_a_killed_rank_is_restarted_and_the_run_ends_as_an_uninterrupted_one(tiny_data, trainer_run, tmp_path):
     # Dropout off, as in the exact-resume tests (tests/multirank/test_resume.py): resumes compare exactly.
+    # The uninterrupted run is the session's trainer_run: the same config, its live weights saved.
     config = tiny_run_config(tmp_path / "config", tiny_data, model=NO_DROPOUT)
-    reference = _pretrain(config, tmp_path / "reference")
-    assert reference.returncode == 0, (reference.stdout + reference.stderr)[-3000:]
-    assert not RunDir(tmp_path / "reference").restarts.exists()
-
     run_dir = tmp_path / "run"
     result = _pretrain(config, run_dir, "--max-restarts", "2", ROFORMER_TEST_SIGKILL_ONCE_AT=KILL)
     output = result.stdout + result.stderr
@@ -60,7 +58,7 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_as_an_uninterrupted_one(tin
     assert metrics_steps(run_dir) == list(range(1, TINY_TOTAL_STEPS + 1))
 
     ours = load_file(str(run_dir / "reference.safetensors"))
-    theirs = load_file(str(tmp_path / "reference" / "reference.safetensors"))
+    theirs = load_file(str(trainer_run / "reference.safetensors"))
     assert ours.keys() == theirs.keys()
     worst = max(float(np.max(np.abs(ours[k] - theirs[k]))) for k in ours)
     assert worst <= 1e-6, worst
