@@ -33,6 +33,7 @@ class MLMEvalConfig:
     mask_prob: float = 0.15  # share of tokens predicted (80% [MASK], 10% random, 10% kept)
     threads: int = 0  # torch CPU threads (0 = leave torch's default)
     random_init: bool = False  # evaluate the export's random-init twin instead (same config and tokenizer)
+    remote_options: object = None  # an s3:// data_dir's cache settings (RemoteOptions: a run's); None: the defaults
 
     def __post_init__(self) -> None:
         if not self.seq_lens:
@@ -91,7 +92,8 @@ def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
     except DataError as err:
         raise UserError(f"{err}; eval-mlm needs the export's tokenizer to check it matches the one the shards "
                         f"in {data_dir} were built with") from None
-    corpus = open_corpus(data_dir, split=split, verify=True, expected_tokenizer_sha256=tokenizer_hash(tokenizer))
+    corpus = open_corpus(data_dir, split=split, verify=True, expected_tokenizer_sha256=tokenizer_hash(tokenizer),
+                         remote_options=cfg.remote_options)
     if corpus.vocab_size > model.config.vocab_size:
         raise UserError(f"{data_dir}: tokenizer has {corpus.vocab_size} ids, the model only {model.config.vocab_size}")
     masking = MaskingConfig(mask_prob=cfg.mask_prob)
@@ -105,7 +107,7 @@ def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
         "data": corpus.location if corpus.remote is not None else str(Path(data_dir).resolve()),
         "split": split,
         "trained_max_seq_len": trained_len,
-        "config": {k: v for k, v in asdict(cfg).items() if k not in ("export_dir", "data_dir", "inputs")},
+        "config": {k: v for k, v in asdict(cfg).items() if k not in ("export_dir", "data_dir", "inputs", "remote_options")},
         "results": results,
     }
 

@@ -193,16 +193,15 @@ def _tokenizer_source(ref: CheckpointRef, override: Path | None) -> Path:
         origin = "--tokenizer-from"
     else:
         config = files_in_effect(ref.run_dir, ref.sidecar.step)["config"]
-        data_dir = run_data_dir(ref.run_dir.root, ref.sidecar.step)
+        data = run_data_section(ref.run_dir.root, ref.sidecar.step)
+        data_dir = data.get("data_dir")
         if not data_dir:
             raise UserError(f"{config}: no data.data_dir recorded; pass --tokenizer-from DATA_DIR")
         source, origin = Path(data_dir), f"data.data_dir of {config}"
         if is_remote(data_dir):  # the tokenizer files of the node's cached copy (fetched if missing)
-            from data_pipeline.remote.client import RemoteOptions
             from data_pipeline.remote.dataset import open_remote
 
-            data = (_read_run_config(config) or {}).get("data") or {}
-            source = open_remote(data_dir, RemoteOptions.from_data_section(data)).root
+            source = open_remote(data_dir, run_remote_options(data)).root
     if not source.is_dir():
         raise UserError(f"tokenizer missing: {source} ({origin}) does not exist; pass --tokenizer-from DATA_DIR")
     _check_trained_tokenizer(ref, source, origin)
@@ -253,11 +252,24 @@ def _copy_tokenizer(source: Path, dest: Path) -> None:
         raise UserError(f"tokenizer missing: {err}") from None
 
 
-def run_data_dir(run_dir: Path, step: int | None = None) -> str | None:
-    """The prepared data dir in the run's config (the version in effect at `step`, default the
-    latest: launcher/run_dir/records.py); None when there is none."""
+def run_data_section(run_dir: Path, step: int | None = None) -> dict:
+    """The `data` section of the run's config (the version in effect at `step`, default the latest:
+    launcher/run_dir/records.py) as written there; {} when there is none."""
     path = files_in_effect(RunDir(Path(run_dir)), 10**18 if step is None else step)["config"]
-    return ((_read_run_config(path) or {}).get("data") or {}).get("data_dir")
+    data = (_read_run_config(path) or {}).get("data")
+    return data if isinstance(data, dict) else {}
+
+
+def run_remote_options(data: dict):
+    """The node-local cache settings of a run's `data` section (data_pipeline.remote.client.RemoteOptions) when
+    its data_dir is s3://, else None: whatever reads the run's data afterwards uses the run's own cache."""
+    from data_pipeline.remote.url import is_remote
+
+    if not is_remote(str(data.get("data_dir") or "")):
+        return None
+    from data_pipeline.remote.client import RemoteOptions
+
+    return RemoteOptions.from_data_section(data)
 
 
 def _read_run_config(path: Path) -> dict | None:

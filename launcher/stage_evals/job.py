@@ -99,7 +99,7 @@ def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str], snaps
                     ) -> dict[str, Path]:
     """Export `tag` (from `snapshot` when given, see launcher.checkpoint.weights.snapshot_checkpoint), run each eval, write JSON +
     TensorBoard; one failing eval does not stop the rest. The snapshot is removed at the end."""
-    from launcher.export.exporter import export_checkpoint, run_data_dir
+    from launcher.export.exporter import export_checkpoint, run_data_section
 
     layout = RunDir(Path(run_dir))
     evals_dir = layout.evals
@@ -110,7 +110,7 @@ def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str], snaps
         try:
             step = read_sidecar(source.checkpoint(tag)).step
             export_dir = export_checkpoint(source.root, layout.export(tag), tag=tag)
-            data_dir = run_data_dir(source.root)
+            data = run_data_section(source.root)
         finally:
             if snapshot is not None:
                 shutil.rmtree(snapshot.parent, ignore_errors=True)
@@ -118,7 +118,7 @@ def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str], snaps
         for spec in specs:
             name, overrides = parse_eval(spec, where="--eval")
             try:
-                report = _run_one(name, overrides, export_dir, data_dir)
+                report = _run_one(name, overrides, export_dir, data)
                 name = _result_name(name)
             except (UserError, ValueError, OSError, RuntimeError) as err:
                 report = {"error": f"{type(err).__name__}: {err}"}
@@ -132,17 +132,20 @@ def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str], snaps
     return written
 
 
-def _run_one(name: str, overrides: dict, export_dir: Path, data_dir: str | None) -> dict:
+def _run_one(name: str, overrides: dict, export_dir: Path, data: dict) -> dict:
+    """One eval; `data` is the run config's data section (the held-out split and, for s3://, the run's cache)."""
     from launcher.export.export_reader import trained_max_seq_len
+    from launcher.export.exporter import run_remote_options
 
     if name == MLM_EVAL:
         from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
 
-        if not data_dir:
+        if not data.get("data_dir"):
             raise UserError("config.yaml: no data.data_dir, so there is no held-out split to evaluate on")
         trained = trained_max_seq_len(export_dir) or 128
-        return evaluate_mlm(MLMEvalConfig(export_dir=export_dir, data_dir=Path(data_dir),
-                                          seq_lens=[trained, 2 * trained], tokens=16384))
+        return evaluate_mlm(MLMEvalConfig(export_dir=export_dir, data_dir=Path(data["data_dir"]),
+                                          seq_lens=[trained, 2 * trained], tokens=16384,
+                                          remote_options=run_remote_options(data)))
     from launcher.downstream.fine_tuning import FinetuneConfig, finetune
 
     task = _task_spec(name)

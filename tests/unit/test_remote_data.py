@@ -4,6 +4,7 @@ copy, resumable upload, the node-local cache (sha256 check, locks a killed proce
 size bound) and the bad inputs, each one line naming the object or field."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -274,3 +275,23 @@ def test_named_sources_and_a_mixture_read_the_same_from_the_bucket(s3_env, tmp_p
             x, y = a.next_batch(32, 2), b.next_batch(32, 2)
             assert all((x[k] == y[k]).all() for k in x)
     assert a.state_dict() == b.state_dict()
+
+
+def test_a_stage_end_mlm_eval_of_a_bucket_run_reads_through_the_runs_own_cache(s3_env, stored_run, copy_of, tmp_path):
+    """The detached stage-end job reads the held-out split of an s3:// run through the run's data.cache_dir (a
+    user whose home is small set it), not the default cache under ~/.cache."""
+    import yaml
+
+    from launcher.stage_evals.job import run_stage_evals
+
+    upload_directory(stored_run.parent / "data", "s3://roformer-test/stored")
+    run_dir = copy_of(stored_run)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cache = tmp_path / "run-cache"
+    config["data"].update(data_dir="s3://roformer-test/stored", cache_dir=str(cache))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    written = run_stage_evals(run_dir, "global_step5", "short", ["mlm"])
+    report = json.loads(written["mlm"].read_text())
+    assert "error" not in report, report
+    assert report["data"] == "s3://roformer-test/stored" and report["results"]
+    assert cache_usage(cache) > 0  # the held-out shards came through the run's cache
