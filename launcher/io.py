@@ -83,6 +83,21 @@ def write_line(text: str, stream: TextIO | None = None) -> None:
     write_text(text + "\n", sys.stderr if stream is None else stream)
 
 
+def write_line_kept(text: str) -> None:
+    """write_line, and the line appended to the console log too (keep_console's) when the console took it:
+    a line said while the job is being stopped can reach a reader that dies with it still in its pipe
+    (pdsh killed by DeepSpeed's runner), so the log is where it is sure to be. A console already gone
+    put it there itself."""
+    if not write_text(text + "\n", sys.stderr) or _console_log is None:
+        return
+    try:
+        _console_log.parent.mkdir(exist_ok=True)
+        with open(_console_log, "a", encoding="utf-8") as log:
+            log.write(text + "\n")
+    except OSError:
+        pass
+
+
 # --- a console that goes away ---------------------------------------------------------------------
 # A rank's stdout/stderr is a pipe to DeepSpeed's launcher, pdsh or ssh; killing pdsh or losing the ssh
 # session closes it under the running rank (`| head` does the same to a command). Python ignores SIGPIPE,
@@ -103,8 +118,8 @@ def keep_console(log: Path | None = None) -> None:
     """This process outlives its console: sys.stdout / sys.stderr (on descriptors 1 and 2) survive their
     reader going away for every writer (print(), a logging handler made after this call), and once it is
     gone what they get is appended to `log` (a rank: RUN_DIR/logs/rank<r>.log; its folder is created
-    then, under an existing parent) instead of /dev/null. Nothing is written to `log` while the console is
-    there. Called again, it only sets `log`. Makes sure SIGPIPE is ignored (as Python sets it at start),
+    then, under an existing parent) instead of /dev/null. While the console is there, only the lines of
+    write_line_kept go to `log` too. Called again, it only sets `log`. Makes sure SIGPIPE is ignored (as Python sets it at start),
     so a write to a closed pipe fails with EPIPE instead of killing the process."""
     global _console_log
     _console_log = None if log is None else Path(log)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from launcher.config.stages import ResolvedStage
-from launcher.io import atomic_write_text, write_line
+from launcher.io import atomic_write_text, write_line, write_line_kept
 from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, read_records
 from launcher.run_dir.layout import RunDir
 from launcher.mfu import Peak, resolve_peak, speed_fields
@@ -167,10 +167,11 @@ class Metrics:
         for sink in self.sinks:
             sink.guard_scalars(step, action, rewinds)
 
-    def message(self, text: str) -> None:
-        """One line on the console (rank 0 only)."""
+    def message(self, text: str, kept: bool = False) -> None:
+        """One line on the console (rank 0 only); `kept`: also in the rank's log (launcher.io.write_line_kept),
+        for the lines of a stop, which the console may not carry any more."""
         if self.active:
-            write_line(text)
+            (write_line_kept if kept else write_line)(text)
 
     def close(self) -> None:
         if not self.active:

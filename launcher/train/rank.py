@@ -186,7 +186,7 @@ def build_components(inputs: RankInputs, plan: ResumePlan, progress: HeartbeatWr
     on_stage_end = stage_end_callback(cfg, run_dir, plots)
     metrics.report_start(timer, plan, world_size, loss_scale(engine), int(engine.skipped_steps), precision(engine),
                          cfg.logging.peak_tflops)
-    signals = StopSignals(cfg.restarts.preemption_grace_seconds, rank, metrics.message)
+    signals = StopSignals(cfg.restarts.preemption_grace_seconds, rank, lambda text: metrics.message(text, kept=True))
     trainer = Trainer(cfg, inputs.stages, engine, inputs.train_batches, inputs.valid_batches, state, checkpointer,
                       metrics, on_stage_end=on_stage_end, progress=progress,
                       stop_requested=lambda: signals.requested is not None)
@@ -205,7 +205,8 @@ def run(started: StartedRank) -> int:
     if outcome == "guard_stopped":  # its own error line, last: step, figure, median, threshold, resume point
         metrics.message(RANK_ERROR_PREFIX.format(rank=trainer.rank) + trainer.guard_stop.line)
     else:
-        metrics.message(f"{outcome} at step {trainer.state.step}; checkpoints in {started.run_dir.checkpoints}")
+        metrics.message(f"{outcome} at step {trainer.state.step}; checkpoints in {started.run_dir.checkpoints}",
+                        kept=outcome != "finished")
     metrics.close()
     return {"finished": 0, "guard_stopped": GUARD_STOP_EXIT_CODE}.get(outcome, ORDERLY_STOP_EXIT_CODE)
 

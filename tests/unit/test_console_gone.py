@@ -65,6 +65,33 @@ def test_a_console_log_is_not_created_without_its_run_directory(tmp_path):
     assert rc == EXIT_CODE and not (tmp_path / "not-yet").exists()  # a refused start leaves no RUN_DIR
 
 
+KEPT = """
+import sys
+from pathlib import Path
+from launcher.io import keep_console, write_line_kept
+keep_console(Path(sys.argv[1]))
+write_line_kept("stop requested (SIGTERM): finishing step 9, then a checkpoint")
+sys.stdin.read()
+write_line_kept("stopped at step 9; checkpoints in RUN_DIR/checkpoints")
+"""
+
+
+def test_the_lines_of_a_stop_are_kept_in_the_log_whether_or_not_the_console_carried_them(tmp_path):
+    # A console that takes a line may still lose it (pdsh killed with it in its pipe): such lines go to the
+    # log as well, once each; after the console went away they land there as every other line.
+    log = tmp_path / "logs" / "rank0.log"
+    proc = subprocess.Popen([sys.executable, "-c", KEPT, str(log)], cwd=REPO, env=roformer_env(PYTHONPATH=str(REPO)),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stderr.readline().decode()
+    proc.stderr.close()
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == 0
+    assert first == "stop requested (SIGTERM): finishing step 9, then a checkpoint\n"
+    lines = log.read_text().splitlines()
+    assert lines[0] == first.strip() and "went away" in lines[1]
+    assert lines[2:] == ["stopped at step 9; checkpoints in RUN_DIR/checkpoints"]
+
+
 @pytest.mark.parametrize("unbuffered", [True, False], ids=["python -u", "buffered"])
 def test_roformer_pretrain_goes_on_and_logs_everything(tmp_path, unbuffered):
     rc, _ = probe("launcher", str(tmp_path), unbuffered=unbuffered)
