@@ -33,7 +33,7 @@ class MLMEvalConfig:
     mask_prob: float = 0.15  # share of tokens predicted (80% [MASK], 10% random, 10% kept)
     threads: int = 0  # torch CPU threads (0 = leave torch's default)
     random_init: bool = False  # evaluate the export's random-init twin instead (same config and tokenizer)
-    remote_options: object = None  # an s3:// data_dir's cache settings (RemoteOptions: a run's); None: the defaults
+    remote_options: object = None  # RemoteOptions for an s3:// data_dir (a run's cache settings); None: the defaults
 
     def __post_init__(self) -> None:
         if not self.seq_lens:

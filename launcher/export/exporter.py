@@ -199,9 +199,10 @@ def _tokenizer_source(ref: CheckpointRef, override: Path | None) -> Path:
             raise UserError(f"{config}: no data.data_dir recorded; pass --tokenizer-from DATA_DIR")
         source, origin = Path(data_dir), f"data.data_dir of {config}"
         if is_remote(data_dir):  # the tokenizer files of the node's cached copy (fetched if missing)
+            from data_pipeline.remote.client import RemoteOptions
             from data_pipeline.remote.dataset import open_remote
 
-            source = open_remote(data_dir, run_remote_options(data)).root
+            source = open_remote(data_dir, RemoteOptions.from_data_section(data)).root
     if not source.is_dir():
         raise UserError(f"tokenizer missing: {source} ({origin}) does not exist; pass --tokenizer-from DATA_DIR")
     _check_trained_tokenizer(ref, source, origin)
@@ -258,18 +259,6 @@ def run_data_section(run_dir: Path, step: int | None = None) -> dict:
     path = files_in_effect(RunDir(Path(run_dir)), 10**18 if step is None else step)["config"]
     data = (_read_run_config(path) or {}).get("data")
     return data if isinstance(data, dict) else {}
-
-
-def run_remote_options(data: dict):
-    """The node-local cache settings of a run's `data` section (data_pipeline.remote.client.RemoteOptions) when
-    its data_dir is s3://, else None: whatever reads the run's data afterwards uses the run's own cache."""
-    from data_pipeline.remote.url import is_remote
-
-    if not is_remote(str(data.get("data_dir") or "")):
-        return None
-    from data_pipeline.remote.client import RemoteOptions
-
-    return RemoteOptions.from_data_section(data)
 
 
 def _read_run_config(path: Path) -> dict | None:

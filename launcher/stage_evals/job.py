@@ -135,9 +135,9 @@ def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str], snaps
 def _run_one(name: str, overrides: dict, export_dir: Path, data: dict) -> dict:
     """One eval; `data` is the run config's data section (the held-out split and, for s3://, the run's cache)."""
     from launcher.export.export_reader import trained_max_seq_len
-    from launcher.export.exporter import run_remote_options
 
     if name == MLM_EVAL:
+        from data_pipeline.remote.client import RemoteOptions
         from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
 
         if not data.get("data_dir"):
@@ -145,7 +145,7 @@ def _run_one(name: str, overrides: dict, export_dir: Path, data: dict) -> dict:
         trained = trained_max_seq_len(export_dir) or 128
         return evaluate_mlm(MLMEvalConfig(export_dir=export_dir, data_dir=Path(data["data_dir"]),
                                           seq_lens=[trained, 2 * trained], tokens=16384,
-                                          remote_options=run_remote_options(data)))
+                                          remote_options=RemoteOptions.from_data_section(data)))
     from launcher.downstream.fine_tuning import FinetuneConfig, finetune
 
     task = _task_spec(name)
