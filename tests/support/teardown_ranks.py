@@ -110,6 +110,7 @@ def free_port() -> int:
 def main(argv: list[str]) -> int:
     scenarios, work = argv[0].split(","), Path(argv[1])
     prepare_process_environment()
+    from launcher.io import write_line
     from launcher.launch.rank_process import _rank_identity, exit_line
     from launcher.train import rank as rank_module
     from launcher.train import rank_entry
@@ -142,7 +143,7 @@ def main(argv: list[str]) -> int:
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         codes.setdefault(repetition, {})[rank] = code
         if code != 0:
-            print(exit_line(_rank_identity(envs[(repetition, rank)]), pid, code), file=sys.stderr, flush=True)
+            write_line(exit_line(_rank_identity(envs[(repetition, rank)]), pid, code))  # one write: ranks still run
     for repetition, exits in sorted(codes.items()):
         print("[teardown-test] " + json.dumps({"repetition": repetition, "exit": exits}), flush=True)
     return 0
