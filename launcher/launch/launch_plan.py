@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # the run config imports torch (through roformer): not needed
 
 RANK_ENTRY_MODULE = "launcher.train.rank_entry"
 RANK_PROCESS_MODULE = "launcher.launch.rank_process"
+RUNNER_MODULE = "launcher.launch.deepspeed_runner"  # DeepSpeed's runner without MLflow's import
 LAUNCHERS = ("pdsh", "openmpi", "mpich", "slurm")
 MPI_LAUNCHERS = ("openmpi", "mpich")
 # DeepSpeed's MPICH runner turns --module into `python -u -m <path of launcher_helper.py>` and its
@@ -109,7 +110,7 @@ class LaunchPlan:
 
     def runner_argv(self) -> list[str]:
         """The full command for DeepSpeed's runner (run from the project root)."""
-        argv = [self.python, "-u", "-m", "deepspeed.launcher.runner"]
+        argv = [self.python, "-u", "-m", RUNNER_MODULE]
         if self.multi_node:
             argv += ["--hostfile", str(self.hostfile_copy), "--launcher", self.launcher, "--no_ssh_check"]
             if self.force_multi:

@@ -151,7 +151,7 @@ def job_pattern(plan: LaunchPlan) -> str:
 
     It matches `deepspeed.launcher.launch ... launcher.train.rank_entry --config C --run-dir R`,
     `-m launcher.launch.rank_process launcher.train.rank_entry ...` and `-m launcher.train.rank_entry ...`, and
-    NOT DeepSpeed's runner (`-m deepspeed.launcher.runner ...`), whose SIGTERM handler would pkill
+    NOT DeepSpeed's runner (`-m launcher.launch.deepspeed_runner ...`), whose SIGTERM handler would pkill
     every DeepSpeed launcher on the nodes. Literal characters are bracketed ('.' -> '[.]'), so the
     regex does not match the command line of the shell running pkill, which holds the regex text.
     """

@@ -33,7 +33,7 @@ def test_local_two_rank_run_through_the_wrapper(tiny_data, tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     log = (run_dir / "logs" / "launcher.log").read_text()
-    assert "-m deepspeed.launcher.runner --hostfile /dev/null --num_gpus 2" in log
+    assert "-m launcher.launch.deepspeed_runner --hostfile /dev/null --num_gpus 2" in log
     for hidden in ("Unable to find hostfile", "Setting CUDA_VISIBLE_DEVICES", "[INFO] [launch.py", "built successfully"):
         assert hidden not in output, hidden
     assert "Unable to find hostfile" in log and "Setting CUDA_VISIBLE_DEVICES=0,1" in log

@@ -64,7 +64,7 @@ def install_faults() -> None:
         if damage_at and damage_at == (rank, step):
             damage_newest_checkpoint(self.checkpointer.run_dir, f"test-damage-{rank}-{step}")
         if sigterm_at and rank == 0 and step == int(sigterm_at):
-            os.kill(os.getppid(), signal.SIGTERM)  # the parent is deepspeed.launcher.launch
+            os.kill(os.getppid(), signal.SIGTERM)  # the parent is DeepSpeed's per-node launcher
         if kill_at and kill_at == (rank, step):
             os.kill(os.getpid(), signal.SIGKILL)
         if kill_once_at and kill_once_at == (rank, step):

@@ -284,7 +284,7 @@ def test_stop_patterns_match_only_this_jobs_processes(tmp_path):
     """pgrep (POSIX ERE, as pkill uses) against real processes with launcher-like command lines."""
     from argparse import Namespace
 
-    from launcher.launch.launch_plan import build_plan
+    from launcher.launch.launch_plan import RUNNER_MODULE, build_plan
     from launcher.launch.supervise import job_pattern, rank_pattern
 
     run_dir = tmp_path / "run"
@@ -299,7 +299,7 @@ def test_stop_patterns_match_only_this_jobs_processes(tmp_path):
                                   "launcher.launch.rank_process", "launcher.train.rank_entry", *tail),
         "guard": _sleeper("-u", "-m", "launcher.launch.rank_process", "launcher.train.rank_entry", *tail),
         "rank": _sleeper("-u", "-m", "launcher.train.rank_entry", *tail),
-        "runner": _sleeper("-u", "-m", "deepspeed.launcher.runner", "--hostfile", "h", "--module",
+        "runner": _sleeper("-u", "-m", RUNNER_MODULE, "--hostfile", "h", "--module",
                            "launcher.launch.rank_process", "launcher.train.rank_entry", *tail),
         "other run": _sleeper("-u", "-m", "launcher.train.rank_entry", "--config", str(DEMO), "--run-dir",
                               f"{run_dir}-other"),

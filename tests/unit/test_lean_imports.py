@@ -6,7 +6,8 @@ import sys
 
 from tests.support.helpers import REPO, free_port, rank_env
 
-# One ZeRO-2 step of a tiny model in a 1-rank process group, then what it imported.
+# One ZeRO-2 step of a tiny model in a 1-rank process group, then what it imported. torch's AdamW, as in
+# ds_configs/cpu_*.json: DeepSpeed's FusedAdam would be a JIT build of its own (about a minute in CI).
 ENGINE_STEP = """
 import json, sys
 from launcher.lean_imports import answer_not_muon, import_deepspeed
@@ -16,7 +17,8 @@ optimizer = sys.argv[1]
 answer_not_muon(optimizer)
 deepspeed.init_distributed(dist_backend="gloo")
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
-config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": optimizer, "params": {"lr": 1e-3}},
+config = {"train_micro_batch_size_per_gpu": 2,
+          "optimizer": {"type": optimizer, "params": {"lr": 1e-3, "torch_adam": True}},
           "zero_optimization": {"stage": 2}}
 engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 loss = engine(torch.randn(2, 8)).pow(2).mean()
