@@ -1,9 +1,10 @@
-"""A recipe run (per-stage mask rate, data mixture, warmup-stable-decay) in a real 2-rank run: applied
-at each stage switch, recorded, and exact across a stop inside stage 2.
+"""A recipe run (per-stage mask rate, data mixture, RoPE base, warmup-stable-decay) in a real 2-rank run:
+applied at each stage switch, recorded, and exact across a stop inside stage 2.
 
 The tiny three-stage run (tests.support.helpers.TINY_STAGES) on two named sources (`en`, `zh`:
 tests.support.corpus_files.named_sources_dir) with the first stage at mask_prob 0.3 and both sources
-equally, the second at 0.25 and the sources by size, the last at the run config's 0.15 on `en` alone,
+equally, the second at 0.25, the sources by size and rope_theta 100 (test_stage_rope_theta.py checks
+what the base alone changes), the last at the run config's 0.15 on `en` alone and the model's base,
 under `optimizer.decay: wsd` (1-sqrt over the last stage). One uninterrupted run and one copy stopped
 (SIGTERM) inside stage 2 and resumed: equal losses (<= 1e-6), equal tokens drawn per source and equal
 final weights. RECIPE_STAGES is the one place to extend the recipe.
@@ -35,7 +36,7 @@ from tests.support.helpers import (
 )
 
 RECIPE_STAGES = [{**TINY_STAGES[0], "mask_prob": 0.3, "mixture": {"en": 1, "zh": 1}},
-                 {**TINY_STAGES[1], "mask_prob": 0.25},
+                 {**TINY_STAGES[1], "mask_prob": 0.25, "rope_theta": 100.0},
                  {**TINY_STAGES[2], "mixture": {"en": 1, "zh": 0}}]
 MASK_PROBS = [0.3, 0.25, 0.15]  # the last stage: data.masking's default
 WSD = {"decay": "wsd", "decay_shape": "1-sqrt"}  # decay_steps: the last stage's 6 steps
@@ -63,6 +64,7 @@ def test_resume_inside_stage_2_ends_with_the_uninterrupted_weights(runs):
     assert code != 0  # stopped by the SIGTERM
     assert [e["tag"] for e in events(resumed, "resume")] == [point.tag]
     assert point.sidecar.stage_name == "long" and point.sidecar.step > SWITCH and point.sidecar.mask_prob == 0.25
+    assert point.sidecar.rope_theta == 100.0
     expected, got = train_losses(straight), train_losses(resumed)
     assert sorted(got) == list(range(1, TINY_TOTAL_STEPS + 1))
     for step in range(1, TINY_TOTAL_STEPS + 1):
@@ -110,6 +112,7 @@ def test_each_stage_trains_at_its_mask_rate_and_mixture_and_records_them(runs):
         first += stage["steps"]
     starts = events(straight, "stage_start")
     assert [e["mask_prob"] for e in starts] == MASK_PROBS
+    assert [e["rope_theta"] for e in starts] == [10000.0, 100.0, 10000.0]
     assert starts[0]["mixture"] == {"en": 0.5, "zh": 0.5} and starts[2]["mixture"] == {"en": 1.0, "zh": 0.0}
     final = read_sidecar(straight / "checkpoints" / f"global_step{TINY_TOTAL_STEPS}")
     assert final.mask_prob == 0.15 and final.mixture == {"en": 1.0, "zh": 0.0}
