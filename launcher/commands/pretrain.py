@@ -2,7 +2,7 @@
 
     roformer pretrain --num_gpus 2 --config configs/demo_cpu.yaml --run-dir runs/demo
 
-A thin wrapper around DeepSpeed's runner: before anything starts it checks what DeepSpeed would only find
+A thin wrapper around DeepSpeed's runner (on one machine, the per-node launcher the runner would start): before anything starts it checks what DeepSpeed would only find
 out on the nodes (hostfile, batch arithmetic, forwarded variables, the ranks' own input checks, ssh and the
 shared run directory); while it runs, launcher.launch.supervise names a failure and stops the whole job;
 with --max-restarts it starts it again (docs/unattended.md). Multi-node set-up: docs/multinode.md.
@@ -180,11 +180,11 @@ def launch_once(plan, grace_seconds: float):
 
     runner_env = {**os.environ, **plan.env, "DS_ENV_FILE": str(env_file)}
     log = RunDir(plan.run_dir).launcher_log
-    console = Console(sys.stdout, log, local=plan.launcher == "local", status=status, hosts=plan.resources)
+    console = Console(sys.stdout, log, status=status, hosts=plan.resources)
     try:
         console.note(f"roformer pretrain: world size {plan.world_size} on {', '.join(plan.resources)} "
                      f"({plan.launcher}); run dir {plan.run_dir}; all output also in {log}", stream=console.out)
-        console.log_only("roformer pretrain: " + shlex.join(plan.runner_argv()))
+        console.log_only("roformer pretrain: " + shlex.join(plan.command()))
         announce_op_build(plan, console)
         return supervise_job(plan, runner_env, console, grace_seconds=grace_seconds)
     finally:

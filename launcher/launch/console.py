@@ -26,9 +26,9 @@ _OP_BUILT_RE = re.compile(r"^DeepSpeed \S+ built successfully$")
 _CLEAR = "\r\x1b[K"  # carriage return + erase to end of line
 
 
-def hidden(text: str, *, local: bool) -> str | None:
+def hidden(text: str) -> str | None:
     """Why a line of the job's output stays off the console (None: show it). `text` without pdsh's
-    host prefix; `local`: the job runs on this machine without a hostfile."""
+    host prefix."""
     if _OP_BUILT_RE.match(text):
         return "op build finished (announced before the start)"
     match = _DS_LOG_RE.match(text)
@@ -37,8 +37,6 @@ def hidden(text: str, *, local: bool) -> str | None:
     level, msg = match["level"], match["msg"]
     if level == "INFO":
         return "DeepSpeed launcher bookkeeping"
-    if level == "WARNING" and local and msg.startswith("Unable to find hostfile"):
-        return "no hostfile on purpose: a local run"
     if level == "ERROR" and msg.endswith(f"exits with return code = {ORDERLY_STOP_EXIT_CODE}"):
         return "a rank stopped on request after a checkpoint"
     return None
@@ -48,8 +46,8 @@ class Console:
     """The console and the log of one `roformer pretrain`. Thread-safe: the runner's output arrives
     on a reader thread while the main thread prints its own lines."""
 
-    def __init__(self, out: TextIO, log_path: Path | None, *, local: bool, status: bool, hosts=()):
-        self.out, self.local, self.status_mode = out, local, status
+    def __init__(self, out: TextIO, log_path: Path | None, *, status: bool, hosts=()):
+        self.out, self.status_mode = out, status
         self.hosts = set(hosts)  # names pdsh prefixes lines with
         self.lock = threading.Lock()
         self.status_text: str | None = None  # shown at the bottom in status mode
@@ -76,7 +74,7 @@ class Console:
                     self._print(self.out, bare[len(STATUS_MARKER):])
                 return
             self._log_line(text)
-            if hidden(bare, local=self.local) is None:
+            if hidden(bare) is None:
                 self._print(self.out, text)
 
     def note(self, text: str, stream: TextIO | None = None) -> None:

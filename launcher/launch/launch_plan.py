@@ -8,8 +8,10 @@ with the venv's Python, from the project root.
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -34,7 +36,7 @@ if TYPE_CHECKING:  # the run config imports torch (through roformer): not needed
 
 RANK_ENTRY_MODULE = "launcher.train.rank_entry"
 RANK_PROCESS_MODULE = "launcher.launch.rank_process"
-RUNNER_MODULE = "launcher.launch.deepspeed_runner"  # DeepSpeed's runner without MLflow's import
+DEEPSPEED_PROCESSES = "launcher.launch.deepspeed_processes"  # DeepSpeed's runner and launch without MLflow
 LAUNCHERS = ("pdsh", "openmpi", "mpich", "slurm")
 MPI_LAUNCHERS = ("openmpi", "mpich")
 # DeepSpeed's MPICH runner turns --module into `python -u -m <path of launcher_helper.py>` and its
@@ -108,9 +110,26 @@ class LaunchPlan:
                 out.append((len(out), host, local_rank))
         return out
 
+    def command(self) -> list[str]:
+        """What `roformer pretrain` starts (from the project root): on one machine DeepSpeed's per-node launcher,
+        as DeepSpeed's runner would start it there (the runner only adds a process and 2 s); else the runner."""
+        return self.runner_argv() if self.multi_node else self.local_launch_argv()
+
+    def local_launch_argv(self) -> list[str]:
+        """DeepSpeed's per-node launcher for every rank on this machine (the command `deepspeed.launcher.runner`
+        builds for one node)."""
+        world_info = base64.urlsafe_b64encode(json.dumps(self.resources).encode()).decode()
+        argv = [self.python, "-u", "-m", DEEPSPEED_PROCESSES, "launch", f"--world_info={world_info}",
+                f"--master_addr={LOCAL_MASTER_ADDR}", f"--master_port={self.master_port}", "--module", "--no_local_rank"]
+        if self.bind_cores_to_rank:
+            argv.append("--bind_cores_to_rank")
+        if self.bind_core_list:
+            argv.append(f"--bind_core_list={self.bind_core_list}")
+        return argv + [*self.rank_command]
+
     def runner_argv(self) -> list[str]:
         """The full command for DeepSpeed's runner (run from the project root)."""
-        argv = [self.python, "-u", "-m", RUNNER_MODULE]
+        argv = [self.python, "-u", "-m", DEEPSPEED_PROCESSES, "runner"]
         if self.multi_node:
             argv += ["--hostfile", str(self.hostfile_copy), "--launcher", self.launcher, "--no_ssh_check"]
             if self.force_multi:

@@ -2,8 +2,8 @@
 
 For pdsh, OpenMPI, MPICH and Slurm the command comes from DeepSpeed's `*Runner.get_cmd`, fed the
 same arguments, world info and exports as `deepspeed.launcher.runner.main` would give it (the
-export collection below mirrors main(): the runner's own prefixes first, then the env file). The
-local command mirrors the list main() builds inline for a single node.
+export collection below mirrors main(): the runner's own prefixes first, then the env file). On one
+machine `roformer pretrain` starts DeepSpeed's per-node launcher itself (LaunchPlan.local_launch_argv).
 """
 from __future__ import annotations
 
@@ -13,27 +13,19 @@ import shlex
 
 from launcher.config.stages import format_plan
 from launcher.launch import env_forwarding
-from launcher.launch.launch_plan import LOCAL_MASTER_ADDR, SCRIPT_PATH_LAUNCHERS, LaunchPlan
+from launcher.launch.launch_plan import SCRIPT_PATH_LAUNCHERS, LaunchPlan
 
 
 def node_commands(plan: LaunchPlan) -> list[tuple[str, str]]:
     """(where, command) pairs: where is a host name or "this machine"."""
     from deepspeed.launcher import runner as ds_runner
 
-    runner_args = ds_runner.parse_args(plan.runner_argv()[4:])
-    world_info = ds_runner.encode_world_info(plan.resources)
     rank_lines = _rank_lines(plan)
     if not plan.multi_node:
-        launch = [plan.python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world_info}",
-                  f"--master_addr={LOCAL_MASTER_ADDR}", f"--master_port={plan.master_port}", "--module",
-                  "--no_local_rank"]
-        if plan.bind_cores_to_rank:
-            launch.append("--bind_cores_to_rank")
-        if plan.bind_core_list:
-            launch.append(f"--bind_core_list={plan.bind_core_list}")
-        launch += [f"--log_level={runner_args.log_level}", *plan.rank_command]
-        return [("this machine", _env_prefix(plan.env) + shlex.join(launch)), *rank_lines]
+        return [("this machine", _env_prefix(plan.env) + shlex.join(plan.local_launch_argv())), *rank_lines]
 
+    runner_args = ds_runner.parse_args(plan.runner_argv()[5:])
+    world_info = ds_runner.encode_world_info(plan.resources)
     if not runner_args.master_addr:
         first = next(iter(plan.resources))
         runner_args.master_addr = f"<first address of `ssh {first} hostname -I`>"

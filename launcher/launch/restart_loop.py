@@ -125,7 +125,7 @@ def fault_of(outcome: JobOutcome, failed_at_step: int) -> Fault:
         cause = failure.describe() + (f" ({error})" if error and not failure.hung else "")
         return Fault(kind, cause, failure.status, None if failure.host == "?" else failure.host,
                      failure.rank, failed_at_step, outcome.returncode, error)
-    return Fault("launcher", f"DeepSpeed's runner exited with code {outcome.returncode}",
+    return Fault("launcher", f"DeepSpeed's launcher exited with code {outcome.returncode}",
                  f"runner exit code {outcome.returncode}", None, None, failed_at_step, outcome.returncode)
 
 

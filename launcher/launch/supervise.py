@@ -1,4 +1,4 @@
-"""Run DeepSpeed's runner, echo its output, and when a rank dies say which one and stop the rest.
+"""Run DeepSpeed's runner (on one machine its per-node launcher), echo its output, and when a rank dies say which one and stop the rest.
 
 The runner runs in its own session, so a Ctrl-C reaches only us: the first Ctrl-C/SIGTERM goes to the
 ranks alone (they checkpoint and exit); a second one, or GRACEFUL_STOP_SECONDS, stops every process of the
@@ -151,7 +151,7 @@ def job_pattern(plan: LaunchPlan) -> str:
 
     It matches `deepspeed.launcher.launch ... launcher.train.rank_entry --config C --run-dir R`,
     `-m launcher.launch.rank_process launcher.train.rank_entry ...` and `-m launcher.train.rank_entry ...`, and
-    NOT DeepSpeed's runner (`-m launcher.launch.deepspeed_runner ...`), whose SIGTERM handler would pkill
+    NOT DeepSpeed's runner (`-m launcher.launch.deepspeed_processes runner ...`), whose SIGTERM handler would pkill
     every DeepSpeed launcher on the nodes. Literal characters are bracketed ('.' -> '[.]'), so the
     regex does not match the command line of the shell running pkill, which holds the regex text.
     """
@@ -295,13 +295,13 @@ def supervise_job(plan: LaunchPlan, runner_env: dict[str, str], console: Console
                   grace_seconds: float = GRACEFUL_STOP_SECONDS) -> JobOutcome:
     """Run the job to its end, printing what failed; `grace_seconds`: how long a requested stop (SIGTERM,
     Ctrl-C) waits for the ranks' checkpoint at the current step before stopping every process."""
-    console = console or Console(sys.stdout, RunDir(plan.run_dir).launcher_log, local=plan.launcher == "local",
+    console = console or Console(sys.stdout, RunDir(plan.run_dir).launcher_log,
                                  status=False, hosts=plan.resources)
     interrupted: list[int] = []  # handlers first: a Ctrl-C from here on must not orphan the runner
     previous = {s: signal.signal(s, lambda signum, _f: interrupted.append(signum))
                 for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        runner = subprocess.Popen(plan.runner_argv(), cwd=env_forwarding.project_root(), env=runner_env,
+        runner = subprocess.Popen(plan.command(), cwd=env_forwarding.project_root(), env=runner_env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                   start_new_session=True, text=True, errors="replace", bufsize=1)
     except BaseException:
@@ -381,7 +381,7 @@ def supervise_job(plan: LaunchPlan, runner_env: dict[str, str], console: Console
 def failure_report(monitor: OutputMonitor, returncode: int, stopped_after_failure: bool) -> str:
     first = monitor.first()
     if first is None:
-        return f"DeepSpeed's runner exited with code {returncode}; see the output above"
+        return f"DeepSpeed's launcher exited with code {returncode}; see the output above"
     if first.hung:
         return f"hung: {first.describe()}; stopped by the hang watchdog on all nodes; {resume_hint(monitor.plan)}"
     later = [f.describe() for f in monitor.snapshot() if f is not first and f.rank is not None]

@@ -33,10 +33,10 @@ def test_local_two_rank_run_through_the_wrapper(tiny_data, tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     log = (run_dir / "logs" / "launcher.log").read_text()
-    assert "-m launcher.launch.deepspeed_runner --hostfile /dev/null --num_gpus 2" in log
-    for hidden in ("Unable to find hostfile", "Setting CUDA_VISIBLE_DEVICES", "[INFO] [launch.py", "built successfully"):
+    assert re.search(r"-m launcher[.]launch[.]deepspeed_processes launch --world_info=\S+ --master_addr=127[.]0[.]0[.]1 ", log)
+    for hidden in ("Setting CUDA_VISIBLE_DEVICES", "[INFO] [launch.py", "built successfully"):
         assert hidden not in output, hidden
-    assert "Unable to find hostfile" in log and "Setting CUDA_VISIBLE_DEVICES=0,1" in log
+    assert "Setting CUDA_VISIBLE_DEVICES=0,1" in log
     assert "\r" not in output and "[roformer-progress]" not in output  # nothing redrawn in a pipe
     lines = [line for line in output.splitlines() if line.strip()]
     assert len(lines) == len(set(lines)), "repeated lines:\n" + "\n".join(l for l in lines if lines.count(l) > 1)

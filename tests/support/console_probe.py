@@ -39,7 +39,7 @@ def launcher(run_dir: Path) -> None:
     from launcher.launch.console import Console
     from launcher.run_dir.layout import RunDir
 
-    console = Console(sys.stdout, RunDir(run_dir).launcher_log, local=True, status=False)
+    console = Console(sys.stdout, RunDir(run_dir).launcher_log, status=False)
     console.job_line("a job line after the close\n")
     console.note("roformer pretrain: a note after the close")
     console.close()

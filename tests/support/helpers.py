@@ -4,7 +4,7 @@ One copy each of: the run-config builders, the environment a rank or a `roformer
 free port, the DeepSpeed per-node launch command, and the readers of a run's metrics.
 
 Multi-rank runs start DeepSpeed's per-node launcher (deepspeed.launcher.launch, through
-tests.support.node_launcher) directly instead of the `deepspeed` runner: the runner's SIGTERM handler
+launcher.launch.deepspeed_processes) directly instead of the `deepspeed` runner: the runner's SIGTERM handler
 pkills matching processes machine-wide, and the tests signal their own runs only (by PID / process group).
 """
 from __future__ import annotations
@@ -127,8 +127,8 @@ def rank_env(**extra: str) -> dict[str, str]:
 def launch_command(num_ranks: int, module: str, args: list[str], port: int | None = None) -> list[str]:
     """DeepSpeed's per-node launcher starting `python -m module args` on `num_ranks` local ranks."""
     world_info = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(num_ranks))}).encode()).decode()
-    return [sys.executable, "-u", "-m", "tests.support.node_launcher", f"--world_info={world_info}", "--node_rank=0",
-            "--master_addr=127.0.0.1", f"--master_port={port or free_port()}", "--module", module, *args]
+    return [sys.executable, "-u", "-m", "launcher.launch.deepspeed_processes", "launch", f"--world_info={world_info}",
+            "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port or free_port()}", "--module", module, *args]
 
 
 def start_run(num_ranks: int, config: Path, run_dir: Path, module: str = RANK_ENTRY, extra_args: list[str] = (),

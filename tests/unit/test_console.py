@@ -15,11 +15,9 @@ from launcher.defaults import STATUS_MARKER
 from launcher.launch.console import Console, hidden
 from launcher.launch.env_forwarding import forwarded_environment
 
-# Lines of a real local 2-rank run (roformer pretrain --num_gpus 2, DeepSpeed 0.19.8, CPU).
+# Lines of real runs (DeepSpeed 0.19.8, CPU): local 2-rank ones and the runner of a multi-node one.
 DS = "[2026-11-22 17:32:36,573] "
 NOT_SHOWN = [
-    DS + "[WARNING] [runner.py:214:fetch_hostfile] Unable to find hostfile, will proceed with training with local "
-         "resources only.",
     DS + "[INFO] [runner.py:618:main] cmd = /work/main/.venv/bin/python -u -m deepspeed.launcher.launch "
          "--world_info=eyJsb2NhbGhvc3QiOiBbMCwgMV19 --master_addr=127.0.0.1 --master_port=29731 --module",
     DS + "[INFO] [launch.py:152:main] WORLD INFO DICT: {'localhost': [0, 1]}",
@@ -37,25 +35,25 @@ SHOWN = [
     DS + "[ERROR] [launch.py:259:sigkill_handler] ['python', '-u'] exits with return code = 1",  # a failure
     "[roformer-rank-exit] rank=0 local_rank=0 node_rank=0 host=vm pid=9811 status=exit code 1",
     DS + "[WARNING] [engine.py:1:f] something DeepSpeed's engine says",
+    DS + "[WARNING] [runner.py:214:fetch_hostfile] Unable to find hostfile, will proceed with training with local "
+         "resources only.",  # only a multi-node run starts the runner, so the warning means something
     "Traceback (most recent call last):",
 ]
 
 
 def test_what_does_not_apply_is_hidden_and_the_rest_shown():
-    assert [line for line in NOT_SHOWN if hidden(line, local=True) is None] == []
-    assert [line for line in SHOWN if hidden(line, local=True) is not None] == []
-    # On a multi-node run the hostfile warning would mean something: shown there.
-    assert hidden(NOT_SHOWN[0], local=False) is None
+    assert [line for line in NOT_SHOWN if hidden(line) is None] == []
+    assert [line for line in SHOWN if hidden(line) is not None] == []
 
 
 def test_the_log_keeps_every_line_and_the_console_what_applies(tmp_path):
     out, log = io.StringIO(), tmp_path / "logs" / "launcher.log"
-    console = Console(out, log, local=False, status=False, hosts=["node1"])
+    console = Console(out, log, status=False, hosts=["node1"])
     for line in NOT_SHOWN + SHOWN:
         console.job_line(f"node1: {line}\n")  # pdsh's prefix
     console.log_only("roformer pretrain: the runner's command")
     console.close()
-    assert out.getvalue().splitlines() == [f"node1: {line}" for line in [NOT_SHOWN[0], *SHOWN]]
+    assert out.getvalue().splitlines() == [f"node1: {line}" for line in SHOWN]
     logged = log.read_text().splitlines()
     assert logged[0].startswith("=== ") and ": roformer " in logged[0]
     assert logged[1:] == [f"node1: {line}" for line in NOT_SHOWN + SHOWN] + ["roformer pretrain: the runner's command"]
@@ -63,7 +61,7 @@ def test_the_log_keeps_every_line_and_the_console_what_applies(tmp_path):
 
 def test_status_mode_redraws_one_line_with_every_other_line_above_it(tmp_path, capsys):
     terminal = io.StringIO()
-    console = Console(terminal, tmp_path / "launcher.log", local=True, status=True)
+    console = Console(terminal, tmp_path / "launcher.log", status=True)
     console.job_line(f"{STATUS_MARKER}step 1/10 (10%) | loss 9.0\n")
     console.job_line("validation at step 1: loss 8.9\n")
     console.job_line(f"{STATUS_MARKER}step 2/10 (20%) | loss 8.8\n")
@@ -81,7 +79,7 @@ def test_status_mode_redraws_one_line_with_every_other_line_above_it(tmp_path, c
 def test_a_closed_stdout_stops_the_echo_not_the_log(tmp_path):
     closed = io.StringIO()
     closed.close()
-    console = Console(closed, tmp_path / "launcher.log", local=True, status=False)
+    console = Console(closed, tmp_path / "launcher.log", status=False)
     console.job_line("validation at step 1: loss 8.9\n")  # no exception: the job keeps being monitored
     console.close()
     assert "validation at step 1" in (tmp_path / "launcher.log").read_text()
@@ -119,7 +117,7 @@ def test_pretrain_says_when_the_cpu_op_will_be_compiled(tmp_path, built, capsys)
     plan = SimpleNamespace(env={"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(cache)},
                            resources={"localhost": [0, 1]}, multi_node=False)
     out = io.StringIO()
-    announce_op_build(plan, Console(out, None, local=True, status=False))
+    announce_op_build(plan, Console(out, None, status=False))
     if built:
         assert out.getvalue() == ""
         return
@@ -131,6 +129,6 @@ def test_pretrain_says_when_the_cpu_op_will_be_compiled(tmp_path, built, capsys)
     (cache / ops_cache.CPU_COMM_OP).mkdir(parents=True)
     (cache / ops_cache.CPU_COMM_OP / "lock").touch()
     out = io.StringIO()
-    announce_op_build(plan, Console(out, None, local=True, status=False))
+    announce_op_build(plan, Console(out, None, status=False))
     assert f"{cache / ops_cache.CPU_COMM_OP / 'lock'} exists since " in out.getvalue()
     assert "delete it" in out.getvalue()

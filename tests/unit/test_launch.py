@@ -80,7 +80,7 @@ def test_dry_run_local_shows_command_ranks_and_batch_arithmetic(cli, tmp_path):
         assert int(global_batch) == int(micro) * int(accum) * 2
     commands = command_lines(out)
     launch = commands["this machine"]
-    assert f"{sys.executable} -u -m deepspeed.launcher.launch" in launch
+    assert f"{sys.executable} -u -m launcher.launch.deepspeed_processes launch --world_info=" in launch
     assert world_info_of(launch) == {"localhost": [0, 1]}
     assert "DS_ACCELERATOR=cpu" in launch
     expected_rank = f"-m launcher.launch.rank_process launcher.train.rank_entry --config {DEMO} --run-dir {run_dir}"
@@ -284,7 +284,7 @@ def test_stop_patterns_match_only_this_jobs_processes(tmp_path):
     """pgrep (POSIX ERE, as pkill uses) against real processes with launcher-like command lines."""
     from argparse import Namespace
 
-    from launcher.launch.launch_plan import RUNNER_MODULE, build_plan
+    from launcher.launch.launch_plan import DEEPSPEED_PROCESSES, build_plan
     from launcher.launch.supervise import job_pattern, rank_pattern
 
     run_dir = tmp_path / "run"
@@ -299,7 +299,7 @@ def test_stop_patterns_match_only_this_jobs_processes(tmp_path):
                                   "launcher.launch.rank_process", "launcher.train.rank_entry", *tail),
         "guard": _sleeper("-u", "-m", "launcher.launch.rank_process", "launcher.train.rank_entry", *tail),
         "rank": _sleeper("-u", "-m", "launcher.train.rank_entry", *tail),
-        "runner": _sleeper("-u", "-m", RUNNER_MODULE, "--hostfile", "h", "--module",
+        "runner": _sleeper("-u", "-m", DEEPSPEED_PROCESSES, "runner", "--hostfile", "h", "--module",
                            "launcher.launch.rank_process", "launcher.train.rank_entry", *tail),
         "other run": _sleeper("-u", "-m", "launcher.train.rank_entry", "--config", str(DEMO), "--run-dir",
                               f"{run_dir}-other"),
