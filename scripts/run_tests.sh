@@ -7,7 +7,7 @@
 #   jobs of its own, no session fixture) and the runs from object storage (test_remote_training.py: its
 #   moto server and bucket are the side lane's too), which even the two lanes.
 # - main lane: the rest (multirank: real 2-rank DeepSpeed runs; gpu, which skips without CUDA), and the
-#   unit files of MAIN_UNIT (real MLflow / fine-tuning runs, about 70 s in CI), which even the lanes.
+#   unit files of MAIN_UNIT (real MLflow / fine-tuning runs, about 100 s in CI), which even the lanes.
 # Same arguments to both; the exit status is the first non-zero one. One folder alone:
 # `.venv/bin/python -m pytest tests/unit` (`make test-fast`).
 set -uo pipefail
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 log=$(mktemp "${TMPDIR:-/tmp}/roformer-side-lane.XXXXXX.log")
 SIDE_MULTIRANK=(tests/multirank/test_reproduce_multirank.py tests/multirank/test_remote_training.py)
-MAIN_UNIT=(tests/unit/test_tracking.py tests/unit/test_retrieval.py)
+MAIN_UNIT=(tests/unit/test_tracking.py tests/unit/test_retrieval.py tests/unit/test_finetune_own_files.py tests/unit/test_tasks.py)
 SIDE_UNIT=()
 for file in tests/unit/test_*.py; do
   [[ " ${MAIN_UNIT[*]} " == *" $file "* ]] || SIDE_UNIT+=("$file")
