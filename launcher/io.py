@@ -119,8 +119,8 @@ def keep_console(log: Path | None = None) -> None:
     reader going away for every writer (print(), a logging handler made after this call), and once it is
     gone what they get is appended to `log` (a rank: RUN_DIR/logs/rank<r>.log; its folder is created
     then, under an existing parent) instead of /dev/null. While the console is there, only the lines of
-    write_line_kept go to `log` too. Called again, it only sets `log`. Makes sure SIGPIPE is ignored (as Python sets it at start),
-    so a write to a closed pipe fails with EPIPE instead of killing the process."""
+    write_line_kept go to `log` too. Called again, it only sets `log`. Makes sure SIGPIPE is ignored (as
+    Python sets it at start), so a write to a closed pipe fails with EPIPE instead of killing the process."""
     global _console_log
     _console_log = None if log is None else Path(log)
     for name in ("stdout", "stderr"):

@@ -15,7 +15,8 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 log=$(mktemp "${TMPDIR:-/tmp}/roformer-side-lane.XXXXXX.log")
 SIDE_MULTIRANK=(tests/multirank/test_reproduce_multirank.py tests/multirank/test_remote_training.py)
-MAIN_UNIT=(tests/unit/test_tracking.py tests/unit/test_retrieval.py tests/unit/test_finetune_own_files.py tests/unit/test_tasks.py)
+MAIN_UNIT=(tests/unit/test_tracking.py tests/unit/test_retrieval.py tests/unit/test_finetune_own_files.py
+           tests/unit/test_tasks.py)
 SIDE_UNIT=()
 for file in tests/unit/test_*.py; do
   [[ " ${MAIN_UNIT[*]} " == *" $file "* ]] || SIDE_UNIT+=("$file")

@@ -2,8 +2,8 @@
 
     roformer pretrain --num_gpus 2 --config configs/demo_cpu.yaml --run-dir runs/demo
 
-A thin wrapper around DeepSpeed's runner (on one machine, the per-node launcher the runner would start): before anything starts it checks what DeepSpeed would only find
-out on the nodes (hostfile, batch arithmetic, forwarded variables, the ranks' own input checks, ssh and the
+A thin wrapper around DeepSpeed's runner (on one machine, the per-node launcher the runner would start):
+before anything starts it checks what DeepSpeed would only find out on the nodes (hostfile, batch arithmetic, forwarded variables, the ranks' own input checks, ssh and the
 shared run directory); while it runs, launcher.launch.supervise names a failure and stops the whole job;
 with --max-restarts it starts it again (docs/unattended.md). Multi-node set-up: docs/multinode.md.
 """

@@ -11,16 +11,15 @@ from __future__ import annotations
 import importlib
 import sys
 
-from launcher.lean_imports import unimportable
+from launcher.lean_imports import import_deepspeed
 
 MODULES = {"runner": "deepspeed.launcher.runner", "launch": "deepspeed.launcher.launch"}
 
 
 def main(which: str, args: list[str]) -> None:
     sys.argv = [MODULES[which], *args]  # DeepSpeed's launch reads its arguments from sys.argv
-    with unimportable("mlflow"):
-        module = importlib.import_module(MODULES[which])
-    module.main()
+    import_deepspeed()  # the autotuner's MLflow import happens in DeepSpeed's package import
+    importlib.import_module(MODULES[which]).main()
 
 
 if __name__ == "__main__":

@@ -120,7 +120,8 @@ class LaunchPlan:
         builds for one node)."""
         world_info = base64.urlsafe_b64encode(json.dumps(self.resources).encode()).decode()
         argv = [self.python, "-u", "-m", DEEPSPEED_PROCESSES, "launch", f"--world_info={world_info}",
-                f"--master_addr={LOCAL_MASTER_ADDR}", f"--master_port={self.master_port}", "--module", "--no_local_rank"]
+                f"--master_addr={LOCAL_MASTER_ADDR}", f"--master_port={self.master_port}", "--module",
+                "--no_local_rank"]
         if self.bind_cores_to_rank:
             argv.append("--bind_cores_to_rank")
         if self.bind_core_list:

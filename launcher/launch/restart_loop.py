@@ -126,7 +126,7 @@ def fault_of(outcome: JobOutcome, failed_at_step: int) -> Fault:
         return Fault(kind, cause, failure.status, None if failure.host == "?" else failure.host,
                      failure.rank, failed_at_step, outcome.returncode, error)
     return Fault("launcher", f"DeepSpeed's launcher exited with code {outcome.returncode}",
-                 f"runner exit code {outcome.returncode}", None, None, failed_at_step, outcome.returncode)
+                 f"launcher exit code {outcome.returncode}", None, None, failed_at_step, outcome.returncode)
 
 
 def train_records(run_dir: RunDir, since: float = 0.0) -> list[dict]:

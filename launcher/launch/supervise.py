@@ -1,4 +1,5 @@
-"""Run DeepSpeed's runner (on one machine its per-node launcher), echo its output, and when a rank dies say which one and stop the rest.
+"""Run DeepSpeed's runner (on one machine its per-node launcher), echo its output, and when a rank dies
+say which one and stop the rest.
 
 The runner runs in its own session, so a Ctrl-C reaches only us: the first Ctrl-C/SIGTERM goes to the
 ranks alone (they checkpoint and exit); a second one, or GRACEFUL_STOP_SECONDS, stops every process of the
@@ -295,8 +296,7 @@ def supervise_job(plan: LaunchPlan, runner_env: dict[str, str], console: Console
                   grace_seconds: float = GRACEFUL_STOP_SECONDS) -> JobOutcome:
     """Run the job to its end, printing what failed; `grace_seconds`: how long a requested stop (SIGTERM,
     Ctrl-C) waits for the ranks' checkpoint at the current step before stopping every process."""
-    console = console or Console(sys.stdout, RunDir(plan.run_dir).launcher_log,
-                                 status=False, hosts=plan.resources)
+    console = console or Console(sys.stdout, RunDir(plan.run_dir).launcher_log, status=False, hosts=plan.resources)
     interrupted: list[int] = []  # handlers first: a Ctrl-C from here on must not orphan the runner
     previous = {s: signal.signal(s, lambda signum, _f: interrupted.append(signum))
                 for s in (signal.SIGINT, signal.SIGTERM)}

@@ -33,7 +33,8 @@ def test_local_two_rank_run_through_the_wrapper(tiny_data, tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     log = (run_dir / "logs" / "launcher.log").read_text()
-    assert re.search(r"-m launcher[.]launch[.]deepspeed_processes launch --world_info=\S+ --master_addr=127[.]0[.]0[.]1 ", log)
+    launched = r"-m launcher[.]launch[.]deepspeed_processes launch --world_info=\S+ --master_addr=127[.]0[.]0[.]1 "
+    assert re.search(launched, log)
     for hidden in ("Setting CUDA_VISIBLE_DEVICES", "[INFO] [launch.py", "built successfully"):
         assert hidden not in output, hidden
     assert "Setting CUDA_VISIBLE_DEVICES=0,1" in log

@@ -127,8 +127,10 @@ def rank_env(**extra: str) -> dict[str, str]:
 def launch_command(num_ranks: int, module: str, args: list[str], port: int | None = None) -> list[str]:
     """DeepSpeed's per-node launcher starting `python -m module args` on `num_ranks` local ranks."""
     world_info = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(num_ranks))}).encode()).decode()
-    return [sys.executable, "-u", "-m", "launcher.launch.deepspeed_processes", "launch", f"--world_info={world_info}",
-            "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port or free_port()}", "--module", module, *args]
+    from launcher.launch.launch_plan import DEEPSPEED_PROCESSES
+
+    return [sys.executable, "-u", "-m", DEEPSPEED_PROCESSES, "launch", f"--world_info={world_info}", "--node_rank=0",
+            "--master_addr=127.0.0.1", f"--master_port={port or free_port()}", "--module", module, *args]
 
 
 def start_run(num_ranks: int, config: Path, run_dir: Path, module: str = RANK_ENTRY, extra_args: list[str] = (),
