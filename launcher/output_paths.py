@@ -244,19 +244,3 @@ def check_run_dir_target(flag: str, run_dir) -> None:
     the user's files nor prepared data, which the run's records would be mixed into."""
     refuse_url(flag, run_dir)
     check_replaceable(flag, Path(run_dir), RUN)
-
-
-def check_port_free(port: int, host: str = "") -> None:
-    """The rendezvous port of a job on this machine, tried before any rank starts: taken, every rank
-    would fail with the process group's EADDRINUSE traceback, which does not name the flag."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a finished job's TIME_WAIT is no user
-        try:
-            probe.bind((host, port))
-        except OSError as err:
-            if err.errno != errno.EADDRINUSE:
-                return
-            raise UserError(f"--master_port {port}: port {port} is in use on this machine (another job's "
-                            f"rendezvous?); pass another --master_port") from None

@@ -19,13 +19,14 @@ import time
 from pathlib import Path
 
 from launcher import ops_cache
-from launcher.defaults import PROGRESS_ENV
+from launcher.defaults import DEFAULT_MASTER_PORT, PROGRESS_ENV
 from launcher.errors import UserError
 from launcher.run_dir.lock import LOCK_ID_ENV
 from launcher.io import atomic_write_text, keep_console, write_line
 from launcher.launch import env_forwarding
 from launcher.launch.hostfile import is_local_only
 from launcher.launch.launch_plan import add_launch_arguments, build_plan
+from launcher.launch.ports import check_port_free
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -86,6 +87,11 @@ def run(args: argparse.Namespace) -> int:
     if args.max_restarts is not None and args.max_restarts < 0:
         raise UserError(f"--max-restarts {args.max_restarts}: must be >= 0")
     plan = build_plan(args)  # flags, hostfile, config: refused before the run directory is touched
+    if args.master_port is None and not plan.multi_node:
+        if plan.master_port != DEFAULT_MASTER_PORT:
+            print(f"roformer pretrain: note: rendezvous port {plan.master_port} ({DEFAULT_MASTER_PORT} is taken; "
+                  "--master_port chooses one)", file=sys.stderr, flush=True)
+        args.master_port = plan.master_port  # a restart's plan, built again from args, keeps the claimed port
     refuse_branch_into_its_source(plan)
     if args.dry_run:  # starts nothing, writes nothing: no lock
         return plan_and_launch(args, plan)
@@ -134,8 +140,6 @@ def plan_and_launch(args: argparse.Namespace, plan) -> int:
     section = plan.run_config.restarts
     policy = RestartPolicy.from_args(args, section)
     if not plan.multi_node:  # the rendezvous port on this machine, before any rank could fail on it
-        from launcher.output_paths import check_port_free
-
         check_port_free(plan.master_port)
 
     def launch(this_plan):

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 from pathlib import Path
 
 import torch
 
+from launcher.defaults import DEFAULT_MASTER_PORT
 from launcher.gpu_check.check_report import Check, SpeedRow, memory_check
 from launcher.gpu_check.side_by_side import adamw, make_batch, medians, round_robin, training_step
+from launcher.launch.ports import claim_default_port
 from launcher.mfu import table_peak_tflops
 from roformer import IGNORE_INDEX, RoFormerConfig, RoFormerForMaskedLM, save_pretrained
 from roformer.flops import training_flops
@@ -57,12 +58,6 @@ def check_speed(device: torch.device, lengths=(128, 512), iters: int = 10) -> li
     return rows
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def check_memory(device: torch.device, micro_batch: int = 16, seq_len: int = 512, steps: int = 3) -> Check:
     """Part (d): one rank, fp16 ZeRO-2 (the reference DeepSpeed config), the reference model at micro x len."""
     import deepspeed
@@ -71,7 +66,8 @@ def check_memory(device: torch.device, micro_batch: int = 16, seq_len: int = 512
 
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(claim_default_port(DEFAULT_MASTER_PORT))
     ds_config = json.loads((REPO / "ds_configs" / "v100_fp16_zero2.json").read_text())
     ds_config.update(train_batch_size=micro_batch, train_micro_batch_size_per_gpu=micro_batch,
                      gradient_accumulation_steps=1, steps_per_print=10 ** 9)

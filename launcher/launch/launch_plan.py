@@ -27,6 +27,7 @@ from launcher.errors import UserError
 from launcher.launch import env_forwarding
 from launcher.config.guard_section import GUARD_ACTIONS
 from launcher.launch.hostfile import Hostfile, is_local_only, read_hostfile, resolve_resources, world_size_of
+from launcher.launch.ports import claim_default_port
 from launcher.run_dir.layout import RunDir
 from launcher.stage_evals.specs import check_eval_specs
 
@@ -195,8 +196,10 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
                          "DeepSpeed's accelerator counts)")
     ds.add_argument("--master_addr", "--master-addr", default="",
                     help="rank 0's address (default: 127.0.0.1 locally, else `hostname -I` of the first host)")
-    ds.add_argument("--master_port", "--master-port", type=int, default=DEFAULT_MASTER_PORT,
-                    help="rendezvous TCP port on rank 0's host")
+    ds.add_argument("--master_port", "--master-port", type=int, default=None,
+                    help=f"rendezvous TCP port on rank 0's host (default: {DEFAULT_MASTER_PORT}; on one machine the "
+                         f"first free one from {DEFAULT_MASTER_PORT} up, claimed so that two jobs started at once "
+                         "differ)")
     ds.add_argument("--launcher", default="pdsh", choices=LAUNCHERS, help="multi-node backend")
     ds.add_argument("--launcher_args", "--launcher-args", default="",
                     help='extra arguments for pdsh/mpirun/srun as one string, e.g. "--allow-run-as-root" '
@@ -239,7 +242,7 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None,
     """Check every flag, the hostfile, the config and the batch arithmetic; raise UserError naming the problem.
     `drop_hosts`: hostfile hosts left out (nodes excluded after a failure, launcher.launch.restart_loop)."""
     environ = dict(os.environ if environ is None else environ)
-    if args.master_port < 1 or args.master_port > 65535:
+    if args.master_port is not None and not 1 <= args.master_port <= 65535:
         raise UserError(f"--master_port {args.master_port}: not a TCP port (1-65535)")
     if not re.fullmatch(r"[A-Za-z0-9_.]+", args.entry_module):
         raise UserError(f"--entry-module {args.entry_module!r}: not a Python module name")
@@ -274,14 +277,17 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None,
     ranks_per_node = max(len(slots) for slots in resources.values())
     # Other nodes get only what they need; each computes its own PATH, op cache and thread count.
     env = env_forwarding.forwarded_environment(environ, ranks_per_node=ranks_per_node, local=launcher == "local")
+    master_port = args.master_port
+    if master_port is None:  # another node's ports cannot be tried from here: DeepSpeed's default there
+        master_port = DEFAULT_MASTER_PORT if multi_node else claim_default_port(DEFAULT_MASTER_PORT)
     if launcher in MPI_LAUNCHERS + ("slurm",):
         # DeepSpeed's MPI discovery sets MASTER_PORT itself; ranks read this one (see docs/multinode.md).
-        env["MASTER_PORT"] = str(args.master_port)
+        env["MASTER_PORT"] = str(master_port)
     plan = LaunchPlan(
         config_path=config_path, run_config=run_config, run_dir=run_dir, overrides=list(args.overrides), hostfile=hostfile,
         resources=resources, world_size=world_size, stages=stages, launcher=launcher,
         force_multi=multi_node and (len(resources) == 1 or args.force_multi), master_addr=master_addr,
-        master_port=args.master_port, launcher_args=args.launcher_args,
+        master_port=master_port, launcher_args=args.launcher_args,
         bind_cores_to_rank=args.bind_cores_to_rank, bind_core_list=args.bind_core_list, env=env,
         entry_module=args.entry_module,
     )

@@ -105,10 +105,11 @@ class Runner:
             if run.schedule is not None:
                 overrides.append(f"schedule.file={self._write_schedule(run).resolve()}")
             start = [] if run.init_from is None else ["--init-from", str(self.layout.export(run.init_from).resolve())]
+            # No --master_port: each `roformer pretrain` claims its own (launcher/launch/ports.py), so
+            # the parallel jobs of a wave never share one.
             self._run(f"pretrain-{run.name}",
-                      ["pretrain", "--num_gpus", str(self.preset.num_ranks), "--master_port", str(_free_port()),
-                       "--config", str(run.config), "--run-dir", str(run_dir), *start,
-                       *[arg for item in overrides for arg in ("--set", item)]])
+                      ["pretrain", "--num_gpus", str(self.preset.num_ranks), "--config", str(run.config),
+                       "--run-dir", str(run_dir), *start, *[arg for item in overrides for arg in ("--set", item)]])
         if with_export and not (self.layout.export(run) / "config.json").is_file():
             self._run(f"export-{run.name}", ["export", str(run_dir), "--out", str(self.layout.export(run))])
 
@@ -225,11 +226,3 @@ class Runner:
         finally:
             with self._children_lock:
                 self._children.discard(child)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

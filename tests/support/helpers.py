@@ -13,13 +13,15 @@ import base64
 import copy
 import json
 import os
-import socket
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+
+from launcher.defaults import DEFAULT_MASTER_PORT
+from launcher.launch.ports import claim_port
 
 REPO = Path(__file__).resolve().parents[2]
 RANK_ENTRY = "launcher.train.rank_entry"
@@ -102,10 +104,17 @@ def tiny_data_dir(tmp_factory) -> Path:
 # --- processes ------------------------------------------------------------------------------------
 
 
+# Test ports: below `roformer pretrain`'s own from 29500 up and the kernel's ephemeral ports (32768 up,
+# which port 0 hands out and any connection may hold), claimed as the CLI claims its own
+# (launcher/launch/ports.py), so two pytest processes (the lanes of scripts/run_tests.sh, or two
+# worktrees) never get the same one. Each process starts its scan elsewhere, to pass fewer claims.
+TEST_PORTS = range(20000, DEFAULT_MASTER_PORT)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and claimed by this test process until it exits."""
+    start = os.getpid() % len(TEST_PORTS)
+    return claim_port([*TEST_PORTS[start:], *TEST_PORTS[:start]])
 
 
 def roformer_env(**extra: str) -> dict[str, str]:

@@ -3,20 +3,15 @@ tracker tests; stop() and start() again keep its store, so a test can take it do
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from tests.support.helpers import free_port
+
 START_SECONDS = 120
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class MlflowServer:

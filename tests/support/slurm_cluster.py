@@ -23,10 +23,11 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from tests.support.helpers import free_port
 
 DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("srun", "sinfo", "squeue", "scancel", "scontrol")
@@ -39,12 +40,6 @@ class SlurmUnavailable(RuntimeError):
     """Slurm is not installed, or we are not root (slurmd starts jobs as their user); the message says why.
 
     Daemons that are there but fail to start raise RuntimeError with their log: that is a failure."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SlurmCluster:
@@ -84,7 +79,7 @@ class SlurmCluster:
         self.conf.write_text("\n".join([
             f"ClusterName=roformertest{self.tag}",
             f"SlurmctldHost={NODE_NAME}(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}",
             "SlurmUser=root", "SlurmdUser=root",
             "AuthType=auth/none", "CredType=cred/none",
             "MpiDefault=none", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",

@@ -28,11 +28,11 @@ import contextlib
 import errno
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
 from launcher.train.rank_entry import prepare_process_environment
+from tests.support.helpers import free_port
 
 STILL_REFERENCED = []
 REFUSED = "the refused input of this test, after the process group exists"
@@ -99,12 +99,6 @@ def gloo_threads_behind(rank: int):
     yield
     for tid in set(os.listdir("/proc/self/task")) - before:
         os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv: list[str]) -> int:
