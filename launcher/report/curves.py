@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from launcher.errors import UserError
-from launcher.run_dir.metrics_format import step_offset
+from launcher.run_dir.metrics_format import parsed_lines, step_offset
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import RecordVersion, files_in_effect, read_versions
 
@@ -177,41 +177,33 @@ class Records:
         return step_offset(self.events)
 
 
-def read_records(path: Path) -> Records:
+def collect_records(path: Path) -> Records:
+    """The file's records sorted into columns (metrics_format.parsed_lines reads it, a line at a time)."""
     records = Records({f: array("d") for f in TRAIN_FIELDS}, set(), {}, [], [], 0)
-    if not path.is_file():
-        return records
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # the last line of a killed run, or damage
-                record = None
-            if not isinstance(record, dict):
-                records.skipped += 1
-            elif record.get("kind") == "train" and isinstance(record.get("step"), int):
-                for name, column in records.train.items():
-                    column.append(_number(record.get(name)))
-                records.present.update(f for f in OPTIONAL_FIELDS if f in record)
-                if isinstance(record.get("stage"), int):
-                    records.stage_firsts.setdefault(record["stage"], record)
-                    drawn = record.get("tokens_by_source")
-                    if isinstance(drawn, dict):
-                        sums = records.tokens_by_source.setdefault(record["stage"], {})
-                        for source, tokens in drawn.items():
-                            sums[source] = sums.get(source, 0.0) + _number(tokens)
-            elif record.get("kind") == "valid" and isinstance(record.get("step"), int):
-                records.valid.append(record)
-            elif record.get("kind") == "event":
-                records.events.append(record)
+    for record in parsed_lines(path):
+        if record is None:  # the last line of a killed run, or damage
+            records.skipped += 1
+        elif record.get("kind") == "train" and isinstance(record.get("step"), int):
+            for name, column in records.train.items():
+                column.append(_number(record.get(name)))
+            records.present.update(f for f in OPTIONAL_FIELDS if f in record)
+            if isinstance(record.get("stage"), int):
+                records.stage_firsts.setdefault(record["stage"], record)
+                drawn = record.get("tokens_by_source")
+                if isinstance(drawn, dict):
+                    sums = records.tokens_by_source.setdefault(record["stage"], {})
+                    for source, tokens in drawn.items():
+                        sums[source] = sums.get(source, 0.0) + _number(tokens)
+        elif record.get("kind") == "valid" and isinstance(record.get("step"), int):
+            records.valid.append(record)
+        elif record.get("kind") == "event":
+            records.events.append(record)
     return records
 
 
 def load_curves(run_dir: Path) -> Curves:
     layout = RunDir(Path(run_dir))
-    records = read_records(layout.metrics)
+    records = collect_records(layout.metrics)
     train = _train_curve(records)
     valid_records = list({r["step"]: r for r in records.valid}.values())  # a repeated step: the later line
     valid_records.sort(key=lambda r: r["step"])

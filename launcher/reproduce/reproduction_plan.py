@@ -13,6 +13,7 @@ from pathlib import Path
 from launcher.reproduce import from_bert_part, retrieval_part
 from launcher.reproduce.from_bert_part import FromBert
 from launcher.reproduce.retrieval_part import RetrievalProtocol
+from launcher.run_dir.layout import tag_for_step
 
 PARTS = ("encodings", "linear", "lengths", "downstream", "extension", "recipes", "retrieval", "from-bert")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -104,7 +105,7 @@ class Extension:
     @property
     def base_end_tag(self) -> str:
         """Checkpoint at the end of the base stages (stage ends always save): variant (c)."""
-        return f"global_step{sum(stage['steps'] for stage in self.base)}"
+        return tag_for_step(sum(stage["steps"] for stage in self.base))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 METRICS_FORMAT = 2
@@ -42,17 +43,24 @@ def normalise(records: list[dict]) -> list[dict]:
             else r for r in records]
 
 
+def parsed_lines(path: Path) -> Iterator[dict | None]:
+    """Each non-blank line of a metrics.jsonl in the order written, as read (steps not normalised):
+    None for a line that is no JSON object (cut by a kill, or damaged; bytes that are not UTF-8 are
+    replaced). Nothing for no file. One line at a time, so a long run's file is never held whole."""
+    if not path.is_file():
+        return
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            yield record if isinstance(record, dict) else None
+
+
 def read_records(path: Path) -> list[dict]:
     """Every record of a metrics.jsonl, all kinds, in the order written, steps counted as steps completed
-    ([] for no file; a line cut by a kill, or bytes that are not UTF-8, skipped)."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return normalise(records)
+    ([] for no file; a line that is no JSON object skipped)."""
+    return normalise([record for record in parsed_lines(path) if record is not None])

@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from launcher.export.export_reader import EXPORT_INFO
 from launcher.io import write_line
 from launcher.tracking.remote import backend
 from launcher.tracking.sink import TRACKERS
 from launcher.tracking.translate import Item, flatten, run_params
-
-EXPORT_INFO = "export_info.json"
 
 
 def report_finetune(report_to: tuple[str, ...], export_dir: Path, options: dict, report: dict,
