@@ -50,7 +50,8 @@ def build_corpus(directory: Path, gib: float) -> dict:
     """A prepared directory grown to `gib` GiB of shard bytes (kept between runs)."""
     from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig, TokenizerConfig
     from data_pipeline.prepare import prepare
-    from data_pipeline.shards import ShardWriter, file_sha256, read_manifest, token_dtype, write_manifest
+    from data_pipeline.manifest import file_sha256, read_manifest, write_manifest
+    from data_pipeline.shards import ShardWriter, token_dtype
     from data_pipeline.sources import default_corpus_files
 
     if not (directory / "manifest.json").is_file():

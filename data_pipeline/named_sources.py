@@ -10,7 +10,7 @@ from pathlib import Path
 from data_pipeline.config import SourceSpec
 from data_pipeline.errors import DataError
 from data_pipeline.inputs import resolve_inputs
-from data_pipeline.shards import SPLITS
+from data_pipeline.manifest import SPLITS
 
 
 def resolve_sources(specs: list[SourceSpec]) -> list[list[Path]]:

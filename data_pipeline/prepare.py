@@ -39,8 +39,8 @@ from data_pipeline.inputs import (FileCheck, check_file, clean_text, estimated_t
                                   iter_raw_documents)
 from data_pipeline.named_sources import check_sources, resolve_sources, source_entries
 from data_pipeline.progress import advance, counted_phase
-from data_pipeline.shards import (FORMAT_NAME, FORMAT_VERSION, MANIFEST, SPLITS, ShardWriter,
-                                  file_sha256, token_dtype, write_manifest)
+from data_pipeline.manifest import FORMAT_NAME, FORMAT_VERSION, MANIFEST, SPLITS, file_sha256, write_manifest
+from data_pipeline.shards import ShardWriter, token_dtype
 from data_pipeline.worker_pool import progress_counter, worker_pool
 from data_pipeline.tokenizer import (SPM_FILE, FastTokenizer, TransformersTokenizer, open_tokenizer,
                                      resolve_model_path, tokenizer_files, tokenizer_hash, tokenizer_special_ids,

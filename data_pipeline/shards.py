@@ -10,7 +10,8 @@ so document d, token t is element offsets[d] + t of a memory map: O(1) seek, not
 
 Named sources: every shard holds the documents of one source (its manifest entry's `source`; absent in
 manifests from before named sources, which hold the one source DEFAULT_SOURCE), and the manifest's
-`sources` lists each source's name, files and documents/tokens per split (`manifest_sources`).
+`sources` lists each source's name, files and documents/tokens per split (`manifest_sources`; the
+manifest's reader and writer: data_pipeline/manifest.py).
 
 Hash once: the shards are hashed when they are written. `open_corpus(verify=True)` re-hashes only a
 shard whose size or mtime differs from the manifest's (replaced, rewritten, copied without keeping
@@ -20,7 +21,6 @@ Shards and the tokenizer are fsynced before the manifest, written last, marks th
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,27 +28,15 @@ from pathlib import Path
 import numpy as np
 
 from data_pipeline.config import DEFAULT_SOURCE
-from data_pipeline.durable import fsync_dir, fsync_tree
 from data_pipeline.errors import DataError
+from data_pipeline.manifest import MANIFEST, file_sha256, manifest_sources, read_manifest
+from data_pipeline.remote.dataset import open_remote
+from data_pipeline.remote.url import is_remote
 from data_pipeline.special_ids import SpecialIds
-from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
-
-MANIFEST = "manifest.json"
-FORMAT_NAME = "roformer-ds-shards"
-FORMAT_VERSION = 1
-SPLITS = ("train", "valid")
-
+from data_pipeline.tokenizer import open_tokenizer, resolve_model_path, tokenizer_hash, word_start_table
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size < 65536 else np.dtype(np.uint32)
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 class ShardWriter:
@@ -214,36 +202,7 @@ class Corpus:
 
     def word_starts(self) -> np.ndarray:
         """(V,) bool table for whole-word masking (see tokenizer.word_start_table)."""
-        from data_pipeline.tokenizer import open_tokenizer, word_start_table
-
         return word_start_table(open_tokenizer(resolve_model_path(self.data_dir / "tokenizer")))
-
-
-def manifest_sources(manifest: dict) -> list[dict]:
-    """The named sources of a manifest: [{name, files, train: {documents, tokens}, valid: {...}}, ...].
-
-    A manifest from before named sources (its `sources` lists input files) is one source,
-    DEFAULT_SOURCE, holding every shard."""
-    sources = manifest.get("sources") or []
-    if sources and all(isinstance(s, dict) and "name" in s for s in sources):
-        return sources
-    counts = {split: {"documents": manifest["splits"].get(split, {}).get("documents", 0),
-                      "tokens": manifest["splits"].get(split, {}).get("tokens", 0)} for split in SPLITS}
-    return [{"name": DEFAULT_SOURCE, "files": sources, **counts}]
-
-
-def read_manifest(data_dir: Path) -> dict:
-    path = Path(data_dir) / MANIFEST
-    if not path.is_file():
-        raise DataError(f"{path}: no manifest; prepare the data with `roformer data prepare`")
-    try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise DataError(f"{path}: not valid JSON ({err})") from err
-    if manifest.get("format") != FORMAT_NAME or manifest.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{path}: format {manifest.get('format')!r} v{manifest.get('format_version')} "
-                        f"is not {FORMAT_NAME} v{FORMAT_VERSION}")
-    return manifest
 
 
 def open_corpus(data_dir: Path | str, split: str = "train", verify: bool = True,
@@ -257,12 +216,8 @@ def open_corpus(data_dir: Path | str, split: str = "train", verify: bool = True,
     `remote_options` a RemoteOptions): manifest, tokenizer and .idx files now, each shard's tokens when
     first read, every object checked against the manifest's sha256 whatever `verify` says.
     """
-    from data_pipeline.remote.url import is_remote
-
     location, remote = str(data_dir), None
     if is_remote(data_dir):
-        from data_pipeline.remote.dataset import open_remote
-
         remote = open_remote(data_dir, remote_options)
         data_dir, location = remote.root, str(remote.location)
     data_dir = Path(data_dir)
@@ -321,19 +276,3 @@ def _check_shard(shard: Shard, entry: dict, verify: bool) -> None:
                 continue  # hashed when written, untouched since (sizes were checked above)
             if file_sha256(p) != entry[f"{key}_sha256"]:
                 raise DataError(f"{p}: sha256 does not match the manifest (corrupted or replaced shard)")
-
-
-def write_manifest(out_dir: Path, manifest: dict) -> None:
-    """The completion marker: the tokenizer and every split are flushed to disk first, then the
-    manifest (atomically), then the directory entry."""
-    for name in ("tokenizer", *manifest.get("splits", {})):
-        if (out_dir / name).is_dir():
-            fsync_tree(out_dir / name)
-    tmp = out_dir / f".{MANIFEST}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(manifest, indent=2, ensure_ascii=False))
-        handle.flush()
-        os.fsync(handle.fileno())
-    fsync_dir(out_dir)
-    os.replace(tmp, out_dir / MANIFEST)
-    fsync_dir(out_dir)

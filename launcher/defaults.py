@@ -15,6 +15,10 @@ HUNG_EXIT_CODE = 124
 """The hang watchdog stopped the job: a rank made no progress within its bound (launcher.launch.watchdog;
 124 as `timeout` reports a command that ran out of time). The newest complete checkpoint is intact:
 re-run the same command to resume."""
+TRACKERS = ("mlflow", "wandb")
+"""The remote trackers rank 0 can record to (launcher/tracking/remote.py runs each behind a worker thread)."""
+KNOWN_SINKS = ("tensorboard", *TRACKERS)
+"""What `logging.report_to` may name (launcher/config/report_to.py parses it, launcher/tracking/ opens them)."""
 DEFAULT_MASTER_PORT = 29500
 """Rendezvous TCP port on rank 0's host: DeepSpeed's TORCH_DISTRIBUTED_DEFAULT_PORT."""
 BROKEN_PIPE_EXIT_CODE = 141

@@ -1,5 +1,4 @@
-"""The activation functions a config may name (`hidden_act`): the single list both the config
-validation and the model read. Names follow transformers' ACT2FN so exported configs load there."""
+"""The activation function of each name a config may give (`hidden_act`, roformer.config.ACTIVATIONS)."""
 
 from __future__ import annotations
 
@@ -7,6 +6,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from .config import ACTIVATIONS
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -21,5 +22,8 @@ ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "swish": F.silu,
 }
+
+if tuple(ACTIVATION_FUNCTIONS) != ACTIVATIONS:  # the model must compute every name the config accepts
+    raise ImportError(f"roformer.activations names {tuple(ACTIVATION_FUNCTIONS)}, roformer.config {ACTIVATIONS}")
 
 __all__ = ["ACTIVATION_FUNCTIONS"]

@@ -6,7 +6,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .activations import ACTIVATION_FUNCTIONS
 
 POSITION_ENCODINGS = ("rope", "sinusoidal", "sinusoidal_unscaled", "learned")
 # Fixed sine/cosine tables: 'sinusoidal' as Vaswani et al. (token embeddings x sqrt(embedding_size)),
@@ -14,7 +13,9 @@ POSITION_ENCODINGS = ("rope", "sinusoidal", "sinusoidal_unscaled", "learned")
 SINUSOIDAL_ENCODINGS = ("sinusoidal", "sinusoidal_unscaled")
 ATTENTION_KINDS = ("softmax", "linear")
 ROPE_SCALINGS = ("none", "linear", "ntk")
-ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)
+# `hidden_act`: names as transformers' ACT2FN, so exported configs load there (the functions:
+# roformer/activations.py; here the names only, so the config layer validates without torch).
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
 
 # Fields that do not change the function a set of weights computes: they may differ between a
 # checkpoint and a resumed run without making the checkpoint incompatible.

@@ -27,7 +27,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from data_pipeline.errors import DataError
-from data_pipeline.remote.client import RemoteOptions, RemoteStore
+from data_pipeline.manifest import file_sha256
+from data_pipeline.remote.client import MissingObject, RemoteOptions, RemoteStore
 from data_pipeline.remote.url import format_size
 
 ROOM_WAIT_S = 120.0
@@ -94,8 +95,6 @@ class NodeCache:
 
     def fetch_manifest(self) -> Path:
         """manifest.json, fetched again at every open (a re-upload changes it) and replaced when it differs."""
-        from data_pipeline.remote.client import MissingObject
-
         path = self.root / "manifest.json"
         try:
             data = self.store.read_bytes("manifest.json", "manifest")
@@ -212,8 +211,6 @@ class NodeCache:
             pass
         if not rehash or sha256 is None:
             return False
-        from data_pipeline.shards import file_sha256
-
         if file_sha256(path) == sha256:
             marker.write_text(want)
             return True

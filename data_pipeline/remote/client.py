@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, TypeVar
 
 from data_pipeline.errors import DataError
+from data_pipeline.remote.url import parse_size
 from data_pipeline.remote.url import S3Location
 
 T = TypeVar("T")
@@ -45,8 +46,6 @@ class RemoteOptions:
     @classmethod
     def from_data_section(cls, data: dict) -> "RemoteOptions":
         """From a run config's `data` mapping as written in a run directory (its defaults where absent)."""
-        from data_pipeline.remote.url import parse_size
-
         return cls(cache_dir=str(data.get("cache_dir") or ""),
                    cache_limit=parse_size(data.get("cache_limit") or 0, "data.cache_limit"),
                    retries=int(data.get("remote_retries", cls.retries)), timeout=float(data.get("remote_timeout", cls.timeout)))

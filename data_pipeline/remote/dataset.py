@@ -2,10 +2,15 @@
 cache (once per node), and the NodeCache its shards are read through."""
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
 from pathlib import Path
 
+import numpy as np
+
 from data_pipeline.errors import DataError
+from data_pipeline.manifest import read_manifest
 from data_pipeline.remote.cache import NodeCache
 from data_pipeline.remote.client import RemoteOptions, RemoteStore
 from data_pipeline.remote.prefetch import Prefetcher
@@ -27,8 +32,6 @@ class RemoteData:
         self.root = self._sync_metadata()
 
     def _sync_metadata(self) -> Path:
-        from data_pipeline.shards import read_manifest
-
         self.store.check_bucket()
         self.cache.fetch_manifest()
         manifest = read_manifest(self.cache.root)
@@ -56,16 +59,11 @@ class RemoteData:
 
 
 def _itemsize(manifest: dict) -> int:
-    import numpy as np
-
     return np.dtype(manifest["dtype"]).itemsize
 
 
 def open_remote(location, options: RemoteOptions | None) -> RemoteData:
     """The location opened once per process and options (train and valid share its cache and holds)."""
-    import hashlib
-    import os
-
     options = options or RemoteOptions()
     chain = "\0".join(os.environ.get(name, "") for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
                                                              "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"))

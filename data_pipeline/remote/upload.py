@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_pipeline.errors import DataError
+from data_pipeline.manifest import MANIFEST, file_sha256, read_manifest
 from data_pipeline.remote.client import RemoteStore
 from data_pipeline.remote.url import format_size, parse_location
 
@@ -54,7 +55,6 @@ def upload_directory(data_dir: Path, location: str, retries: int = 5, timeout: f
     """`data_dir` to `location`; a location holding other prepared data (another manifest) only with `overwrite`."""
     from boto3.s3.transfer import TransferConfig
 
-    from data_pipeline.shards import MANIFEST, file_sha256, read_manifest
 
     started = time.perf_counter()
     data_dir = Path(data_dir)

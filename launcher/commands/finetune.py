@@ -137,7 +137,7 @@ def config_from_args(args: argparse.Namespace):
 
 
 def _report_to(value: str) -> tuple[str, ...]:
-    from launcher.tracking.sink import parse_report_to
+    from launcher.config.report_to import parse_report_to
 
     try:
         return tuple(n for n in parse_report_to(value, "--report-to") if n != "tensorboard")

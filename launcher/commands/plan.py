@@ -184,7 +184,7 @@ def plan_sources(cfg, stages):
     from pathlib import Path
 
     from data_pipeline import read_manifest
-    from data_pipeline.shards import manifest_sources
+    from data_pipeline.manifest import manifest_sources
     from launcher.config.source_plan import source_plan
 
     data_dir = Path(cfg.data.data_dir)

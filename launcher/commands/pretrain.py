@@ -61,7 +61,7 @@ class ReportToAction(argparse.Action):
     """--report-to mlflow,wandb is the run config's `logging.report_to`, checked here (one line, exit 2)."""
 
     def __call__(self, parser, namespace, value, option_string=None):
-        from launcher.tracking.sink import parse_report_to
+        from launcher.config.report_to import parse_report_to
 
         names = list(parse_report_to(value, "--report-to")) or ["none"]
         setattr(namespace, self.dest, value)

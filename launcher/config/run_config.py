@@ -34,10 +34,10 @@ from launcher.config.schedule import (
 )
 from launcher.config.guard_section import GuardSection
 from launcher.config.hardware_section import HardwareSection
+from launcher.config.report_to import parse_report_to
 from launcher.config.restarts_section import RestartsSection
 from launcher.config.watchdog_section import WatchdogSection
 from launcher.errors import UserError
-from launcher.tracking.sink import parse_report_to
 from launcher.io import atomic_write_text
 from roformer.config import ConfigError, RoFormerConfig
 

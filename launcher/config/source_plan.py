@@ -35,7 +35,7 @@ class SourcePlan:
     """The draws of every stage and the passes over every source."""
 
     sources: list[dict]
-    """data_pipeline.shards.manifest_sources of the data."""
+    """data_pipeline.manifest.manifest_sources of the data."""
     draws: list[SourceDraw]
     stage_names: list[str]
 
@@ -71,7 +71,7 @@ class SourcePlan:
 
 def source_plan(stages, sources: list[dict]) -> SourcePlan:
     """stages: ResolvedStage list (their `mixture`: (source, share) pairs or None); sources: the
-    manifest's named sources (data_pipeline.shards.manifest_sources)."""
+    manifest's named sources (data_pipeline.manifest.manifest_sources)."""
     total = sum(s["train"]["tokens"] for s in sources)
     by_size = {s["name"]: s["train"]["tokens"] / total for s in sources}
     draws = []

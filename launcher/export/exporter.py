@@ -213,7 +213,7 @@ def _check_trained_tokenizer(ref: CheckpointRef, source: Path, origin: str) -> N
     """Refuse a tokenizer other than the one the checkpoint was trained with (see module docstring)."""
     from data_pipeline import open_corpus
     from data_pipeline.errors import DataError
-    from data_pipeline.shards import MANIFEST
+    from data_pipeline.manifest import MANIFEST
     from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
 
     # The file copy_hf_tokenizer_files packs: spm.model, else tokenizer.json, else vocab.txt (the fingerprint).

@@ -158,7 +158,7 @@ def mixture_section(curves: Curves, data_dir: str | None) -> str:
 def _size_shares(data_dir: str | None) -> dict[str, float] | None:
     """{source: share of the train tokens} from the data's manifest, None when it cannot be read."""
     from data_pipeline import DataError, read_manifest
-    from data_pipeline.shards import manifest_sources
+    from data_pipeline.manifest import manifest_sources
 
     if not data_dir:
         return None

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from launcher.io import atomic_write_json, atomic_write_text
 from launcher.reproduce import claim_plots as plots
-from launcher.reproduce.from_bert_part import from_bert_section
+from launcher.reproduce.from_bert_results import from_bert_section
 from launcher.reproduce.retrieval_part import retrieval_section
 
 

@@ -17,8 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.errors import UserError
+from launcher.io import atomic_write_text
 from launcher.reproduce.reproduction_plan import EvalRun, FinetuneRun, Preset, PretrainRun
 
 
@@ -116,10 +119,6 @@ class Runner:
     def _write_schedule(self, run: PretrainRun) -> Path:
         """OUT/schedules/<run>.yaml from the plan; an existing one must say the same (a resumed run
         must not silently get another schedule)."""
-        import yaml
-
-        from launcher.io import atomic_write_text
-
         path = self.layout.schedule(run)
         text = yaml.safe_dump({"description": f"written by roformer reproduce for {run.name}",
                                "stages": [dict(stage) for stage in run.schedule]}, sort_keys=False)

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+from launcher.io import read_mapping
 from launcher.reproduce import from_bert_part, retrieval_part
 from launcher.reproduce.from_bert_part import FromBert
 from launcher.reproduce.retrieval_part import RetrievalProtocol
@@ -120,8 +123,6 @@ class RecipeAblation:
 
     def annealed_schedule(self, schedule_file: Path) -> tuple[dict, ...]:
         """The stages of `schedule_file` with this part's mask rate per stage."""
-        import yaml
-
         stages = yaml.safe_load(schedule_file.read_text(encoding="utf-8"))["stages"]
         if len(stages) != len(self.mask_probs):
             raise ValueError(f"{schedule_file}: {len(stages)} stages, but {len(self.mask_probs)} mask rates planned")
@@ -215,8 +216,6 @@ class Preset:
         for item in reversed(self.overrides):
             if item.startswith("schedule.file="):
                 return Path(item.partition("=")[2])
-        from launcher.io import read_mapping
-
         schedule = Path(read_mapping(self.ablation_config, "run config")["schedule"]["file"])
         return schedule if schedule.is_absolute() else self.ablation_config.parent / schedule
     retrieval: RetrievalProtocol | None = None

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from launcher.defaults import TRACKERS
 from launcher.io import write_line
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.metrics_format import read_records
 from launcher.tracking.remote import Connection, tracking_dir
-from launcher.tracking.sink import TRACKERS
 
 
 def tracked(run_dir: RunDir) -> list[str]:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from launcher.defaults import TRACKERS
 from launcher.export.export_reader import EXPORT_INFO
 from launcher.io import write_line
 from launcher.tracking.remote import backend
-from launcher.tracking.sink import TRACKERS
 from launcher.tracking.translate import Item, flatten, run_params
 
 

@@ -17,8 +17,10 @@ from pathlib import Path
 
 from launcher.io import atomic_write_json, write_line
 from launcher.run_dir.layout import RunDir
+from launcher.tracking.mlflow_backend import MlflowBackend
 from launcher.tracking.sink import Sink
 from launcher.tracking.translate import Item, eval_items, to_item
+from launcher.tracking.wandb_backend import WandbBackend
 
 CLOSE_WAIT_S = 120.0
 """How long the end of a run waits for the queue to drain before leaving the rest to the next start."""
@@ -32,11 +34,7 @@ def tracking_dir(run_dir: RunDir) -> Path:
 def backend(name: str, home: Path, run_name: str, in_rank: bool = False):
     """The tracker `name`, its local files under `home`, a new run named `run_name`; in_rank: in a training rank."""
     if name == "mlflow":
-        from launcher.tracking.mlflow_backend import MlflowBackend
-
         return MlflowBackend(home, run_name)
-    from launcher.tracking.wandb_backend import WandbBackend
-
     return WandbBackend(home, run_name, detach_service=in_rank)
 
 

@@ -1,12 +1,6 @@
-"""The one interface every destination of rank 0's records implements, and `report_to` -> sinks."""
+"""The one interface every destination of rank 0's records implements (the sinks are opened by
+launcher/tracking/open_sinks.py; `logging.report_to` is parsed by launcher/config/report_to.py)."""
 from __future__ import annotations
-
-from pathlib import Path
-
-from launcher.errors import UserError
-
-KNOWN_SINKS = ("tensorboard", "mlflow", "wandb")
-TRACKERS = ("mlflow", "wandb")
 
 
 class Sink:
@@ -29,45 +23,3 @@ class Sink:
 
     def close(self, outcome: str | None = None) -> None:
         """End of this process's part of the run (outcome: finished / stopped / guard_stopped / None)."""
-
-
-def parse_report_to(value, where: str = "logging.report_to") -> tuple[str, ...]:
-    """A list or comma-separated string of KNOWN_SINKS, or 'none' (nothing, TensorBoard included)."""
-    if isinstance(value, str):
-        value = [v.strip() for v in value.split(",") if v.strip()]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise UserError(f"{where}: expected a list of {', '.join(KNOWN_SINKS)} or 'none', got {value!r}")
-    names = [v.lower() for v in value]
-    if "none" in names:
-        if len(names) > 1:
-            raise UserError(f"{where}: 'none' turns every sink off; it cannot be combined with {names}")
-        return ()
-    unknown = [n for n in names if n not in KNOWN_SINKS]
-    if unknown:
-        raise UserError(f"{where}: unknown {', '.join(unknown)} (known: {', '.join(KNOWN_SINKS)}, none)")
-    return tuple(dict.fromkeys(names))
-
-
-def open_sinks(report_to: tuple[str, ...], run_dir, start_step: int, log_every: int, total_steps: int,
-               stage_ends: list[int], params: dict | None = None, tags: dict | None = None) -> list[Sink]:
-    """The sinks of `report_to` for rank 0 (TensorBoard first)."""
-    sinks: list[Sink] = []
-    if "tensorboard" in report_to:
-        from launcher.tracking.tensorboard import TensorBoardSink
-
-        sinks.append(TensorBoardSink(Path(run_dir.tensorboard), start_step, log_every, total_steps))
-    for name in TRACKERS:
-        if name in report_to:
-            from launcher.tracking.remote import RemoteSink
-
-            sinks.append(RemoteSink(name, run_dir, params or {}, tags or {}, stage_ends))
-    return sinks
-
-
-def tracked_run(config_dict: dict, run_dir, data_dir: str, report_to) -> dict:
-    """Metrics' keyword arguments for a run: its sinks, the resolved config as flat parameters, the run and data
-    directories as tags."""
-    from launcher.tracking.translate import run_params
-
-    return {"report_to": tuple(report_to), "params": run_params(config_dict),
-            "tags": {"run_dir": str(Path(run_dir.root)), "data_dir": str(data_dir)}}

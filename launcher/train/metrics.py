@@ -16,7 +16,7 @@ from launcher.io import atomic_write_text, write_line, write_line_kept
 from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, read_records
 from launcher.run_dir.layout import RunDir
 from launcher.mfu import Peak, resolve_peak, speed_fields
-from launcher.tracking import open_sinks
+from launcher.tracking.open_sinks import open_sinks
 from launcher.train.progress_line import ProgressPrinter
 from launcher.train.stop_time import StopTime
 

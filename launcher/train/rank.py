@@ -37,7 +37,7 @@ from launcher.run_dir.records import write_init_record
 from launcher.train.engine import build_engine, init_distributed, precision
 from launcher.train.heartbeats import HeartbeatWriter
 from launcher.train.init_weights import InitialWeights
-from launcher.tracking.sink import tracked_run
+from launcher.tracking.open_sinks import tracked_run
 from launcher.train.metrics import Metrics
 from launcher.train.phase_timer import PhaseTimer
 from launcher.train.progress_line import progress_every

@@ -12,7 +12,7 @@ import pytest
 from data_pipeline import DataError, open_corpus, sources
 from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig
 from data_pipeline.prepare import prepare
-from data_pipeline.shards import file_sha256
+from data_pipeline.manifest import file_sha256
 from tests.support.corpus_files import (
     TEST_TOKENIZER,
     english_paragraphs,

@@ -13,6 +13,7 @@ from tests.support.helpers import REPO
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 _SETUP_CFG = configparser.ConfigParser()
 _SETUP_CFG.read(REPO / "setup.cfg")
+ACYCLIC_DATA_PIPELINE = _SETUP_CFG["importlinter:contract:data-pipeline-acyclic"]["name"]
 CONTRACTS = sum(section.startswith("importlinter:contract:") for section in _SETUP_CFG.sections())
 
 
@@ -35,8 +36,22 @@ def test_a_wrong_import_breaks_its_contract(tmp_path):
     trainer = tmp_path / "launcher" / "train" / "trainer.py"
     clean = _lint_imports(tmp_path).stdout
     trainer.write_text(trainer.read_text() + "\nfrom launcher.downstream.fine_tuning import finetune  # wrong way\n")
+    # A circle hidden inside a function is a circle too: the manifest's reader is below the shards.
+    manifest = tmp_path / "data_pipeline" / "manifest.py"
+    manifest.write_text(manifest.read_text() + "\n\ndef wrong_way():\n    from data_pipeline.shards import open_corpus\n")
     result = _lint_imports(tmp_path)
     assert result.returncode != 0
     assert "launcher.train does not import launcher.downstream KEPT" in clean
     assert "launcher.train does not import launcher.downstream BROKEN" in result.stdout
     assert "launcher.train.trainer -> launcher.downstream.fine_tuning" in result.stdout
+    assert f"{ACYCLIC_DATA_PIPELINE} KEPT" in clean and f"{ACYCLIC_DATA_PIPELINE} BROKEN" in result.stdout
+
+
+def test_the_config_layer_imports_without_torch_or_the_trackers():
+    """What `roformer plan`, the dry run and every check of a config import: no torch (roformer's exports load
+    when named), no DeepSpeed, nothing of launcher.tracking."""
+    code = ("import sys, launcher.config.run_config, launcher.config.stages; "
+            "print(sorted(m for m in sys.modules if m in ('torch', 'deepspeed') or m.startswith('launcher.tracking')))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout

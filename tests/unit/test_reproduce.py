@@ -422,7 +422,7 @@ def test_the_from_bert_report_says_what_recovered_and_what_cannot_be_read():
     """The section of report.md from a results table: n/a where a learned model cannot read (past its table),
     the recovery step of the converted model, or that it did not recover."""
     from launcher.reproduce.claims_report import _fmt
-    from launcher.reproduce.from_bert_part import from_bert_section, recovery_step
+    from launcher.reproduce.from_bert_results import from_bert_section, recovery_step
 
     curve = [[10, 6.1, 0.1], [20, 5.9, 0.12], [30, 5.7, 0.14]]
     assert (recovery_step(curve, 5.9), recovery_step(curve, 5.0), recovery_step(curve, None)) == (20, None, None)

@@ -12,7 +12,7 @@ pytest.importorskip("mlflow")
 
 from launcher.config.stages import ResolvedStage  # noqa: E402
 from launcher.run_dir.layout import RunDir  # noqa: E402
-from launcher.tracking import parse_report_to  # noqa: E402
+from launcher.config.report_to import parse_report_to  # noqa: E402
 from launcher.tracking.remote import Ledger  # noqa: E402
 from launcher.train.metrics import Metrics, read_metrics  # noqa: E402
 from launcher.errors import UserError  # noqa: E402

@@ -1,0 +1,29 @@
+"""`logging.report_to` -> rank 0's sinks, and what a tracker gets for the run as a whole."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.defaults import TRACKERS
+from launcher.tracking.remote import RemoteSink
+from launcher.tracking.sink import Sink
+from launcher.tracking.tensorboard import TensorBoardSink
+from launcher.tracking.translate import run_params
+
+
+def open_sinks(report_to: tuple[str, ...], run_dir, start_step: int, log_every: int, total_steps: int,
+               stage_ends: list[int], params: dict | None = None, tags: dict | None = None) -> list[Sink]:
+    """The sinks of `report_to` for rank 0 (TensorBoard first)."""
+    sinks: list[Sink] = []
+    if "tensorboard" in report_to:
+        sinks.append(TensorBoardSink(Path(run_dir.tensorboard), start_step, log_every, total_steps))
+    for name in TRACKERS:
+        if name in report_to:
+            sinks.append(RemoteSink(name, run_dir, params or {}, tags or {}, stage_ends))
+    return sinks
+
+
+def tracked_run(config_dict: dict, run_dir, data_dir: str, report_to) -> dict:
+    """Metrics' keyword arguments for a run: its sinks, the resolved config as flat parameters, the run and data
+    directories as tags."""
+    return {"report_to": tuple(report_to), "params": run_params(config_dict),
+            "tags": {"run_dir": str(Path(run_dir.root)), "data_dir": str(data_dir)}}
