@@ -6,6 +6,8 @@ import re
 import signal
 import time
 
+from launcher.defaults import DEFAULT_MASTER_PORT
+from launcher.launch.ports import AUTO_PORT_SPAN
 from launcher.run_dir.layout import RunDir
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import (
@@ -23,18 +25,21 @@ from tests.support.helpers import (
 
 
 def test_local_two_rank_run_through_the_wrapper(tiny_data, tmp_path):
-    """The demo's command with its output to pipes (as in a log file or CI): the console has each
+    """The demo's command (no --master_port) with its output to pipes (as in a log file or CI): the console has each
     event once, from rank 0 only, and none of DeepSpeed's launcher lines that do not apply; the run's
     log file (RUN_DIR/logs/launcher.log) has everything."""
     config = tiny_run_config(tmp_path / "config", tiny_data, logging={"progress_every": 4})
     run_dir = tmp_path / "run"
-    result = roformer("pretrain", "--num_gpus", "2", "--master_port", str(free_port()), "--config", str(config),
-                      "--run-dir", str(run_dir), env=roformer_env(ROFORMER_PROBE="seen"), timeout=300)
+    # No --master_port, as the demo: the job claims a port from 29500 up (launcher/launch/ports.py).
+    result = roformer("pretrain", "--num_gpus", "2", "--config", str(config), "--run-dir", str(run_dir),
+                      env=roformer_env(ROFORMER_PROBE="seen"), timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     log = (run_dir / "logs" / "launcher.log").read_text()
     launched = r"-m launcher[.]launch[.]deepspeed_processes launch --world_info=\S+ --master_addr=127[.]0[.]0[.]1 "
     assert re.search(launched, log)
+    port = int(re.search(r"--master_port=(\d+) ", log).group(1))
+    assert DEFAULT_MASTER_PORT <= port < DEFAULT_MASTER_PORT + AUTO_PORT_SPAN, port
     for hidden in ("Setting CUDA_VISIBLE_DEVICES", "[INFO] [launch.py", "built successfully"):
         assert hidden not in output, hidden
     assert "Setting CUDA_VISIBLE_DEVICES=0,1" in log
