@@ -67,15 +67,26 @@ def claim_port(candidates: Iterable[int]) -> int:
 
 
 def _lock_port(port: int) -> int | None:
-    """A held flock on PORT_LOCK_DIR/<port>, or None when another process holds it."""
+    """A held flock on PORT_LOCK_DIR/<port>, or None when another process holds it (or another user's
+    lock file cannot be opened: that port is left to them)."""
     if not PORT_LOCK_DIR.is_dir():
-        PORT_LOCK_DIR.mkdir(exist_ok=True)
-        try:  # other users' claims go in here too; best effort when another user made it first
-            os.chmod(PORT_LOCK_DIR, 0o1777)
-        except OSError:
-            pass
-    # Read-only suffices for flock, so a lock file another user created is usable too.
-    fd = os.open(PORT_LOCK_DIR / str(port), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            PORT_LOCK_DIR.mkdir()
+            os.chmod(PORT_LOCK_DIR, 0o1777)  # other users' claims go in here too
+        except FileExistsError:
+            pass  # made by another claimant just now
+        except OSError as err:
+            raise UserError(f"cannot claim a rendezvous port in {PORT_LOCK_DIR} ({err.strerror}); "
+                            "pass --master_port") from None
+        if not PORT_LOCK_DIR.is_dir():
+            raise UserError(f"cannot claim a rendezvous port: {PORT_LOCK_DIR} is not a directory; pass --master_port")
+    path = PORT_LOCK_DIR / str(port)
+    try:  # read-only suffices for flock; O_CREAT only when missing (a sticky /tmp refuses it on others' files)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except PermissionError:
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -8,7 +8,11 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from launcher.defaults import DEFAULT_MASTER_PORT
+from launcher.errors import UserError
+from launcher.launch import ports
 from launcher.launch.ports import AUTO_PORT_SPAN, claim_default_port, claim_port
 from tests.support.helpers import REPO, TEST_PORTS, free_port, roformer, roformer_env, tiny_run_config
 
@@ -61,3 +65,12 @@ def test_an_explicit_master_port_is_kept_even_where_another_process_claimed_it(t
                       "--run-dir", str(tmp_path / "run"), "--dry-run")
     assert result.returncode == 0, result.stderr
     assert f"master: 127.0.0.1:{port}" in result.stdout and "rendezvous port" not in result.stderr
+
+
+def test_a_lock_directory_that_cannot_be_used_is_one_line_naming_it(monkeypatch, tmp_path):
+    blocked = tmp_path / "roformer-ports"
+    blocked.write_text("not a directory")
+    monkeypatch.setattr(ports, "PORT_LOCK_DIR", blocked)
+    with pytest.raises(UserError) as refused:
+        claim_port(TEST_PORTS)
+    assert str(refused.value) == f"cannot claim a rendezvous port: {blocked} is not a directory; pass --master_port"
