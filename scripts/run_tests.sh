@@ -8,6 +8,8 @@
 #   moto server and bucket are the side lane's too), which even the two lanes.
 # - main lane: the rest (multirank: real 2-rank DeepSpeed runs; gpu, which skips without CUDA), and the
 #   unit files of MAIN_UNIT (real MLflow / fine-tuning runs, about 100 s in CI), which even the lanes.
+# Ports: every test port is claimed (tests/support/helpers.free_port, launcher/launch/ports.py: a lock file
+# per port, held until the pytest process exits), so the two lanes never get the same one.
 # Same arguments to both; the exit status is the first non-zero one. One folder alone:
 # `.venv/bin/python -m pytest tests/unit` (`make test-fast`).
 set -uo pipefail
