@@ -321,6 +321,40 @@ def test_stop_patterns_match_only_this_jobs_processes(tmp_path):
             p.wait()
 
 
+def test_a_remote_stop_signals_each_rank_once_and_the_ranks_started_since(tmp_path):
+    """A stop asked while a pdsh job starts: the command `roformer pretrain` runs over ssh on each poll SIGTERMs
+    the ranks it has not signalled yet (a second SIGTERM to a rank would mean "stop now") and names them."""
+    from launcher.launch.supervise import rank_pattern, remote_stop_command
+
+    plan = _plan("pdsh", tmp_path)
+
+    def run_remote(seen: set[int]) -> set[int]:
+        out = subprocess.run(["bash", "-c", remote_stop_command(rank_pattern(plan), seen)], capture_output=True,
+                             text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return {int(pid) for pid in out.stdout.split()}
+
+    guard = _sleeper("-u", "-m", "launcher.launch.rank_process", "launcher.train.rank_entry", *plan.rank_args)
+    # A rank busy with its stop: it records the SIGTERM and goes on (here: ignores it).
+    first = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                              "signal.SIG_IGN); time.sleep(120)", "-u", "-m", "launcher.train.rank_entry",
+                              *plan.rank_args])
+    later = None
+    try:
+        time.sleep(0.3)
+        assert run_remote(set()) == {first.pid}
+        later = _sleeper("-u", "-m", "launcher.train.rank_entry", *plan.rank_args)
+        time.sleep(0.3)
+        assert run_remote({first.pid}) == {later.pid}  # the rank started since; the first not again
+        assert later.wait(timeout=20) == -signal.SIGTERM
+        assert first.poll() is None and guard.poll() is None
+    finally:
+        for proc in (guard, first, later):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def test_local_stop_matches_ranks_of_a_run_dir_with_any_character(tmp_path):
     """The local Ctrl-C path matches real command lines in Python; '^' and '\\' in --run-dir once
     made its regex fail to compile (leaving the job running in its own session)."""
