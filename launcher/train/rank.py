@@ -32,6 +32,8 @@ from launcher.run_dir.records import write_init_record
 from launcher.train.engine import build_engine, init_distributed, precision
 from launcher.train.heartbeats import HeartbeatWriter
 from launcher.train.init_weights import InitialWeights
+from launcher.tracking.attach import sync_run
+from launcher.tracking.remote import final_files
 from launcher.tracking.sink import tracked_run
 from launcher.train.metrics import Metrics
 from launcher.train.phase_timer import PhaseTimer
@@ -123,7 +125,10 @@ def start(inputs: RankInputs, timer: PhaseTimer) -> StartedRank | None:
     progress.start_up("resume checks")
     plan = agree_on_resume(inputs, progress, timer)
     if plan.finished:
-        if inputs.rank == 0:
+        if inputs.rank == 0:  # first what its trackers missed (a server down when it finished), as promised
+            sync_run(inputs.run_dir, final_files(inputs.run_dir),
+                     **tracked_run(inputs.cfg.to_dict(), inputs.run_dir, inputs.cfg.data.data_dir,
+                                   inputs.cfg.logging.report_to))
             print(f"{inputs.run_dir.root}: already trained to the end of the schedule (step {plan.step}); "
                   "nothing to do", file=sys.stderr)
         return None
