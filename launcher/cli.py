@@ -124,13 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not as a traceback at interpreter exit
         return code
     except KeyboardInterrupt:
-        return _stopped(command, signal.SIGINT, "Ctrl-C")
+        return _stopped(command, signal.SIGINT)
     except Stopped as stop:
-        return _stopped(command, stop.signum, "")
+        return _stopped(command, stop.signum)
     except BrokenPipeError:  # the reader of stdout is gone: no second error at the interpreter's final flush
         reader_gone(sys.stdout)
         return BROKEN_PIPE_EXIT_CODE
     except Exception as err:  # noqa: BLE001 - user_errors() imports the model config (torch): only on an error
+        if _stops_received:  # raised after a stop, by what the stop interrupted (a module half-imported): the stop
+            return _stopped(command, _stops_received[0])
         if not isinstance(err, user_errors()):
             raise
         print(f"roformer {command}: error: {err}", file=sys.stderr)  # bad input: one line, no traceback
@@ -140,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, previous_int)
 
 
-def _stopped(command: str, signum: int, how: str) -> int:
+def _stopped(command: str, signum: int) -> int:
     name = signal.Signals(signum).name
-    print(f"roformer {command}: stopped by {name}{f' ({how})' if how else ''}", file=sys.stderr, flush=True)
+    how = " (Ctrl-C)" if signum == signal.SIGINT else ""
+    print(f"roformer {command}: stopped by {name}{how}", file=sys.stderr, flush=True)
     return 128 + signum
 
 

@@ -43,10 +43,11 @@ def test_a_stop_at_any_moment_of_the_start_ends_the_run_at_its_first_step_bounda
         assert "Traceback" not in output and "error" not in output.lower(), output[-3000:]
         steps = metrics_steps(run_dir) if run_dir.is_dir() else []
         point = newest_checkpoint(run_dir) if run_dir.is_dir() else None
-        if not steps:  # stopped before the job was launched: nothing of a run written
-            assert point is None and not (run_dir / "checkpoints").exists(), output[-3000:]
+        if "received: the ranks finish their step" not in output:  # before the job's launch: nothing of a run
+            assert not steps and point is None and not (run_dir / "checkpoints").exists(), output[-3000:]
             landed.append((delay, "before the launch", 0))
             continue
+        # The job was launched (its ranks starting, about to, or training): they stop with a checkpoint.
         assert steps == list(range(1, steps[-1] + 1)) and steps[-1] < TOTAL_STEPS, output[-3000:]
         assert point is not None and point.step == steps[-1], output[-3000:]  # the stop's own checkpoint
         assert [e.tag for e in CheckpointCatalogue.scan(run_dir).entries] == [point.tag]  # nothing half-written

@@ -143,3 +143,35 @@ def test_a_stop_that_python_could_only_print_still_stops_data_prepare_before_it_
         assert result.stderr.rstrip().splitlines()[-1].startswith(f"roformer data: stopped by {name}"), result.stderr
     assert not (tmp_path / "prepared").exists()
     assert client.list_objects_v2(Bucket="roformer-test", Prefix="stopped-prepare/")["KeyCount"] == 0
+
+
+# A stop that lands in an import leaves the module half-initialised, and what uses it next fails with an
+# error of its own (seen: `AttributeError: module 'numpy' has no attribute 'matrix'` after a Ctrl-C during
+# numpy's import, a traceback and exit 1). Replayed here: a real SIGINT whose exception the code it lands
+# in swallows, then that code's own error.
+STOP_THEN_ITS_AFTERMATH = """
+import os, signal, sys
+import data_pipeline.prepare as prepare
+from launcher.cli import main
+
+def resolve_sources(specs):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(range(1000))
+    except KeyboardInterrupt:
+        pass  # what an interrupted import machinery does with it
+    raise AttributeError("module 'numpy' has no attribute 'matrix'")
+
+prepare.resolve_sources = resolve_sources
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_error_that_follows_a_stop_is_the_stop(tmp_path):
+    corpus = write_jsonl(tmp_path / "en.jsonl", english_paragraphs(limit_files=2))
+    result = subprocess.run([sys.executable, "-c", STOP_THEN_ITS_AFTERMATH, "data", "prepare", "--input", str(corpus),
+                             "--out", str(tmp_path / "prepared"), "--vocab-size", "500"],
+                            cwd=REPO, env=roformer_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 128 + signal.SIGINT, result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == STOPPED and "Traceback" not in result.stderr, result.stderr
+    assert not (tmp_path / "prepared").exists()
