@@ -195,6 +195,8 @@ class StopForwarder:
         self.signalled: dict[str, set[int]] = {host: set() for host in plan.resources}
         """Per host, the process ids of the ranks signalled so far."""
         self.ranks_per_host = {host: len(slots) for host, slots in plan.resources.items()}
+        self.unreachable: set[str] = set()
+        """Hosts ssh did not reach (their ranks' guards stop them when the job ends)."""
         self.next_remote_look = 0.0
 
     def forward(self) -> None:
@@ -227,9 +229,11 @@ class StopForwarder:
 
     def _forward_remote(self) -> None:
         for host, seen in self.signalled.items():
-            if len(seen) >= self.ranks_per_host[host]:
+            if len(seen) >= self.ranks_per_host[host] or host in self.unreachable:
                 continue
             result = ssh(host, remote_stop_command(rank_pattern(self.plan), seen), timeout=15)
+            if result.returncode == 255:  # ssh's own failure: not asked again (each try costs its timeout)
+                self.unreachable.add(host)
             seen.update(int(pid) for pid in result.stdout.split() if pid.isdigit())
 
 
