@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -96,8 +97,9 @@ class PrepareReport:
         return "\n".join(lines)
 
 
-def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
-    """Run both passes and write `cfg.out_dir`; raises DataError on bad input before writing it."""
+def prepare(cfg: PrepareConfig, log=None, before_publish: Callable[[], None] = lambda: None) -> PrepareReport:
+    """Run both passes and write `cfg.out_dir`; raises DataError on bad input before writing it.
+    before_publish: raises when the command was asked to stop (launcher/cli.py raise_if_stopped)."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     started = time.perf_counter()
     specs = cfg.input.named_sources()
@@ -153,6 +155,7 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
             "special_ids": special.as_dict(),
             "sources": named,
             "options": cfg.options_for_manifest(), "stats": stats, "splits": splits}
+        before_publish()
         _publish(partial, out_dir, manifest)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
@@ -162,8 +165,10 @@ def prepare(cfg: PrepareConfig, log=None) -> PrepareReport:
 
 
 def train_tokenizer_only(input_cfg: InputConfig, tok_cfg: TokenizerConfig, out_dir: Path,
-                         max_documents: int | None = None, workers: int = 1, log=None) -> Path:
-    """`roformer data tokenizer`: scan the inputs and train SentencePiece into out_dir (no shards)."""
+                         max_documents: int | None = None, workers: int = 1, log=None,
+                         before_publish: Callable[[], None] = lambda: None) -> Path:
+    """`roformer data tokenizer`: scan the inputs and train SentencePiece into out_dir (no shards);
+    before_publish as for `prepare`."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     cfg = PrepareConfig(input=input_cfg, out_dir=out_dir, tokenizer=tok_cfg, workers=workers,
                         cleaning=CleaningConfig(valid_fraction=0.0, max_documents=max_documents))
@@ -174,6 +179,7 @@ def train_tokenizer_only(input_cfg: InputConfig, tok_cfg: TokenizerConfig, out_d
         _scan_all(cfg, source_files, formats, pool, Path(tmp), log, counter)
         staged = Path(tmp) / "tokenizer"
         train_sentencepiece(sorted(Path(tmp).glob("*.txt")), staged, tok_cfg, threads=workers, log=log)
+        before_publish()
         out_dir.mkdir(parents=True, exist_ok=True)
         for f in staged.iterdir():
             os.replace(f, out_dir / f.name)

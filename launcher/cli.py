@@ -70,8 +70,29 @@ class Stopped(Exception):
         self.signum = signum
 
 
-def _raise_stopped(signum, _frame) -> None:
+_stops_received: list[int] = []
+"""The stop signals this command got, in order (main clears it)."""
+
+
+def _on_stop_signal(signum, _frame) -> None:
+    """SIGINT as KeyboardInterrupt, SIGTERM as Stopped, and remembered: where the handler runs while Python
+    finalises a generator or an object, the exception can only be printed ("Exception ignored in ...") and
+    the work would go on to publish its result (issue 49)."""
+    _stops_received.append(signum)
+    _raise_stop(signum)
+
+
+def _raise_stop(signum: int) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise Stopped(signum)
+
+
+def raise_if_stopped() -> None:
+    """Raise again a stop this command received: called before anything is published (a folder moved into
+    place, an upload) and when a command returns, so a stop whose exception was swallowed still stops it."""
+    if _stops_received:
+        _raise_stop(_stops_received[0])
 
 
 # Commands that use DeepSpeed import it first, without the parts they never run (launcher/lean_imports.py).
@@ -81,14 +102,15 @@ USE_DEEPSPEED = ("plan", "pretrain", "export", "gpu-check")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = "?"
+    _stops_received.clear()
     # SIGTERM unwinds like Ctrl-C, so every `finally` (temporary files, worker pools) runs.
-    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    previous = signal.signal(signal.SIGTERM, _on_stop_signal)
     # Ctrl-C as KeyboardInterrupt whatever this process inherited. A background job of a non-interactive
     # shell (`cmd &` in a script, CI runners, tools running commands detached) starts with SIGINT
     # *ignored*, and Python then installs no handler: a SIGINT sent to the command was silently dropped
     # and the work went on to the end (what made the Ctrl-C test of `data prepare` fail when the test
     # suite itself ran in the background).
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_int = signal.signal(signal.SIGINT, _on_stop_signal)
     try:
         args = build_parser(argv).parse_args(argv)
         command = args.command
@@ -98,16 +120,19 @@ def main(argv: list[str] | None = None) -> int:
 
             import_deepspeed()
         code = int(module.run(args) or 0)
+        raise_if_stopped()
         sys.stdout.flush()  # a closed pipe shows here, not as a traceback at interpreter exit
         return code
     except KeyboardInterrupt:
-        return _stopped(command, signal.SIGINT, "Ctrl-C")
+        return _stopped(command, signal.SIGINT)
     except Stopped as stop:
-        return _stopped(command, stop.signum, "")
+        return _stopped(command, stop.signum)
     except BrokenPipeError:  # the reader of stdout is gone: no second error at the interpreter's final flush
         reader_gone(sys.stdout)
         return BROKEN_PIPE_EXIT_CODE
     except Exception as err:  # noqa: BLE001 - user_errors() imports the model config (torch): only on an error
+        if _stops_received:  # raised after a stop, by what the stop interrupted (a module half-imported): the stop
+            return _stopped(command, _stops_received[0])
         if not isinstance(err, user_errors()):
             raise
         print(f"roformer {command}: error: {err}", file=sys.stderr)  # bad input: one line, no traceback
@@ -117,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, previous_int)
 
 
-def _stopped(command: str, signum: int, how: str) -> int:
+def _stopped(command: str, signum: int) -> int:
     name = signal.Signals(signum).name
-    print(f"roformer {command}: stopped by {name}{f' ({how})' if how else ''}", file=sys.stderr, flush=True)
+    how = " (Ctrl-C)" if signum == signal.SIGINT else ""
+    print(f"roformer {command}: stopped by {name}{how}", file=sys.stderr, flush=True)
     return 128 + signum
 
 

@@ -1,12 +1,17 @@
 """Values that several parts of the launcher must agree on, defined once."""
 from __future__ import annotations
 
+import signal
+
 BAD_INPUT_EXIT_CODE = 2
 """A command or rank refused its input (one line on stderr naming the problem)."""
 ORDERLY_STOP_EXIT_CODE = 143
 """A rank stopped on SIGTERM/SIGINT after writing a checkpoint (128 + SIGTERM, as a shell reports it):
 a requested stop, not a failure. The rank entry exits with it; the rank guard and the supervisor
 recognise it."""
+RANK_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""What a rank takes as a stop request (launcher/train/stop_signals.py); its wrapper holds them blocked
+until the rank entry's handlers exist (launcher/launch/rank_process.py)."""
 GUARD_STOP_EXIT_CODE = 3
 """The numerics guard ended the run (a loss spike, a non-finite figure, a stuck fp16 loss scale: its one
 line names step, figure, window median and threshold; launcher/train/guard_actions.py). Not a fault:

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from launcher.cli import raise_if_stopped
 from launcher.errors import UserError
 from launcher.output_paths import DATA, check_output_dir, check_paths, check_replaceable, writer_lock
 
@@ -132,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     tok_cfg = TokenizerConfig(**{TRAINING_OPTIONS[flag][0]: TRAINING_OPTIONS[flag][1](value)
                                  for flag, value in given.items()})
     if args.data_command == "tokenizer":
-        path = train_tokenizer_only(input_cfg, tok_cfg, args.out, max_documents=args.max_documents)
+        path = train_tokenizer_only(input_cfg, tok_cfg, args.out, max_documents=args.max_documents,
+                                    before_publish=raise_if_stopped)
         print(f"tokenizer written to {path.parent}")
         return 0
     if remote_out:
@@ -142,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         print("roformer data: warning: --valid-fraction 0: no validation split; `roformer pretrain` refuses such "
               "data (it validates), eval-mlm --data needs --split train", file=sys.stderr)
     with writer_lock("--out", args.out, "roformer data prepare"):
-        report = prepare(cfg)
+        report = prepare(cfg, before_publish=raise_if_stopped)
     print(report.summary(), file=sys.stderr)
     return 0
 
@@ -179,8 +181,9 @@ def _prepare_to_bucket(args: argparse.Namespace, input_cfg, tok_cfg) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="roformer-prepare-"))
     try:
-        report = prepare(_prepare_config(args, input_cfg, tok_cfg, work / "data"))
+        report = prepare(_prepare_config(args, input_cfg, tok_cfg, work / "data"), before_publish=raise_if_stopped)
         print(report.summary(), file=sys.stderr)
+        raise_if_stopped()  # the upload publishes
         uploaded = upload_directory(work / "data", args.out, args.remote_retries, args.remote_timeout,
                                     overwrite=args.overwrite)  # checked before preparing
         print(uploaded.summary(), file=sys.stderr)

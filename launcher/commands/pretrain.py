@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from launcher import ops_cache
+from launcher.cli import raise_if_stopped
 from launcher.defaults import DEFAULT_MASTER_PORT, PROGRESS_ENV
 from launcher.errors import UserError
 from launcher.run_dir.lock import LOCK_ID_ENV
@@ -190,6 +191,7 @@ def launch_once(plan, grace_seconds: float):
                      f"({plan.launcher}); run dir {plan.run_dir}; all output also in {log}", stream=console.out)
         console.log_only("roformer pretrain: " + shlex.join(plan.command()))
         announce_op_build(plan, console)
+        raise_if_stopped()  # a stop whose exception was swallowed (an import it interrupted): nothing is launched
         return supervise_job(plan, runner_env, console, grace_seconds=grace_seconds)
     finally:
         console.close()

@@ -18,8 +18,10 @@ import subprocess
 import sys
 import time
 
-from launcher.defaults import BAD_INPUT_EXIT_CODE, DEFAULT_MASTER_PORT, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE
+from launcher.defaults import (BAD_INPUT_EXIT_CODE, DEFAULT_MASTER_PORT, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE,
+                               RANK_STOP_SIGNALS)
 from launcher.io import write_line
+from launcher.launch.launch_plan import RANK_ENTRY_MODULE
 from launcher.launch.watchdog import Watchdog
 
 MARKER = "[roformer-rank-exit]"
@@ -68,6 +70,15 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         pass
+
+
+def _start_rank_entry() -> None:
+    """In the rank entry's process before it execs: die with us, and hold SIGTERM / SIGINT until its own
+    handlers exist (launcher/train/stop_signals.py, which unblocks them), so a stop sent while its
+    interpreter starts is delivered to them, not taken by the default action (which would kill it).
+    Only for the rank entry: another module would never see them."""
+    _die_with_parent()
+    signal.pthread_sigmask(signal.SIG_BLOCK, RANK_STOP_SIGNALS)
 
 
 def mpi_environment() -> dict[str, str]:
@@ -142,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as err:
         print(f"rank_process: error: {err}", file=sys.stderr, flush=True)
         return BAD_INPUT_EXIT_CODE
-    child = subprocess.Popen([sys.executable, "-u", "-m", *argv], env=env, preexec_fn=_die_with_parent)
+    start = _start_rank_entry if argv[0] == RANK_ENTRY_MODULE else _die_with_parent
+    child = subprocess.Popen([sys.executable, "-u", "-m", *argv], env=env, preexec_fn=start)
     identity = _rank_identity(env)
     watchdog = Watchdog.for_rank(argv[1:], env, identity, child.pid,
                                  report=write_line)

@@ -35,6 +35,7 @@ FAILURE_GRACE_SECONDS = 30.0  # + the stop itself stays well inside the 60 s pro
 STOP_WAIT_SECONDS = 10.0
 GRACEFUL_STOP_SECONDS = 120.0  # Ctrl-C: time for the ranks to finish the step and write a checkpoint
 HUNG_GRACE_SECONDS = 10.0  # after a watchdog verdict: the other guards decide within their settle time
+REMOTE_STOP_POLL_SECONDS = 2.0  # a requested stop looks for ranks started since on each node this often
 
 _PDSH_PREFIX_RE = re.compile(r"^([A-Za-z0-9_.-]+): (.*)$")
 _GUARD_RE = re.compile(re.escape(MARKER) + r" rank=(\S+) local_rank=(\S+) node_rank=(\S+) host=(\S+) pid=(\d+) "
@@ -179,28 +180,69 @@ def local_rank_regex(plan: LaunchPlan) -> re.Pattern:
     return re.compile(re.escape(f"-m {plan.entry_module} {tail}") + "( |$)")
 
 
-def request_graceful_stop(plan: LaunchPlan, runner: subprocess.Popen) -> None:
-    """SIGTERM to the ranks only: the trainer then finishes its step, checkpoints and exits.
+class StopForwarder:
+    """The first Ctrl-C / SIGTERM of `roformer pretrain`, passed on as SIGTERM to the ranks alone (the trainer
+    then finishes its step, checkpoints and exits), each rank once, and also to each rank that starts after
+    the stop arrived: a stop during the job's start-up is not lost (a rank records it from its first instant
+    and honours it at its first step boundary: launcher/train/stop_signals.py).
 
-    Signalling DeepSpeed's launcher too would make it signal the ranks a second time, which the
-    trainer takes as "stop now". MPI launchers: mpirun passes SIGTERM on to its ranks itself.
+    Signalling DeepSpeed's launcher too would make it signal the ranks a second time, which the trainer
+    takes as "stop now". MPI launchers: mpirun passes SIGTERM on to its ranks itself.
     """
-    if plan.launcher == "pdsh":
-        pattern = shlex.quote(rank_pattern(plan))
-        for host in plan.resources:
-            ssh(host, f"pkill -TERM -f {pattern}", timeout=15)
-    elif plan.launcher == "local":
+
+    def __init__(self, plan: LaunchPlan, runner: subprocess.Popen):
+        self.plan, self.runner = plan, runner
+        self.signalled: dict[str, set[int]] = {host: set() for host in plan.resources}
+        """Per host, the process ids of the ranks signalled so far."""
+        self.ranks_per_host = {host: len(slots) for host, slots in plan.resources.items()}
+        self.unreachable: set[str] = set()
+        """Hosts ssh did not reach (their ranks' guards stop them when the job ends)."""
+        self.next_remote_look = 0.0
+
+    def forward(self) -> None:
+        """Signal the ranks not signalled yet; called on every poll of the supervisor once a stop was asked."""
+        if self.plan.launcher == "local":
+            self._forward_local()
+        elif self.plan.launcher == "pdsh":
+            if time.monotonic() >= self.next_remote_look:  # ssh per host: not on every poll
+                self.next_remote_look = time.monotonic() + REMOTE_STOP_POLL_SECONDS
+                self._forward_remote()
+        elif not any(self.signalled.values()):
+            _killpg(self.runner, signal.SIGTERM)
+            self.signalled[next(iter(self.signalled))].add(self.runner.pid)
+
+    def _forward_local(self) -> None:
         import psutil
 
-        regex = local_rank_regex(plan)
-        for proc in psutil.Process(runner.pid).children(recursive=True):
+        regex, seen = local_rank_regex(self.plan), self.signalled[next(iter(self.signalled))]
+        try:
+            children = psutil.Process(self.runner.pid).children(recursive=True)
+        except psutil.Error:
+            return  # the runner has ended
+        for proc in children:
             try:
-                if regex.search(" ".join(proc.cmdline())):
+                if proc.pid not in seen and regex.search(" ".join(proc.cmdline())):
                     proc.terminate()
+                    seen.add(proc.pid)
             except psutil.Error:
                 pass
-    else:
-        _killpg(runner, signal.SIGTERM)
+
+    def _forward_remote(self) -> None:
+        for host, seen in self.signalled.items():
+            if len(seen) >= self.ranks_per_host[host] or host in self.unreachable:
+                continue
+            result = ssh(host, remote_stop_command(rank_pattern(self.plan), seen), timeout=15)
+            if result.returncode == 255:  # ssh's own failure: not asked again (each try costs its timeout)
+                self.unreachable.add(host)
+            seen.update(int(pid) for pid in result.stdout.split() if pid.isdigit())
+
+
+def remote_stop_command(pattern: str, seen: set[int]) -> str:
+    """The shell command that SIGTERMs the processes matching `pattern` (pgrep -f) whose ids are not in
+    `seen`, printing the ids it signalled."""
+    skip = " ".join(str(pid) for pid in sorted(seen))
+    return (f"for p in $(pgrep -f {shlex.quote(pattern)}); do case ' {skip} ' in *\" $p \"*) ;; "
+            f"*) kill -TERM $p && echo $p ;; esac; done")
 
 
 def _ere_literal(text: str) -> str:
@@ -319,6 +361,7 @@ def supervise_job(plan: LaunchPlan, runner_env: dict[str, str], console: Console
     reader.start()
     stopped_after_failure = False
     graceful_deadline: float | None = None
+    stop = StopForwarder(plan, runner)
     unreachable: set[str] = set()  # hosts ssh did not reach while stopping the job
     try:
         while runner.poll() is None:
@@ -328,7 +371,6 @@ def supervise_job(plan: LaunchPlan, runner_env: dict[str, str], console: Console
                 console.note(f"roformer pretrain: {signal_name(interrupted[0])} received: the ranks finish their "
                              f"step, write a checkpoint and stop (up to {grace_seconds:g} s; interrupt again "
                              f"to stop at once)")
-                request_graceful_stop(plan, runner)
                 graceful_deadline = time.monotonic() + grace_seconds
             elif graceful_deadline is not None and (len(interrupted) > 1 or time.monotonic() > graceful_deadline):
                 console.note("roformer pretrain: stopping every process of the job now")
@@ -337,6 +379,8 @@ def supervise_job(plan: LaunchPlan, runner_env: dict[str, str], console: Console
                     HUNG_GRACE_SECONDS if first.hung else FAILURE_GRACE_SECONDS):
                 stop_job(plan, runner, unreachable)
                 stopped_after_failure = True
+            if graceful_deadline is not None:  # again on every poll: the ranks that started since
+                stop.forward()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -1,7 +1,9 @@
 """The trackers of a run from outside training: `roformer report RUN_DIR` (report.md and the plots) and
 `roformer export` (the model card) attach their files to the run's tracked runs, and first send whatever the
 trackers missed from metrics.jsonl (a server that was down). Only trackers the run already reports to (a
-RUN_DIR/tracking/<tracker>.json) are touched; a failure is one warning line, never the command's."""
+RUN_DIR/tracking/<tracker>.json) are touched; a failure is one warning line, never the command's. A start of
+a run already at the end of its schedule catches up the trackers of its config the same way (rank 0:
+launcher/train/rank.py), as the warning of a tracker that went down promised."""
 from __future__ import annotations
 
 import json
@@ -19,12 +21,16 @@ def tracked(run_dir: RunDir) -> list[str]:
     return [name for name in TRACKERS if (tracking_dir(run_dir) / f"{name}.json").is_file()]
 
 
-def sync_run(run_dir, files: list[tuple[Path, str]]) -> None:
+def sync_run(run_dir, files: list[tuple[Path, str]], report_to: tuple[str, ...] | None = None,
+             params: dict | None = None, tags: dict | None = None) -> None:
     """Catch up every tracker of RUN_DIR from metrics.jsonl and its stage-end evals, then attach `files`
-    ((file, artifact folder) pairs)."""
+    ((file, artifact folder) pairs). report_to: the trackers of the run's config (None: those it already
+    reports to); params, tags: the run's, for a tracked run created here (launcher/tracking/sink.py
+    tracked_run)."""
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
-    for name in tracked(run_dir):
-        connection = Connection(name, run_dir, {}, {}, stage_ends(run_dir))
+    names = tracked(run_dir) if report_to is None else [name for name in TRACKERS if name in report_to]
+    for name in names:
+        connection = Connection(name, run_dir, params or {}, tags or {}, stage_ends(run_dir))
         try:
             connection.open()
             connection.send_records(read_records(run_dir.metrics))

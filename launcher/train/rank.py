@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from data_pipeline import PretrainBatches
 from launcher.checkpoint import resume
@@ -30,17 +26,19 @@ from launcher.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK
 from launcher.errors import UserError
 from launcher.inputs.init_from import load_run_config
 from launcher.inputs.run_checks import check_data, check_deepspeed_configs, open_streams
-from launcher.io import write_line
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import write_init_record
 from launcher.train.engine import build_engine, init_distributed, precision
 from launcher.train.heartbeats import HeartbeatWriter
 from launcher.train.init_weights import InitialWeights
+from launcher.tracking.attach import sync_run
+from launcher.tracking.remote import final_files
 from launcher.tracking.open_sinks import tracked_run
 from launcher.train.metrics import Metrics
 from launcher.train.phase_timer import PhaseTimer
 from launcher.train.progress_line import progress_every
+from launcher.train.stop_signals import THIS_RANK, StopAnnouncer, StopSignals
 from launcher.train.trainer import Trainer, TrainState
 from launcher.stage_evals.start import stage_end_callback
 
@@ -82,8 +80,8 @@ class StartedRank:
     plots: PlotHook | None
     """Rank 0's RUN_DIR/plots renderer (None on the other ranks and with `logging.plots: false`)."""
     run_dir: RunDir
-    stop_signals: "StopSignals"
-    """SIGTERM / SIGINT, once `run` installs them: the stop requests the trainer reads every step."""
+    stop_signals: StopSignals
+    """SIGTERM / SIGINT, recorded from the rank's start: the stop requests the trainer reads every step."""
 
 
 def check_inputs(argv: list[str] | None) -> RankInputs:
@@ -127,7 +125,10 @@ def start(inputs: RankInputs, timer: PhaseTimer) -> StartedRank | None:
     progress.start_up("resume checks")
     plan = agree_on_resume(inputs, progress, timer)
     if plan.finished:
-        if inputs.rank == 0:
+        if inputs.rank == 0:  # first what its trackers missed (a server down when it finished), as promised
+            sync_run(inputs.run_dir, final_files(inputs.run_dir),
+                     **tracked_run(inputs.cfg.to_dict(), inputs.run_dir, inputs.cfg.data.data_dir,
+                                   inputs.cfg.logging.report_to))
             print(f"{inputs.run_dir.root}: already trained to the end of the schedule (step {plan.step}); "
                   "nothing to do", file=sys.stderr)
         return None
@@ -186,7 +187,7 @@ def build_components(inputs: RankInputs, plan: ResumePlan, progress: HeartbeatWr
     on_stage_end = stage_end_callback(cfg, run_dir, plots)
     metrics.report_start(timer, plan, world_size, loss_scale(engine), int(engine.skipped_steps), precision(engine),
                          cfg.logging.peak_tflops)
-    signals = StopSignals(cfg.restarts.preemption_grace_seconds, rank, lambda text: metrics.message(text, kept=True))
+    signals = THIS_RANK
     trainer = Trainer(cfg, inputs.stages, engine, inputs.train_batches, inputs.valid_batches, state, checkpointer,
                       metrics, on_stage_end=on_stage_end, progress=progress,
                       stop_requested=lambda: signals.requested is not None)
@@ -196,7 +197,9 @@ def build_components(inputs: RankInputs, plan: ResumePlan, progress: HeartbeatWr
 def run(started: StartedRank) -> int:
     """trainer.run() to the end of the schedule or a stop; the rank's exit code."""
     trainer, metrics, progress, plots = started.trainer, started.metrics, started.progress, started.plots
-    started.stop_signals.install(lambda: trainer.state.step + 1)
+    started.stop_signals.arm(StopAnnouncer(trainer.cfg.restarts.preemption_grace_seconds, trainer.rank,
+                                           lambda text: metrics.message(text, kept=True),
+                                           lambda: trainer.state.step + 1))
     outcome = trainer.run()
     progress.ended(outcome, trainer.state.step)
     metrics.event(outcome, step=trainer.state.step)
@@ -217,53 +220,3 @@ def rank_and_world_size() -> tuple[int, int]:
     except (KeyError, ValueError):
         raise UserError("RANK / WORLD_SIZE are not set: start this through `roformer pretrain` "
                         "(DeepSpeed's launcher), not directly") from None
-
-
-SAME_STOP_SECONDS = 5.0
-"""A second stop signal this soon after the first is the same stop delivered twice (a scheduler preempting
-the job signals every process of it, and DeepSpeed's per-node launcher passes its own on to the ranks),
-not a second request: it is ignored, so the checkpoint at the current step is still written."""
-
-
-@dataclass(frozen=True)
-class StopRequested:
-    signal: str
-    """SIGTERM or SIGINT."""
-    at: float
-    """time.monotonic() when it arrived."""
-
-
-class StopSignals:
-    """SIGTERM / SIGINT on this rank: a StopRequested (`requested`, None until then) that the trainer reads at its
-    next step and acts on (all ranks agree through the step's all-reduce: finish the step, checkpoint, exit),
-    within restarts.preemption_grace_seconds; after that the rank exits without the checkpoint, saying so."""
-
-    def __init__(self, grace_seconds: float, rank: int, say: Callable[[str], None]):
-        """say: the console line (rank 0's metrics.message)."""
-        self.grace, self.rank, self.say = grace_seconds, rank, say
-        self.requested: StopRequested | None = None
-
-    def install(self, next_step: Callable[[], int]) -> None:
-        """Handle SIGTERM and SIGINT from now on; next_step: the step being trained (for the console line)."""
-        def request_stop(signum, _frame):
-            if self.requested is None:
-                self.requested = StopRequested(signal.Signals(signum).name, time.monotonic())
-                self.say(f"stop requested ({self.requested.signal}): finishing step {next_step()}, then a checkpoint "
-                         f"(within {self.grace:g} s)")
-                timer = threading.Timer(self.grace, self._out_of_grace)
-                timer.daemon = True  # a rank that finished its checkpoint exits without waiting for it
-                timer.start()
-            elif time.monotonic() - self.requested.at < SAME_STOP_SECONDS:
-                pass  # the same stop, fanned out by the process tree
-            else:  # a second signal: stop now
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
-
-        signal.signal(signal.SIGTERM, request_stop)
-        signal.signal(signal.SIGINT, request_stop)
-
-    def _out_of_grace(self) -> None:
-        write_line(f"pretrain (rank {self.rank}): no checkpoint within the preemption grace time of {self.grace:g} s "
-                   f"(restarts.preemption_grace_seconds): exiting without it; the newest complete checkpoint stays the "
-                   f"resume point")
-        os._exit(1)

@@ -4,8 +4,9 @@
 
 Checks the input before the engine exists and before RUN_DIR is written (launcher/train/rank.py), agrees
 on the resume (launcher/checkpoint/resume.py), then trains to the end. Exit codes: 0 finished, 2 bad
-input, 143 stopped after saving a checkpoint, 130 Ctrl-C before the stop handlers exist, 1 a peer gone
-(docs/training.md, "Exit codes of every command"). Every exit flushes the output, destroys the process group and skips the interpreter's finalization
+input, 143 stopped after saving a checkpoint (a SIGTERM / SIGINT at any moment, start-up included:
+launcher/train/stop_signals.py), 1 a peer gone (docs/training.md, "Exit codes of every command"). Every
+exit flushes the output, destroys the process group and skips the interpreter's finalization
 (launcher/train/teardown.py); a console that goes away ends nothing (launcher/io.py keep_console).
 """
 from __future__ import annotations
@@ -42,6 +43,9 @@ def prepare_process_environment(environ: dict[str, str] = os.environ) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The rank: its environment, its inputs checked, then, holding the run directory, the resume agreed,
     the components built and training run (launcher/train/rank.py)."""
+    from launcher.train.stop_signals import THIS_RANK
+
+    THIS_RANK.install()  # first: a stop during start-up is honoured at the first step boundary
     prepare_process_environment()
     from launcher.io import keep_console, write_line
 

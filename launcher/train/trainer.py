@@ -60,7 +60,7 @@ class Trainer:
         self.state, self.checkpointer, self.metrics, self.on_stage_end = state, checkpointer, metrics, on_stage_end
         self.progress = progress or HeartbeatWriter.disabled()  # heartbeats for the hang watchdog
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.stop_requested = stop_requested  # this rank got SIGTERM / SIGINT (launcher/train/rank.py: StopSignals)
+        self.stop_requested = stop_requested  # this rank got SIGTERM / SIGINT (launcher/train/stop_signals.py)
         self.stop_agreed = False  # some rank got a stop request (carried by the per-step all-reduce)
         self.guard_stop: Stop | None = None  # the numerics guard's decision that ended the run
         # The stage-switch message names the mask rate when some stage does not train at the run config's.

@@ -1,6 +1,6 @@
 """Real 2-rank runs reporting to a real `mlflow server` (tests/support/mlflow_server.py), read back with MLflow's
 own client: (a) a run stopped by SIGTERM mid-stage and resumed while the server is down, then caught up by
-`roformer report`: one MLflow run, every step once with metrics.jsonl's values, stage boundaries and artifacts;
+the same command started again (the run is finished) and `roformer report`: one MLflow run, every step once with metrics.jsonl's values, stage boundaries and artifacts;
 (b) a guard rewind: the redone steps told apart from the abandoned ones by their attempt."""
 from __future__ import annotations
 
@@ -54,14 +54,21 @@ def test_stopped_resumed_with_the_server_down_then_caught_up(tiny_data, tmp_path
     log = (tmp_path / "resume.log").read_text(errors="replace")
     assert log.count("tracking: mlflow unreachable") == 1, log[-3000:]
     server.start()
+    client = server.client()
+    (run,) = client.search_runs([client.get_experiment_by_name("stop-resume").experiment_id])
+    train = read_metrics(run_dir)
+    assert len(client.get_metric_history(run.info.run_id, "train/loss")) < len(train)  # what it missed
+    # The same command again (issue 49, row 7): the run is finished, and first its trackers get what they missed.
+    run_to_end(2, config, run_dir, log=tmp_path / "finished.log", **env)
+    finished = (tmp_path / "finished.log").read_text(errors="replace")
+    assert "already trained to the end of the schedule" in finished and "unreachable" not in finished, finished[-3000:]
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == \
+        [r["step"] for r in train]
     result = roformer("report", str(run_dir), env=roformer_env(**env), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
 
-    client = server.client()
-    experiment = client.get_experiment_by_name("stop-resume")
-    (run,) = client.search_runs([experiment.experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name("stop-resume").experiment_id])
     run_id = run.info.run_id
-    train = read_metrics(run_dir)
     assert [r["step"] for r in train] == list(range(1, TINY_TOTAL_STEPS + 1))
     for key in ("loss", "mlm_accuracy", "lr", "grad_norm"):
         logged = sorted((m.step, m.value) for m in client.get_metric_history(run_id, f"train/{key}"))

@@ -102,3 +102,76 @@ def _handles_sigint(pid: int) -> bool:
     status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
     bit = 1 << (signal.SIGINT - 1)
     return bool((int(status["SigCgt"], 16) | int(status["SigIgn"], 16)) & bit)
+
+
+# A stop whose exception Python could only print: the signal's handler ran while a generator was being
+# finalised (the encoding pass leaves each file's document stream unfinished at its last kept document),
+# where an exception is "ignored" and the preparation went on to publish. The stop here is a real signal,
+# sent by the process to itself at that moment (the one thing a test cannot time from outside).
+STOP_WHILE_A_STREAM_CLOSES = """
+import os, signal, sys
+import data_pipeline.prepare as prepare
+from launcher.cli import main
+
+real = prepare.iter_raw_documents
+
+def stream(*args):
+    try:
+        yield from real(*args)
+    except GeneratorExit:  # left unfinished: closed when collected, where Python can only print an exception
+        os.kill(os.getpid(), signal.{signal})
+        sum(range(1000))  # the handler runs here, inside the close
+        raise
+
+prepare.iter_raw_documents = stream
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_stop_that_python_could_only_print_still_stops_data_prepare_before_it_publishes(tmp_path, s3_server):
+    """Exit 128+N with the stop's line, nothing published: not the folder, not (--out s3://) an upload."""
+    corpus = _corpus(tmp_path, copies=1)
+    client = s3_server.client()
+    for name, out in (("SIGINT", str(tmp_path / "prepared")), ("SIGTERM", "s3://roformer-test/stopped-prepare")):
+        result = subprocess.run([sys.executable, "-c", STOP_WHILE_A_STREAM_CLOSES.format(signal=name), "data",
+                                 "prepare", "--input", str(corpus), "--out", out, "--vocab-size", "500"],
+                                cwd=REPO, env=roformer_env(**s3_server.env()), capture_output=True, text=True,
+                                timeout=300)
+        signum = getattr(signal, name)
+        assert "Exception ignored" in result.stderr, result.stderr  # the case: the exception was swallowed
+        assert result.returncode == 128 + signum, result.stderr
+        assert result.stderr.rstrip().splitlines()[-1].startswith(f"roformer data: stopped by {name}"), result.stderr
+    assert not (tmp_path / "prepared").exists()
+    assert client.list_objects_v2(Bucket="roformer-test", Prefix="stopped-prepare/")["KeyCount"] == 0
+
+
+# A stop that lands in an import leaves the module half-initialised, and what uses it next fails with an
+# error of its own (seen: `AttributeError: module 'numpy' has no attribute 'matrix'` after a Ctrl-C during
+# numpy's import, a traceback and exit 1). Replayed here: a real SIGINT whose exception the code it lands
+# in swallows, then that code's own error.
+STOP_THEN_ITS_AFTERMATH = """
+import os, signal, sys
+import data_pipeline.prepare as prepare
+from launcher.cli import main
+
+def resolve_sources(specs):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(range(1000))
+    except KeyboardInterrupt:
+        pass  # what an interrupted import machinery does with it
+    raise AttributeError("module 'numpy' has no attribute 'matrix'")
+
+prepare.resolve_sources = resolve_sources
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_error_that_follows_a_stop_is_the_stop(tmp_path):
+    corpus = write_jsonl(tmp_path / "en.jsonl", english_paragraphs(limit_files=2))
+    result = subprocess.run([sys.executable, "-c", STOP_THEN_ITS_AFTERMATH, "data", "prepare", "--input", str(corpus),
+                             "--out", str(tmp_path / "prepared"), "--vocab-size", "500"],
+                            cwd=REPO, env=roformer_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 128 + signal.SIGINT, result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == STOPPED and "Traceback" not in result.stderr, result.stderr
+    assert not (tmp_path / "prepared").exists()

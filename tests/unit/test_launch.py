@@ -321,6 +321,77 @@ def test_stop_patterns_match_only_this_jobs_processes(tmp_path):
             p.wait()
 
 
+def test_a_remote_stop_signals_each_rank_once_and_the_ranks_started_since(tmp_path):
+    """A stop asked while a pdsh job starts: the command `roformer pretrain` runs over ssh on each poll SIGTERMs
+    the ranks it has not signalled yet (a second SIGTERM to a rank would mean "stop now") and names them."""
+    from launcher.launch.supervise import rank_pattern, remote_stop_command
+
+    plan = _plan("pdsh", tmp_path)
+
+    def run_remote(seen: set[int]) -> set[int]:
+        out = subprocess.run(["bash", "-c", remote_stop_command(rank_pattern(plan), seen)], capture_output=True,
+                             text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return {int(pid) for pid in out.stdout.split()}
+
+    guard = _sleeper("-u", "-m", "launcher.launch.rank_process", "launcher.train.rank_entry", *plan.rank_args)
+    # A rank busy with its stop: it records the SIGTERM and goes on (here: ignores it).
+    first = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                              "signal.SIG_IGN); time.sleep(120)", "-u", "-m", "launcher.train.rank_entry",
+                              *plan.rank_args])
+    later = None
+    try:
+        time.sleep(0.3)
+        assert run_remote(set()) == {first.pid}
+        later = _sleeper("-u", "-m", "launcher.train.rank_entry", *plan.rank_args)
+        time.sleep(0.3)
+        assert run_remote({first.pid}) == {later.pid}  # the rank started since; the first not again
+        assert later.wait(timeout=20) == -signal.SIGTERM
+        assert first.poll() is None and guard.poll() is None
+    finally:
+        for proc in (guard, first, later):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_stop_on_a_hostfiles_nodes_reaches_each_rank_once_as_it_appears(tmp_path, monkeypatch):
+    """StopForwarder over ssh (here a stand-in that runs the command on this machine as node1, and fails as
+    ssh does for node2): the ranks there now, then only the one started since, node2 asked once."""
+    from launcher.launch.supervise import StopForwarder
+
+    plan = _plan("pdsh", tmp_path)
+    bin_dir, calls = tmp_path / "bin", tmp_path / "ssh.calls"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f"#!/bin/bash\nhost=${{@: -2:1}}\necho $host >> {calls}\n"
+                                 "[ \"$host\" = node2 ] && exit 255\nexec bash -c \"${@: -1}\"\n")
+    (bin_dir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    busy = [subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                              "signal.SIG_IGN); time.sleep(120)", "-u", "-m", "launcher.train.rank_entry",
+                              *plan.rank_args]) for _ in range(2)]  # ranks that record the stop and go on
+    later = None
+    try:
+        time.sleep(0.3)
+        forwarder = StopForwarder(plan, runner=busy[0])
+        forwarder.forward()
+        assert forwarder.signalled == {"node1": {p.pid for p in busy}, "node2": set()}
+        later = _sleeper("-u", "-m", "launcher.train.rank_entry", *plan.rank_args)
+        time.sleep(0.3)
+        forwarder.forward()  # within REMOTE_STOP_POLL_SECONDS: nobody asked
+        forwarder.next_remote_look = 0.0
+        forwarder.forward()
+        assert later.wait(timeout=20) == -signal.SIGTERM
+        assert forwarder.signalled["node1"] == {p.pid for p in busy} | {later.pid}
+        assert calls.read_text().split() == ["node1", "node2", "node1"]  # node2 unreachable: asked once
+        assert all(p.poll() is None for p in busy)
+    finally:
+        for proc in (*busy, later):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def test_local_stop_matches_ranks_of_a_run_dir_with_any_character(tmp_path):
     """The local Ctrl-C path matches real command lines in Python; '^' and '\\' in --run-dir once
     made its regex fail to compile (leaving the job running in its own session)."""

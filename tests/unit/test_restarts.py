@@ -374,25 +374,49 @@ def test_plan_shows_the_smaller_world_without_excluded_nodes(tiny_data, tmp_path
 def test_rank_stop_handler_takes_a_repeated_sigterm_as_the_same_stop_and_keeps_the_grace_time(tmp_path):
     """A scheduler's SIGTERM reaches a rank twice (directly and through DeepSpeed's launcher): still one stop,
     the checkpoint still wanted; past restarts.preemption_grace_seconds the rank exits, saying so."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "rank_stop.py"
-    script.write_text(
-        "import os, signal, sys, time\n"
-        "from launcher.train.rank import StopSignals\n"
-        "signals = StopSignals(3.0, 0, lambda text: print(text, flush=True))\n"
-        "signals.install(lambda: 41 + 1)\n"
+    result = _stop_signals_script(tmp_path, (
+        "signals.arm(StopAnnouncer(3.0, 0, lambda text: print(text, flush=True), lambda: 41 + 1))\n"
         "os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM)\n"
         "time.sleep(0.2)\n"
         "print('alive after two SIGTERMs:', signals.requested is not None, flush=True)\n"
         "time.sleep(30)\n"
-        "print('not stopped by the grace time', flush=True)\n")
-    result = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=120,
-                            env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+        "print('not stopped by the grace time', flush=True)\n"))
     assert result.stdout.splitlines() == [
         "stop requested (SIGTERM): finishing step 42, then a checkpoint (within 3 s)",
         "alive after two SIGTERMs: True"], result.stdout + result.stderr
     assert result.returncode == 1
     assert "pretrain (rank 0): no checkpoint within the preemption grace time of 3 s " \
            "(restarts.preemption_grace_seconds): exiting without it" in result.stderr
+
+
+def test_a_stop_held_before_the_rank_starts_is_recorded_and_announced_once_the_trainer_exists(tmp_path):
+    """The rank's wrapper starts it with SIGTERM / SIGINT blocked (launcher/launch/rank_process.py): a Ctrl-C
+    sent then is delivered when the handlers are installed, recorded (the start-up goes on), announced when
+    the trainer arms them, and its grace time counts from its arrival, not from the announcement."""
+    result = _stop_signals_script(tmp_path, (
+        "signal.pthread_sigmask(signal.SIG_BLOCK, RANK_STOP_SIGNALS)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "signals.install()\n"
+        "print('start-up goes on:', signals.requested.signal, flush=True)\n"
+        "time.sleep(2)\n"
+        "signals.arm(StopAnnouncer(3.0, 0, lambda text: print(text, flush=True), lambda: 1))\n"
+        "time.sleep(1.8)\n"
+        "print('not stopped by the grace time', flush=True)\n"))
+    assert result.stdout.splitlines() == [
+        "start-up goes on: SIGINT",
+        "stop requested (SIGINT): finishing step 1, then a checkpoint (within 3 s)"], result.stdout + result.stderr
+    assert result.returncode == 1 and "no checkpoint within the preemption grace time of 3 s" in result.stderr
+
+
+def _stop_signals_script(tmp_path, body: str):
+    """`body` run in a fresh process with `signals`, a StopSignals, and the module's names in scope."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank_stop.py"
+    script.write_text("import os, signal, sys, time\n"
+                      "from launcher.defaults import RANK_STOP_SIGNALS\n"
+                      "from launcher.train.stop_signals import StopAnnouncer, StopSignals\n"
+                      "signals = StopSignals()\n" + body)
+    return subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
