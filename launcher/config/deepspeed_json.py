@@ -61,16 +61,24 @@ def ds_config_source(cfg: RunConfig) -> str:
 def resolve_ds_config(run_config: RunConfig, stage: ResolvedStage, world_size: int,
                       load_universal: bool = False) -> dict:
     """The DeepSpeed config the engine starts with: batch sizes of `stage` (the engine is switched
-    at later boundaries without being rebuilt), peak LR, universal loading when the world size changed."""
-    config = load_ds_json(run_config.deepspeed.config, run_config.deepspeed.overrides)
+    at later boundaries without being rebuilt), peak LR, universal loading when the world size changed.
+    Reads the JSON; a rank's start-up reads it once for all stages (launcher/inputs/run_checks.py RunSetup)."""
+    config = stage_ds_config(load_ds_json(run_config.deepspeed.config, run_config.deepspeed.overrides), run_config,
+                             stage, world_size)
+    if load_universal:
+        config.setdefault("checkpoint", {})["load_universal"] = True
+    return config
+
+
+def stage_ds_config(base: dict, run_config: RunConfig, stage: ResolvedStage, world_size: int) -> dict:
+    """`base` (load_ds_json's, left as it is) with the batch sizes of `stage` and the peak LR."""
+    config = copy.deepcopy(base)
     config["train_batch_size"] = stage.global_batch_size
     config["train_micro_batch_size_per_gpu"] = stage.micro_batch_size
     config["gradient_accumulation_steps"] = stage.grad_accum_steps
     assert stage.micro_batch_size * stage.grad_accum_steps * world_size == stage.global_batch_size
     config.setdefault("optimizer", {}).setdefault("params", {})["lr"] = run_config.optimizer.lr
     config.setdefault("steps_per_print", 10**9)  # our metrics replace DeepSpeed's own step printing
-    if load_universal:
-        config.setdefault("checkpoint", {})["load_universal"] = True
     return config
 
 

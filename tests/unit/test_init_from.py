@@ -21,7 +21,7 @@ from data_pipeline.prepare import prepare
 from data_pipeline.shards import open_corpus
 from launcher.cli import main as cli_main
 from launcher.config.run_config import dump_run_config
-from launcher.inputs.init_from import load_run_config
+from launcher.inputs.init_from import load_config_and_init, load_run_config
 from launcher.errors import UserError
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import describe_init, read_init_record, write_init_record
@@ -109,8 +109,8 @@ def test_init_from_errors_name_the_field(tmp_path, hf_dir):
 def test_weights_are_loaded_into_the_engine_model(tmp_path, hf_dir):
     import transformers
 
-    cfg = load_run_config(init_from_config(tmp_path, hf_dir))
-    initial = InitialWeights.read(cfg.init_from, cfg.model)
+    cfg, init = load_config_and_init(init_from_config(tmp_path, hf_dir))
+    initial = InitialWeights.read(init, cfg.model)
     model = build_model(cfg, initial)
     assert initial.new_head is False
     reference = transformers.RoFormerForMaskedLM.from_pretrained(str(hf_dir)).state_dict()
@@ -136,8 +136,8 @@ def test_a_bare_roformer_model_gets_a_new_mlm_head(tmp_path, texts):
 
     source = plain_transformers_dir(tmp_path / "encoder", texts, head=False, safetensors=False, seed=3)
     assert (source / "pytorch_model.bin").is_file() and not (source / "model.safetensors").exists()
-    cfg = load_run_config(init_from_config(tmp_path, source))
-    initial = InitialWeights.read(cfg.init_from, cfg.model)
+    cfg, init = load_config_and_init(init_from_config(tmp_path, source))
+    initial = InitialWeights.read(init, cfg.model)
     model = build_model(cfg, initial)
     assert initial.new_head is True and initial.record()["mlm_head"] == "new"
     encoder = transformers.RoFormerModel.from_pretrained(str(source)).state_dict()
