@@ -22,7 +22,8 @@ from safetensors.torch import save_file
 
 from .bert_interop import config_from_bert, read_bert_weights
 from .config import ConfigError, RoFormerConfig
-from .hf_keys import HF_ROPE_TABLE_KEY, HF_TIED_KEYS, KEY_MAP, from_hf_state_dict, read_weights, to_hf_state_dict
+from .hf_keys import (HF_ROPE_TABLE_KEY, HF_TIED_KEYS, KEY_MAP, check_derived_hf_keys, from_hf_state_dict,
+                      read_weights, to_hf_state_dict)
 from .model import RoFormerForMaskedLM, RoFormerForSequenceClassification
 from .rope import transformers_sinusoidal_table
 
@@ -185,19 +186,6 @@ def read_hf_directory(directory: str | Path) -> tuple[RoFormerConfig, dict[str, 
     config = pretrained.config()
     tensors, _ = pretrained.weights(config)
     return config, tensors, pretrained.raw
-
-
-def check_derived_hf_keys(tensors: dict[str, torch.Tensor], config: RoFormerConfig, where: Path | str) -> None:
-    """The keys we drop on import must hold what we would rebuild, or the weights mean something else."""
-    table = tensors.get(HF_ROPE_TABLE_KEY)
-    if table is not None:
-        expected = transformers_sinusoidal_table(table.shape[0], config.head_size)
-        if table.shape != expected.shape or not torch.allclose(table.float(), expected, atol=1e-5):
-            raise ConfigError(f"{where}: {HF_ROPE_TABLE_KEY} is not the standard RoPE table (base 10000, "
-                              f"head size {config.head_size})")
-    for tied, source in HF_TIED_KEYS.items():
-        if tied in tensors and source in tensors and not torch.equal(tensors[tied], tensors[source]):
-            raise ConfigError(f"{where}: {tied} differs from {source}, but the MLM decoder must be tied")
 
 
 def load_pretrained(directory: str | Path) -> RoFormerForMaskedLM:

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from .config import ConfigError
+from .config import ConfigError, RoFormerConfig
+from .rope import transformers_sinusoidal_table
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 """Where transformers' save_pretrained puts the weights, in the order `read_weights` reads them."""
@@ -115,3 +116,16 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     if (directory / "pytorch_model.bin").is_file():
         return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
     raise ConfigError(f"{directory}: no {', '.join(WEIGHT_FILES)}")
+
+
+def check_derived_hf_keys(tensors: dict[str, torch.Tensor], config: RoFormerConfig, where: Path | str) -> None:
+    """The keys we drop on import must hold what we would rebuild, or the weights mean something else."""
+    table = tensors.get(HF_ROPE_TABLE_KEY)
+    if table is not None:
+        expected = transformers_sinusoidal_table(table.shape[0], config.head_size)
+        if table.shape != expected.shape or not torch.allclose(table.float(), expected, atol=1e-5):
+            raise ConfigError(f"{where}: {HF_ROPE_TABLE_KEY} is not the standard RoPE table (base 10000, "
+                              f"head size {config.head_size})")
+    for tied, source in HF_TIED_KEYS.items():
+        if tied in tensors and source in tensors and not torch.equal(tensors[tied], tensors[source]):
+            raise ConfigError(f"{where}: {tied} differs from {source}, but the MLM decoder must be tied")

@@ -18,7 +18,7 @@ The rank's start-up (launcher/train/rank.py) is three steps; this module is the 
 
 A branch (`branch_from`, launcher/config/branch_from.py) is a first start whose source is a checkpoint of
 another run directory, read (`find_branch_point`) and checked (`check_branch`) with the inputs (step 1):
-`decide_branch` verifies its files in place (read only: a damaged one is refused, never set aside), then the
+`decide` verifies its files in place (read only: a damaged one is refused, never set aside), then the
 same checks and route (`plan_start`), and RUN_DIR/branch_from.json is recorded.
 """
 from __future__ import annotations
@@ -120,7 +120,7 @@ class ResumePlan:
 class BranchPoint:
     """The source checkpoint a branch starts from and the source's records in effect at its step: everything
     `check_branch` compares, read once (`find_branch_point`). Its files are verified by rank 0 at start-up
-    (`decide_branch`)."""
+    (`decide`)."""
 
     source: BranchFrom
     entry: CheckpointEntry
@@ -160,23 +160,19 @@ def decide(run_dir: RunDir, setup: StartSetup, batches, branch_point: BranchPoin
     if source is None and damaged:
         raise UserError(f"--run-dir {run_dir.root}: no intact checkpoint to resume from: "
                         + "; ".join(f"{d.tag}: {d.problem}" for d in damaged) + " (move them away to start over)")
-    if setup.cfg.branch_from and source is None:  # a branch's first start; later starts resume from its own
-        if branch_point is None:  # the input checks saw checkpoints of this run that are gone now
-            raise UserError(f"--run-dir {run_dir.root}: its checkpoints changed during start-up; start again")
-        return decide_branch(setup, batches, branch_point)
-    return plan_start(source, run_dir, setup, batches, set_aside=damaged)
-
-
-def decide_branch(setup: StartSetup, batches, point: BranchPoint) -> ResumePlan:
-    """Rank 0, a branch's first start: the point the input checks read and checked
-    (launcher/inputs/run_checks.py), its files verified in place, then `plan_start` as for any resume.
-    The source is only read: a damaged checkpoint there is refused, naming the file, never set aside."""
-    source = verified(point.entry)
+    if not (setup.cfg.branch_from and source is None):
+        return plan_start(source, run_dir, setup, batches, set_aside=damaged)
+    # A branch's first start (later starts resume from its own checkpoints): the point the input checks read and
+    # checked, its files verified in place, then `plan_start` as for any resume. The source is only read: a
+    # damaged checkpoint there is refused, naming the file, never set aside.
+    if branch_point is None:  # the input checks saw checkpoints of this run that are gone now
+        raise UserError(f"--run-dir {run_dir.root}: its checkpoints changed during start-up; start again")
+    source = verified(branch_point.entry)
     if not source.verified:
-        raise UserError(f"{setup.cfg.source}: branch_from {point.source}: {source.problem}; branch from another of "
-                        f"its checkpoints (RUN_DIR:TAG)")
-    plan = plan_start(source, RunDir(point.source.run_dir), setup, batches)
-    return dataclasses.replace(plan, branch=point.record)
+        raise UserError(f"{setup.cfg.source}: branch_from {branch_point.source}: {source.problem}; branch from "
+                        f"another of its checkpoints (RUN_DIR:TAG)")
+    plan = plan_start(source, RunDir(branch_point.source.run_dir), setup, batches)
+    return dataclasses.replace(plan, branch=branch_point.record)
 
 
 def plan_start(source: CheckpointEntry | None, source_run: RunDir, setup: StartSetup, batches,
@@ -186,11 +182,12 @@ def plan_start(source: CheckpointEntry | None, source_run: RunDir, setup: StartS
     config of the stage it continues in, the route to this run's shape."""
     cfg, step = setup.cfg, source.step if source is not None else 0
     if source is not None:
+        if step < cfg.schedule.total_steps:  # a finished run is only checked for its model
+            check_tokenizer(source, batches.corpus)
+            check_data_position(source, batches)
         check_compatible(source, cfg.model)
         if step >= cfg.schedule.total_steps:
             return ResumePlan(source, source_run, {}, finished=True)
-        check_tokenizer(source, batches.corpus)
-        check_data_position(source, batches)
     start_stage = stage_index_at([stage.steps for stage in setup.stages], step)[0]
     if source is None:
         return ResumePlan(None, None, setup.ds_config(start_stage),

@@ -172,7 +172,7 @@ def plan_checks(cfg, init, stages, world_size: int) -> list[str]:
 
     here = "DS_ACCELERATOR" in os.environ
     if not cfg.data.is_remote and not Path(cfg.data.data_dir).is_dir():
-        return [*check_deepspeed_configs(cfg, stages, world_size, here)[1],
+        return [*check_deepspeed_configs(cfg, stages, world_size, here)[3],
                 f"data.data_dir {cfg.data.data_dir} does not exist (yet): the data was not checked (its tokenizer "
                 f"against model.vocab_size, one global batch per stage); roformer pretrain checks it before starting"]
     return check_run(cfg, stages, world_size, init=init, accelerator_is_the_ranks=here).notes

@@ -1,6 +1,6 @@
 """The shape of a run: how DeepSpeed partitions and types its checkpoint files. One definition, asked of a
-resolved DeepSpeed config (the start-up's setup), of a checkpoint's sidecar (resume, the numerics guard's rewind)
-and of a built engine (launcher/engine_facts). Pure Python: the plan reads it without DeepSpeed.
+resolved DeepSpeed config (the start-up's setup: launcher/config/deepspeed_json.py resolve_stage_configs) and of a
+checkpoint's sidecar (resume, the numerics guard's rewind). Pure Python: the plan reads it without DeepSpeed.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """What a run's DeepSpeed engine is and how it stands, answered once, below launcher.checkpoint and launcher.train
-(which both ask): its shape (launcher/config/run_shape.py's RunShape: ZeRO stage, precision, world size), its fp16
-loss scale and that scale's floor, and the seeding of every random generator.
+(which both ask): its fp16 loss scale and that scale's floor, and the seeding of every random generator. Its shape
+(ZeRO stage, precision, world size) is resolved once with the DeepSpeed configs it is built from
+(launcher/config/run_shape.py RunShape, in the rank's RunSetup).
 """
 from __future__ import annotations
 
@@ -9,14 +10,6 @@ import random
 import numpy as np
 import torch
 from deepspeed.accelerator import get_accelerator
-
-from launcher.config.precision import train_precision
-from launcher.config.run_shape import RunShape
-
-
-def engine_shape(engine, world_size: int) -> RunShape:
-    """The shape of a built engine: its config is the resolved DeepSpeed config it was built from."""
-    return RunShape(int(engine.zero_optimization_stage()), train_precision(engine.config), world_size)
 
 
 def loss_scale(engine) -> float:

@@ -26,8 +26,7 @@ from pathlib import Path
 
 from data_pipeline import DataError, PretrainBatches, open_corpus
 from launcher.checkpoint.resume import BranchPoint, check_branch, find_branch_point
-from launcher.config.deepspeed_json import ds_config_source, load_ds_json, stage_ds_config
-from launcher.config.precision import train_precision
+from launcher.config.deepspeed_json import resolve_stage_configs
 from launcher.config.run_config import RunConfig
 from launcher.config.run_shape import RunShape
 from launcher.config.stages import ResolvedStage
@@ -68,10 +67,8 @@ def resolve_setup(cfg: RunConfig, init: InitSource | None, stages: list[Resolved
     own parser, its precision against the accelerator."""
     if bool(cfg.init_from) != (init is not None):
         raise ValueError(f"{cfg.source}: init_from and its InitSource come together (init_from.load_config_and_init)")
-    source = ds_config_source(cfg)
-    configs, notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks)
-    return RunSetup(cfg, stages, world_size, configs, source, RunShape.of_config(configs[0], world_size, source),
-                    init), notes
+    configs, shape, source, notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks)
+    return RunSetup(cfg, stages, world_size, configs, source, shape, init), notes
 
 
 @dataclass
@@ -161,14 +158,12 @@ def check_mixtures(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainB
 
 
 def check_deepspeed_configs(cfg: RunConfig, stages: list[ResolvedStage], world_size: int,
-                            accelerator_is_the_ranks: bool = True) -> tuple[list[dict], list[str]]:
+                            accelerator_is_the_ranks: bool = True) -> tuple[list[dict], RunShape, str, list[str]]:
     """Every stage's DeepSpeed config (the JSON read once) through DeepSpeedConfig, then precision vs
-    accelerator: (the configs, the notes)."""
+    accelerator: (the configs, the shape they train in, the JSON as errors name it, the notes)."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    source = ds_config_source(cfg)
-    base = load_ds_json(cfg.deepspeed.config, cfg.deepspeed.overrides)
-    configs = [stage_ds_config(base, cfg, stage, world_size) for stage in stages]
+    configs, shape, source = resolve_stage_configs(cfg, stages, world_size)
     for stage, config in zip(stages, configs):
         # The per-rank view: before a process group exists DeepSpeedConfig takes world size 1 (our
         # stage arithmetic, micro x accum x world = global, is checked in launcher/config/stages.py).
@@ -177,9 +172,9 @@ def check_deepspeed_configs(cfg: RunConfig, stages: list[ResolvedStage], world_s
             DeepSpeedConfig(per_rank)
         except Exception as err:  # pydantic ValidationError, AssertionError, DeepSpeedConfigError, ...
             raise UserError(f"{source}: rejected by DeepSpeed's DeepSpeedConfig: {_describe(err, per_rank)}") from None
-    precision = train_precision(configs[0], source)  # every stage's config has the same precision sections
+    precision = shape.precision  # every stage's config has the same precision sections
     note = _check_precision(precision, source, accelerator_is_the_ranks) if precision != "fp32" else None
-    return configs, [note] if note else []
+    return configs, shape, source, [note] if note else []
 
 
 def _check_precision(precision: str, source: str, binding: bool) -> str | None:

@@ -28,7 +28,7 @@ from launcher.checkpoint.resume import BranchPoint, ResumePlan
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import resolve_stages
 from launcher.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
-from launcher.engine_facts import engine_shape, loss_scale
+from launcher.engine_facts import loss_scale
 from launcher.errors import UserError
 from launcher.inputs.init_from import load_config_and_init
 from launcher.inputs.run_checks import RunSetup, check_data, open_streams, resolve_setup
@@ -177,7 +177,7 @@ def build_components(setup: RankSetup, plan: ResumePlan, heartbeats: HeartbeatWr
     if initial is not None and rank == 0:
         write_init_record(run_dir, initial.record())
     timer.phase("engine")
-    shape = engine_shape(engine, setup.world_size)
+    shape = setup.run.shape  # the engine's: plan.ds_config is one of setup.run's
     state = TrainState()
     checkpointer = Checkpointer(CheckpointedRun(run_dir, rank, shape, cfg.model, cfg.schedule.total_steps,
                                                 cfg.checkpoint.keep_last,
@@ -187,12 +187,12 @@ def build_components(setup: RankSetup, plan: ResumePlan, heartbeats: HeartbeatWr
         heartbeats.start_up("checkpoint load")
         checkpointer.load(plan.source, cfg.seed, plan.universal_folder(run_dir))
         timer.phase("checkpoint_load")
+    scale, skipped = loss_scale(engine), int(engine.skipped_steps)  # as loaded (or fresh)
     metrics = Metrics(run_dir, rank, setup.run.stages, state.step, MetricsOptions.of_run_config(cfg),
                       tracked_run(cfg.to_dict(), run_dir, cfg.data.data_dir, cfg.logging.report_to))
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 and cfg.logging.plots else None
     on_stage_end = stage_end_callback(cfg, run_dir, plots)
-    metrics.report_start(timer, plan, setup.world_size, loss_scale(engine), int(engine.skipped_steps),
-                         shape.precision, cfg.logging.peak_tflops)
+    metrics.report_start(timer, plan, setup.world_size, scale, skipped, shape.precision, cfg.logging.peak_tflops)
     signals = StopSignals(cfg.restarts.preemption_grace_seconds, rank, lambda text: metrics.message(text, kept=True))
     guard = GuardActions.for_engine(cfg, engine, shape, run_dir, metrics, rank, heartbeats)
     trainer = Trainer(cfg, setup.run.stages, setup.train_batches, setup.valid_batches,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -207,3 +209,48 @@ def test_pretrain_refuses_data_of_another_tokenizer(capsys, tmp_path, hf_dir, hf
     raw["data"]["data_dir"] = str(hf_data)
     write_yaml(config, raw)
     assert cli_main(argv) == 0
+
+
+OPENED: dict[str, int] = {}
+"""Watched path -> opens, while a test counts (the audit hook below stays installed for the process)."""
+
+
+def _count_opens(event: str, args: tuple) -> None:
+    if event == "open" and OPENED and isinstance(args[0], (str, bytes, os.PathLike)):
+        path = os.path.realpath(os.fsdecode(args[0]))
+        if path in OPENED:
+            OPENED[path] += 1
+
+
+sys.addaudithook(_count_opens)
+
+
+def test_a_ranks_start_up_reads_the_init_directory_and_the_deepspeed_json_once(tmp_path, hf_dir, hf_data, monkeypatch):
+    """A rank's step 1 (check_inputs: the run config with DIR, the stages' DeepSpeed configs, the data and the
+    tokenizer check), rank 0's resume decision and the initial weights read DIR's config.json and the DeepSpeed
+    JSON once each (the sys.addaudithook 'open' events): the later steps take what step 1 resolved (RankSetup).
+    `roformer plan` and --dry-run (check_run) resolve the same configs and shape."""
+    from launcher.checkpoint import resume
+    from launcher.config.stages import resolve_stages
+    from launcher.inputs.run_checks import check_run
+    from launcher.train.rank import check_inputs
+
+    config = init_from_config(tmp_path, hf_dir, data_dir=hf_data)
+    ds_json = yaml.safe_load(config.read_text())["deepspeed"]["config"]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    watched = [os.path.realpath(hf_dir / "config.json"), os.path.realpath(ds_json)]
+    OPENED.update(dict.fromkeys(watched, 0))
+    try:
+        setup = check_inputs(["--config", str(config), "--run-dir", str(tmp_path / "run")])
+        plan = resume.decide(setup.run_dir, setup.run, setup.train_batches, setup.branch_point)
+        initial = InitialWeights.read(setup.run.init, setup.cfg.model)
+        counts = dict(OPENED)
+    finally:
+        OPENED.clear()
+    assert counts == dict.fromkeys(watched, 1)
+    assert plan.init_from == hf_dir and plan.ds_config == setup.run.ds_config(0) and initial.new_head is False
+    assert initial.record()["tokenizer_sha256"] == setup.train_batches.corpus.tokenizer_sha256
+    planned = check_run(setup.cfg, resolve_stages(setup.cfg, 1), 1, init=setup.run.init).setup
+    assert (planned.ds_configs, planned.shape) == (setup.run.ds_configs, setup.run.shape)
+
