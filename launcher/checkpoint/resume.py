@@ -182,12 +182,11 @@ def plan_start(source: CheckpointEntry | None, source_run: RunDir, setup: StartS
     config of the stage it continues in, the route to this run's shape."""
     cfg, step = setup.cfg, source.step if source is not None else 0
     if source is not None:
-        if step < cfg.schedule.total_steps:  # a finished run is only checked for its model
-            check_tokenizer(source, batches.corpus)
-            check_data_position(source, batches)
-        check_compatible(source, cfg.model)
+        check_compatible(source, cfg.model)  # first: another model's checkpoint is refused as that
         if step >= cfg.schedule.total_steps:
             return ResumePlan(source, source_run, {}, finished=True)
+        check_tokenizer(source, batches.corpus)
+        check_data_position(source, batches)
     start_stage = stage_index_at([stage.steps for stage in setup.stages], step)[0]
     if source is None:
         return ResumePlan(None, None, setup.ds_config(start_stage),
@@ -212,13 +211,26 @@ def check_foreign_checkpoints(run_dir: RunDir) -> None:
                         f"`roformer pretrain` ({', '.join(foreign[:3])}; no config.yaml); use a new run directory")
 
 
+def model_difference(point: CheckpointEntry, model_config: RoFormerConfig) -> tuple[RoFormerConfig, list[str]]:
+    """The model `point` was trained with and the fields `model_config` differs in (ConfigError: its sidecar holds
+    no model of this project). The one comparison of a resume's and a branch's model."""
+    saved = saved_model_config(point.path, point.sidecar)
+    return saved, saved.diff(model_config)
+
+
+def tokenizer_difference(point: CheckpointEntry, corpus) -> str | None:
+    """The tokenizer fingerprint `point` was trained with when the data's is another, else None (format-1 sidecars
+    did not record it; their data position's corpus fingerprint covers it)."""
+    recorded = point.sidecar.tokenizer_sha256
+    return recorded if recorded is not None and recorded != corpus.tokenizer_sha256 else None
+
+
 def check_compatible(point: CheckpointEntry, model_config: RoFormerConfig) -> None:
     """Refuse to resume a checkpoint of another model (names the differing fields)."""
     try:
-        saved = saved_model_config(point.path, point.sidecar)
+        saved, differing = model_difference(point, model_config)
     except ConfigError as err:
         raise UserError(f"{point.path}: not a checkpoint of this project's model: {err}") from None
-    differing = saved.diff(model_config)
     if differing:
         details = ", ".join(f"{name}: checkpoint {getattr(saved, name)!r} vs config {getattr(model_config, name)!r}"
                             for name in differing)
@@ -227,10 +239,9 @@ def check_compatible(point: CheckpointEntry, model_config: RoFormerConfig) -> No
 
 
 def check_tokenizer(point: CheckpointEntry, corpus) -> None:
-    """The data's tokenizer must be the one the checkpoint was trained with (format-1 sidecars did
-    not record it; their data position's corpus fingerprint covers it)."""
-    recorded = point.sidecar.tokenizer_sha256
-    if recorded is not None and recorded != corpus.tokenizer_sha256:
+    """The data's tokenizer must be the one the checkpoint was trained with (tokenizer_difference)."""
+    recorded = tokenizer_difference(point, corpus)
+    if recorded is not None:
         spm = corpus.data_dir / corpus.manifest["tokenizer"]["path"]
         raise UserError(f"{spm}: tokenizer sha256 {corpus.tokenizer_sha256} is not the one checkpoint {point.tag} "
                         f"was trained with ({recorded}, recorded in {sidecar_path(point.path)}); resume "
@@ -354,21 +365,18 @@ def check_branch(cfg, stages: list, corpus, point: BranchPoint) -> None:
 
 
 def _check_model_and_data(cfg, point: BranchPoint, corpus) -> None:
-    from roformer.config import ConfigError
-
     sidecar_file = sidecar_path(point.entry.path)
     try:
-        saved = saved_model_config(point.entry.path, point.sidecar)
+        saved, differing = model_difference(point.entry, cfg.model)
     except ConfigError as err:
         raise UserError(str(err)) from None
-    differing = saved.diff(cfg.model)
     if differing:
         name = differing[0]
         raise UserError(f"{cfg.source}: model.{name} {getattr(cfg.model, name)!r} differs from "
                         f"{getattr(saved, name)!r} of the branch source ({sidecar_file}): a branch continues the "
                         f"same model")
-    recorded = point.sidecar.tokenizer_sha256
-    if recorded is not None and recorded != corpus.tokenizer_sha256:
+    recorded = tokenizer_difference(point.entry, corpus)
+    if recorded is not None:
         raise UserError(f"{cfg.source}: data.data_dir {corpus.data_dir} was tokenized with tokenizer "
                         f"{corpus.tokenizer_sha256[:12]}, the branch source {point.tag} with {recorded[:12]} "
                         f"({sidecar_file}): a branch continues on the source's data")
