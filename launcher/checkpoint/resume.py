@@ -160,19 +160,20 @@ def decide(run_dir: RunDir, setup: StartSetup, batches, branch_point: BranchPoin
     if source is None and damaged:
         raise UserError(f"--run-dir {run_dir.root}: no intact checkpoint to resume from: "
                         + "; ".join(f"{d.tag}: {d.problem}" for d in damaged) + " (move them away to start over)")
-    if not (setup.cfg.branch_from and source is None):
-        return plan_start(source, run_dir, setup, batches, set_aside=damaged)
-    # A branch's first start (later starts resume from its own checkpoints): the point the input checks read and
-    # checked, its files verified in place, then `plan_start` as for any resume. The source is only read: a
-    # damaged checkpoint there is refused, naming the file, never set aside.
-    if branch_point is None:  # the input checks saw checkpoints of this run that are gone now
-        raise UserError(f"--run-dir {run_dir.root}: its checkpoints changed during start-up; start again")
-    source = verified(branch_point.entry)
-    if not source.verified:
-        raise UserError(f"{setup.cfg.source}: branch_from {branch_point.source}: {source.problem}; branch from "
-                        f"another of its checkpoints (RUN_DIR:TAG)")
-    plan = plan_start(source, RunDir(branch_point.source.run_dir), setup, batches)
-    return dataclasses.replace(plan, branch=branch_point.record)
+    source_run, branch = run_dir, None
+    if setup.cfg.branch_from and source is None:
+        # A branch's first start (later starts resume from its own checkpoints): the point the input checks read
+        # and checked, its files verified in place, then `plan_start` as for any resume. The source is only
+        # read: a damaged checkpoint there is refused, naming the file, never set aside.
+        if branch_point is None:  # the input checks saw checkpoints of this run that are gone now
+            raise UserError(f"--run-dir {run_dir.root}: its checkpoints changed during start-up; start again")
+        source = verified(branch_point.entry)
+        if not source.verified:
+            raise UserError(f"{setup.cfg.source}: branch_from {branch_point.source}: {source.problem}; branch from "
+                            f"another of its checkpoints (RUN_DIR:TAG)")
+        source_run, branch = RunDir(branch_point.source.run_dir), branch_point.record
+    plan = plan_start(source, source_run, setup, batches, set_aside=damaged)  # damaged: none when branching
+    return dataclasses.replace(plan, branch=branch) if branch is not None else plan
 
 
 def plan_start(source: CheckpointEntry | None, source_run: RunDir, setup: StartSetup, batches,

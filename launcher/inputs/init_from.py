@@ -17,7 +17,7 @@ from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
 from launcher.config import run_config
 from launcher.config.run_config import RunConfig
 from launcher.errors import UserError
-from roformer.config import ConfigError, RoFormerConfig
+from roformer.config import ConfigError
 from roformer.hf_interop import PretrainedDir, read_pretrained
 from roformer.hf_keys import WEIGHT_FILES
 
@@ -39,31 +39,6 @@ class InitSource:
     @property
     def directory(self) -> Path:
         return self.pretrained.directory
-
-    def note(self, model: RoFormerConfig) -> str | None:
-        """The start-up line of a BERT source: what it is continued as (None for a RoFormer source)."""
-        if not self.pretrained.is_bert:
-            return None
-        if model.position_encoding == "rope":
-            return (f"init_from {self.directory} is a BERT: continued as RoPE (the default for a BERT), its absolute "
-                    f"position table of {self.pretrained.raw.get('max_position_embeddings', 512)} rows dropped; "
-                    f"model.position_encoding: learned keeps it")
-        return (f"init_from {self.directory} is a BERT: continued as it is (model.position_encoding: learned, "
-                f"{model.max_position_embeddings} positions)")
-
-    def check_tokenizer(self, corpus, source: str) -> str | None:
-        """UserError when the data was tokenized with another tokenizer than DIR's; a note (returned)
-        when DIR has no tokenizer to compare with (then only model.vocab_size is checked)."""
-        if self.tokenizer is None:
-            return (f"init_from {self.directory} has no tokenizer (spm.model / tokenizer.json / vocab.txt): cannot "
-                    f"check that {corpus.data_dir} was tokenized with the model's vocabulary, only its size")
-        path, sha = self.tokenizer
-        if sha != corpus.tokenizer_sha256:
-            raise UserError(f"{source}: data.data_dir {corpus.data_dir} was tokenized with tokenizer "
-                            f"{corpus.tokenizer_sha256[:12]} ({corpus.data_dir / 'manifest.json'}), not init_from's "
-                            f"{path} ({sha[:12]}): prepare it with `roformer data prepare --tokenizer "
-                            f"{self.directory} ...`")
-        return None
 
 
 def load_config_and_init(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()

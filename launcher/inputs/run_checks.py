@@ -116,14 +116,40 @@ def check_data(setup: RunSetup, train: PretrainBatches, run_dir: Path | None = N
         train.check_min_size(stage.max_seq_len, stage.global_batch_size)
     check_mixtures(cfg, stages, train)
     if setup.init is not None:  # the data must be tokenized with the starting model's tokenizer
-        notes += [note] if (note := setup.init.check_tokenizer(train.corpus, cfg.source)) else []
-        notes += [note] if (note := setup.init.note(cfg.model)) else []
+        notes += [note] if (note := check_init_tokenizer(setup.init, train.corpus, cfg.source)) else []
+        notes += [note] if (note := init_source_note(setup.init, cfg.model)) else []
     point = find_branch_point(cfg, run_dir)  # None: no branch, or a branch with checkpoints of its own
     if point is not None:  # the source's model, data and schedule up to the branch step
         check_branch(cfg, stages, train.corpus, point)
         notes.append(f"a branch of {point.source.run_dir} at {point.tag} (step {point.step:,}, stage "
                      f"'{point.sidecar.stage_name}'): the schedule agrees up to there; this run starts there")
     return Findings(notes, point)
+
+
+def check_init_tokenizer(init: InitSource, corpus, source: str) -> str | None:
+    """UserError when the data was tokenized with another tokenizer than init_from's; a note (returned)
+    when DIR has no tokenizer to compare with (then only model.vocab_size is checked)."""
+    if init.tokenizer is None:
+        return (f"init_from {init.directory} has no tokenizer (spm.model / tokenizer.json / vocab.txt): cannot "
+                f"check that {corpus.data_dir} was tokenized with the model's vocabulary, only its size")
+    path, sha = init.tokenizer
+    if sha != corpus.tokenizer_sha256:
+        raise UserError(f"{source}: data.data_dir {corpus.data_dir} was tokenized with tokenizer "
+                        f"{corpus.tokenizer_sha256[:12]} ({corpus.data_dir / 'manifest.json'}), not init_from's "
+                        f"{path} ({sha[:12]}): prepare it with `roformer data prepare --tokenizer {init.directory} ...`")
+    return None
+
+
+def init_source_note(init: InitSource, model) -> str | None:
+    """The start-up line of a BERT source: what it is continued as (None for a RoFormer source)."""
+    if not init.pretrained.is_bert:
+        return None
+    if model.position_encoding == "rope":
+        return (f"init_from {init.directory} is a BERT: continued as RoPE (the default for a BERT), its absolute "
+                f"position table of {init.pretrained.raw.get('max_position_embeddings', 512)} rows dropped; "
+                f"model.position_encoding: learned keeps it")
+    return (f"init_from {init.directory} is a BERT: continued as it is (model.position_encoding: learned, "
+            f"{model.max_position_embeddings} positions)")
 
 
 def warmup_note(cfg: RunConfig) -> str | None:

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from launcher.cli import main as cli_main
 from launcher.inputs.init_from import load_config_and_init
+from launcher.inputs.run_checks import init_source_note
 from launcher.errors import UserError
 from launcher.run_dir.records import describe_init
 from launcher.train.engine import build_model
@@ -48,7 +49,7 @@ def test_a_bert_is_continued_as_rope_by_default(tmp_path, bert_mlm):
     raw = json.loads((bert_mlm / "config.json").read_text())
     assert cfg.model.position_encoding == "rope" and cfg.model.max_position_embeddings is None
     assert (cfg.model.hidden_act, cfg.model.layer_norm_eps, cfg.model.vocab_size) == ("gelu_new", 1e-7, raw["vocab_size"])
-    note = init.note(cfg.model)
+    note = init_source_note(init, cfg.model)
     assert "is a BERT: continued as RoPE" in note and "256 rows dropped" in note and "\n" not in note
     initial = InitialWeights.read(init, cfg.model)
     model = build_model(cfg, initial)
@@ -71,7 +72,7 @@ def test_a_bert_model_gets_a_fresh_head_and_learned_keeps_the_table(tmp_path, te
     source = bert_dir(tmp_path / "encoder", texts, head=False, safetensors=False, seed=3)
     cfg, init = load_config_and_init(init_from_config(tmp_path, source, model={"position_encoding": "learned"}))
     assert (cfg.model.position_encoding, cfg.model.max_position_embeddings) == ("learned", 256)
-    assert "continued as it is" in init.note(cfg.model)
+    assert "continued as it is" in init_source_note(init, cfg.model)
     initial = InitialWeights.read(init, cfg.model)
     model = build_model(cfg, initial)
     encoder = transformers.BertModel.from_pretrained(str(source)).state_dict()
