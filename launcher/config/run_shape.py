@@ -1,12 +1,11 @@
-"""The shape of a run: how DeepSpeed partitions and types its checkpoint files. One definition, asked of a
-resolved DeepSpeed config (the start-up's setup: launcher/config/deepspeed_json.py resolve_stage_configs) and of a
-checkpoint's sidecar (resume, the numerics guard's rewind). Pure Python: the plan reads it without DeepSpeed.
+"""The shape of a run: how DeepSpeed partitions and types its checkpoint files. One definition: the running one
+is resolved with the DeepSpeed configs (launcher/config/deepspeed_json.py resolve_stage_configs, kept in the rank's
+setup), a checkpoint's is read from its sidecar (resume, the numerics guard's rewind). Pure Python: the plan reads
+it without DeepSpeed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from launcher.config.precision import train_precision
 
 
 @dataclass(frozen=True)
@@ -21,12 +20,6 @@ class RunShape:
     """fp32, fp16 or bf16 (launcher/config/precision.py)."""
     world_size: int
     """Data-parallel ranks."""
-
-    @classmethod
-    def of_config(cls, ds_config: dict, world_size: int, source: str = "DeepSpeed config") -> "RunShape":
-        """The shape a (resolved) DeepSpeed config trains in; `source` names it in a precision error."""
-        stage = int((ds_config.get("zero_optimization") or {}).get("stage", 0))
-        return cls(stage, train_precision(ds_config, source), world_size)
 
     @classmethod
     def of_sidecar(cls, sidecar) -> "RunShape":
