@@ -200,7 +200,7 @@ def run(args, root: Path) -> dict:
         "trainer_setup": {"world_size": 1, "deepspeed_config": str(DS_CONFIG.relative_to(REPO)),
                           "precision": "fp32", "zero_stage": 2, "metrics": "metrics.jsonl + TensorBoard every step, "
                           "a progress line every step", "checkpoints": "off", "validation": "off",
-                          "heartbeats": trainer.progress.enabled},
+                          "heartbeats": trainer.heartbeats.enabled},
         "bare_setup": "plain torch: forward (masked-only loss), backward, clip_grad_norm_ at the DeepSpeed "
                       "config's gradient_clipping, torch AdamW with its settings; one fixed batch",
         "seconds_by_part_median": breakdown,

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from .config import ConfigError, RoFormerConfig
-from .hf_interop import rename_keys
+from .hf_keys import WEIGHT_FILES, read_weights, rename_keys, to_hf_state_dict
 
 # transformers-RoFormer-side name of the learned position table: not in transformers' RoFormer (it has
 # none), the name this module gives BERT's table so that the learned-position model loads like any other.
@@ -126,25 +126,14 @@ def config_to_bert(config: RoFormerConfig) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------- reading
-def read_bert_directory(directory: str | Path, position_encoding: str = "learned"
-                        ) -> tuple[RoFormerConfig, dict[str, torch.Tensor], dict[str, Any], list[str]]:
-    """(our config, transformers-RoFormer-named tensors, raw config.json, BERT tensors dropped) of a
-    transformers BERT directory (BertForMaskedLM, BertForPreTraining or BertModel), continued with
-    `position_encoding`: 'rope' drops the absolute table, 'learned' keeps it."""
-    from .hf_interop import _read_weights  # one reader of safetensors / shards / pytorch_model.bin
-
+def read_bert_weights(directory: str | Path, config: RoFormerConfig) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """(transformers-RoFormer-named tensors, BERT tensors dropped) of a transformers BERT directory
+    (BertForMaskedLM, BertForPreTraining or BertModel) whose config.json gave `config` (config_from_bert;
+    roformer.hf_interop.read_pretrained reads it): position_encoding 'rope' drops the absolute table,
+    'learned' keeps it."""
     directory = Path(directory)
-    config_path = directory / "config.json"
-    try:
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{config_path}: missing (not a transformers model directory)") from None
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{config_path}: invalid JSON at line {error.lineno}: {error.msg}") from None
-    config = config_from_bert(raw, position_encoding, source=str(config_path))
-    tensors = normalise_bert_names(_read_weights(directory))
-    weights = directory / next((n for n in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-                                if (directory / n).is_file()), "weights")
+    tensors = normalise_bert_names(read_weights(directory))
+    weights = directory / next((n for n in WEIGHT_FILES if (directory / n).is_file()), "weights")
     for tied, source in BERT_TIED_KEYS.items():
         if tied in tensors and source in tensors and not torch.equal(tensors[tied], tensors[source]):
             raise ConfigError(f"{weights}: {tied} differs from {source}, but the MLM decoder must be tied")
@@ -152,7 +141,7 @@ def read_bert_directory(directory: str | Path, position_encoding: str = "learned
     if table is None:
         raise ConfigError(f"{weights}: {BERT_POSITION_KEY} missing (a BERT has a learned position table)")
     dropped = sorted(key for key in tensors if key.startswith(BERT_UNUSED_PREFIXES))
-    if position_encoding == "rope":
+    if config.position_encoding == "rope":
         dropped.insert(0, BERT_POSITION_KEY)
     elif table.shape[0] != config.max_position_embeddings:
         raise ConfigError(f"{weights}: {BERT_POSITION_KEY} has {table.shape[0]} rows, config.json "
@@ -162,7 +151,7 @@ def read_bert_directory(directory: str | Path, position_encoding: str = "learned
     ours, unmapped = rename_keys(mapped, _bert_to_roformer_name)
     if unmapped:
         raise ConfigError(f"{weights}: no counterpart in RoFormer-DS for tensor(s) {', '.join(sorted(unmapped))}")
-    return config, ours, raw, dropped
+    return ours, dropped
 
 
 def mlm_head_names(tensors: dict[str, torch.Tensor]) -> list[str]:
@@ -175,8 +164,6 @@ def mlm_head_names(tensors: dict[str, torch.Tensor]) -> list[str]:
 def bert_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Our learned-position model's parameters under BertForMaskedLM's names (the tied decoder omitted,
     as transformers' save_pretrained omits it)."""
-    from .hf_interop import to_hf_state_dict
-
     return {_roformer_to_bert_name(key): tensor for key, tensor in to_hf_state_dict(state_dict).items()}
 
 
@@ -195,6 +182,6 @@ def write_bert_files(model, directory: str | Path) -> None:
             os.fsync(handle.fileno())
 
 
-__all__ = ["config_from_bert", "config_to_bert", "check_bert_exportable", "read_bert_directory",
+__all__ = ["config_from_bert", "config_to_bert", "check_bert_exportable", "read_bert_weights",
            "bert_state_dict", "write_bert_files", "normalise_bert_names", "mlm_head_names", "POSITION_KEY",
            "BERT_POSITION_KEY", "BERT_POSITION_ENCODINGS"]

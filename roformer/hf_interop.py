@@ -9,106 +9,25 @@ Only models transformers can run map: RoPE (theta 10000, no scaling) with softma
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
-import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from .bert_interop import config_from_bert, read_bert_weights
 from .config import ConfigError, RoFormerConfig
+from .hf_keys import (HF_ROPE_TABLE_KEY, HF_TIED_KEYS, KEY_MAP, check_derived_hf_keys, from_hf_state_dict,
+                      read_weights, to_hf_state_dict)
 from .model import RoFormerForMaskedLM, RoFormerForSequenceClassification
 from .rope import transformers_sinusoidal_table
 
-# ----------------------------------------------------------------------------------------------- the key map
-# (our name, transformers' name); {i} = layer index, {p} = weight|bias. The single place where the two
-# naming schemes meet: both directions are derived from this table.
-KEY_MAP: tuple[tuple[str, str], ...] = (
-    ("roformer.embeddings.word.weight", "roformer.embeddings.word_embeddings.weight"),
-    ("roformer.embeddings.token_type.weight", "roformer.embeddings.token_type_embeddings.weight"),
-    ("roformer.embeddings.norm.{p}", "roformer.embeddings.LayerNorm.{p}"),
-    # Only learned-position models have it, and they export as BERT (roformer/bert_interop.py): a name of
-    # our own on transformers' side, so that a BERT's tensors load through this one map.
-    ("roformer.embeddings.position.weight", "roformer.embeddings.position_embeddings.weight"),
-    ("roformer.embeddings.project.{p}", "roformer.embeddings_project.{p}"),
-    ("roformer.layers.{i}.attention.query.{p}", "roformer.encoder.layer.{i}.attention.self.query.{p}"),
-    ("roformer.layers.{i}.attention.key.{p}", "roformer.encoder.layer.{i}.attention.self.key.{p}"),
-    ("roformer.layers.{i}.attention.value.{p}", "roformer.encoder.layer.{i}.attention.self.value.{p}"),
-    ("roformer.layers.{i}.attention.output.{p}", "roformer.encoder.layer.{i}.attention.output.dense.{p}"),
-    ("roformer.layers.{i}.attention_norm.{p}", "roformer.encoder.layer.{i}.attention.output.LayerNorm.{p}"),
-    ("roformer.layers.{i}.ffn_in.{p}", "roformer.encoder.layer.{i}.intermediate.dense.{p}"),
-    ("roformer.layers.{i}.ffn_out.{p}", "roformer.encoder.layer.{i}.output.dense.{p}"),
-    ("roformer.layers.{i}.ffn_norm.{p}", "roformer.encoder.layer.{i}.output.LayerNorm.{p}"),
-    ("mlm_head.dense.{p}", "cls.predictions.transform.dense.{p}"),
-    ("mlm_head.norm.{p}", "cls.predictions.transform.LayerNorm.{p}"),
-    ("mlm_head.bias", "cls.predictions.bias"),
-    ("classifier.dense.{p}", "classifier.dense.{p}"),
-    ("classifier.out_proj.{p}", "classifier.out_proj.{p}"),
-)
-# transformers keys that carry no information of their own: the frozen RoPE table (rebuilt from the
-# config) and the decoder tied to the word embeddings / output bias.
-HF_ROPE_TABLE_KEY = "roformer.encoder.embed_positions.weight"
-HF_TIED_KEYS = {"cls.predictions.decoder.weight": "roformer.embeddings.word_embeddings.weight",
-                "cls.predictions.decoder.bias": "cls.predictions.bias"}
 DEFAULT_HF_MAX_POSITIONS = 1536  # transformers' default; the longest stage of the paper's Table 4
-
-_PLACEHOLDERS = {"{i}": r"(?P<i>\d+)", "{p}": r"(?P<p>weight|bias)"}
-
-
-def _compile(pattern: str) -> re.Pattern:
-    regex = re.escape(pattern)
-    for placeholder, group in _PLACEHOLDERS.items():
-        regex = regex.replace(re.escape(placeholder), group)
-    return re.compile(f"^{regex}$")
-
-
-_TO_HF = [(_compile(ours), hf) for ours, hf in KEY_MAP]
-_FROM_HF = [(_compile(hf), ours) for ours, hf in KEY_MAP]
-
-
-def _rename(key: str, rules: list[tuple[re.Pattern, str]]) -> str | None:
-    for regex, template in rules:
-        match = regex.match(key)
-        if match:
-            return template.format(**match.groupdict())
-    return None
-
-
-def rename_keys(tensors: dict[str, torch.Tensor], rename) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """`tensors` under `rename(key)`'s names, and the keys it has no name for (None), apart."""
-    renamed, unmapped = {}, []
-    for key, tensor in tensors.items():
-        name = rename(key)
-        if name is None:
-            unmapped.append(key)
-        else:
-            renamed[name] = tensor
-    return renamed, unmapped
-
-
-def _convert(state_dict: dict[str, torch.Tensor], rules, what: str) -> dict[str, torch.Tensor]:
-    converted, unmapped = rename_keys(state_dict, lambda key: _rename(key, rules))
-    if unmapped:
-        raise ConfigError(f"{what}: no mapping for key(s) {', '.join(sorted(unmapped))}")
-    return converted
-
-
-def to_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our parameter names -> transformers' (without the derived RoPE table and tied decoder)."""
-    return _convert(state_dict, _TO_HF, "to_hf_state_dict")
-
-
-def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers' names -> ours. The derived keys (RoPE table, tied decoder) are dropped; check
-    them first with `check_derived_hf_keys` when they come from a file."""
-    kept = {k: v for k, v in state_dict.items() if k != HF_ROPE_TABLE_KEY and k not in HF_TIED_KEYS}
-    return _convert(kept, _FROM_HF, "from_hf_state_dict")
-
 
 # ----------------------------------------------------------------------------------------------- configs
 _HF_DEFAULTS = {  # transformers.RoFormerConfig defaults, for keys a config.json may omit
@@ -210,56 +129,63 @@ def save_pretrained(model: RoFormerForMaskedLM | RoFormerForSequenceClassificati
 
 
 # ----------------------------------------------------------------------------------------------- loading
-def read_hf_directory(directory: str | Path) -> tuple[RoFormerConfig, dict[str, torch.Tensor], dict[str, Any]]:
-    """(our config, transformers-named tensors, raw config.json) of a transformers RoFormer directory,
-    or of a BERT (roformer/bert_interop.py: the learned-position model it is, our learned-run exports)."""
+@dataclass(frozen=True)
+class PretrainedDir:
+    """A transformers model directory whose config.json was read once (`read_pretrained`): a RoFormer (ours or
+    transformers') or a BERT (roformer/bert_interop.py), decided here and nowhere else."""
+
+    directory: Path
+    raw: dict[str, Any]
+    """config.json as read."""
+
+    @property
+    def config_path(self) -> Path:
+        return self.directory / "config.json"
+
+    @property
+    def is_bert(self) -> bool:
+        return self.raw.get("model_type") == "bert"
+
+    def config(self, position_encoding: str = "learned") -> RoFormerConfig:
+        """Our config of it (ConfigError naming config.json); a BERT is continued with `position_encoding`
+        (rope: its table dropped; learned: kept); a RoFormer has its own."""
+        if self.is_bert:
+            return config_from_bert(self.raw, position_encoding, source=str(self.config_path))
+        return config_from_hf(self.raw, source=str(self.config_path))
+
+    def weights(self, config: RoFormerConfig) -> tuple[dict[str, torch.Tensor], list[str]]:
+        """(transformers-RoFormer-named tensors, tensors the model has no place for) for `config` (self.config's)."""
+        if self.is_bert:
+            return read_bert_weights(self.directory, config)
+        tensors = read_weights(self.directory)
+        if not any(key.startswith("roformer.") for key in tensors):  # saved from a bare RoFormerModel
+            tensors = {f"roformer.{key}": value for key, value in tensors.items()}
+        check_derived_hf_keys(tensors, config, self.directory)
+        return tensors, []
+
+
+def read_pretrained(directory: str | Path) -> PretrainedDir:
+    """DIR's config.json, read once; ConfigError when it is missing or not a JSON object."""
     directory = Path(directory)
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise ConfigError(f"{config_path}: missing (not a transformers model directory)")
     try:
-        raw = json.loads(config_path.read_text())
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise ConfigError(f"{config_path}: invalid JSON at line {error.lineno}: {error.msg}") from None
-    if isinstance(raw, dict) and raw.get("model_type") == "bert":
-        from .bert_interop import read_bert_directory
-
-        config, tensors, raw, _ = read_bert_directory(directory, "learned")
-        return config, tensors, raw
-    config = config_from_hf(raw, source=str(config_path))
-    tensors = _read_weights(directory)
-    if not any(key.startswith("roformer.") for key in tensors):  # saved from a bare RoFormerModel
-        tensors = {f"roformer.{key}": value for key, value in tensors.items()}
-    check_derived_hf_keys(tensors, config, directory)
-    return config, tensors, raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{config_path}: not a transformers config (a JSON object)")
+    return PretrainedDir(directory, raw)
 
 
-def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
-    if (directory / "model.safetensors").is_file():
-        return load_file(str(directory / "model.safetensors"))
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        tensors = {}
-        for shard in shards:
-            tensors.update(load_file(str(directory / shard)))
-        return tensors
-    if (directory / "pytorch_model.bin").is_file():
-        return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise ConfigError(f"{directory}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
-
-
-def check_derived_hf_keys(tensors: dict[str, torch.Tensor], config: RoFormerConfig, where: Path | str) -> None:
-    """The keys we drop on import must hold what we would rebuild, or the weights mean something else."""
-    table = tensors.get(HF_ROPE_TABLE_KEY)
-    if table is not None:
-        expected = transformers_sinusoidal_table(table.shape[0], config.head_size)
-        if table.shape != expected.shape or not torch.allclose(table.float(), expected, atol=1e-5):
-            raise ConfigError(f"{where}: {HF_ROPE_TABLE_KEY} is not the standard RoPE table (base 10000, "
-                              f"head size {config.head_size})")
-    for tied, source in HF_TIED_KEYS.items():
-        if tied in tensors and source in tensors and not torch.equal(tensors[tied], tensors[source]):
-            raise ConfigError(f"{where}: {tied} differs from {source}, but the MLM decoder must be tied")
+def read_hf_directory(directory: str | Path) -> tuple[RoFormerConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """(our config, transformers-named tensors, raw config.json) of a transformers RoFormer directory,
+    or of a BERT (continued as the learned-position model it is: our learned-run exports)."""
+    pretrained = read_pretrained(directory)
+    config = pretrained.config()
+    tensors, _ = pretrained.weights(config)
+    return config, tensors, pretrained.raw
 
 
 def load_pretrained(directory: str | Path) -> RoFormerForMaskedLM:
@@ -318,4 +244,4 @@ def _load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], wh
 
 __all__ = ["KEY_MAP", "to_hf_state_dict", "from_hf_state_dict", "config_to_hf", "config_from_hf",
            "save_pretrained", "write_pretrained_files", "load_pretrained", "load_classifier_from_pretrained",
-           "read_hf_directory", "check_exportable", "load_mlm_weights"]
+           "read_hf_directory", "check_exportable", "load_mlm_weights", "PretrainedDir", "read_pretrained"]

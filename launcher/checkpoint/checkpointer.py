@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol
 
@@ -20,8 +21,9 @@ from deepspeed.accelerator import get_accelerator
 
 from launcher.checkpoint.catalogue import (CheckpointCatalogue, CheckpointEntry, CheckpointSidecar, file_shares,
                                            move_aside, record_files, write_sidecar)
-from launcher.config.precision import train_precision
 from launcher.config.stages import ResolvedStage
+from launcher.config.run_shape import RunShape
+from launcher.engine_facts import loss_scale, seed_everything
 from launcher.errors import UserError
 from launcher.io import atomic_torch_save, atomic_write_text, fsync_dir
 from launcher.run_dir.layout import RunDir, rng_path, sidecar_path, tag_for_step
@@ -39,6 +41,23 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+@dataclass(frozen=True)
+class CheckpointedRun:
+    """What every checkpoint of a run records besides the saved states, and where the run's checkpoints go."""
+
+    run_dir: RunDir
+    rank: int
+    shape: RunShape
+    """The engine's ZeRO stage, precision and world size (recorded in every sidecar)."""
+    model_config: RoFormerConfig
+    total_steps: int
+    """The schedule's end (recorded: a resume at it has nothing to do)."""
+    keep_last: int
+    """checkpoint.keep_last: how many checkpoints retention keeps."""
+    tokenizer_sha256: str | None = None
+    """The data's tokenizer (recorded in every sidecar: export packs this tokenizer only)."""
+
+
 class Checkpointer:
     """Saves and loads the named states of a run (torchtitan-style), all ranks together:
 
@@ -47,12 +66,10 @@ class Checkpointer:
     "rng"    this rank's random generators (rng_rank<r>.pt).
     """
 
-    def __init__(self, run_dir: RunDir, engine, train: Stateful, data: Stateful, *, model_config: RoFormerConfig,
-                 rank: int, world_size: int, keep_last: int, total_steps: int, tokenizer_sha256: str | None = None):
-        self.run_dir, self.engine, self.train, self.data = run_dir, engine, train, data
-        self.model_config, self.rank, self.world_size = model_config, rank, world_size
-        self.keep_last, self.total_steps = keep_last, total_steps
-        self.tokenizer_sha256 = tokenizer_sha256  # recorded in every sidecar (export packs this tokenizer only)
+    def __init__(self, run: CheckpointedRun, engine, train: Stateful, data: Stateful):
+        """run: what every save records and where it goes; train, data: the loop's counters and the data position."""
+        self.run, self.engine, self.train, self.data = run, engine, train, data
+        self.run_dir, self.rank, self.world_size = run.run_dir, run.rank, run.shape.world_size
 
     def save(self, stage: ResolvedStage, protect_steps: Iterable[int] = ()) -> str:
         """All ranks write, barrier, then rank 0 marks the checkpoint complete, moves `latest` and prunes
@@ -74,9 +91,10 @@ class Checkpointer:
         sidecar = CheckpointSidecar(
             tag=tag, stage_index=stage.index, stage_name=stage.name, step_in_stage=step - stage.first_step,
             stage_complete=step == stage.end_step, **train, data_state=data_state,
-            model_config=self.model_config.to_dict(), world_size=self.world_size, loss_scale=loss_scale(self.engine),
-            skipped_steps=int(self.engine.skipped_steps), zero_stage=self.engine.zero_optimization_stage(),
-            precision=train_precision(self.engine.config), total_steps=self.total_steps, tokenizer_sha256=self.tokenizer_sha256,
+            model_config=self.run.model_config.to_dict(), world_size=self.world_size, loss_scale=loss_scale(self.engine),
+            skipped_steps=int(self.engine.skipped_steps), zero_stage=self.run.shape.zero_stage,
+            precision=self.run.shape.precision, total_steps=self.run.total_steps,
+            tokenizer_sha256=self.run.tokenizer_sha256,
             rope_theta=stage.rope_theta, mask_prob=stage.mask_prob, mixture=stage.mixture_dict)
         failure = self._agree(self._write_files(directory, tag, sidecar))  # also the barrier after the writes
         if failure is None:
@@ -85,7 +103,7 @@ class Checkpointer:
         if failure is not None:
             self._abandon(directory, tag, failure)  # raises CheckpointWriteError on every rank
         if self.rank == 0:
-            prune(self.run_dir, self.keep_last, protect_steps)
+            prune(self.run_dir, self.run.keep_last, protect_steps)
         dist.barrier()
         return tag
 
@@ -164,7 +182,7 @@ class Checkpointer:
             for group, decay in zip(self.engine.optimizer.param_groups, own_decay):
                 group["weight_decay"] = decay
             _own_step_counters(self.engine.optimizer)
-        if source.sidecar.precision != train_precision(self.engine.config):
+        if source.sidecar.precision != self.run.shape.precision:
             # DeepSpeed installs the checkpoint's loss scaler whatever the precision (a static scale of 1
             # from fp32 / bf16 into an fp16 run; fp16's dynamic scaler into a bf16 / fp32 run): keep the
             # engine's own, fresh from this run's config (resume.shape_notes says so).
@@ -182,21 +200,6 @@ class Checkpointer:
         self.data.load_state_dict(sidecar.data_state)
         restore_rng(source.path, self.rank, sidecar.world_size == self.world_size,
                     fresh_seed=seed * 1009 + self.rank + 7919 * sidecar.step)
-
-
-def loss_scale(engine) -> float:
-    """The dynamic fp16 loss scale (1.0 when there is none: fp32 / bf16)."""
-    optimizer = engine.optimizer
-    for path in ("loss_scale", "cur_scale", "loss_scale_config.cur_scale", "loss_scaler.cur_scale"):
-        value = optimizer
-        try:
-            for attr in path.split("."):
-                value = getattr(value, attr)
-        except AttributeError:
-            continue
-        if isinstance(value, (int, float, torch.Tensor)):
-            return float(value)
-    return 1.0
 
 
 # What DeepSpeed's ZeRO optimizers load from a checkpoint as their loss scaling (stage_1_and_2.py
@@ -280,13 +283,6 @@ def abandoned_save_message(run_dir: RunDir, tag: str, failure: str) -> str:
 # --------------------------------------------------------------------------- random generators
 # Saved per rank as checkpoints/<tag>/rng_rank<r>.pt in plain types only, so they load back with
 # torch.load(weights_only=True).
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    get_accelerator().manual_seed_all(seed)
 
 
 def save_rng(checkpoint_dir: Path, rank: int) -> None:

@@ -18,7 +18,7 @@ The rank's start-up (launcher/train/rank.py) is three steps; this module is the 
 
 A branch (`branch_from`, launcher/config/branch_from.py) is a first start whose source is a checkpoint of
 another run directory, read (`find_branch_point`) and checked (`check_branch`) with the inputs (step 1):
-`decide_branch` verifies its files in place (read only: a damaged one is refused, never set aside), then the
+`decide` verifies its files in place (read only: a damaged one is refused, never set aside), then the
 same checks and route (`plan_start`), and RUN_DIR/branch_from.json is recorded.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import yaml
 
@@ -36,9 +37,8 @@ from launcher.checkpoint.catalogue import (CheckpointCatalogue, CheckpointEntry,
                                            move_aside, saved_model_config, verified)
 from launcher.checkpoint.universal import convert_to_universal
 from launcher.config.branch_from import BranchFrom, check_branch_target, lr_difference, schedule_difference
-from launcher.config.deepspeed_json import ds_config_source, resolve_ds_config
-from launcher.config.precision import train_precision
 from launcher.config.run_config import RunConfig
+from launcher.config.run_shape import RunShape
 from launcher.config.schedule import stage_index_at
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
@@ -54,29 +54,17 @@ from roformer.config import ConfigError, RoFormerConfig
 _INTERCHANGEABLE_ZERO_STAGES = frozenset({1, 2})
 
 
-@dataclass(frozen=True)
-class RunShape:
-    """How DeepSpeed partitions and types a run's checkpoint files (besides the model itself)."""
+class StartSetup(Protocol):
+    """What the resume reads of a rank's resolved setup (launcher/inputs/run_checks.py RunSetup, which checked
+    it): nothing here reads the DeepSpeed JSON or resolves a stage again."""
 
-    zero_stage: int
-    """zero_optimization.stage: 0, 1, 2 or 3."""
-    precision: str
-    """fp32, fp16 or bf16 (launcher/config/precision.py)."""
+    cfg: RunConfig
+    stages: list[ResolvedStage]
     world_size: int
-    """Data-parallel ranks."""
+    ds_source: str
+    shape: RunShape
 
-    @classmethod
-    def of_config(cls, ds_config: dict, world_size: int, source: str) -> "RunShape":
-        stage = int((ds_config.get("zero_optimization") or {}).get("stage", 0))
-        return cls(stage, train_precision(ds_config, source), world_size)
-
-    @classmethod
-    def of_checkpoint(cls, point: CheckpointEntry) -> "RunShape":
-        saved = point.sidecar
-        return cls(saved.zero_stage, saved.precision, saved.world_size)
-
-    def __str__(self) -> str:
-        return f"ZeRO-{self.zero_stage}, {self.precision}, {self.world_size} rank{'s' if self.world_size > 1 else ''}"
+    def ds_config(self, stage_index: int, load_universal: bool = False) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -132,7 +120,7 @@ class ResumePlan:
 class BranchPoint:
     """The source checkpoint a branch starts from and the source's records in effect at its step: everything
     `check_branch` compares, read once (`find_branch_point`). Its files are verified by rank 0 at start-up
-    (`decide_branch`)."""
+    (`decide`)."""
 
     source: BranchFrom
     entry: CheckpointEntry
@@ -159,8 +147,7 @@ class BranchPoint:
         return self.entry.sidecar
 
 
-def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches,
-           branch_point: BranchPoint | None = None) -> ResumePlan:
+def decide(run_dir: RunDir, setup: StartSetup, batches, branch_point: BranchPoint | None = None) -> ResumePlan:
     """Rank 0: the plan of this start of RUN_DIR (its newest intact checkpoint, else a fresh start) and every
     check on it; UserError (nothing written) on a refusal. branch_point: the one the input checks found
     (launcher/inputs/run_checks.py), for a branch's first start."""
@@ -173,48 +160,42 @@ def decide(run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_s
     if source is None and damaged:
         raise UserError(f"--run-dir {run_dir.root}: no intact checkpoint to resume from: "
                         + "; ".join(f"{d.tag}: {d.problem}" for d in damaged) + " (move them away to start over)")
-    if cfg.branch_from and source is None:  # a branch's first start; later starts resume from its own checkpoints
+    source_run, branch = run_dir, None
+    if setup.cfg.branch_from and source is None:
+        # A branch's first start (later starts resume from its own checkpoints): the point the input checks read
+        # and checked, its files verified in place, then `plan_start` as for any resume. The source is only
+        # read: a damaged checkpoint there is refused, naming the file, never set aside.
         if branch_point is None:  # the input checks saw checkpoints of this run that are gone now
             raise UserError(f"--run-dir {run_dir.root}: its checkpoints changed during start-up; start again")
-        return decide_branch(cfg, stages, world_size, batches, branch_point)
-    return plan_start(source, run_dir, cfg, stages, world_size, batches, set_aside=damaged)
+        source = verified(branch_point.entry)
+        if not source.verified:
+            raise UserError(f"{setup.cfg.source}: branch_from {branch_point.source}: {source.problem}; branch from "
+                            f"another of its checkpoints (RUN_DIR:TAG)")
+        source_run, branch = RunDir(branch_point.source.run_dir), branch_point.record
+    plan = plan_start(source, source_run, setup, batches, set_aside=damaged)  # damaged: none when branching
+    return dataclasses.replace(plan, branch=branch) if branch is not None else plan
 
 
-def decide_branch(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, batches,
-                  point: BranchPoint) -> ResumePlan:
-    """Rank 0, a branch's first start: the point the input checks read and checked
-    (launcher/inputs/run_checks.py), its files verified in place, then `plan_start` as for any resume.
-    The source is only read: a damaged checkpoint there is refused, naming the file, never set aside."""
-    source = verified(point.entry)
-    if not source.verified:
-        raise UserError(f"{cfg.source}: branch_from {point.source}: {source.problem}; branch from another of its "
-                        f"checkpoints (RUN_DIR:TAG)")
-    plan = plan_start(source, RunDir(point.source.run_dir), cfg, stages, world_size, batches)
-    return dataclasses.replace(plan, branch=point.record)
-
-
-def plan_start(source: CheckpointEntry | None, source_run: RunDir, cfg: RunConfig, stages: list[ResolvedStage],
-               world_size: int, batches, set_aside: tuple[CheckpointEntry, ...] = ()) -> ResumePlan:
+def plan_start(source: CheckpointEntry | None, source_run: RunDir, setup: StartSetup, batches,
+               set_aside: tuple[CheckpointEntry, ...] = ()) -> ResumePlan:
     """The plan of starting from intact checkpoint `source` of `source_run` (this run's or, branching, another's),
     or fresh when None: the checkpoint checked against this run (model, tokenizer, data position), the DeepSpeed
     config of the stage it continues in, the route to this run's shape."""
-    step = source.step if source is not None else 0
+    cfg, step = setup.cfg, source.step if source is not None else 0
     if source is not None:
-        check_compatible(source, cfg.model)
+        check_compatible(source, cfg.model)  # first: another model's checkpoint is refused as that
         if step >= cfg.schedule.total_steps:
             return ResumePlan(source, source_run, {}, finished=True)
         check_tokenizer(source, batches.corpus)
         check_data_position(source, batches)
-    start_stage = stages[stage_index_at([stage.steps for stage in stages], step)[0]]
-    ds_config = resolve_ds_config(cfg, start_stage, world_size)
+    start_stage = stage_index_at([stage.steps for stage in setup.stages], step)[0]
     if source is None:
-        return ResumePlan(None, None, ds_config, init_from=Path(cfg.init_from) if cfg.init_from else None)
-    ds_path = ds_config_source(cfg)
-    saved, now = RunShape.of_checkpoint(source), RunShape.of_config(ds_config, world_size, ds_path)
-    universal = load_route(source, saved, now, ds_path)
-    if universal:
-        ds_config = resolve_ds_config(cfg, start_stage, world_size, load_universal=True)
-    return ResumePlan(source, source_run, ds_config, universal, set_aside=set_aside,
+        return ResumePlan(None, None, setup.ds_config(start_stage),
+                          init_from=Path(cfg.init_from) if cfg.init_from else None)
+    saved, now = RunShape.of_sidecar(source.sidecar), setup.shape
+    universal = load_route(source, saved, now, setup.ds_source)
+    return ResumePlan(source, source_run, setup.ds_config(start_stage, load_universal=universal), universal,
+                      set_aside=set_aside,
                       notes=tuple(shape_notes(source, saved, now, universal)))
 
 
@@ -231,13 +212,26 @@ def check_foreign_checkpoints(run_dir: RunDir) -> None:
                         f"`roformer pretrain` ({', '.join(foreign[:3])}; no config.yaml); use a new run directory")
 
 
+def model_difference(point: CheckpointEntry, model_config: RoFormerConfig) -> tuple[RoFormerConfig, list[str]]:
+    """The model `point` was trained with and the fields `model_config` differs in (ConfigError: its sidecar holds
+    no model of this project). The one comparison of a resume's and a branch's model."""
+    saved = saved_model_config(point.path, point.sidecar)
+    return saved, saved.diff(model_config)
+
+
+def tokenizer_difference(point: CheckpointEntry, corpus) -> str | None:
+    """The tokenizer fingerprint `point` was trained with when the data's is another, else None (format-1 sidecars
+    did not record it; their data position's corpus fingerprint covers it)."""
+    recorded = point.sidecar.tokenizer_sha256
+    return recorded if recorded is not None and recorded != corpus.tokenizer_sha256 else None
+
+
 def check_compatible(point: CheckpointEntry, model_config: RoFormerConfig) -> None:
     """Refuse to resume a checkpoint of another model (names the differing fields)."""
     try:
-        saved = saved_model_config(point.path, point.sidecar)
+        saved, differing = model_difference(point, model_config)
     except ConfigError as err:
         raise UserError(f"{point.path}: not a checkpoint of this project's model: {err}") from None
-    differing = saved.diff(model_config)
     if differing:
         details = ", ".join(f"{name}: checkpoint {getattr(saved, name)!r} vs config {getattr(model_config, name)!r}"
                             for name in differing)
@@ -246,10 +240,9 @@ def check_compatible(point: CheckpointEntry, model_config: RoFormerConfig) -> No
 
 
 def check_tokenizer(point: CheckpointEntry, corpus) -> None:
-    """The data's tokenizer must be the one the checkpoint was trained with (format-1 sidecars did
-    not record it; their data position's corpus fingerprint covers it)."""
-    recorded = point.sidecar.tokenizer_sha256
-    if recorded is not None and recorded != corpus.tokenizer_sha256:
+    """The data's tokenizer must be the one the checkpoint was trained with (tokenizer_difference)."""
+    recorded = tokenizer_difference(point, corpus)
+    if recorded is not None:
         spm = corpus.data_dir / corpus.manifest["tokenizer"]["path"]
         raise UserError(f"{spm}: tokenizer sha256 {corpus.tokenizer_sha256} is not the one checkpoint {point.tag} "
                         f"was trained with ({recorded}, recorded in {sidecar_path(point.path)}); resume "
@@ -373,21 +366,18 @@ def check_branch(cfg, stages: list, corpus, point: BranchPoint) -> None:
 
 
 def _check_model_and_data(cfg, point: BranchPoint, corpus) -> None:
-    from roformer.config import ConfigError
-
     sidecar_file = sidecar_path(point.entry.path)
     try:
-        saved = saved_model_config(point.entry.path, point.sidecar)
+        saved, differing = model_difference(point.entry, cfg.model)
     except ConfigError as err:
         raise UserError(str(err)) from None
-    differing = saved.diff(cfg.model)
     if differing:
         name = differing[0]
         raise UserError(f"{cfg.source}: model.{name} {getattr(cfg.model, name)!r} differs from "
                         f"{getattr(saved, name)!r} of the branch source ({sidecar_file}): a branch continues the "
                         f"same model")
-    recorded = point.sidecar.tokenizer_sha256
-    if recorded is not None and recorded != corpus.tokenizer_sha256:
+    recorded = tokenizer_difference(point.entry, corpus)
+    if recorded is not None:
         raise UserError(f"{cfg.source}: data.data_dir {corpus.data_dir} was tokenized with tokenizer "
                         f"{corpus.tokenizer_sha256[:12]}, the branch source {point.tag} with {recorded[:12]} "
                         f"({sidecar_file}): a branch continues on the source's data")
@@ -428,20 +418,18 @@ def share(plan: ResumePlan | None) -> ResumePlan:
     return box[0]
 
 
-def accept(plan: ResumePlan, run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage], world_size: int,
-           rank: int) -> ResumePlan:
+def accept(plan: ResumePlan, run_dir: RunDir, setup: StartSetup, rank: int) -> ResumePlan:
     """All ranks, once the plan is shared: rank 0 converts for this shape, sets damaged checkpoints aside and
     records the config, the others wait. Returns the plan with every line rank 0 said as its notes."""
     import deepspeed.comm as dist
 
     if rank == 0:
-        plan = dataclasses.replace(plan, notes=tuple(_carry_out(plan, run_dir, cfg, stages, world_size)))
+        plan = dataclasses.replace(plan, notes=tuple(_carry_out(plan, run_dir, setup)))
     dist.barrier()
     return plan
 
 
-def _carry_out(plan: ResumePlan, run_dir: RunDir, cfg: RunConfig, stages: list[ResolvedStage],
-               world_size: int) -> list[str]:
+def _carry_out(plan: ResumePlan, run_dir: RunDir, setup: StartSetup) -> list[str]:
     """Rank 0: the plan's writes, all into RUN_DIR (a branch's source run is only read)."""
     notes = list(plan.notes)
     if plan.universal:
@@ -454,8 +442,8 @@ def _carry_out(plan: ResumePlan, run_dir: RunDir, cfg: RunConfig, stages: list[R
         write_branch_record(run_dir, plan.branch)
         notes.append(f"a branch of {plan.source_run.root}: starts at {plan.source.tag} (step {plan.step}); "
                      f"recorded in {run_dir.root / BRANCH_FROM_RECORD}")
-    records = {"config": cfg.to_dict(), "ds_config": plan.ds_config,
-               "stages": {"world_size": world_size, "stages": [s.to_dict() for s in stages]}}
+    records = {"config": setup.cfg.to_dict(), "ds_config": plan.ds_config,
+               "stages": {"world_size": setup.world_size, "stages": [s.to_dict() for s in setup.stages]}}
     version = record_start(run_dir, records, plan.step, plan.resumed_from(run_dir))
     if version is not None and version.version > 1:
         notes.append(describe_change(run_dir, version))

@@ -227,4 +227,5 @@ def check_inputs(plan) -> list[str]:
     from launcher.inputs.run_checks import check_run  # imports torch: not at `--help` time
 
     here = is_local_only(plan.resources) or "DS_ACCELERATOR" in plan.env
-    return check_run(plan.run_config, plan.stages, plan.world_size, accelerator_is_the_ranks=here, run_dir=plan.run_dir).notes
+    return check_run(plan.run_config, plan.stages, plan.world_size, init=plan.init, accelerator_is_the_ranks=here,
+                     run_dir=plan.run_dir).notes

@@ -10,6 +10,7 @@ from pathlib import Path
 from launcher.io import read_mapping
 from launcher.config.precision import train_precision
 from launcher.config.run_config import RunConfig
+from launcher.config.run_shape import RunShape
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
 from launcher.optimizer_check import check_optimizer, merged_optimizer
@@ -20,6 +21,11 @@ RESOLVED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient
 
 def load_ds_json(path: str | Path, overrides: dict | None = None) -> dict:
     """Read a shipped DeepSpeed JSON, reject keys DeepSpeed does not know and keys we resolve."""
+    return read_ds_json(path, overrides)[0]
+
+
+def read_ds_json(path: str | Path, overrides: dict | None = None) -> tuple[dict, str]:
+    """load_ds_json's config and the precision it trains in (launcher/config/precision.py)."""
     path = Path(path)
     base = read_mapping(path, "DeepSpeed config")
     config = _deep_merge(base, overrides or {})
@@ -48,7 +54,7 @@ def load_ds_json(path: str | Path, overrides: dict | None = None) -> dict:
     if "scheduler" in config:
         raise UserError(f"{path}: scheduler: the learning rate comes from the run config's optimizer section "
                         f"(launcher/config/schedule.py); remove the DeepSpeed scheduler")
-    return config
+    return config, precision
 
 
 def ds_config_source(cfg: RunConfig) -> str:
@@ -60,18 +66,34 @@ def ds_config_source(cfg: RunConfig) -> str:
 
 def resolve_ds_config(run_config: RunConfig, stage: ResolvedStage, world_size: int,
                       load_universal: bool = False) -> dict:
-    """The DeepSpeed config the engine starts with: batch sizes of `stage` (the engine is switched
-    at later boundaries without being rebuilt), peak LR, universal loading when the world size changed."""
-    config = load_ds_json(run_config.deepspeed.config, run_config.deepspeed.overrides)
-    config["train_batch_size"] = stage.global_batch_size
-    config["train_micro_batch_size_per_gpu"] = stage.micro_batch_size
-    config["gradient_accumulation_steps"] = stage.grad_accum_steps
-    assert stage.micro_batch_size * stage.grad_accum_steps * world_size == stage.global_batch_size
-    config.setdefault("optimizer", {}).setdefault("params", {})["lr"] = run_config.optimizer.lr
-    config.setdefault("steps_per_print", 10**9)  # our metrics replace DeepSpeed's own step printing
+    """The DeepSpeed config the engine starts with in `stage` (resolve_stage_configs), with universal loading
+    when the shape changed. Reads the JSON; a rank's start-up reads it once for all stages
+    (launcher/inputs/run_checks.py RunSetup)."""
+    config = resolve_stage_configs(run_config, [stage], world_size)[0][0]
     if load_universal:
         config.setdefault("checkpoint", {})["load_universal"] = True
     return config
+
+
+def resolve_stage_configs(run_config: RunConfig, stages: list[ResolvedStage],
+                          world_size: int) -> tuple[list[dict], RunShape, str]:
+    """Every stage's DeepSpeed config from the JSON read once (read_ds_json): batch sizes of the stage (the engine
+    starts with its first stage's and is switched at later boundaries without being rebuilt), the peak LR; the
+    shape they train in (the same for every stage); and the JSON as errors name it (ds_config_source)."""
+    source = ds_config_source(run_config)
+    base, precision = read_ds_json(run_config.deepspeed.config, run_config.deepspeed.overrides)
+    configs = []
+    for stage in stages:
+        config = copy.deepcopy(base)
+        config["train_batch_size"] = stage.global_batch_size
+        config["train_micro_batch_size_per_gpu"] = stage.micro_batch_size
+        config["gradient_accumulation_steps"] = stage.grad_accum_steps
+        assert stage.micro_batch_size * stage.grad_accum_steps * world_size == stage.global_batch_size
+        config.setdefault("optimizer", {}).setdefault("params", {})["lr"] = run_config.optimizer.lr
+        config.setdefault("steps_per_print", 10**9)  # our metrics replace DeepSpeed's own step printing
+        configs.append(config)
+    zero_stage = int((base.get("zero_optimization") or {}).get("stage", 0))
+    return configs, RunShape(zero_stage, precision, world_size), source
 
 
 def deepspeed_top_level_keys() -> frozenset[str]:

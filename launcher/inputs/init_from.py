@@ -8,67 +8,79 @@ existing model".
 """
 from __future__ import annotations
 
-import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+from data_pipeline.errors import DataError
+from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
 from launcher.config import run_config
 from launcher.config.run_config import RunConfig
 from launcher.errors import UserError
-from roformer.config import ConfigError, RoFormerConfig
+from roformer.config import ConfigError
+from roformer.hf_interop import PretrainedDir, read_pretrained
+from roformer.hf_keys import WEIGHT_FILES
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-"""Where transformers' save_pretrained puts the weights, in the order roformer.hf_interop reads them."""
+@dataclass(frozen=True)
+class InitSource:
+    """An init_from directory, read once when the run config is loaded (`load_config_and_init`): its config.json,
+    BERT or RoFormer decided there (roformer.hf_interop.read_pretrained), the model section it gives the run,
+    and its tokenizer's fingerprint. The checks, the start-up note, the initial weights (launcher/train/
+    init_weights.py) and RUN_DIR/init_from.json all read this, never DIR's config.json again."""
+
+    pretrained: PretrainedDir
+    model_fields: dict
+    """DIR's model fields (a BERT's continued as the run config's position_encoding says)."""
+    weight_fields: tuple[str, ...]
+    """The model fields the run may set differently from DIR's (a BERT's position_encoding)."""
+    tokenizer: tuple[Path, str] | None
+    """(file, sha256) of DIR's tokenizer; None when DIR has none."""
+
+    @property
+    def directory(self) -> Path:
+        return self.pretrained.directory
+
+
+def load_config_and_init(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()
+                         ) -> tuple[RunConfig, InitSource | None]:
+    """The run config (launcher.config.run_config.load_run_config) with the model section of its init_from
+    directory, and that directory as read (None without init_from): what the launch plan, `roformer plan` and
+    every rank load."""
+    read: list[InitSource] = []
+
+    def read_init_model(init_dir: str, source: str, explicit: dict | None) -> tuple[dict, Path, tuple[str, ...]]:
+        read.append(read_init_source(init_dir, source, explicit))
+        return read[0].model_fields, read[0].pretrained.config_path, read[0].weight_fields
+
+    cfg = run_config.load_run_config(path, overrides, read_init_model=read_init_model)
+    return cfg, (read[0] if read else None)
 
 
 def load_run_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """The run config (launcher.config.run_config.load_run_config) with the model section of its init_from
-    directory read from DIR: what the launch plan, `roformer plan` and every rank load."""
-    return run_config.load_run_config(path, overrides, read_init_model=read_init_model)
+    """The run config alone (`load_config_and_init`), for what does not start from its init_from directory."""
+    return load_config_and_init(path, overrides)[0]
 
 
-def read_init_model(init_dir: str, source: str, explicit: dict | None = None) -> tuple[dict, Path, tuple[str, ...]]:
-    """DIR's model fields from its config.json, that file, and the weight fields the run may change (a BERT's
-    position_encoding); UserError naming what is missing or wrong. `explicit`: the run config's model keys."""
-    from roformer.hf_interop import config_from_hf  # imports torch: only when a run continues a model
-
-    config_path = check_init_dir(init_dir, source) / "config.json"
+def read_init_source(init_dir: str, source: str, explicit: dict | None = None) -> InitSource:
+    """DIR read once; UserError naming what is missing or wrong. `explicit`: the run config's model keys
+    (a BERT is continued with their position_encoding, RoPE by default)."""
+    directory = check_init_dir(init_dir, source)
     try:
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-    except ValueError as err:  # JSONDecodeError is a ValueError
-        raise UserError(f"{config_path}: not a transformers RoFormer config ({err})") from None
-    if isinstance(raw, dict) and raw.get("model_type") == "bert":
-        return bert_base_config(raw, explicit, source, config_path).to_dict(), config_path, ("position_encoding",)
-    try:
-        return config_from_hf(raw, source=str(config_path)).to_dict(), config_path, ()
-    except ConfigError as err:
-        raise UserError(f"{config_path}: not a transformers RoFormer config ({err})") from None
-
-
-def bert_base_config(raw: dict, explicit: dict | None, source: str, config_path: Path) -> RoFormerConfig:
-    """A BERT source's model: RoPE in place of its table unless the run asks for `learned` (roformer/bert_interop.py)."""
-    from roformer.bert_interop import config_from_bert
-
-    encoding = (explicit or {}).get("position_encoding", "rope")
-    try:
-        return config_from_bert(raw, encoding, source=str(config_path))
+        pretrained = read_pretrained(directory)
     except ConfigError as err:
         raise UserError(f"{source}: init_from: {err}") from None
-
-
-def init_source_note(init_dir: str, model: RoFormerConfig) -> str | None:
-    """The start-up line of a BERT source: what it is continued as (None for a RoFormer source)."""
+    if pretrained.is_bert:
+        encoding = (explicit or {}).get("position_encoding", "rope")
+        try:
+            model = pretrained.config(encoding)
+        except ConfigError as err:
+            raise UserError(f"{source}: init_from: {err}") from None
+        return InitSource(pretrained, model.to_dict(), ("position_encoding",), init_tokenizer_sha256(directory))
     try:
-        raw = json.loads((Path(init_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(raw, dict) or raw.get("model_type") != "bert":
-        return None
-    if model.position_encoding == "rope":
-        return (f"init_from {init_dir} is a BERT: continued as RoPE (the default for a BERT), its absolute position table of "
-                f"{raw.get('max_position_embeddings', 512)} rows dropped; model.position_encoding: learned keeps it")
-    return (f"init_from {init_dir} is a BERT: continued as it is (model.position_encoding: learned, "
-            f"{model.max_position_embeddings} positions)")
+        model = pretrained.config()
+    except ConfigError as err:
+        raise UserError(f"{pretrained.config_path}: not a transformers RoFormer config ({err})") from None
+    return InitSource(pretrained, model.to_dict(), (), init_tokenizer_sha256(directory))
 
 
 def check_init_dir(init_dir: str, source: str) -> Path:
@@ -90,27 +102,8 @@ def weights_file(directory: Path) -> Path | None:
 
 def init_tokenizer_sha256(directory: Path) -> tuple[Path, str] | None:
     """(file, fingerprint) of DIR's tokenizer, None when DIR has none."""
-    from data_pipeline.errors import DataError
-    from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
-
     try:
         path = resolve_model_path(directory)
     except DataError:
         return None
     return path, tokenizer_hash(path)
-
-
-def check_init_tokenizer(init_dir: str, corpus, source: str) -> str | None:
-    """UserError when the data was tokenized with another tokenizer than DIR's; a note (returned)
-    when DIR has no tokenizer to compare with (then only model.vocab_size is checked)."""
-    found = init_tokenizer_sha256(Path(init_dir))
-    manifest = corpus.data_dir / "manifest.json"
-    if found is None:
-        return (f"init_from {init_dir} has no tokenizer (spm.model / tokenizer.json / vocab.txt): cannot check that "
-                f"{corpus.data_dir} was tokenized with the model's vocabulary, only its size")
-    path, sha = found
-    if sha != corpus.tokenizer_sha256:
-        raise UserError(f"{source}: data.data_dir {corpus.data_dir} was tokenized with tokenizer "
-                        f"{corpus.tokenizer_sha256[:12]} ({manifest}), not init_from's {path} ({sha[:12]}): prepare "
-                        f"it with `roformer data prepare --tokenizer {init_dir} ...`")
-    return None

@@ -19,18 +19,57 @@ The schedule's own rules (e.g. `max_seq_len >= 2`) are checked when the run conf
 """
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_pipeline import DataError, PretrainBatches, open_corpus
 from launcher.checkpoint.resume import BranchPoint, check_branch, find_branch_point
-from launcher.config.deepspeed_json import ds_config_source, resolve_ds_config
-from launcher.config.precision import train_precision
+from launcher.config.deepspeed_json import resolve_stage_configs
 from launcher.config.run_config import RunConfig
+from launcher.config.run_shape import RunShape
 from launcher.config.stages import ResolvedStage
 from launcher.errors import UserError
-from launcher.inputs.init_from import check_init_tokenizer, init_source_note
+from launcher.inputs.init_from import InitSource
+
+@dataclass(frozen=True)
+class RunSetup:
+    """A run's inputs resolved once, where they are checked (every rank's start-up, launcher/train/rank.py;
+    `roformer plan` and `pretrain --dry-run`: check_run), so the dry run and the ranks agree by construction.
+    What comes after (the resume plan, the engine, the trainer) reads it and never re-reads a file."""
+
+    cfg: RunConfig
+    stages: list[ResolvedStage]
+    """The schedule's stages at `world_size`."""
+    world_size: int
+    ds_configs: list[dict]
+    """Each stage's DeepSpeed config (its batch sizes, the peak LR), accepted by DeepSpeed's DeepSpeedConfig."""
+    ds_source: str
+    """The DeepSpeed JSON as errors name it (deepspeed_json.ds_config_source)."""
+    shape: RunShape
+    """The ZeRO stage, precision and world size the configs train in (the same for every stage)."""
+    init: InitSource | None = None
+    """The init_from directory as the run config's load read it (None without init_from)."""
+
+    def ds_config(self, stage_index: int, load_universal: bool = False) -> dict:
+        """A copy of stage `stage_index`'s DeepSpeed config (the engine takes it as its own), with load_universal
+        set when the start loads through the universal checkpoint."""
+        config = copy.deepcopy(self.ds_configs[stage_index])
+        if load_universal:
+            config.setdefault("checkpoint", {})["load_universal"] = True
+        return config
+
+
+def resolve_setup(cfg: RunConfig, init: InitSource | None, stages: list[ResolvedStage], world_size: int,
+                  accelerator_is_the_ranks: bool = True) -> tuple[RunSetup, list[str]]:
+    """The setup and the notes of check 1: the DeepSpeed JSON read once, every stage's config through DeepSpeed's
+    own parser, its precision against the accelerator."""
+    if bool(cfg.init_from) != (init is not None):
+        raise ValueError(f"{cfg.source}: init_from and its InitSource come together (init_from.load_config_and_init)")
+    configs, shape, source, notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks)
+    return RunSetup(cfg, stages, world_size, configs, source, shape, init), notes
+
 
 @dataclass
 class Findings:
@@ -41,13 +80,17 @@ class Findings:
     branch: BranchPoint | None = None
     """The branch point, checked (None: no branch, or a branch with checkpoints of its own); rank 0 verifies
     its files at start-up (launcher/checkpoint/resume.py)."""
+    setup: RunSetup | None = None
+    """What check_run resolved (the ranks resolve the same: launcher/train/rank.py check_inputs)."""
 
 
-def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, verify_data: bool = False,
-              accelerator_is_the_ranks: bool = True, run_dir: Path | None = None) -> Findings:
+def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, init: InitSource | None = None,
+              verify_data: bool = False, accelerator_is_the_ranks: bool = True,
+              run_dir: Path | None = None) -> Findings:
     """All checks above, on rank 0's view of the data (the launching side: `roformer plan`, `pretrain`);
     UserError / DataError (one line) on the first failure.
 
+    init: the init_from directory as the run config's load read it (init_from.load_config_and_init).
     verify_data: also hash shards changed since they were prepared.
     accelerator_is_the_ranks: this process sees the accelerator the ranks will have (a local run;
     DS_ACCELERATOR set, which the ranks inherit). Otherwise an unsupported precision is a note:
@@ -55,32 +98,58 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, v
     run_dir: the run directory, when there is one (a branch that has started keeps its recorded branch point,
     and one with checkpoints of its own resumes from those: branch_from.find_branch_point).
     """
-    notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks)
+    setup, notes = resolve_setup(cfg, init, stages, world_size, accelerator_is_the_ranks)
     notes += [note] if (note := warmup_note(cfg)) else []
     train, valid = open_streams(cfg, 0, world_size, verify_data)
-    findings = check_data(cfg, stages, train, run_dir)
+    findings = check_data(setup, train, run_dir)
     notes += [line] if (line := cache_line(cfg, train.corpus, valid.corpus)) else []
     findings.notes[:0] = notes
+    findings.setup = setup
     return findings
 
 
-def check_data(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainBatches,
-               run_dir: Path | None = None) -> Findings:
+def check_data(setup: RunSetup, train: PretrainBatches, run_dir: Path | None = None) -> Findings:
     """Checks 3 to 6 on a training stream (a rank's own, or the launching side's rank 0 view), which is left
     as it was found (no mixture set)."""
-    notes = []
+    cfg, stages, notes = setup.cfg, setup.stages, []
     for stage in stages:
         train.check_min_size(stage.max_seq_len, stage.global_batch_size)
     check_mixtures(cfg, stages, train)
-    if cfg.init_from:  # the data must be tokenized with the starting model's tokenizer
-        notes += [note] if (note := check_init_tokenizer(cfg.init_from, train.corpus, cfg.source)) else []
-        notes += [note] if (note := init_source_note(cfg.init_from, cfg.model)) else []
+    if setup.init is not None:  # the data must be tokenized with the starting model's tokenizer
+        notes += [note] if (note := check_init_tokenizer(setup.init, train.corpus, cfg.source)) else []
+        notes += [note] if (note := init_source_note(setup.init, cfg.model)) else []
     point = find_branch_point(cfg, run_dir)  # None: no branch, or a branch with checkpoints of its own
     if point is not None:  # the source's model, data and schedule up to the branch step
         check_branch(cfg, stages, train.corpus, point)
         notes.append(f"a branch of {point.source.run_dir} at {point.tag} (step {point.step:,}, stage "
                      f"'{point.sidecar.stage_name}'): the schedule agrees up to there; this run starts there")
     return Findings(notes, point)
+
+
+def check_init_tokenizer(init: InitSource, corpus, source: str) -> str | None:
+    """UserError when the data was tokenized with another tokenizer than init_from's; a note (returned)
+    when DIR has no tokenizer to compare with (then only model.vocab_size is checked)."""
+    if init.tokenizer is None:
+        return (f"init_from {init.directory} has no tokenizer (spm.model / tokenizer.json / vocab.txt): cannot "
+                f"check that {corpus.data_dir} was tokenized with the model's vocabulary, only its size")
+    path, sha = init.tokenizer
+    if sha != corpus.tokenizer_sha256:
+        raise UserError(f"{source}: data.data_dir {corpus.data_dir} was tokenized with tokenizer "
+                        f"{corpus.tokenizer_sha256[:12]} ({corpus.data_dir / 'manifest.json'}), not init_from's "
+                        f"{path} ({sha[:12]}): prepare it with `roformer data prepare --tokenizer {init.directory} ...`")
+    return None
+
+
+def init_source_note(init: InitSource, model) -> str | None:
+    """The start-up line of a BERT source: what it is continued as (None for a RoFormer source)."""
+    if not init.pretrained.is_bert:
+        return None
+    if model.position_encoding == "rope":
+        return (f"init_from {init.directory} is a BERT: continued as RoPE (the default for a BERT), its absolute "
+                f"position table of {init.pretrained.raw.get('max_position_embeddings', 512)} rows dropped; "
+                f"model.position_encoding: learned keeps it")
+    return (f"init_from {init.directory} is a BERT: continued as it is (model.position_encoding: learned, "
+            f"{model.max_position_embeddings} positions)")
 
 
 def warmup_note(cfg: RunConfig) -> str | None:
@@ -115,23 +184,23 @@ def check_mixtures(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainB
 
 
 def check_deepspeed_configs(cfg: RunConfig, stages: list[ResolvedStage], world_size: int,
-                            accelerator_is_the_ranks: bool = True) -> list[str]:
-    """Every stage's resolved DeepSpeed config through DeepSpeedConfig, then precision vs accelerator."""
+                            accelerator_is_the_ranks: bool = True) -> tuple[list[dict], RunShape, str, list[str]]:
+    """Every stage's DeepSpeed config (the JSON read once) through DeepSpeedConfig, then precision vs
+    accelerator: (the configs, the shape they train in, the JSON as errors name it, the notes)."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    source = ds_config_source(cfg)
-    for stage in stages:
-        config = resolve_ds_config(cfg, stage, world_size)
+    configs, shape, source = resolve_stage_configs(cfg, stages, world_size)
+    for stage, config in zip(stages, configs):
         # The per-rank view: before a process group exists DeepSpeedConfig takes world size 1 (our
         # stage arithmetic, micro x accum x world = global, is checked in launcher/config/stages.py).
-        config["train_batch_size"] = stage.micro_batch_size * stage.grad_accum_steps
+        per_rank = {**config, "train_batch_size": stage.micro_batch_size * stage.grad_accum_steps}
         try:
-            DeepSpeedConfig(config)
+            DeepSpeedConfig(per_rank)
         except Exception as err:  # pydantic ValidationError, AssertionError, DeepSpeedConfigError, ...
-            raise UserError(f"{source}: rejected by DeepSpeed's DeepSpeedConfig: {_describe(err, config)}") from None
-    precision = train_precision(config, source)  # every stage's config has the same precision sections
+            raise UserError(f"{source}: rejected by DeepSpeed's DeepSpeedConfig: {_describe(err, per_rank)}") from None
+    precision = shape.precision  # every stage's config has the same precision sections
     note = _check_precision(precision, source, accelerator_is_the_ranks) if precision != "fp32" else None
-    return [note] if note else []
+    return configs, shape, source, [note] if note else []
 
 
 def _check_precision(precision: str, source: str, binding: bool) -> str | None:

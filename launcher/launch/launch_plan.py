@@ -34,6 +34,7 @@ from launcher.stage_evals.specs import check_eval_specs
 if TYPE_CHECKING:  # the run config imports torch (through roformer): not needed for `roformer pretrain --help`
     from launcher.config.run_config import RunConfig
     from launcher.config.stages import ResolvedStage
+    from launcher.inputs.init_from import InitSource
 
 RANK_ENTRY_MODULE = "launcher.train.rank_entry"
 RANK_PROCESS_MODULE = "launcher.launch.rank_process"
@@ -60,6 +61,7 @@ class LaunchPlan:
 
     config_path: Path  # absolute run config (YAML)
     run_config: RunConfig  # that file with `overrides`, parsed once here; every rank parses it again itself
+    init: InitSource | None  # run_config's init_from directory as its load read it (None without init_from)
     run_dir: Path  # absolute run directory, shared by every node
     overrides: list[str]  # `--set section.key=value` items, passed to every rank unchanged
     hostfile: Hostfile | None  # None: local run on this machine
@@ -272,7 +274,7 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None,
 
     config_path = Path(args.config).resolve()
     run_dir = Path(args.run_dir).resolve()
-    run_config, stages = check_stages(config_path, list(args.overrides), world_size, resources, hostfile)
+    run_config, init, stages = check_stages(config_path, list(args.overrides), world_size, resources, hostfile)
 
     ranks_per_node = max(len(slots) for slots in resources.values())
     # Other nodes get only what they need; each computes its own PATH, op cache and thread count.
@@ -284,7 +286,7 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None,
         # DeepSpeed's MPI discovery sets MASTER_PORT itself; ranks read this one (see docs/multinode.md).
         env["MASTER_PORT"] = str(master_port)
     plan = LaunchPlan(
-        config_path=config_path, run_config=run_config, run_dir=run_dir, overrides=list(args.overrides), hostfile=hostfile,
+        config_path=config_path, run_config=run_config, init=init, run_dir=run_dir, overrides=list(args.overrides), hostfile=hostfile,
         resources=resources, world_size=world_size, stages=stages, launcher=launcher,
         force_multi=multi_node and (len(resources) == 1 or args.force_multi), master_addr=master_addr,
         master_port=master_port, launcher_args=args.launcher_args,
@@ -337,16 +339,16 @@ def _local_device_count() -> int:
 
 
 def check_stages(config_path: Path, overrides: list[str], world_size: int, resources,
-                 hostfile) -> tuple[RunConfig, list[ResolvedStage]]:
-    """Load the run config (the launch's one parse of it) and resolve every stage's batch arithmetic at this
-    world size."""
+                 hostfile) -> tuple[RunConfig, InitSource | None, list[ResolvedStage]]:
+    """Load the run config (the launch's one parse of it, with its init_from directory read) and resolve every
+    stage's batch arithmetic at this world size."""
     from launcher.config.stages import resolve_stages
-    from launcher.inputs.init_from import load_run_config
+    from launcher.inputs.init_from import load_config_and_init
 
-    run_config = load_run_config(config_path, overrides)
+    run_config, init = load_config_and_init(config_path, overrides)
     check_eval_specs(run_config.logging.stage_end_evals, where=f"{run_config.source}: logging.stage_end_evals")
     try:
-        return run_config, resolve_stages(run_config, world_size)
+        return run_config, init, resolve_stages(run_config, world_size)
     except UserError as err:
         where = f"{hostfile.path}" if hostfile else "--num_gpus"
         hosts = ", ".join(f"{h} x{len(s)}" for h, s in resources.items())

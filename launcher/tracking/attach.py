@@ -25,7 +25,7 @@ def sync_run(run_dir, files: list[tuple[Path, str]], report_to: tuple[str, ...] 
              params: dict | None = None, tags: dict | None = None) -> None:
     """Catch up every tracker of RUN_DIR from metrics.jsonl and its stage-end evals, then attach `files`
     ((file, artifact folder) pairs). report_to: the trackers of the run's config (None: those it already
-    reports to); params, tags: the run's, for a tracked run created here (launcher/tracking/sink.py
+    reports to); params, tags: the run's, for a tracked run created here (launcher/tracking/open_sinks.py
     tracked_run)."""
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
     names = tracked(run_dir) if report_to is None else [name for name in TRACKERS if name in report_to]

@@ -1,6 +1,7 @@
 """`logging.report_to` -> rank 0's sinks, and what a tracker gets for the run as a whole."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.defaults import TRACKERS
@@ -22,8 +23,19 @@ def open_sinks(report_to: tuple[str, ...], run_dir, start_step: int, log_every: 
     return sinks
 
 
-def tracked_run(config_dict: dict, run_dir, data_dir: str, report_to) -> dict:
-    """Metrics' keyword arguments for a run: its sinks, the resolved config as flat parameters, the run and data
-    directories as tags."""
-    return {"report_to": tuple(report_to), "params": run_params(config_dict),
-            "tags": {"run_dir": str(Path(run_dir.root)), "data_dir": str(data_dir)}}
+@dataclass(frozen=True)
+class TrackedRun:
+    """What the trackers get for a run as a whole (launcher/train/metrics.py Metrics opens the sinks with it)."""
+
+    report_to: tuple[str, ...] = ("tensorboard",)
+    """logging.report_to: the sinks."""
+    params: dict | None = None
+    """The resolved config as flat parameters."""
+    tags: dict | None = None
+    """The run and data directories."""
+
+
+def tracked_run(config_dict: dict, run_dir, data_dir: str, report_to) -> TrackedRun:
+    """A run's sinks, its resolved config as flat parameters, the run and data directories as tags."""
+    return TrackedRun(tuple(report_to), run_params(config_dict),
+                      {"run_dir": str(Path(run_dir.root)), "data_dir": str(data_dir)})

@@ -1,6 +1,5 @@
 """The DeepSpeed engine of a rank: the process group it runs in, the engine built from the run config, and what
-the loop and the guard read back from it (loss-scale floor, precision; the loss scale itself:
-launcher/checkpoint/checkpointer.py)."""
+what it is and how it stands (shape, loss scale and its floor, seeding) in launcher/engine_facts."""
 from __future__ import annotations
 
 import os
@@ -9,9 +8,8 @@ from pathlib import Path
 import deepspeed
 from deepspeed.accelerator import get_accelerator
 
-from launcher.checkpoint.checkpointer import seed_everything
-from launcher.config.precision import train_precision
 from launcher.config.run_config import RunConfig
+from launcher.engine_facts import seed_everything
 from launcher.lean_imports import answer_not_muon
 from launcher.train.init_weights import InitialWeights
 from roformer import RoFormerForMaskedLM
@@ -37,27 +35,6 @@ def build_engine(cfg: RunConfig, ds_config: dict, rank: int, initial: InitialWei
     answer_not_muon(str(ds_config.get("optimizer", {}).get("type", "")))
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config)
     return engine
-
-
-def min_loss_scale(engine, guard_on: bool = False) -> float | None:
-    """The floor of the dynamic fp16 loss scale (fp16.min_loss_scale); None without dynamic loss scaling.
-    guard_on: an overflow at the floor skips the step (as any overflow) instead of raising DeepSpeed's
-    exception, so the numerics guard's rule stops or rewinds the run, recorded, rather than a crash."""
-    optimizer = engine.optimizer
-    scaler = getattr(optimizer, "loss_scaler", None)
-    if scaler is not None and getattr(scaler, "dynamic", False) and hasattr(scaler, "min_scale"):
-        if guard_on and hasattr(scaler, "raise_error_at_min_scale"):
-            scaler.raise_error_at_min_scale = False
-        return float(scaler.min_scale)
-    config = getattr(optimizer, "loss_scale_config", None)  # ZeRO-0 fp16 (FP16_Optimizer)
-    if config is not None and getattr(config, "dynamic_loss_scale", False) and config.min_loss_scale is not None:
-        return float(config.min_loss_scale)
-    return None
-
-
-def precision(engine) -> str:
-    """fp32, fp16 or bf16: what the DeepSpeed config the engine was built from trains in."""
-    return train_precision(engine.config)
 
 
 # DeepSpeed's CPU shared-memory all-reduce (ops/csrc/cpu/comm/shm.cpp, used when every rank is on one

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 import deepspeed.comm as dist
 
 from launcher.config.guard_section import GuardSection
+from launcher.config.run_config import RunConfig
+from launcher.config.run_shape import RunShape
 from launcher.checkpoint.catalogue import CheckpointEntry, newest_complete_before, rewind_point
+from launcher.engine_facts import min_loss_scale
 from launcher.run_dir.layout import RunDir
 from launcher.train.guard_history import GUARD_EVENT, Rewound, read_history
 from launcher.train.metrics import Metrics
@@ -44,24 +47,26 @@ class Stop:
     line: str
 
 
-@dataclass(frozen=True)
-class RunShape:
-    """What a checkpoint must match to be loaded in the running processes (no conversion)."""
-
-    world_size: int
-    zero_stage: int
-    precision: str
-
-
 class GuardActions:
     """The trainer's numerics guard: `restore` once at start-up, `after_step` once per step on every rank."""
 
     def __init__(self, cfg: GuardSection, detector: NumericsGuard, run_dir: RunDir, metrics: Metrics, rank: int,
-                 shape: RunShape, progress: HeartbeatWriter | None = None):
+                 shape: RunShape, heartbeats: HeartbeatWriter | None = None):
+        """shape: the running engine's; a rewind goes only to a checkpoint of it (DeepSpeed loads it directly)."""
         self.cfg, self.detector, self.run_dir, self.metrics, self.rank, self.shape = \
             cfg, detector, run_dir, metrics, rank, shape
-        self.progress = progress or HeartbeatWriter.disabled()
+        self.heartbeats = heartbeats or HeartbeatWriter.disabled()
         self.rewinds: list[Rewound] = []
+
+    @classmethod
+    def for_engine(cls, cfg: RunConfig, engine, shape: RunShape, run_dir: RunDir, metrics: Metrics, rank: int,
+                   heartbeats: HeartbeatWriter) -> "GuardActions":
+        """The guard of a run's engine: its detector knows the fp16 loss scale's floor (which, with the guard on,
+        skips a step instead of raising: engine_facts.min_loss_scale) and the warm-up."""
+        guard = cfg.guard
+        detector = NumericsGuard(guard, cfg.optimizer.warmup_steps,
+                                 min_loss_scale(engine, guard_on=guard.action != "off"))
+        return cls(guard, detector, run_dir, metrics, rank, shape, heartbeats)
 
     @property
     def flagged(self) -> bool:
@@ -132,7 +137,7 @@ class GuardActions:
                                        f"{last.reach}): not a stretch of bad data")
         if len(self.rewinds) >= self.cfg.max_rewinds:
             return self._stop(trigger, f"guard.max_rewinds {self.cfg.max_rewinds} spent")
-        with self.progress.phase("guard rewind", trigger.step):  # the hang watchdog bounds the agreement
+        with self.heartbeats.phase("guard rewind", trigger.step):  # the hang watchdog bounds the agreement
             point = self._agreed_point(trigger.began - 1)
         if point is None:
             return self._stop(trigger, f"no intact checkpoint of this run's shape at or before step "
@@ -164,8 +169,7 @@ class GuardActions:
         box = [None]
         if self.rank == 0 and at_or_before >= 0:
             point = rewind_point(self.run_dir, at_or_before)
-            if point is not None and RunShape(point.sidecar.world_size, point.sidecar.zero_stage,
-                                              point.sidecar.precision) == self.shape:
+            if point is not None and RunShape.of_sidecar(point.sidecar) == self.shape:
                 box[0] = point
         dist.broadcast_object_list(box, src=0)
         return box[0]

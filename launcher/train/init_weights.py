@@ -1,7 +1,7 @@
 """The weights a fresh run starts from when its config has `init_from` (launcher/inputs/init_from.py).
 
-Every rank reads DIR (roformer.hf_interop.read_hf_directory; a BERT through roformer/bert_interop.py) and
-loads it before deepspeed.initialize, which then partitions the loaded values (any ZeRO stage). A directory
+Every rank reads DIR's weights (its config.json was read once, with the run config: launcher/inputs/init_from.py
+InitSource; a BERT's through roformer/bert_interop.py) and loads them before deepspeed.initialize, which then partitions the loaded values (any ZeRO stage). A directory
 without an MLM head keeps the model's own head, initialised from the run's seed. Only a fresh start loads;
 rank 0 records where the run started (init_from.json).
 """
@@ -12,9 +12,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from launcher.config.run_config import WEIGHT_FIELDS
-from launcher.inputs.init_from import init_tokenizer_sha256, weights_file
 from launcher.errors import UserError
+from launcher.inputs.init_from import InitSource, weights_file
 from launcher.io import file_sha256
+from roformer.bert_interop import mlm_head_names
+from roformer.config import ConfigError
+from roformer.hf_interop import load_mlm_weights
 
 
 @dataclass
@@ -32,35 +35,28 @@ class InitialWeights:
     """DIR's tensors the model has no place for (a BERT's position table under RoPE, its pooler, NSP head)."""
     new_head: bool = False
     """Set by load_into: DIR had no MLM head, the model's own (seeded) one was kept."""
+    tokenizer: tuple[Path, str] | None = None
+    """(file, sha256) of DIR's tokenizer as the start-up read it (InitSource), None when DIR has none."""
 
     @classmethod
-    def read(cls, directory: str, model_config) -> InitialWeights:
-        """Read DIR; UserError when its config.json no longer matches the run's model (DIR changed
-        since the config was loaded)."""
-        from roformer.bert_interop import read_bert_directory
-        from roformer.config import ConfigError
-        from roformer.hf_interop import read_hf_directory
-
-        directory = Path(directory)
+    def read(cls, init: InitSource, model_config) -> InitialWeights:
+        """DIR's weights for the run's model (DIR's config.json as the run config's load read it: `init`);
+        UserError when they do not fit."""
         try:
-            if _model_type(directory) == "bert":  # continued as the run's position_encoding says (rope or learned)
-                config, tensors, raw, dropped = read_bert_directory(directory, model_config.position_encoding)
-            else:
-                (config, tensors, raw), dropped = read_hf_directory(directory), []
+            config = init.pretrained.config(model_config.position_encoding)
+            tensors, dropped = init.pretrained.weights(config)
         except ConfigError as err:
             raise UserError(f"init_from: {err}") from None
         changed = [name for name in WEIGHT_FIELDS if getattr(config, name) != getattr(model_config, name)]
         if changed:
-            raise UserError(f"init_from {directory}/config.json: {', '.join(changed)} differ from the run's model "
-                            f"section ({', '.join(f'{n}={getattr(model_config, n)!r}' for n in changed)})")
-        return cls(directory, tensors, list(raw.get("architectures") or []), model_type=str(raw.get("model_type")),
-                   dropped=dropped)
+            raise UserError(f"init_from {init.pretrained.config_path}: {', '.join(changed)} differ from the run's "
+                            f"model section ({', '.join(f'{n}={getattr(model_config, n)!r}' for n in changed)})")
+        raw = init.pretrained.raw
+        return cls(init.directory, tensors, list(raw.get("architectures") or []),
+                   model_type=str(raw.get("model_type")), dropped=dropped, tokenizer=init.tokenizer)
 
     def load_into(self, model) -> bool:
         """Load into `model`; True (also kept in `new_head`) when its MLM head is new (DIR had none)."""
-        from roformer.config import ConfigError
-        from roformer.hf_interop import load_mlm_weights
-
         try:
             self.new_head = load_mlm_weights(model, self.tensors, self.directory)
         except ConfigError as err:
@@ -69,10 +65,8 @@ class InitialWeights:
 
     def record(self) -> dict:
         """The run's record of where it started: path, weights file and its sha256, tokenizer fingerprint."""
-        from roformer.bert_interop import mlm_head_names
-
         weights = weights_file(self.directory)
-        tokenizer = init_tokenizer_sha256(self.directory)
+        tokenizer = self.tokenizer
         return asdict(InitRecord(
             path=str(self.directory.resolve()), weights_file=weights.name, weights_sha256=file_sha256(weights),
             architectures=self.architectures, mlm_head="new" if self.new_head else "loaded",
@@ -103,13 +97,3 @@ class InitRecord:
     """DIR's tensors not loaded (transformers' names): a BERT's position table under RoPE, pooler, NSP head."""
     fresh: list = field(default_factory=list)
     """Tensors the run initialised from its seed (transformers' names): the MLM head of a bare encoder."""
-
-
-def _model_type(directory: Path) -> str | None:
-    import json
-
-    try:
-        raw = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # read_hf_directory names the problem
-    return raw.get("model_type") if isinstance(raw, dict) else None

@@ -9,31 +9,52 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
 from launcher.io import atomic_write_text, write_line, write_line_kept
 from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, read_records
 from launcher.run_dir.layout import RunDir
 from launcher.mfu import Peak, resolve_peak, speed_fields
-from launcher.tracking.open_sinks import open_sinks
-from launcher.train.progress_line import ProgressPrinter
+from launcher.tracking.open_sinks import TrackedRun, open_sinks
+from launcher.train.progress_line import ProgressPrinter, progress_every
 from launcher.train.stop_time import StopTime
 
 OUTCOME_EVENTS = ("finished", "stopped", "guard_stopped")
 
 
+@dataclass(frozen=True)
+class MetricsOptions:
+    """How rank 0 reports a run (its logging section, the schedule's end, the preemption grace)."""
+
+    total_steps: int
+    log_every: int
+    """Steps between train records."""
+    progress_bar: bool
+    """False: no progress lines at all."""
+    progress_every: int = 1
+    """Steps between plain progress lines (launcher/train/progress_line.py)."""
+    preemption_grace: float | None = None
+    """restarts.preemption_grace_seconds, for the stop-time line (launcher/train/stop_time.py)."""
+
+    @classmethod
+    def of_run_config(cls, cfg: RunConfig) -> "MetricsOptions":
+        total = cfg.schedule.total_steps
+        return cls(total, cfg.logging.log_every, cfg.logging.progress_bar,
+                   progress_every(cfg.logging.progress_every, total), cfg.restarts.preemption_grace_seconds)
+
+
 class Metrics:
     """Does nothing on ranks other than 0, so the loop can call it unconditionally."""
 
-    def __init__(self, run_dir: RunDir, rank: int, stages: list[ResolvedStage], total_steps: int, start_step: int,
-                 log_every: int, progress_bar: bool, progress_every: int = 1, preemption_grace: float | None = None,
-                 report_to: tuple[str, ...] = ("tensorboard",), params: dict | None = None, tags: dict | None = None):
-        """start_step: steps completed when the run (re)starts; progress_every: steps between plain
-        progress lines (launcher/train/progress_line.py); progress_bar False: no progress lines at all;
-        preemption_grace: restarts.preemption_grace_seconds, for the stop-time line (launcher/train/stop_time.py);
-        report_to: the sinks (launcher/tracking/); params, tags: what a tracker gets for the run as a whole."""
+    def __init__(self, run_dir: RunDir, rank: int, stages: list[ResolvedStage], start_step: int,
+                 options: MetricsOptions, tracking: TrackedRun = TrackedRun()):
+        """start_step: steps completed when the run (re)starts; tracking: the sinks and what a tracker gets for
+        the run as a whole (launcher/tracking/)."""
         self.active = rank == 0
+        total_steps, log_every = options.total_steps, options.log_every
         self.stages, self.total_steps, self.log_every = stages, total_steps, log_every
         self.tokens_per_s: float | None = None  # smoothed, for the ETAs
         self.peak: Peak | None = None  # set by set_peak(); tflops / mfu need it
@@ -42,17 +63,17 @@ class Metrics:
             return
         self.path = run_dir.metrics
         kept, self.attempt, redone = _truncate_from(self.path, start_step)
-        if preemption_grace is not None:
-            self.stop_time = StopTime(preemption_grace, self.message, kept)
+        if options.preemption_grace is not None:
+            self.stop_time = StopTime(options.preemption_grace, self.message, kept)
         self.jsonl = open(self.path, "a", encoding="utf-8")
         self.outcome: str | None = None
-        self.sinks = open_sinks(report_to, run_dir, start_step, log_every, total_steps,
-                                [s.end_step for s in stages], params, tags)
+        self.sinks = open_sinks(tracking.report_to, run_dir, start_step, log_every, total_steps,
+                                [s.end_step for s in stages], tracking.params, tracking.tags)
         for sink in self.sinks:
             sink.start(kept, start_step)
         if redone:
             self._new_attempt(start_step, "restart from an older checkpoint")
-        self.progress = ProgressPrinter(total_steps, progress_every) if progress_bar else None
+        self.progress = ProgressPrinter(total_steps, options.progress_every) if options.progress_bar else None
 
     def set_peak(self, peak: Peak) -> None:
         """The peak MFU is measured against, from now on (recorded as a `peak_flops` event)."""

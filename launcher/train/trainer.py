@@ -16,11 +16,10 @@ import torch
 
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
-from launcher.checkpoint.checkpointer import Checkpointer, loss_scale
+from launcher.checkpoint.checkpointer import Checkpointer
+from launcher.engine_facts import loss_scale, min_loss_scale
 from launcher.train.device_batches import host_counts, to_device
-from launcher.train.engine import min_loss_scale, precision
-from launcher.train.guard_actions import GuardActions, Rewind, RunShape, Stop
-from launcher.train.numerics_guard import NumericsGuard
+from launcher.train.guard_actions import GuardActions, Rewind, Stop
 from launcher.train.heartbeats import HeartbeatWriter
 from launcher.train.metrics import Metrics
 from launcher.mfu import step_model_flops
@@ -51,25 +50,44 @@ class TrainState:
             setattr(self, key, value)
 
 
+@dataclass(frozen=True)
+class TrainerHooks:
+    """What the loop calls out to besides its own parts."""
+
+    on_stage_end: StageEndCallback | None = None
+    heartbeats: HeartbeatWriter = field(default_factory=HeartbeatWriter.disabled)
+    """Heartbeats for the hang watchdog (launcher/train/heartbeats.py)."""
+    stop_requested: Callable[[], bool] = lambda: False
+    """This rank got SIGTERM / SIGINT (launcher/train/stop_signals.py)."""
+
+
+@dataclass(frozen=True)
+class TrainParts:
+    """A rank's built components the loop drives (launcher/train/rank.py build_components)."""
+
+    engine: object
+    """The DeepSpeed engine."""
+    state: TrainState
+    checkpointer: Checkpointer
+    metrics: Metrics
+    guard: GuardActions
+    """The numerics guard (GuardActions.for_engine)."""
+
+
 class Trainer:
-    def __init__(self, cfg: RunConfig, stages: list[ResolvedStage], engine, batches, valid_batches,
-                 state: TrainState, checkpointer: Checkpointer, metrics: Metrics,
-                 on_stage_end: StageEndCallback | None = None, progress: HeartbeatWriter | None = None,
-                 stop_requested: Callable[[], bool] = lambda: False):
-        self.cfg, self.stages, self.engine, self.batches, self.valid_batches = cfg, stages, engine, batches, valid_batches
-        self.state, self.checkpointer, self.metrics, self.on_stage_end = state, checkpointer, metrics, on_stage_end
-        self.progress = progress or HeartbeatWriter.disabled()  # heartbeats for the hang watchdog
+    def __init__(self, cfg: RunConfig, stages: list[ResolvedStage], batches, valid_batches, parts: TrainParts,
+                 hooks: TrainerHooks = TrainerHooks()):
+        self.cfg, self.stages, self.batches, self.valid_batches = cfg, stages, batches, valid_batches
+        self.engine, self.state, self.checkpointer = parts.engine, parts.state, parts.checkpointer
+        self.metrics, self.guard = parts.metrics, parts.guard
+        self.on_stage_end, self.heartbeats, self.stop_requested = hooks.on_stage_end, hooks.heartbeats, \
+            hooks.stop_requested
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.stop_requested = stop_requested  # this rank got SIGTERM / SIGINT (launcher/train/stop_signals.py)
         self.stop_agreed = False  # some rank got a stop request (carried by the per-step all-reduce)
         self.guard_stop: Stop | None = None  # the numerics guard's decision that ended the run
         # The stage-switch message names the mask rate when some stage does not train at the run config's.
         self._per_stage_mask_prob = any(s.mask_prob != cfg.data.masking.mask_prob for s in stages)
-        guard = cfg.guard
-        detector = NumericsGuard(guard, cfg.optimizer.warmup_steps, min_loss_scale(engine, guard_on=guard.action != "off"))
-        shape = RunShape(self.world_size, engine.zero_optimization_stage(), precision(engine))
-        self.guard = GuardActions(guard, detector, checkpointer.run_dir, metrics, self.rank, shape, self.progress)
-        self.guard.restore(state.step)  # the guard of the uninterrupted run at this step, from the run's records
+        self.guard.restore(self.state.step)  # the guard of the uninterrupted run at this step, from the run's records
 
     def run(self) -> str:
         """Train to the end of the schedule ("finished"), until a stop signal ("stopped") or until the numerics
@@ -78,7 +96,7 @@ class Trainer:
         while self.state.step < self.cfg.schedule.total_steps:
             current = self.stages[self.cfg.schedule.stage_for_step(self.state.step)[0]]
             if current is not stage:
-                with self.progress.phase("stage switch", self.state.step):
+                with self.heartbeats.phase("stage switch", self.state.step):
                     stage = self.switch_to(current)
             decision = self.step(stage)
             if isinstance(decision, Stop):
@@ -90,17 +108,17 @@ class Trainer:
                 continue
             stage_done = self.state.step == stage.end_step
             if stage_done or _every(self.cfg.logging.valid_every, self.state.step):
-                with self.progress.phase("validation", self.state.step):
+                with self.heartbeats.phase("validation", self.state.step):
                     self.validate(stage)
             if stage_done or self.stop_agreed or _every(self.cfg.checkpoint.every_steps, self.state.step):
                 if self.guard.flagged:  # never a resume point from a step the guard flagged
                     self.skip_checkpoint(stage_done)
                     stage_done = False
                 else:
-                    with self.progress.phase("checkpoint save", self.state.step):
+                    with self.heartbeats.phase("checkpoint save", self.state.step):
                         tag = self.save_checkpoint(stage)
                 if stage_done:
-                    with self.progress.phase("stage end", self.state.step):
+                    with self.heartbeats.phase("stage end", self.state.step):
                         self.stage_end(stage, tag)
             if self.stop_agreed and self.state.step < self.cfg.schedule.total_steps:
                 return "stopped"
@@ -110,7 +128,7 @@ class Trainer:
         """One optimizer step of `stage` with its heartbeat, its train record and the numerics guard's decision
         on it (launcher/train/guard_actions.py)."""
         skipped_before = int(self.engine.skipped_steps)
-        with self.progress.step(self.state.step, stage.index):
+        with self.heartbeats.step(self.state.step, stage.index):
             record = self.train_step(stage)
             self.metrics.train_step(dict(record))
         self.state.step += 1
@@ -120,7 +138,7 @@ class Trainer:
         """The guard's rewind, in the running processes: the checkpoint's weights, optimizer, scaler, counters,
         data position and RNG, then the skip in the data position."""
         point = decision.point
-        with self.progress.phase("guard rewind", self.state.step):  # the hang watchdog bounds the reload
+        with self.heartbeats.phase("guard rewind", self.state.step):  # the hang watchdog bounds the reload
             self.checkpointer.load(point, self.cfg.seed)
             min_loss_scale(self.engine, guard_on=True)  # the loaded scaler, too, leaves the floor to the guard
             stage = self.stages[self.cfg.schedule.stage_for_step(point.step)[0]]

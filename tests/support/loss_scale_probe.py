@@ -21,7 +21,7 @@ def main(zero_stage: int, steps: int) -> None:
     import torch
     from deepspeed.accelerator import get_accelerator
 
-    from launcher.checkpoint.checkpointer import loss_scale
+    from launcher.engine_facts import loss_scale
     from tests.support.fp16_cpu import enable_fp16_on_cpu
 
     enable_fp16_on_cpu()

@@ -57,7 +57,8 @@ def failing_start(scenarios: list[str]):
         from launcher.errors import UserError
         from launcher.checkpoint.checkpointer import write_failure
         from launcher.train import engine
-        from launcher.checkpoint.checkpointer import Checkpointer
+        from launcher.checkpoint.checkpointer import CheckpointedRun, Checkpointer
+        from launcher.config.run_shape import RunShape
 
         rank = int(os.environ["RANK"])
         with gloo_threads_behind(rank):
@@ -76,8 +77,9 @@ def failing_start(scenarios: list[str]):
             raise UserError(box[0])
         run_dir = inputs.run_dir
         directory = run_dir.checkpoint(TAG)
-        checkpointer = Checkpointer(run_dir, None, None, None, model_config=None, rank=rank, world_size=world_size,
-                                    keep_last=1, total_steps=1)
+        run = CheckpointedRun(run_dir, rank, RunShape(zero_stage=2, precision="fp32", world_size=world_size),
+                              model_config=None, total_steps=1, keep_last=1)
+        checkpointer = Checkpointer(run, None, None, None)
         mine = None
         if rank == 1:
             full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory / "mp_rank_01_model_states.pt"))

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from launcher.cli import main as cli_main
-from launcher.inputs.init_from import init_source_note
-from launcher.inputs.init_from import load_run_config
+from launcher.inputs.init_from import load_config_and_init
+from launcher.inputs.run_checks import init_source_note
 from launcher.errors import UserError
 from launcher.run_dir.records import describe_init
 from launcher.train.engine import build_model
@@ -45,13 +45,13 @@ def test_a_bert_is_continued_as_rope_by_default(tmp_path, bert_mlm):
     transform and the decoder's bias); the table is dropped, and the records say so."""
     import transformers
 
-    cfg = load_run_config(init_from_config(tmp_path, bert_mlm))
+    cfg, init = load_config_and_init(init_from_config(tmp_path, bert_mlm))
     raw = json.loads((bert_mlm / "config.json").read_text())
     assert cfg.model.position_encoding == "rope" and cfg.model.max_position_embeddings is None
     assert (cfg.model.hidden_act, cfg.model.layer_norm_eps, cfg.model.vocab_size) == ("gelu_new", 1e-7, raw["vocab_size"])
-    note = init_source_note(cfg.init_from, cfg.model)
+    note = init_source_note(init, cfg.model)
     assert "is a BERT: continued as RoPE" in note and "256 rows dropped" in note and "\n" not in note
-    initial = InitialWeights.read(cfg.init_from, cfg.model)
+    initial = InitialWeights.read(init, cfg.model)
     model = build_model(cfg, initial)
     reference = transformers.BertForMaskedLM.from_pretrained(str(bert_mlm)).state_dict()
     ours = bert_state_dict(model.state_dict())
@@ -70,10 +70,10 @@ def test_a_bert_model_gets_a_fresh_head_and_learned_keeps_the_table(tmp_path, te
     import transformers
 
     source = bert_dir(tmp_path / "encoder", texts, head=False, safetensors=False, seed=3)
-    cfg = load_run_config(init_from_config(tmp_path, source, model={"position_encoding": "learned"}))
+    cfg, init = load_config_and_init(init_from_config(tmp_path, source, model={"position_encoding": "learned"}))
     assert (cfg.model.position_encoding, cfg.model.max_position_embeddings) == ("learned", 256)
-    assert "continued as it is" in init_source_note(cfg.init_from, cfg.model)
-    initial = InitialWeights.read(cfg.init_from, cfg.model)
+    assert "continued as it is" in init_source_note(init, cfg.model)
+    initial = InitialWeights.read(init, cfg.model)
     model = build_model(cfg, initial)
     encoder = transformers.BertModel.from_pretrained(str(source)).state_dict()
     ours = bert_state_dict(model.state_dict())
@@ -134,9 +134,9 @@ def test_bad_bert_input_is_one_line_exit_2_nothing_written(capsys, tmp_path, ber
     config = init_from_config(tmp_path, source, model=model)
     capsys.readouterr()
     if case in ("missing", "shape"):  # read by every rank at the engine's start, before any step
-        cfg = load_run_config(config)
+        cfg, init = load_config_and_init(config)
         with pytest.raises(UserError) as caught:
-            build_model(cfg, InitialWeights.read(cfg.init_from, cfg.model))
+            build_model(cfg, InitialWeights.read(init, cfg.model))
         message = str(caught.value)
         assert expected in message and str(source) in message and "\n" not in message
         return

@@ -210,5 +210,5 @@ def test_rank_zero_verifies_the_branch_point_and_refuses_a_damaged_one(source, t
     before = {p: p.read_bytes() for p in source.rglob("*") if p.is_file()}  # every rank's files must be there
     with pytest.raises(UserError, match=rf"branch_from {source}: .*{TAG}: partial checkpoint: "
                                         r"no model state file .*; branch from another of its checkpoints \(RUN_DIR:TAG\)"):
-        resume.decide(new, cfg, stages, 2, open_streams(cfg, 0, 2)[0], checked.branch)
+        resume.decide(new, checked.setup, open_streams(cfg, 0, 2)[0], checked.branch)
     assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before and not any(new.root.iterdir())

@@ -110,7 +110,7 @@ def test_a_newer_sidecar_format_is_refused_not_set_aside(run_dir):
     path = sidecar_path(run_dir.checkpoint("global_step5"))
     path.write_text(json.dumps({**json.loads(path.read_text()), "format": SIDECAR_FORMAT + 1}))
     with pytest.raises(NewerSidecarFormat, match=rf"{path}: sidecar format {SIDECAR_FORMAT + 1} is newer"):
-        decide(run_dir, cfg=None, stages=[], world_size=2, batches=None)
+        decide(run_dir, setup=None, batches=None)
     assert not run_dir.damaged.exists()
 
 
@@ -134,7 +134,7 @@ def test_every_checkpoint_damaged_is_refused_and_nothing_moves(run_dir, tiny_dat
         truncate(run_dir.checkpoint(f"global_step{step}") / "mp_rank_00_model_states.pt")
     before = sorted(p.name for p in run_dir.checkpoints.iterdir())
     with pytest.raises(UserError, match=r"no intact checkpoint to resume from: global_step\d: .*truncated"):
-        decide(run_dir, cfg=None, stages=[], world_size=2, batches=None)
+        decide(run_dir, setup=None, batches=None)
     assert sorted(p.name for p in run_dir.checkpoints.iterdir()) == before
 
 
@@ -247,6 +247,7 @@ class Counters:
 def test_a_save_reaches_the_disk_before_it_is_marked_complete(tmp_path, stored_run, monkeypatch):
     from launcher.config.stages import ResolvedStage
     from launcher.checkpoint import checkpointer as checkpointer_module
+    from launcher.config.run_shape import RunShape
     from roformer.config import RoFormerConfig
 
     stored = read_sidecar(stored_run / "checkpoints" / STORED_TAG)
@@ -254,10 +255,12 @@ def test_a_save_reaches_the_disk_before_it_is_marked_complete(tmp_path, stored_r
     run_dir.checkpoints.mkdir(parents=True)
     monkeypatch.setattr(checkpointer_module, "dist", OneRank)
     train = Counters({"step": 7, "consumed_samples": 40, "consumed_tokens": 900, "last_validation": {}})
-    saver = checkpointer_module.Checkpointer(
-        run_dir, FileWritingEngine(stored_run / "checkpoints" / STORED_TAG), train, Counters(stored.data_state),
-        model_config=RoFormerConfig.from_dict(stored.model_config), rank=0, world_size=1, keep_last=2,
-        total_steps=10, tokenizer_sha256="cd" * 32)
+    run = checkpointer_module.CheckpointedRun(
+        run_dir, rank=0, shape=RunShape(zero_stage=stored.zero_stage, precision=stored.precision, world_size=1),
+        model_config=RoFormerConfig.from_dict(stored.model_config), total_steps=10, keep_last=2,
+        tokenizer_sha256="cd" * 32)
+    saver = checkpointer_module.Checkpointer(run, FileWritingEngine(stored_run / "checkpoints" / STORED_TAG), train,
+                                             Counters(stored.data_state))
     stage = ResolvedStage(index=0, name="only", max_seq_len=64, global_batch_size=8, micro_batch_size=8,
                           grad_accum_steps=1, steps=10, first_step=0, lr_scale=1.0)
     disk = DiskLog(monkeypatch)

@@ -279,14 +279,15 @@ def test_pruning_keeps_the_checkpoint_before_an_open_spike_and_the_rewind_target
     """GuardActions.protect_steps (what Checkpointer.save passes to CheckpointCatalogue.to_prune)."""
     from launcher.checkpoint.catalogue import CheckpointCatalogue
     from launcher.run_dir.layout import RunDir
-    from launcher.train.guard_actions import GuardActions, Rewound, RunShape
+    from launcher.config.run_shape import RunShape
+    from launcher.train.guard_actions import GuardActions, Rewound
     from tests.support.helpers import write_complete_checkpoint
 
     run_dir = RunDir(tmp_path / "run")
     for step in (3, 6, 9):
         write_complete_checkpoint(run_dir, step)
     detector = NumericsGuard(CFG, 0, None)
-    actions = GuardActions(CFG, detector, run_dir, metrics=None, rank=0, shape=RunShape(2, 2, "fp32"))
+    actions = GuardActions(CFG, detector, run_dir, metrics=None, rank=0, shape=RunShape(zero_stage=2, precision="fp32", world_size=2))
     assert actions.protect_steps(12) == ()
     feed(detector, [4.0] * 5 + [9.0], first_step=3)  # step 8 flagged: a spike open since step 8
     assert detector.began == 8 and actions.protect_steps(12) == (6,)

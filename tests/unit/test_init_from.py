@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,7 @@ from data_pipeline.prepare import prepare
 from data_pipeline.shards import open_corpus
 from launcher.cli import main as cli_main
 from launcher.config.run_config import dump_run_config
-from launcher.inputs.init_from import load_run_config
+from launcher.inputs.init_from import load_config_and_init, load_run_config
 from launcher.errors import UserError
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import describe_init, read_init_record, write_init_record
@@ -109,8 +111,8 @@ def test_init_from_errors_name_the_field(tmp_path, hf_dir):
 def test_weights_are_loaded_into_the_engine_model(tmp_path, hf_dir):
     import transformers
 
-    cfg = load_run_config(init_from_config(tmp_path, hf_dir))
-    initial = InitialWeights.read(cfg.init_from, cfg.model)
+    cfg, init = load_config_and_init(init_from_config(tmp_path, hf_dir))
+    initial = InitialWeights.read(init, cfg.model)
     model = build_model(cfg, initial)
     assert initial.new_head is False
     reference = transformers.RoFormerForMaskedLM.from_pretrained(str(hf_dir)).state_dict()
@@ -136,8 +138,8 @@ def test_a_bare_roformer_model_gets_a_new_mlm_head(tmp_path, texts):
 
     source = plain_transformers_dir(tmp_path / "encoder", texts, head=False, safetensors=False, seed=3)
     assert (source / "pytorch_model.bin").is_file() and not (source / "model.safetensors").exists()
-    cfg = load_run_config(init_from_config(tmp_path, source))
-    initial = InitialWeights.read(cfg.init_from, cfg.model)
+    cfg, init = load_config_and_init(init_from_config(tmp_path, source))
+    initial = InitialWeights.read(init, cfg.model)
     model = build_model(cfg, initial)
     assert initial.new_head is True and initial.record()["mlm_head"] == "new"
     encoder = transformers.RoFormerModel.from_pretrained(str(source)).state_dict()
@@ -207,3 +209,48 @@ def test_pretrain_refuses_data_of_another_tokenizer(capsys, tmp_path, hf_dir, hf
     raw["data"]["data_dir"] = str(hf_data)
     write_yaml(config, raw)
     assert cli_main(argv) == 0
+
+
+OPENED: dict[str, int] = {}
+"""Watched path -> opens, while a test counts (the audit hook below stays installed for the process)."""
+
+
+def _count_opens(event: str, args: tuple) -> None:
+    if event == "open" and OPENED and isinstance(args[0], (str, bytes, os.PathLike)):
+        path = os.path.realpath(os.fsdecode(args[0]))
+        if path in OPENED:
+            OPENED[path] += 1
+
+
+sys.addaudithook(_count_opens)
+
+
+def test_a_ranks_start_up_reads_the_init_directory_and_the_deepspeed_json_once(tmp_path, hf_dir, hf_data, monkeypatch):
+    """A rank's step 1 (check_inputs: the run config with DIR, the stages' DeepSpeed configs, the data and the
+    tokenizer check), rank 0's resume decision and the initial weights read DIR's config.json and the DeepSpeed
+    JSON once each (the sys.addaudithook 'open' events): the later steps take what step 1 resolved (RankSetup).
+    `roformer plan` and --dry-run (check_run) resolve the same configs and shape."""
+    from launcher.checkpoint import resume
+    from launcher.config.stages import resolve_stages
+    from launcher.inputs.run_checks import check_run
+    from launcher.train.rank import check_inputs
+
+    config = init_from_config(tmp_path, hf_dir, data_dir=hf_data)
+    ds_json = yaml.safe_load(config.read_text())["deepspeed"]["config"]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    watched = [os.path.realpath(hf_dir / "config.json"), os.path.realpath(ds_json)]
+    OPENED.update(dict.fromkeys(watched, 0))
+    try:
+        setup = check_inputs(["--config", str(config), "--run-dir", str(tmp_path / "run")])
+        plan = resume.decide(setup.run_dir, setup.run, setup.train_batches, setup.branch_point)
+        initial = InitialWeights.read(setup.run.init, setup.cfg.model)
+        counts = dict(OPENED)
+    finally:
+        OPENED.clear()
+    assert counts == dict.fromkeys(watched, 1)
+    assert plan.init_from == hf_dir and plan.ds_config == setup.run.ds_config(0) and initial.new_head is False
+    assert initial.record()["tokenizer_sha256"] == setup.train_batches.corpus.tokenizer_sha256
+    planned = check_run(setup.cfg, resolve_stages(setup.cfg, 1), 1, init=setup.run.init).setup
+    assert (planned.ds_configs, planned.shape) == (setup.run.ds_configs, setup.run.shape)
+

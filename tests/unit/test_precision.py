@@ -146,7 +146,8 @@ ROUTES = [  # (saved, now) as (stage, precision, ranks) -> universal?
 
 @pytest.mark.parametrize("saved, now, universal", ROUTES)
 def test_load_route(saved, now, universal):
-    from launcher.checkpoint.resume import RunShape, load_route
+    from launcher.checkpoint.resume import load_route
+    from launcher.config.run_shape import RunShape
 
     point = shape_point(saved[1], saved[0], saved[2])
     assert load_route(point, RunShape(*saved), RunShape(*now), "ds.json") is universal
@@ -154,7 +155,8 @@ def test_load_route(saved, now, universal):
 
 @pytest.mark.parametrize("saved, now", [((0, "fp32", 2), (2, "fp32", 2)), ((3, "bf16", 2), (0, "fp32", 2))])
 def test_zero_0_to_another_stage_is_refused_naming_both_shapes_and_the_way_out(saved, now):
-    from launcher.checkpoint.resume import RunShape, load_route
+    from launcher.checkpoint.resume import load_route
+    from launcher.config.run_shape import RunShape
 
     with pytest.raises(UserError) as err:
         load_route(shape_point(saved[1], saved[0], saved[2]), RunShape(*saved), RunShape(*now), "ds.json")
@@ -165,7 +167,8 @@ def test_zero_0_to_another_stage_is_refused_naming_both_shapes_and_the_way_out(s
 
 
 def test_the_fp16_loss_scaler_is_said_to_start_fresh_or_to_be_dropped():
-    from launcher.checkpoint.resume import RunShape, shape_notes
+    from launcher.checkpoint.resume import shape_notes
+    from launcher.config.run_shape import RunShape
 
     to_fp16 = shape_notes(shape_point("bf16"), RunShape(2, "bf16", 2), RunShape(2, "fp16", 2), True)
     assert to_fp16[1] == "fp16 loss scaler: starts fresh (the checkpoint trained in bf16, without loss scaling)"

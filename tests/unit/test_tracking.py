@@ -14,7 +14,8 @@ from launcher.config.stages import ResolvedStage  # noqa: E402
 from launcher.run_dir.layout import RunDir  # noqa: E402
 from launcher.config.report_to import parse_report_to  # noqa: E402
 from launcher.tracking.remote import Ledger  # noqa: E402
-from launcher.train.metrics import Metrics, read_metrics  # noqa: E402
+from launcher.tracking.open_sinks import TrackedRun  # noqa: E402
+from launcher.train.metrics import Metrics, MetricsOptions, read_metrics  # noqa: E402
 from launcher.errors import UserError  # noqa: E402
 from tests.support.mlflow_server import MlflowServer  # noqa: E402
 from tests.support.wandb_log import train_losses  # noqa: E402
@@ -48,8 +49,8 @@ def train(metrics: Metrics, steps: range, attempt_bias: float = 0.0) -> None:
 
 
 def open_metrics(run_dir: RunDir, start: int, report_to=("tensorboard", "mlflow")) -> Metrics:
-    return Metrics(run_dir, 0, stages_of(6), 6, start, 1, False, report_to=report_to,
-                   params={"model.hidden_size": "128"}, tags={"run_dir": str(run_dir.root), "data_dir": "/data"})
+    return Metrics(run_dir, 0, stages_of(6), start, MetricsOptions(total_steps=6, log_every=1, progress_bar=False),
+                   TrackedRun(report_to, {"model.hidden_size": "128"}, {"run_dir": str(run_dir.root), "data_dir": "/data"}))
 
 
 def wait_sent(run_dir: RunDir, key: str, seconds: float = 60) -> None:
