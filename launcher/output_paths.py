@@ -17,11 +17,20 @@ import errno
 import fcntl
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
+from data_pipeline.shards import FORMAT_NAME as SHARDS_FORMAT, MANIFEST
 from launcher.errors import UserError
+from launcher.io import file_sha256, read_json_object
+from launcher.run_dir.layout import RENDER_LOCK
+from launcher.run_dir.lock import pid_alive
+
+# The first line of a report.md of `roformer report` (launcher/report/run_report.py) and of `roformer
+# reproduce` (launcher/reproduce/claims_report.py); both import it from here.
+REPORT_TITLES = ("# Run report: ", "# RoFormer paper claims, reproduced at small scale")
 
 # "s3://b/d" reaches us as Path("s3:/b/d") from argparse's type=Path; a one-letter scheme is a drive letter.
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
@@ -29,20 +38,68 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
 
 @dataclass(frozen=True)
 class Kind:
-    """A kind of directory a command replaces, known by its marker files."""
+    """A kind of directory a command replaces or fills, known by its own records (never by a folder name
+    other tools use as well: a `checkpoints/`, any `manifest.json`)."""
 
     name: str
-    markers: tuple[str, ...]
     made_by: str
+    recognise: Callable[[Path], bool]
+    """True when the directory holds this kind's own records."""
 
 
-DATA = Kind("prepared data", ("manifest.json",), "roformer data prepare")
-EXPORT = Kind("export", ("export_info.json",), "roformer export")
-# Files only a run writes (a user's folder may well hold a config.yaml or a metrics.jsonl of its own).
-RUN = Kind("run directory", ("stages.json", "ds_config.resolved.json", "config_versions.json", "restarts.json",
-                             "init_from.json", "branch_from.json", "checkpoints", "universal", "heartbeats",
-                             ".deepspeed_env", "logs/launcher.log"), "roformer pretrain")
-KINDS = (DATA, EXPORT, RUN)
+def _is_prepared_data(path: Path) -> bool:
+    return read_json_object(path / MANIFEST).get("format") == SHARDS_FORMAT
+
+
+def export_record(path: Path) -> dict:
+    """export_info.json of an export `roformer export` wrote ({} for anything else). Exports before the
+    "format" field have run_dir, tag and step."""
+    info = read_json_object(Path(path) / "export_info.json")
+    ours = info.get("format") == "roformer-ds-export" or {"run_dir", "tag", "step"} <= set(info)
+    return info if ours else {}
+
+
+# Files only a run writes (a user's folder may well hold a config.yaml, a metrics.jsonl or a checkpoints/).
+RUN_RECORDS = ("stages.json", "ds_config.resolved.json", "config_versions.json", "restarts.json", "init_from.json",
+               "branch_from.json", ".deepspeed_env", "logs/launcher.log", "heartbeats/run.lock",
+               "heartbeats/.run.lock.guard")
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run directory of `roformer pretrain`, by the records only a run writes."""
+    return any((Path(path) / record).exists() for record in RUN_RECORDS)
+
+
+def _is_report(path: Path) -> bool:
+    """report.md written by `roformer report` or `roformer reproduce` (their first line), or the plots'
+    render lock file (`report --plots-only`)."""
+    if (Path(path) / "plots" / RENDER_LOCK).is_file():
+        return True
+    try:
+        with open(Path(path) / "report.md", encoding="utf-8") as f:
+            first = f.readline()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return first.startswith(REPORT_TITLES)
+
+
+REPRODUCTION_RECORD = "reproduction.json"
+"""What `roformer reproduce` writes first into its --out: marks the folder as its own."""
+
+
+def _is_reproduction(path: Path) -> bool:
+    path = Path(path)
+    return (read_json_object(path / REPRODUCTION_RECORD).get("format") == "roformer-ds-reproduction"
+            or isinstance(read_json_object(path / "report" / "results.json").get("parts"), list)  # earlier releases
+            or _is_prepared_data(path / "data"))
+
+
+DATA = Kind("prepared data", "roformer data prepare", _is_prepared_data)
+EXPORT = Kind("export", "roformer export", lambda path: bool(export_record(path)))
+RUN = Kind("run directory", "roformer pretrain", is_run_dir)
+REPORT = Kind("report", "roformer report", _is_report)
+REPRODUCTION = Kind("reproduction output", "roformer reproduce", _is_reproduction)
+KINDS = (DATA, EXPORT, RUN, REPRODUCTION, REPORT)
 
 EXPORT_ENTRIES = frozenset({
     "config.json", "model.safetensors", "pytorch_model.bin", "README.md", "export_info.json",
@@ -50,8 +107,8 @@ EXPORT_ENTRIES = frozenset({
     "vocab.txt", "sentencepiece.bpe.model", "modules.json", "sentence_bert_config.json",
     "config_sentence_transformers.json", "1_Pooling", "2_Normalize", "model.safetensors.index.json",
     "added_tokens.json"})
-"""What `roformer export` writes (and wrote in earlier releases): anything else in an export directory
-is the user's, and replacing the directory would delete it."""
+"""What `roformer export` wrote at the top of an export before export_info.json recorded a sha256 per
+file: anything else in such an export directory is the user's."""
 
 
 def refuse_url(flag: str, value) -> None:
@@ -89,7 +146,8 @@ def _relation(a: Path, b: Path) -> str | None:
     return None
 
 
-_NOUNS = {"RUN_DIR": "the run directory", "EXPORT": "the export", "--data": "the prepared data"}
+_NOUNS = {"RUN_DIR": "the run directory", "EXPORT": "the export", "--data": "the prepared data",
+          "data.data_dir": "the prepared data", "--init-from": "the model the run starts from"}
 
 
 def check_paths(inputs: dict, outputs: dict, may_hold: tuple[str, ...] = ()) -> None:
@@ -114,62 +172,82 @@ def check_paths(inputs: dict, outputs: dict, may_hold: tuple[str, ...] = ()) -> 
                                 f"replace the other: give them different paths")
 
 
+def resolved_output(flag: str, path) -> Path:
+    """`path` with `~`, `..` and symbolic links resolved: where the command really writes, and what its
+    lock and its checks are keyed on (`L -> S` and `S` are one directory). A link to nothing is refused:
+    the write would land wherever it points, or fail once the work is done."""
+    refuse_url(flag, path)
+    path = Path(path).expanduser()
+    if path.is_symlink() and not path.exists():
+        raise UserError(f"{flag} {path}: a symbolic link to {os.readlink(path)}, which does not exist; give an "
+                        f"existing directory or a new path")
+    return path.resolve()
+
+
 def check_output_file(flag: str, path: Path | None) -> None:
-    """An output file: not a directory, and its parent (if it exists) not a file."""
+    """An output file: not a directory, its parent (if it exists) not a file, and writable."""
     if path is None:
         return
-    refuse_url(flag, path)
-    path = Path(path)
-    if path.is_dir():
+    resolved = resolved_output(flag, path)
+    if resolved.is_dir():
         raise UserError(f"{flag} {path}: is a directory; give a file name (e.g. {path / 'report.json'})")
-    for parent in path.parents:
+    for parent in resolved.parents:
         if parent.exists():
             if not parent.is_dir():
                 raise UserError(f"{flag} {path}: cannot create it: {parent} is a file, not a directory")
             break
+    check_writable(flag, path, resolved)
 
 
 def check_output_dir(flag: str, path: Path | None) -> None:
-    """An output directory written into: not a file (nor below one)."""
+    """An output directory written into: not a file (nor below one), and writable."""
     if path is None:
         return
-    refuse_url(flag, path)
-    path = Path(path)
-    for each in (path, *path.parents):
+    resolved = resolved_output(flag, path)
+    for each in (resolved, *resolved.parents):
         if each.exists():
             if not each.is_dir():
-                raise UserError(f"{flag} {path}: exists and is not a directory" if each == path else
+                raise UserError(f"{flag} {path}: exists and is not a directory" if each == resolved else
                                 f"{flag} {path}: cannot create it: {each} is a file, not a directory")
             break
+    check_writable(flag, path, resolved)
+
+
+def check_writable(flag: str, path, resolved: Path) -> None:
+    """The directory the command creates `resolved` in, and `resolved` itself when it is a directory, must
+    be writable (access(2): permission bits and read-only mounts), or the work would end in an OSError."""
+    existing = next(each for each in (resolved, *resolved.parents) if each.exists())
+    places = [existing] if existing != resolved or not existing.is_dir() else [resolved, resolved.parent]
+    for place in places:
+        if place.is_dir() and not os.access(place, os.W_OK | os.X_OK):
+            raise UserError(f"{flag} {path}: cannot write there: {place} is read-only; choose another {flag}")
 
 
 def kind_of(path: Path) -> Kind | None:
-    path = Path(path)
     for kind in KINDS:
-        if any((path / marker).exists() for marker in kind.markers):
+        if kind.recognise(Path(path)):
             return kind
     return None
 
 
 def check_replaceable(flag: str, path: Path | None, kind: Kind) -> None:
-    """A directory the command will replace or fill: missing, empty, or of `kind` (never another
-    kind, never the user's folder)."""
+    """A directory the command will replace or fill: missing, empty (but for our own dead writers'
+    leftovers), or of `kind` by its own records (never another kind, never the user's folder)."""
     if path is None:
         return
     check_output_dir(flag, path)
-    path = Path(path)
-    if not path.is_dir():
+    resolved = resolved_output(flag, path)
+    if not resolved.is_dir():
         return
-    # A killed prepare's `.partial-PID` is its own leftover, not the user's.
-    entries = sorted(p.name for p in path.iterdir() if not (kind is DATA and p.name.startswith(".partial-")))
+    entries = sorted(p.name for p in resolved.iterdir() if not _dead_leftover(p))
     if not entries:
         return
-    found = kind_of(path)
+    found = kind_of(resolved)
     if found is kind:
         if kind is EXPORT:
-            _check_export_entries(flag, path, entries)
+            _check_export_entries(flag, path, resolved)
         return
-    what = f"is {_a(found.name)} ({found.made_by})" if found else f"holds {_listing(path, entries)}"
+    what = f"is {_a(found.name)} ({found.made_by})" if found else f"holds {_listing(resolved, entries)}"
     wanted = "a previous export" if kind is EXPORT else _a(kind.name)
     raise UserError(f"{flag} {path}: not empty and not {wanted}; "
                     f"it {what}: choose a new or empty directory")
@@ -179,13 +257,44 @@ def _a(name: str) -> str:
     return name if name == "prepared data" else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
-def _check_export_entries(flag: str, path: Path, entries: list[str]) -> None:
-    """Replacing an earlier export deletes all of it: refused while it holds anything else."""
-    foreign = [name for name in entries if name not in EXPORT_ENTRIES and not name.startswith(".")
-               and not (name.startswith("model-") and name.endswith(".safetensors"))]  # weight shards
+def _check_export_entries(flag: str, path: Path, resolved: Path) -> None:
+    """Replacing an earlier export deletes all of it: refused while it holds anything it did not write
+    (dotfiles and nested folders included) or a file changed since (export_info.json's sha256 per file)."""
+    recorded = export_record(resolved).get("sha256")
+    foreign = _not_exported(resolved, recorded) if isinstance(recorded, dict) else _not_exported_before(resolved)
     if foreign:
-        raise UserError(f"{flag} {path}: the earlier export there also holds {_listing(path, foreign)}, which "
+        raise UserError(f"{flag} {path}: the earlier export there also holds {_listing(resolved, foreign)}, which "
                         f"replacing it would delete: move them out, or export to another directory")
+
+
+def _not_exported(root: Path, recorded: dict) -> list[str]:
+    """What under `root` is not a file the export wrote as it wrote it: other files, links, folders."""
+    folders = {parent.as_posix() for name in recorded for parent in Path(name).parents} - {"."}
+    foreign = []
+    for here, dirs, files in os.walk(root):
+        for name in sorted(dirs):
+            relative = (Path(here) / name).relative_to(root).as_posix()
+            if relative not in folders or (Path(here) / name).is_symlink():
+                foreign.append(relative)
+        dirs[:] = [d for d in dirs if (Path(here) / d).relative_to(root).as_posix() in folders
+                   and not (Path(here) / d).is_symlink()]
+        for name in sorted(files):
+            file = Path(here) / name
+            relative = file.relative_to(root).as_posix()
+            if relative == "export_info.json":
+                continue
+            if relative not in recorded or file.is_symlink():
+                foreign.append(relative)
+            elif file_sha256(file) != recorded[relative]:
+                foreign.append(f"{relative} (changed since the export)")
+    return sorted(foreign)
+
+
+def _not_exported_before(root: Path) -> list[str]:
+    """An export written before export_info.json recorded its files: what is not among its known names,
+    dotfiles included."""
+    return [name for name in sorted(p.name for p in root.iterdir()) if name not in EXPORT_ENTRIES
+            and not (name.startswith("model-") and name.endswith(".safetensors"))]  # weight shards
 
 
 def _listing(path: Path, names: Iterable[str], limit: int = 3) -> str:
@@ -194,12 +303,72 @@ def _listing(path: Path, names: Iterable[str], limit: int = 3) -> str:
     return ", ".join(shown) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+_LEFTOVER = re.compile(r"^\.(?:partial-(\d+)|.+\.tmp-(\d+)-.*|.+\.lock)$")
+
+
+def _dead_leftover(path: Path) -> bool:
+    """A file our own writers leave while they work (`.partial-PID/` of data prepare, `.NAME.tmp-PID-*`
+    of export, `.NAME.lock` of writer_lock), of a writer no longer running: ours to delete, not the user's."""
+    match = _LEFTOVER.match(path.name)
+    if match is None:
+        return False
+    pid = match.group(1) or match.group(2)
+    if pid is None:  # a lock file (its holder's pid in it): the holder's flock is the proof of life
+        return path.is_file() and _read_small(path).isdigit() and not _lock_held(path)
+    return not pid_alive(int(pid))
+
+
+def _read_small(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(64).decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def _lock_held(lock_path: Path) -> bool:
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def remove_dead_leftovers(out: Path) -> None:
+    """Under the writer lock of `out`: delete what killed writers left in and beside it."""
+    for place, prefix in ((out, ".partial-"), (out.parent, f".{out.name}.tmp-")):
+        if not place.is_dir():
+            continue
+        for stale in place.iterdir():
+            if stale.name.startswith(prefix) and _dead_leftover(stale):
+                shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def publishing(flag: str, out, kind: Kind, command: str) -> Iterator[Path]:
+    """The one entry of a command that publishes a directory: refuse (one line, before any work) a target
+    that is not missing, empty or of `kind`, or not writable; then hold its writer lock while the command
+    writes, with a dead writer's leftovers cleaned. Yields the resolved path, where the command writes."""
+    check_replaceable(flag, out, kind)
+    resolved = resolved_output(flag, out)
+    with writer_lock(flag, resolved, command):
+        remove_dead_leftovers(resolved)
+        yield resolved
+
+
 @contextlib.contextmanager
 def writer_lock(flag: str, out: Path, command: str) -> Iterator[None]:
-    """One writer per output directory: an flock(2) on `.OUT.lock` beside it, held while the command
-    writes, so a second command into the same directory is refused instead of silently replacing the
-    first's output. The lock file is removed by its holder; a killed holder's lock dies with it."""
-    out = Path(out)
+    """One writer per output (the resolved path): an flock(2) on `.OUT.lock` beside it, held while the
+    command writes, so a second command into the same place is refused instead of silently replacing the
+    first's output. The lock file is removed by its holder; a killed holder's lock dies with it, and its
+    file is removed by the next holder."""
+    out = Path(out).expanduser().resolve()
     lock_path = out.parent / f".{out.name}.lock"
     out.parent.mkdir(parents=True, exist_ok=True)
     fd = _locked(flag, out, lock_path, command)
@@ -222,7 +391,7 @@ def _locked(flag: str, out: Path, lock_path: Path, command: str) -> int | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
-            holder = os.pread(fd, 64, 0).decode("utf-8", "replace").strip() or "?"
+            holder = _read_small(lock_path) or "?"
             os.close(fd)
             if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
@@ -242,8 +411,7 @@ def _locked(flag: str, out: Path, lock_path: Path, command: str) -> int | None:
 def check_run_dir_target(flag: str, run_dir) -> None:
     """`pretrain --run-dir`: a local path, missing, empty or a run directory (resumed): never a folder of
     the user's files nor prepared data, which the run's records would be mixed into."""
-    refuse_url(flag, run_dir)
-    check_replaceable(flag, Path(run_dir), RUN)
+    check_replaceable(flag, run_dir, RUN)
 
 
 def check_port_free(port: int, host: str = "") -> None:
