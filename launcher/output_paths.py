@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from data_pipeline.shards import FORMAT_NAME as SHARDS_FORMAT, MANIFEST
 from launcher.errors import UserError
 from launcher.io import file_sha256, read_json_object
 from launcher.run_dir.layout import RENDER_LOCK
@@ -48,7 +47,9 @@ class Kind:
 
 
 def _is_prepared_data(path: Path) -> bool:
-    return read_json_object(path / MANIFEST).get("format") == SHARDS_FORMAT
+    from data_pipeline.shards import FORMAT_NAME, MANIFEST  # imports numpy: not at `--help` time
+
+    return read_json_object(Path(path) / MANIFEST).get("format") == FORMAT_NAME
 
 
 def export_record(path: Path) -> dict:
@@ -220,7 +221,8 @@ def check_writable(flag: str, path, resolved: Path) -> None:
     places = [existing] if existing != resolved or not existing.is_dir() else [resolved, resolved.parent]
     for place in places:
         if place.is_dir() and not os.access(place, os.W_OK | os.X_OK):
-            raise UserError(f"{flag} {path}: cannot write there: {place} is read-only; choose another {flag}")
+            where = "not writable" if place == resolved else f"cannot write there: {place} is not writable"
+            raise UserError(f"{flag} {path}: {where} (read-only); choose another {flag}")
 
 
 def kind_of(path: Path) -> Kind | None:

@@ -235,6 +235,8 @@ for args in "export $RUN --no-verify --out $RO/new" "report $RUN --out $RO/r" \\
             "finetune $EXPORT --train $CSV --dev $CSV --save-model $RO/model"; do
   "$PY" -m launcher $args 2>"$ERR"; echo "rc=$? $(tail -n 1 "$ERR") lines=$(grep -c . "$ERR")"
 done
+mount --bind "$RUN" "$RO_RUN" && mount -o remount,bind,ro "$RO_RUN" || exit 98
+"$PY" -m launcher report "$RO_RUN" 2>"$ERR"; echo "rc=$? $(tail -n 1 "$ERR") lines=$(grep -c . "$ERR")"
 """
 
 
@@ -245,26 +247,29 @@ def test_a_read_only_target_is_refused_in_one_line_before_any_work(stored_run, s
     probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"cannot create a mount namespace here: {probe.stderr.decode().strip()}")
-    read_only = tmp_path / "ro"
+    read_only, read_only_run = tmp_path / "ro", tmp_path / "ro_run"  # an empty mount; the run, mounted read-only
     read_only.mkdir()
+    read_only_run.mkdir()
     csv = tmp_path / "t.csv"
     csv.write_text("text,label\n" + "".join(f"text number {i},{'pos' if i % 2 else 'neg'}\n" for i in range(6)))
-    env = roformer_env(RO=str(read_only), RUN=str(stored_run), EXPORT=str(stored_export), TEXT=str(corpus),
+    env = roformer_env(RO=str(read_only), RO_RUN=str(read_only_run), RUN=str(stored_run), EXPORT=str(stored_export), TEXT=str(corpus),
                        SPM=str(tiny_data / "tokenizer" / "spm.model"), CSV=str(csv), PY=sys.executable,
                        ERR=str(tmp_path / "err"))
     started = time.monotonic()
     result = subprocess.run(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", READ_ONLY_SCRIPT],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    lines = result.stdout.strip().splitlines()
+    *lines, report_line = result.stdout.strip().splitlines()
     assert len(lines) == 7, (result.stdout, result.stderr)
+    assert report_line == (f"rc=2 roformer report: error: RUN_DIR {read_only_run}: read-only; write the report "
+                           f"elsewhere with --out DIR lines=1"), report_line
     for line, (command, flag, name) in zip(lines, [
             ("export", "--out", "new"), ("report", "--out", "r"), ("data", "--out", "data"),
             ("eval-mlm", "--out", "mlm.json"), ("finetune", "--out", "f.json"),
             ("finetune", "--predictions", "p.csv"), ("finetune", "--save-model", "model")]):
         assert line.startswith("rc=2 ") and line.endswith(" lines=1"), line
-        assert (f"roformer {command}: error: {flag} {read_only / name}: cannot write there: {read_only} is "
-                f"read-only; choose another {flag}") in line, line
-    assert time.monotonic() - started < 200  # no training ran (7 starts of the CLI)
+        assert (f"roformer {command}: error: {flag} {read_only / name}: cannot write there: {read_only} is not "
+                f"writable (read-only); choose another {flag}") in line, line
+    assert time.monotonic() - started < 200  # no training ran (8 starts of the CLI)
 
 
 # --- row 13: a refused pretrain creates nothing ---------------------------------------------------------
