@@ -372,15 +372,33 @@ def writer_lock(flag: str, out: Path, command: str) -> Iterator[None]:
     file is removed by the next holder."""
     out = Path(out).expanduser().resolve()
     lock_path = out.parent / f".{out.name}.lock"
+    created = [each for each in (out.parent, *out.parent.parents) if not each.exists()]
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd = _locked(flag, out, lock_path, command)
     try:
+        fd = _locked(flag, out, lock_path, command)
+        try:
+            yield
+        finally:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(lock_path)
+                os.close(fd)
+    finally:  # a command refused or failed creates nothing: the folders made for the lock go (when empty)
+        for each in created:
+            try:
+                each.rmdir()
+            except OSError:
+                break
+
+
+@contextlib.contextmanager
+def writer_locks(outputs: dict, command: str) -> Iterator[None]:
+    """writer_lock of every output given (flag -> path, None: not given), held together for the block."""
+    with contextlib.ExitStack() as stack:
+        for flag, path in outputs.items():
+            if path is not None:
+                stack.enter_context(writer_lock(flag, path, command))
         yield
-    finally:
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(lock_path)
-            os.close(fd)
 
 
 def _locked(flag: str, out: Path, lock_path: Path, command: str) -> int | None:

@@ -222,6 +222,22 @@ def test_one_writer_per_resolved_path(capsys, corpus, stored_run, tiny_data, tmp
     assert not any(out.iterdir())
 
 
+def test_outputs_of_finetune_and_eval_mlm_have_one_writer_and_a_refusal_creates_no_folder(
+        capsys, corpus, stored_run, stored_export, tmp_path):
+    csv = tmp_path / "t.csv"
+    csv.write_text("text,label\n" + "".join(f"text number {i},{'pos' if i % 2 else 'neg'}\n" for i in range(6)))
+    report = tmp_path / "f.json"
+    for command, argv in (("roformer finetune", ["finetune", stored_export, "--train", csv, "--dev", csv]),
+                          ("roformer eval-mlm", ["eval-mlm", stored_export, "--input", corpus])):
+        with writer_lock("--out", report, command):  # the same command, still writing f.json
+            line = refused(capsys, [*argv, "--out", report], [csv, corpus, stored_export])
+        assert f"--out {report}: another {command} (pid {os.getpid()}) is writing it now" in line
+        assert not report.exists()
+    deep = tmp_path / "a" / "b" / "exp"  # refused once the lock is held: the folders made for it go again
+    line = refused(capsys, ["export", stored_run, "--tag", "global_step99", "--out", deep], [stored_run])
+    assert "global_step99" in line and not (tmp_path / "a").exists()
+
+
 # --- row 12: a read-only target, before any work ----------------------------------------------------------
 
 
