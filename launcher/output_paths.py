@@ -248,6 +248,8 @@ def check_replaceable(flag: str, path: Path | None, kind: Kind) -> None:
     if found is kind:
         if kind is EXPORT:
             _check_export_entries(flag, path, resolved)
+        elif kind is DATA:
+            _check_prepared_entries(flag, path, resolved)
         return
     what = f"is {_a(found.name)} ({found.made_by})" if found else f"holds {_listing(resolved, entries)}"
     wanted = "a previous export" if kind is EXPORT else _a(kind.name)
@@ -263,31 +265,56 @@ def _check_export_entries(flag: str, path: Path, resolved: Path) -> None:
     """Replacing an earlier export deletes all of it: refused while it holds anything it did not write
     (dotfiles and nested folders included) or a file changed since (export_info.json's sha256 per file)."""
     recorded = export_record(resolved).get("sha256")
-    foreign = _not_exported(resolved, recorded) if isinstance(recorded, dict) else _not_exported_before(resolved)
+    foreign = (_foreign_entries(resolved, {**recorded, "export_info.json": None}) if isinstance(recorded, dict)
+               else _not_exported_before(resolved))
     if foreign:
         raise UserError(f"{flag} {path}: the earlier export there also holds {_listing(resolved, foreign)}, which "
                         f"replacing it would delete: move them out, or export to another directory")
 
 
-def _not_exported(root: Path, recorded: dict) -> list[str]:
-    """What under `root` is not a file the export wrote as it wrote it: other files, links, folders."""
-    folders = {parent.as_posix() for name in recorded for parent in Path(name).parents} - {"."}
+def _check_prepared_entries(flag: str, path: Path, resolved: Path) -> None:
+    """`data prepare --overwrite` replaces tokenizer/, train/ and valid/ whole: refused while they hold
+    anything the prepare did not write (the manifest's shards, the tokenizer's files)."""
+    from data_pipeline.errors import DataError
+    from data_pipeline.shards import MANIFEST, SPLITS
+    from data_pipeline.tokenizer import tokenizer_files
+
+    splits = read_json_object(resolved / MANIFEST).get("splits")
+    owned = {f"{split}/{shard.get('name')}{ext}": None for split, record in (splits or {}).items()
+             if isinstance(record, dict) for shard in record.get("shards") or [] if isinstance(shard, dict)
+             for ext in (".bin", ".idx")}
+    try:
+        owned.update({f"tokenizer/{name}": None for name in tokenizer_files(resolved / "tokenizer")})
+    except DataError:
+        pass  # an incomplete tokenizer folder: what is in it is listed below
+    foreign = _foreign_entries(resolved, owned, under=("tokenizer", *SPLITS))
+    if foreign:
+        raise UserError(f"{flag} {path}: the prepared data there also holds {_listing(resolved, foreign)}, which "
+                        f"--overwrite would delete: move them out, or prepare into another directory")
+
+
+def _foreign_entries(root: Path, owned: dict, under: tuple[str, ...] | None = None) -> list[str]:
+    """What below `root` (only below the folders `under`, when given) is not a file we wrote there:
+    other files, links, folders, dotfiles; and files whose sha256 differs from the one `owned` records
+    for them (None: not recorded)."""
+    folders = {parent.as_posix() for name in owned for parent in Path(name).parents} - {"."}
     foreign = []
     for here, dirs, files in os.walk(root):
+        relative_here = Path(here).relative_to(root)
+        if under is not None and relative_here == Path("."):
+            dirs[:] = [d for d in dirs if d in under and not (root / d).is_symlink()]
+            foreign += [d for d in under if (root / d).is_symlink()]
+            continue
         for name in sorted(dirs):
-            relative = (Path(here) / name).relative_to(root).as_posix()
+            relative = (relative_here / name).as_posix()
             if relative not in folders or (Path(here) / name).is_symlink():
                 foreign.append(relative)
-        dirs[:] = [d for d in dirs if (Path(here) / d).relative_to(root).as_posix() in folders
-                   and not (Path(here) / d).is_symlink()]
+        dirs[:] = [d for d in dirs if (relative_here / d).as_posix() in folders and not (Path(here) / d).is_symlink()]
         for name in sorted(files):
-            file = Path(here) / name
-            relative = file.relative_to(root).as_posix()
-            if relative == "export_info.json":
-                continue
-            if relative not in recorded or file.is_symlink():
+            file, relative = Path(here) / name, (relative_here / name).as_posix()
+            if relative not in owned or file.is_symlink():
                 foreign.append(relative)
-            elif file_sha256(file) != recorded[relative]:
+            elif owned[relative] is not None and file_sha256(file) != owned[relative]:
                 foreign.append(f"{relative} (changed since the export)")
     return sorted(foreign)
 

@@ -142,6 +142,22 @@ def test_prepare_refuses_a_folder_whose_manifest_json_is_not_ours(capsys, corpus
         assert f"--out {site}: not empty and not prepared data; it holds index.html, manifest.json" in line
 
 
+def test_prepare_overwrite_refuses_prepared_data_holding_the_users_files(capsys, corpus, tiny_data, tmp_path):
+    """--overwrite replaces tokenizer/, train/ and valid/ whole: every entry in them counts."""
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    (data / "train" / "notes.txt").write_text("mine\n")
+    (data / "tokenizer" / ".my-settings").write_text("mine\n")
+    line = refused(capsys, [*_prepare_args(corpus, tiny_data, data), "--overwrite"], [data, corpus])
+    assert f"--out {data}: the prepared data there also holds tokenizer/.my-settings, train/notes.txt, which " \
+           f"--overwrite would delete" in line
+    (data / "train" / "notes.txt").unlink()
+    (data / "tokenizer" / ".my-settings").unlink()
+    _ok(capsys, [*_prepare_args(corpus, tiny_data, data), "--overwrite"])  # its own files only: replaced
+    assert json.loads((data / "manifest.json").read_text())["stats"] != json.loads(
+        (tiny_data / "manifest.json").read_text())["stats"]
+
+
 # --- row 8: never inside the command's own input --------------------------------------------------------
 
 
