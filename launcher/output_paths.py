@@ -1,14 +1,20 @@
 """Where a command may write: the one check of every command's output paths (docs/bad_inputs.md).
 
     check_paths(inputs={"--train": t, "--dev": d}, outputs={"--out": o, "--predictions": p})
-    check_replaceable("--out", out, DATA)      # a directory the command replaces: its own kind or empty
+    with publishing("--out", out, DATA, "roformer data prepare") as where:   # a directory it replaces or fills
+        ...write into `where` (the resolved path), the writer lock held...
 
-Refused, in one line naming both flags, before anything is read or written: an output equal to, inside
+Refused, in one line naming the flag, before anything is read or written: an output equal to, inside
 or containing an input or another output of the same command (the input would be overwritten, the
 second output would replace the first, or a later read would take the output for input); a URL
-(`s3://`, `hdfs://`, `http://` ...) where a local path is meant (it would become a local `./s3:/...`);
-(prepared data may be s3://: data.data_dir, `data prepare --out`, `data upload`); an output file that is a directory, an output directory that is a file; a non-empty directory the command
-would replace that is not of its own kind (prepared data, an export, a run directory).
+(`s3://`, `hdfs://`, `http://` ...) where a local path is meant (it would become a local `./s3:/...`;
+prepared data may be s3://: data.data_dir, `data prepare --out`, `data upload`); an output file that is a
+directory, an output directory that is a file; a symbolic link to nothing; a target that is not writable
+(permission bits, a read-only mount); a non-empty directory the command would replace or fill that is not
+of its own kind, and one of its kind that holds anything it did not write (every entry counts: dotfiles,
+nested folders, a file edited since). Paths are compared resolved (`~`, `..`, symbolic links), and kinds
+are known by their own records (Kind), never by a folder name other tools use too. While a command writes,
+it holds one writer lock per resolved output path (writer_lock), and removes what killed writers left.
 """
 from __future__ import annotations
 
@@ -89,10 +95,16 @@ REPRODUCTION_RECORD = "reproduction.json"
 
 
 def _is_reproduction(path: Path) -> bool:
+    """By reproduction.json; an output of an earlier release by its results.json, or by its layout: prepared
+    data in data/ and run directories in runs/."""
     path = Path(path)
-    return (read_json_object(path / REPRODUCTION_RECORD).get("format") == "roformer-ds-reproduction"
-            or isinstance(read_json_object(path / "report" / "results.json").get("parts"), list)  # earlier releases
-            or _is_prepared_data(path / "data"))
+    if read_json_object(path / REPRODUCTION_RECORD).get("format") == "roformer-ds-reproduction":
+        return True
+    results = read_json_object(path / "report" / "results.json")
+    if isinstance(results.get("parts"), list) and "environment" in results:
+        return True
+    runs = path / "runs"
+    return _is_prepared_data(path / "data") and runs.is_dir() and any(is_run_dir(run) for run in runs.iterdir())
 
 
 DATA = Kind("prepared data", "roformer data prepare", _is_prepared_data)

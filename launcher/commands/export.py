@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     what = f"{info['tag']} ({where})"
     if "averaged" in info:
         what = f"the mean of {', '.join(a['tag'] for a in info['averaged'])} (newest at {where})"
-    print(f"exported {what} -> {out}; transformers' RoFormer accepts inputs of up to {info['max_positions']:,} "
+    print(f"exported {what} -> {args.out}; transformers' RoFormer accepts inputs of up to {info['max_positions']:,} "
           f"tokens (--max-positions)")
     from launcher.tracking.attach import sync_run
 
