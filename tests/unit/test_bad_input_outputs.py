@@ -140,6 +140,8 @@ def test_prepare_refuses_a_folder_whose_manifest_json_is_not_ours(capsys, corpus
     for overwrite in ([], ["--overwrite"]):
         line = refused(capsys, [*_prepare_args(corpus, tiny_data, site), *overwrite], [site, corpus])
         assert f"--out {site}: not empty and not prepared data; it holds index.html, manifest.json" in line
+    line = refused(capsys, ["data", "upload", site, "s3://bkt/site"], [site])  # refused before the bucket is asked
+    assert f"DATA_DIR {site}: not prepared data (its manifest.json is not one `roformer data prepare` wrote)" in line
 
 
 def test_prepare_overwrite_refuses_prepared_data_holding_the_users_files(capsys, corpus, tiny_data, tmp_path):
