@@ -226,13 +226,15 @@ def check_output_dir(flag: str, path: Path | None) -> None:
     check_writable(flag, path, resolved)
 
 
-def check_writable(flag: str, path, resolved: Path) -> None:
-    """The directory the command creates `resolved` in, and `resolved` itself when it is a directory, must
-    be writable (access(2): permission bits and read-only mounts), or the work would end in an OSError."""
-    existing = next(each for each in (resolved, *resolved.parents) if each.exists())
-    places = [existing] if existing != resolved or not existing.is_dir() else [resolved, resolved.parent]
+def check_writable(flag: str, path, resolved: Path, replaced: bool = False) -> None:
+    """Where the command writes must be writable (access(2): permission bits and read-only mounts), or the
+    work would end in an OSError: an existing directory itself, else the nearest folder above, where the
+    path is created (a file is replaced there); with `replaced`, also the folder above a directory the
+    command swaps whole (an export)."""
+    existing = next(each for each in (resolved, *resolved.parents) if each.is_dir())
+    places = [existing, resolved.parent] if replaced and existing == resolved else [existing]
     for place in places:
-        if place.is_dir() and not os.access(place, os.W_OK | os.X_OK):
+        if not os.access(place, os.W_OK | os.X_OK):
             where = "not writable" if place == resolved else f"cannot write there: {place} is not writable"
             raise UserError(f"{flag} {path}: {where} (read-only); choose another {flag}")
 
@@ -259,6 +261,7 @@ def check_replaceable(flag: str, path: Path | None, kind: Kind) -> None:
     found = kind_of(resolved)
     if found is kind:
         if kind is EXPORT:
+            check_writable(flag, path, resolved, replaced=True)
             _check_export_entries(flag, path, resolved)
         elif kind is DATA:
             _check_prepared_entries(flag, path, resolved)

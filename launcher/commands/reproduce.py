@@ -63,12 +63,13 @@ def select_groups(runs: list, text: str) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.output_paths import REPORT, REPRODUCTION, check_paths, check_replaceable, publishing
+    from launcher.output_paths import DATA, REPORT, REPRODUCTION, check_paths, check_replaceable, publishing
 
     preset = PRESETS["quick" if args.quick else "full"]()
     parts = parse_parts(args.parts if args.parts is not None else ",".join(preset.default_parts))
-    if args.data is not None and not (args.data / "manifest.json").is_file():
-        raise UserError(f"--data {args.data}: no manifest.json (not a prepared data directory)")
+    if args.data is not None and not DATA.recognise(args.data):
+        raise UserError(f"--data {args.data}: not a prepared data directory (no manifest.json of `roformer data "
+                        f"prepare`)")
     check_paths({"--data": args.data, "--merge": args.merge}, {"--report-dir": args.report_dir})
     check_replaceable("--report-dir", args.report_dir, REPORT)
     priors = [read_prior(path) for path in args.merge]  # before any compute: a bad file fails at once
