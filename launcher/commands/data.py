@@ -197,8 +197,8 @@ def _upload(args: argparse.Namespace) -> int:
     if not args.data_dir.is_dir():
         raise UserError(f"DATA_DIR {args.data_dir}: not a directory (a `roformer data prepare --out` directory)")
     if not DATA.recognise(args.data_dir):  # by our manifest's own fields: not any folder with a manifest.json
-        why = ("its manifest.json is not one `roformer data prepare` wrote" if (args.data_dir / "manifest.json").exists()
-               else "no manifest.json")
+        why = ("its manifest.json is not one `roformer data prepare` wrote"
+               if (args.data_dir / "manifest.json").exists() else "no manifest.json")
         raise UserError(f"DATA_DIR {args.data_dir}: not prepared data ({why}); prepare it with `roformer data prepare`")
     report = upload_directory(args.data_dir, args.destination, args.remote_retries, args.remote_timeout,
                               log=lambda line: print(line, file=sys.stderr), overwrite=args.overwrite)

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     refuse_branch_into_its_source(plan)
     refuse_run_dir_inside_inputs(plan)
     notes = check_inputs(plan)  # data, bucket, port: a refusal here creates nothing, not even the lock
-    if not plan.multi_node and not args.dry_run:  # the rendezvous port on this machine, before any rank could fail on it
+    if not plan.multi_node and not args.dry_run:  # this machine's rendezvous port, before any rank could fail on it
         from launcher.output_paths import check_port_free
 
         check_port_free(plan.master_port)

@@ -286,9 +286,9 @@ def test_a_read_only_target_is_refused_in_one_line_before_any_work(stored_run, s
     read_only_run.mkdir()
     csv = tmp_path / "t.csv"
     csv.write_text("text,label\n" + "".join(f"text number {i},{'pos' if i % 2 else 'neg'}\n" for i in range(6)))
-    env = roformer_env(RO=str(read_only), RO_RUN=str(read_only_run), RUN=str(stored_run), EXPORT=str(stored_export), TEXT=str(corpus),
-                       SPM=str(tiny_data / "tokenizer" / "spm.model"), CSV=str(csv), PY=sys.executable,
-                       ERR=str(tmp_path / "err"))
+    env = roformer_env(RO=str(read_only), RO_RUN=str(read_only_run), RUN=str(stored_run), EXPORT=str(stored_export),
+                       TEXT=str(corpus), SPM=str(tiny_data / "tokenizer" / "spm.model"), CSV=str(csv),
+                       PY=sys.executable, ERR=str(tmp_path / "err"))
     started = time.monotonic()
     result = subprocess.run(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", READ_ONLY_SCRIPT],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
