@@ -66,6 +66,16 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
     _atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
+def read_json_object(path: Path) -> dict:
+    """A JSON object file's content; {} when it is missing, unreadable or not an object (a record that
+    may not be there)."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

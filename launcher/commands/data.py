@@ -9,7 +9,7 @@ from pathlib import Path
 
 from launcher.cli import raise_if_stopped
 from launcher.errors import UserError
-from launcher.output_paths import DATA, check_output_dir, check_paths, check_replaceable, writer_lock
+from launcher.output_paths import DATA, check_output_dir, check_paths, check_replaceable, publishing
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -139,12 +139,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if remote_out:
         return _prepare_to_bucket(args, input_cfg, tok_cfg)
-    cfg = _prepare_config(args, input_cfg, tok_cfg, args.out)
     if args.valid_fraction == 0:
         print("roformer data: warning: --valid-fraction 0: no validation split; `roformer pretrain` refuses such "
               "data (it validates), eval-mlm --data needs --split train", file=sys.stderr)
-    with writer_lock("--out", args.out, "roformer data prepare"):
-        report = prepare(cfg, before_publish=raise_if_stopped)
+    with publishing("--out", args.out, DATA, "roformer data prepare") as out:
+        report = prepare(_prepare_config(args, input_cfg, tok_cfg, out), before_publish=raise_if_stopped)
     print(report.summary(), file=sys.stderr)
     return 0
 
@@ -200,6 +199,10 @@ def _upload(args: argparse.Namespace) -> int:
         raise UserError(f"DESTINATION {args.destination}: expected s3://BUCKET/PREFIX")
     if not args.data_dir.is_dir():
         raise UserError(f"DATA_DIR {args.data_dir}: not a directory (a `roformer data prepare --out` directory)")
+    if not DATA.recognise(args.data_dir):  # by our manifest's own fields: not any folder with a manifest.json
+        why = ("its manifest.json is not one `roformer data prepare` wrote"
+               if (args.data_dir / "manifest.json").exists() else "no manifest.json")
+        raise UserError(f"DATA_DIR {args.data_dir}: not prepared data ({why}); prepare it with `roformer data prepare`")
     report = upload_directory(args.data_dir, args.destination, args.remote_retries, args.remote_timeout,
                               log=lambda line: print(line, file=sys.stderr), overwrite=args.overwrite)
     print(report.summary(), file=sys.stderr)

@@ -9,7 +9,7 @@ from pathlib import Path
 from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
 from launcher.errors import UserError
 from launcher.io import atomic_write_json
-from launcher.output_paths import check_output_file, check_paths
+from launcher.output_paths import check_output_file, check_paths, writer_locks
 
 DATA_TOKENS = 32768
 """--tokens default: enough for steady figures at a few seconds per length on CPU."""
@@ -58,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
                         tokens=args.tokens, inputs=tuple(args.input), text_column=args.text_column,
                         tokens_per_batch=args.tokens_per_batch, seed=args.seed,
                         mask_prob=args.mask_prob, threads=args.threads, random_init=args.random_init)
-    report = evaluate_mlm(cfg)
-    text = json.dumps(report, indent=2)
-    if args.out is not None:
-        atomic_write_json(args.out, report)
-    print(text)
+    with writer_locks({"--out": args.out}, "roformer eval-mlm"):  # one writer per output (launcher/output_paths.py)
+        report = evaluate_mlm(cfg)
+        if args.out is not None:
+            atomic_write_json(args.out, report)
+    print(json.dumps(report, indent=2))
     return 0

@@ -6,10 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
+from data_pipeline.remote.url import is_remote
 from launcher.checkpoint.weights import AverageRequest
 from launcher.export.export_reader import EXPORT_INFO
-from launcher.export.exporter import MAX_POSITIONS_PER_TRAINED_LENGTH, MIN_MAX_POSITIONS, export_checkpoint
-from launcher.output_paths import EXPORT, check_paths, check_replaceable
+from launcher.export.exporter import (MAX_POSITIONS_PER_TRAINED_LENGTH, MIN_MAX_POSITIONS, export_checkpoint,
+                                      run_data_section)
+from launcher.output_paths import EXPORT, check_paths, publishing
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -35,18 +37,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_paths({"RUN_DIR": args.run_dir, "--tokenizer-from": args.tokenizer_from}, {"--out": args.out},
+    data_dir = run_data_section(args.run_dir).get("data_dir") if args.tokenizer_from is None else None
+    check_paths({"RUN_DIR": args.run_dir, "--tokenizer-from": args.tokenizer_from,
+                 "data.data_dir": None if is_remote(data_dir) else data_dir}, {"--out": args.out},
                 may_hold=("RUN_DIR",))  # RUN_DIR/export is the usual place
-    check_replaceable("--out", args.out, EXPORT)
     average = AverageRequest.from_flags(args.average_last, args.average, args.tag)
-    out = export_checkpoint(args.run_dir, args.out, tag=args.tag, tokenizer_from=args.tokenizer_from,
-                            verify=not args.no_verify, max_positions=args.max_positions, average=average)
+    with publishing("--out", args.out, EXPORT, "roformer export") as where:
+        out = export_checkpoint(args.run_dir, where, tag=args.tag, tokenizer_from=args.tokenizer_from,
+                                verify=not args.no_verify, max_positions=args.max_positions, average=average)
     info = json.loads((out / EXPORT_INFO).read_text(encoding="utf-8"))
     where = f"step {info['step']}, stage {info['stage_index'] + 1} '{info['stage']}'"
     what = f"{info['tag']} ({where})"
     if "averaged" in info:
         what = f"the mean of {', '.join(a['tag'] for a in info['averaged'])} (newest at {where})"
-    print(f"exported {what} -> {out}; transformers' RoFormer accepts inputs of up to {info['max_positions']:,} "
+    print(f"exported {what} -> {args.out}; transformers' RoFormer accepts inputs of up to {info['max_positions']:,} "
           f"tokens (--max-positions)")
     from launcher.tracking.attach import sync_run
 

@@ -146,15 +146,25 @@ def _report_to(value: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.downstream.fine_tuning import run_finetune
-    from launcher.downstream.finetune_report import check_outputs, console_table, save_model, write_predictions
-    from launcher.io import atomic_write_json
+    from launcher.downstream.finetune_report import check_outputs
+    from launcher.output_paths import writer_locks
 
     cfg = config_from_args(args)
     if args.compare_random_init and cfg.init != "pretrained":
         raise UserError("--compare-random-init compares the pretrained export with its twin: drop --init random")
     check_finetune_paths(args, cfg.task)
     check_outputs(args.save_model, args.predictions)
+    outputs = {"--out": args.out, "--predictions": args.predictions, "--save-model": args.save_model}
+    with writer_locks(outputs, "roformer finetune"):  # one writer per output (launcher/output_paths.py)
+        return finetune_and_write(args, cfg)
+
+
+def finetune_and_write(args: argparse.Namespace, cfg) -> int:
+    """Fine-tune (every seed, and the random-init twin if asked), then write the table and the outputs."""
+    from launcher.downstream.fine_tuning import run_finetune
+    from launcher.downstream.finetune_report import console_table, save_model, write_predictions
+    from launcher.io import atomic_write_json
+
     report, chosen, data, tokenizer, evals = run_finetune(cfg)
     same = same_file_note(cfg.task)
     if same:

@@ -94,6 +94,12 @@ def run(args: argparse.Namespace) -> int:
                   "--master_port chooses one)", file=sys.stderr, flush=True)
         args.master_port = plan.master_port  # a restart's plan, built again from args, keeps the claimed port
     refuse_branch_into_its_source(plan)
+    refuse_run_dir_inside_inputs(plan)
+    notes = check_inputs(plan)  # data, bucket, port: a refusal here creates nothing, not even the lock
+    if not plan.multi_node and not args.dry_run:  # this machine's rendezvous port, before any rank could fail on it
+        check_port_free(plan.master_port)
+    for note in notes:
+        print(f"roformer pretrain: note: {note}", file=sys.stderr, flush=True)
     if args.dry_run:  # starts nothing, writes nothing: no lock
         return plan_and_launch(args, plan)
     keep_console()  # from here a console that goes away ends nothing (the job's log keeps every line)
@@ -111,6 +117,18 @@ def refuse_branch_into_its_source(plan) -> None:
     check_branch_target(plan.run_config, plan.run_dir)
 
 
+def refuse_run_dir_inside_inputs(plan) -> None:
+    """The run's records never go into (or around) what it reads: its prepared data, the model it starts
+    from, the run it branches from (launcher/output_paths.py)."""
+    from launcher.config.branch_from import BranchFrom
+    from launcher.output_paths import check_paths
+
+    cfg = plan.run_config
+    branch = BranchFrom.parse(cfg.branch_from, cfg.source).run_dir if cfg.branch_from else None
+    check_paths({"data.data_dir": None if cfg.data.is_remote else cfg.data.data_dir,
+                 "--init-from": cfg.init_from or None, "--branch-from": branch}, {"--run-dir": plan.run_dir})
+
+
 def claim_run_dir(run_dir: Path):
     """One job per run directory (launcher/run_dir/lock.py): a second job is refused here, in one line
     naming the holder, before anything is written. Held for the whole job, across restarts of its
@@ -125,8 +143,7 @@ def claim_run_dir(run_dir: Path):
 
 
 def plan_and_launch(args: argparse.Namespace, plan) -> int:
-    for note in check_inputs(plan):
-        print(f"roformer pretrain: note: {note}", file=sys.stderr, flush=True)
+    """The dry run's description, or the job (its inputs checked already)."""
     if args.dry_run:
         from launcher.pricing.target import dry_run_estimate
         from launcher.launch.node_commands import describe_plan
@@ -140,9 +157,6 @@ def plan_and_launch(args: argparse.Namespace, plan) -> int:
 
     section = plan.run_config.restarts
     policy = RestartPolicy.from_args(args, section)
-    if not plan.multi_node:  # the rendezvous port on this machine, before any rank could fail on it
-        check_port_free(plan.master_port)
-
     def launch(this_plan):
         return launch_once(this_plan, section.preemption_grace_seconds)
 

@@ -8,6 +8,7 @@ runs at every stage end and at its end (launcher.report.hook).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,11 +39,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.output_paths import check_output_dir, refuse_url
+    from launcher.output_paths import REPORT, check_paths, publishing, refuse_url, resolved_output
 
     refuse_url("RUN_DIR", args.run_dir)
-    check_output_dir("--out", args.out)
-    written = make_report(args.run_dir, args.out, plots_only=args.plots_only)
+    layout = check_run_dir(args.run_dir)
+    out = args.out
+    if out is not None and resolved_output("--out", out) == layout.root:
+        out = None  # the default, spelled out
+    if out is None:
+        if not os.access(layout.root, os.W_OK | os.X_OK):
+            raise UserError(f"RUN_DIR {args.run_dir}: read-only; write the report elsewhere with --out DIR")
+        written = make_report(args.run_dir, None, plots_only=args.plots_only)
+    else:  # missing, empty or an earlier report: never a folder of the user's own report.md or plots
+        check_paths({"RUN_DIR": args.run_dir}, {"--out": out}, may_hold=("RUN_DIR",))
+        with publishing("--out", out, REPORT, "roformer report") as where:
+            written = make_report(args.run_dir, where, plots_only=args.plots_only)
     for path in written.plots:
         print(path)
     where = written.report or (written.plots[0].parent if written.plots else "no plot: no record yet")
@@ -84,12 +95,15 @@ def make_report(run_dir: Path, out: Path | None = None, plots_only: bool = False
 
 
 def check_run_dir(run_dir: Path):
+    """A run directory of `roformer pretrain`, known by its own records (launcher/output_paths.py): a
+    folder with a config.yaml or metrics.jsonl of its own is not one."""
+    from launcher.output_paths import is_run_dir
     from launcher.run_dir.layout import RunDir
 
     layout = RunDir(Path(run_dir).expanduser().resolve())
     if not layout.root.is_dir():
         raise UserError(f"{layout.root}: no such run directory")
-    if not (layout.config.is_file() or layout.metrics.is_file() or layout.stages.is_file()):
-        raise UserError(f"{layout.root}: not a run directory of `roformer pretrain` (no config.yaml, "
-                        "stages.json or metrics.jsonl)")
+    if not is_run_dir(layout.root):
+        raise UserError(f"{layout.root}: not a run directory of `roformer pretrain` (none of the records a run "
+                        "writes: stages.json, ds_config.resolved.json, heartbeats/run.lock ...)")
     return layout

@@ -14,6 +14,9 @@ import time
 from pathlib import Path
 
 from launcher.errors import UserError
+from launcher.io import atomic_write_json
+from launcher.output_paths import REPRODUCTION_RECORD
+from launcher.reproduce.job_runner import Layout
 from launcher.reproduce.reproduction_plan import PARTS, PRESETS, PROJECT_ROOT
 
 
@@ -60,16 +63,32 @@ def select_groups(runs: list, text: str) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.reproduce.claims_report import write_report
-    from launcher.reproduce.results import collect, merge
-    from launcher.reproduce.job_runner import Layout, Runner
+    from launcher.output_paths import DATA, REPORT, REPRODUCTION, check_paths, check_replaceable, publishing
 
     preset = PRESETS["quick" if args.quick else "full"]()
     parts = parse_parts(args.parts if args.parts is not None else ",".join(preset.default_parts))
-    layout = Layout(args.out)
-    if args.data is not None and not (args.data / "manifest.json").is_file():
-        raise UserError(f"--data {args.data}: no manifest.json (not a prepared data directory)")
+    if args.data is not None and not DATA.recognise(args.data):
+        raise UserError(f"--data {args.data}: not a prepared data directory (no manifest.json of `roformer data "
+                        f"prepare`)")
+    check_paths({"--data": args.data, "--merge": args.merge}, {"--report-dir": args.report_dir})
+    check_replaceable("--report-dir", args.report_dir, REPORT)
     priors = [read_prior(path) for path in args.merge]  # before any compute: a bad file fails at once
+    with publishing("--out", args.out, REPRODUCTION, "roformer reproduce") as out:
+        record = out / REPRODUCTION_RECORD
+        if not record.is_file():  # marks the folder as ours: a later run resumes in it
+            out.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(record, {"format": "roformer-ds-reproduction", "preset": preset.name})
+        path = _reproduce(args, preset, parts, Layout(out), priors)
+    print(f"reproduce: report -> {path}")
+    return 0
+
+
+def _reproduce(args: argparse.Namespace, preset, parts: tuple[str, ...], layout, priors: list) -> Path:
+    """Run what is missing (unless --report-only), then write the report; returns report.md's path."""
+    from launcher.reproduce.claims_report import write_report
+    from launcher.reproduce.results import collect, merge
+    from launcher.reproduce.job_runner import Runner
+
     started = time.time()
     if not args.report_only:
         runner = Runner(preset, layout, data_dir=args.data)
@@ -90,9 +109,7 @@ def run(args: argparse.Namespace) -> int:
               f"`results.json`; every run is an ordinary run directory under `{display_path(layout.out)}/runs` "
               f"(re-running the command resumes / skips)" + ("; parts not run there come from earlier results "
                                                             "(last table)." if priors else ".")]
-    path = write_report(results, args.report_dir or layout.report, header)
-    print(f"reproduce: report -> {path}")
-    return 0
+    return write_report(results, args.report_dir or layout.report, header)
 
 
 def display_path(path: Path) -> str:

@@ -27,8 +27,8 @@ from launcher.export.model_card import render_model_card, run_stages, trained_le
 from launcher.export.sentence_transformers_files import write_sentence_transformers_files
 from launcher.errors import UserError
 from launcher.io import file_sha256, fsync_dir
+from launcher.output_paths import EXPORT, check_replaceable, remove_dead_leftovers
 from launcher.run_dir.layout import SIDECAR_NAME, RunDir, sidecar_path
-from launcher.run_dir.lock import pid_alive
 from launcher.run_dir.records import describe_start, files_in_effect
 
 if TYPE_CHECKING:  # torch is imported where it is used: `roformer export --help` must not wait for it
@@ -79,7 +79,7 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     model.eval()
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(out)
+    remove_dead_leftovers(out)  # a killed export's temporary directories
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         tmp.chmod(0o755)
@@ -137,20 +137,14 @@ def check_stage_rope_theta(ref: CheckpointRef) -> None:
 
 
 def _check_destination(out: Path, run_dir: Path) -> None:
-    """Only ever replace a previous export: never a run directory or an unrelated folder."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a directory")
+    """Only ever replace a previous export (launcher/output_paths.py): never a run directory, its
+    checkpoints or an unrelated folder, nor a previous export's extra files (the user's)."""
     resolved_out, resolved_run = out.resolve(), run_dir.resolve()
     if resolved_out == resolved_run or resolved_out in resolved_run.parents:
         raise UserError(f"--out {out}: would replace the run directory {run_dir}")
     if resolved_out.is_relative_to(resolved_run / "checkpoints"):
         raise UserError(f"--out {out}: inside the run's checkpoints directory")
-    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_INFO).is_file():
-        raise UserError(f"--out {out}: exists, is not empty and is not a previous export "
-                        f"(no {EXPORT_INFO}); refusing to replace it")
-    from launcher.output_paths import EXPORT, check_replaceable
-
-    check_replaceable("--out", out, EXPORT)  # a previous export's extra files (the user's) are never deleted
+    check_replaceable("--out", out, EXPORT)
 
 
 def _load_exact(model: torch.nn.Module, state: dict[str, torch.Tensor], ref: CheckpointRef) -> None:
@@ -340,13 +334,3 @@ def _rename_exchange(a: Path, b: Path) -> bool:
     at_fdcwd, rename_exchange = -100, 2
     result = renameat2(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), rename_exchange)
     return result == 0
-
-
-def _remove_stale_temps(out: Path) -> None:
-    """Temporary dirs left by an export that was killed (its pid no longer runs)."""
-    for stale in out.parent.glob(f".{out.name}.tmp-*"):
-        pid = stale.name[len(f".{out.name}.tmp-"):].split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
-
-    return True

@@ -19,11 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from launcher.run_dir.layout import RunDir
+from launcher.run_dir.layout import RENDER_LOCK, RunDir
 
 RUN_END_WAIT_S = 120.0
 LOG_NAME = "render.log"
-LOCK_NAME = ".render.lock"
 # Starts the render in its own session and exits: the render is re-parented to init at once.
 DETACH = "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True, stdin=subprocess.DEVNULL)"
 
@@ -33,7 +32,7 @@ def render_lock(plots_dir: Path, wait: bool = True) -> Iterator[bool]:
     """Hold plots_dir's render lock for the block; with wait=False, yields False at once when
     another render holds it."""
     plots_dir.mkdir(parents=True, exist_ok=True)
-    with open(plots_dir / LOCK_NAME, "a") as handle:
+    with open(plots_dir / RENDER_LOCK, "a") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:

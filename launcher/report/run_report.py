@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from launcher.output_paths import REPORT_TITLES
 from launcher.report.curves import Curves
 from launcher.report.run_summary import RunSummary, finetune_rows
 
@@ -30,7 +31,7 @@ CAPTIONS = {
 
 def write_report_text(curves: Curves, summary: RunSummary, plots: list[Path], report_path: Path) -> str:
     """The Markdown of the report at `report_path` (plot links relative to it)."""
-    parts = [f"# Run report: {summary.root.name}",
+    parts = [f"{REPORT_TITLES[0]}{summary.root.name}",
              f"`{summary.root}`, written {time.strftime('%Y-%m-%d %H:%M:%S')} by `roformer report`.",
              _where(curves, summary),
              "## What ran", _what_ran(summary),

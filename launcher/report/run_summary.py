@@ -17,6 +17,7 @@ import yaml
 from launcher.checkpoint.catalogue import CheckpointCatalogue, CheckpointSidecar
 from launcher.config.precision import train_precision
 from launcher.errors import UserError
+from launcher.io import read_json_object
 from launcher.report.curves import Curves, record_versions, records_in_effect
 from launcher.run_dir.records import RecordVersion, describe_start
 from launcher.run_dir.layout import RunDir, step_of_tag
@@ -83,8 +84,8 @@ def load_summary(run_dir: Path, curves: Curves, now: float | None = None) -> Run
     layout = RunDir(Path(run_dir))
     checkpoints = read_checkpoints(layout)
     records = records_in_effect(layout)
-    ds_config = _read_json(records["ds_config"])
-    stages_file = _read_json(records["stages"])
+    ds_config = read_json_object(records["ds_config"])
+    stages_file = read_json_object(records["stages"])
     latest = checkpoints[-1] if checkpoints else None
     world_size = stages_file.get("world_size") if isinstance(stages_file.get("world_size"), int) else None
     zero = (ds_config.get("zero_optimization") or {}).get("stage")
@@ -218,14 +219,6 @@ def _precision(ds_config: dict) -> str | None:
         return train_precision(ds_config)
     except UserError:
         return None
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _read_yaml(path: Path) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.io import atomic_write_json, atomic_write_text
+from launcher.output_paths import REPORT_TITLES
 from launcher.reproduce import claim_plots as plots
 from launcher.reproduce.from_bert_results import from_bert_section
 from launcher.reproduce.retrieval_part import retrieval_section
@@ -177,7 +178,7 @@ COMPARISONS = {
 def write_report(results: dict, out: Path, header: list[str]) -> Path:
     """report.md + PNGs + results.json in `out`; returns the report's path."""
     out.mkdir(parents=True, exist_ok=True)
-    lines = ["# RoFormer paper claims, reproduced at small scale", "", *header, ""]
+    lines = [REPORT_TITLES[1], "", *header, ""]
     for part, (title, plot_title, claim, better, others, picture) in COMPARISONS.items():
         if part in results:
             plots.loss_curves(results[part], plot_title, out / picture)

@@ -32,6 +32,9 @@ TAG_PREFIX = "global_step"
 SIDECAR_NAME = "sidecar.json"
 DAMAGED_DIR = "damaged"
 ENV_FILE_NAME = ".deepspeed_env"
+RENDER_LOCK = ".render.lock"
+"""In plots/: the lock renders of the plots take turns on (launcher/report/hook.py); left there, it marks
+the folder as ours."""
 
 
 def tag_for_step(step: int) -> str:

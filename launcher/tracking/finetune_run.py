@@ -1,8 +1,9 @@
 """One tracked run per `roformer finetune --report-to mlflow,wandb` job, linked to the export it started from:
 tags name the export, the pretraining run directory, checkpoint and step it came from (export_info.json) and
 that run's own tracked run (RUN_DIR/tracking/<tracker>.json). Its local files (MLflow's default SQLite store,
-W&B's offline files) go beside the pretraining run's, in RUN_DIR/tracking, when that directory is here, else
-in ./tracking. A tracker that fails is one warning line; the fine-tune's results stand."""
+W&B's offline files) go beside the pretraining run's, in RUN_DIR/tracking, when that run directory is here
+(known by its own records), else in ./tracking. A tracker that fails is one warning line; the fine-tune's
+results stand."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from pathlib import Path
 from launcher.defaults import TRACKERS
 from launcher.export.export_reader import EXPORT_INFO
 from launcher.io import write_line
+from launcher.output_paths import is_run_dir
 from launcher.tracking.remote import backend
 from launcher.tracking.translate import Item, flatten, run_params
 
@@ -21,7 +23,8 @@ def report_finetune(report_to: tuple[str, ...], export_dir: Path, options: dict,
     {tracker: its run id} for the JSON report."""
     info = _export_info(export_dir)
     source = Path(info["run_dir"]) if info.get("run_dir") else None
-    home = source / "tracking" if source is not None and source.is_dir() else Path.cwd() / "tracking"
+    # Only into a real run directory (by its own records): export_info.json may name any folder by now.
+    home = source / "tracking" if source is not None and is_run_dir(source) else Path.cwd() / "tracking"
     tags = {"export_dir": str(Path(export_dir).resolve()), "kind": "finetune"}
     tags.update({f"source.{k}": str(info[k]) for k in ("run_dir", "tag", "step") if k in info})
     metrics = {k: float(v) for k, v in flatten(report, "finetune", sep="/").items()
