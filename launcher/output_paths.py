@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from data_pipeline.errors import DataError
+from data_pipeline.manifest import FORMAT_NAME, MANIFEST, SPLITS
 from launcher.errors import UserError
 from launcher.io import file_sha256, read_json_object
 from launcher.run_dir.layout import RENDER_LOCK
@@ -53,8 +55,6 @@ class Kind:
 
 
 def _is_prepared_data(path: Path) -> bool:
-    from data_pipeline.shards import FORMAT_NAME, MANIFEST  # imports numpy: not at `--help` time
-
     return read_json_object(Path(path) / MANIFEST).get("format") == FORMAT_NAME
 
 
@@ -290,9 +290,7 @@ def _check_export_entries(flag: str, path: Path, resolved: Path) -> None:
 def _check_prepared_entries(flag: str, path: Path, resolved: Path) -> None:
     """`data prepare --overwrite` replaces tokenizer/, train/ and valid/ whole: refused while they hold
     anything the prepare did not write (the manifest's shards, the tokenizer's files)."""
-    from data_pipeline.errors import DataError
-    from data_pipeline.shards import MANIFEST, SPLITS
-    from data_pipeline.tokenizer import tokenizer_files
+    from data_pipeline.tokenizer import tokenizer_files  # imports numpy: not at `--help` time
 
     splits = read_json_object(resolved / MANIFEST).get("splits")
     owned = {f"{split}/{shard.get('name')}{ext}": None for split, record in (splits or {}).items()

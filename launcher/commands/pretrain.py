@@ -88,16 +88,16 @@ def run(args: argparse.Namespace) -> int:
     if args.max_restarts is not None and args.max_restarts < 0:
         raise UserError(f"--max-restarts {args.max_restarts}: must be >= 0")
     plan = build_plan(args)  # flags, hostfile, config: refused before the run directory is touched
-    if args.master_port is None and not plan.multi_node:
-        if plan.master_port != DEFAULT_MASTER_PORT:
-            print(f"roformer pretrain: note: rendezvous port {plan.master_port} ({DEFAULT_MASTER_PORT} is taken; "
-                  "--master_port chooses one)", file=sys.stderr, flush=True)
-        args.master_port = plan.master_port  # a restart's plan, built again from args, keeps the claimed port
     refuse_branch_into_its_source(plan)
     refuse_run_dir_inside_inputs(plan)
-    notes = check_inputs(plan)  # data, bucket, port: a refusal here creates nothing, not even the lock
+    notes = list(check_inputs(plan))  # data, bucket, port: a refusal here creates nothing, not even the lock
     if not plan.multi_node and not args.dry_run:  # this machine's rendezvous port, before any rank could fail on it
         check_port_free(plan.master_port)
+    if args.master_port is None and not plan.multi_node:
+        if plan.master_port != DEFAULT_MASTER_PORT:
+            notes.append(f"rendezvous port {plan.master_port} ({DEFAULT_MASTER_PORT} is taken; --master_port "
+                         "chooses one)")
+        args.master_port = plan.master_port  # a restart's plan, built again from args, keeps the claimed port
     for note in notes:
         print(f"roformer pretrain: note: {note}", file=sys.stderr, flush=True)
     if args.dry_run:  # starts nothing, writes nothing: no lock
