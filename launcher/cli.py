@@ -14,7 +14,8 @@ import signal
 import sys
 
 from launcher.defaults import BAD_INPUT_EXIT_CODE, BROKEN_PIPE_EXIT_CODE
-from launcher.errors import user_errors
+from launcher.errors import UserError, user_errors
+from launcher.flag_types import make_floats_finite
 from launcher.io import reader_gone
 
 # name -> (module, one-line help). The names are part of the public interface: docs and scripts
@@ -48,17 +49,25 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A flag argparse refuses (a bad number, a missing or unknown option) is one line like every bad
+    input, `roformer COMMAND: error: argument --lr: ...`, not the usage block; --help shows the usage."""
+
+    def error(self, message: str):
+        raise UserError(message)
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """The `roformer` parser for the arguments `argv`. Only the subcommand named in them gets its options;
     the others just need their name listed, so their modules are not imported."""
-    parser = argparse.ArgumentParser(prog="roformer", description=__doc__.splitlines()[0],
-                                     formatter_class=HelpFormatter)
+    parser = OneLineParser(prog="roformer", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((a for a in argv if a in SUBCOMMANDS), None)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         if name == chosen:
             importlib.import_module(module_name).configure(p)
+            make_floats_finite(p)
     return parser
 
 
@@ -80,7 +89,7 @@ USE_DEEPSPEED = ("plan", "pretrain", "export", "gpu-check")
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    command = "?"
+    command = next((a for a in argv if a in SUBCOMMANDS), "?")  # its errors while parsing name it too
     # SIGTERM unwinds like Ctrl-C, so every `finally` (temporary files, worker pools) runs.
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
     # Ctrl-C as KeyboardInterrupt whatever this process inherited. A background job of a non-interactive

@@ -272,20 +272,84 @@ def _open_console_log(fds: list[int]) -> int:
     return os.open(os.devnull, os.O_WRONLY)
 
 
-def read_mapping(path: str | Path, what: str) -> dict:
-    """The mapping a config file stores (run config, schedule, DeepSpeed JSON): JSON for *.json, else YAML;
-    every error one line naming the file (and the line, for JSON); `what` names the file's kind."""
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's SafeLoader refusing a key given twice in one mapping: PyYAML keeps the last silently, so a
+    second `hidden_size:` or a second `model:` block would replace the first without a word."""
+
+    def construct_mapping(self, node, deep=False):
+        first_line: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice (first at line {first_line[key]})", key_node.start_mark)
+            except TypeError:  # an unhashable key: SafeLoader's own error says so
+                break
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str):
+    """yaml.safe_load, except that a key given twice in one mapping is an error (yaml.YAMLError)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+
+
+def read_config_text(path: str | Path, what: str) -> str:
+    """A config file's text (UTF-8); not found, a directory, unreadable or not UTF-8 as one line naming the file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: a directory; the {what} is a file") from None
+    except UnicodeDecodeError as err:
+        data = path.read_bytes()
+        line = data.count(b"\n", 0, err.start) + 1
+        raise UserError(f"{path}: line {line}: not UTF-8 text (byte 0x{data[err.start]:02x}); a {what} is "
+                        f"a UTF-8 text file") from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot read the {what}: {err.strerror}") from None
+
+
+def yaml_error_line(path: Path, err: yaml.YAMLError) -> str:
+    """PyYAML's error as one line naming the file and line: its problem, without the quoted source excerpt."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}: " if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{path}: {where}not valid YAML: {problem}"
+
+
+def read_mapping(path: str | Path, what: str) -> dict:
+    """The mapping a config file stores (run config, schedule, DeepSpeed JSON): JSON for *.json, else YAML;
+    every error one line naming the file (and the line); `what` names the file's kind. A key given twice
+    is refused (YAML) rather than the last one silently winning."""
+    path = Path(path)
+    text = read_config_text(path, what)
     try:
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        raw = json.loads(text, object_pairs_hook=_unique_json_keys) if path.suffix == ".json" else load_yaml(text)
     except json.JSONDecodeError as err:
         raise UserError(f"{path}: line {err.lineno}: not valid JSON: {err.msg}") from None
+    except _DuplicateJsonKey as err:
+        raise UserError(f"{path}: not valid JSON: key {err.args[0]!r} given twice") from None
     except yaml.YAMLError as err:
-        raise UserError(f"{path}: not valid YAML: {err}") from None
+        raise UserError(yaml_error_line(path, err)) from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a {what} must be a mapping, got {type(raw).__name__}")
     return raw
+
+
+class _DuplicateJsonKey(ValueError):
+    pass
+
+
+def _unique_json_keys(pairs: list[tuple[str, Any]]) -> dict:
+    result: dict = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateJsonKey(key)
+        result[key] = value
+    return result

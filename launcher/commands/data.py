@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from launcher.errors import UserError
+from launcher.flag_types import non_negative_int, positive_float
 from launcher.output_paths import DATA, check_output_dir, check_paths, check_replaceable, writer_lock
 
 
@@ -55,9 +56,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _remote_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--remote-retries", type=int, default=5,
+    p.add_argument("--remote-retries", type=non_negative_int, default=5,
                    help="s3:// only: retries of a request that timed out or got a 5xx answer")
-    p.add_argument("--remote-timeout", type=float, default=30.0,
+    p.add_argument("--remote-timeout", type=positive_float, default=30.0,
                    help="s3:// only: seconds to connect and between bytes of an answer")
 
 
