@@ -556,7 +556,9 @@ def model_over_init(init_dir: str, base: dict, config_path: Path, explicit: dict
         if key in WEIGHT_FIELDS and key not in free and key in values and value != values[key]:
             raise UserError(f"{source}: model.{key}: {value!r} differs from {values[key]!r} in {config_path} "
                             f"(init_from {init_dir}): it changes the shape or meaning of the weights; drop "
-                            f"model.{key} or set it to {values[key]!r}")
+                            f"model.{key} or set it to {values[key]!r}"
+                            + (f" (data for it is prepared with `roformer data prepare --tokenizer {init_dir} ...`)"
+                               if key == "vocab_size" else ""))
         values[key] = value
     try:
         return RoFormerConfig.from_dict(values, source=f"{source}: model (over {config_path})")
