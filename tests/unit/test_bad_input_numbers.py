@@ -240,3 +240,19 @@ def test_config_wording_says_what_is_wrong(capsys, tiny_data, config, tmp_path):
     line = refused(capsys, _plan(config), owned)
     assert line.endswith(f"{schedule}: stages: must be a list of stages (each line starting with '- '), got dict "
                          f"{{'name': 'a'}}")
+
+
+# --- row 22: an endpoint that is no URL ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variable, value, reason", [
+    ("AWS_ENDPOINT_URL", "not a url", "no http:// or https:// and host"),
+    ("AWS_ENDPOINT_URL", "ftp://127.0.0.1:9", "scheme 'ftp'"),
+    ("AWS_ENDPOINT_URL", "http://127.0.0.1:99999", "port '99999' out of 0-65535")])
+def test_data_upload_names_the_endpoint_variable(capsys, monkeypatch, tiny_data, variable, value, reason):
+    monkeypatch.setenv(variable, value)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    line = refused(capsys, ["data", "upload", tiny_data, "s3://bkt/z", "--remote-retries", "0"], [tiny_data])
+    assert line.endswith(f"s3://bkt/z: {variable}={value!r} is not an endpoint URL ({reason}): expected "
+                         f"http(s)://HOST[:PORT]")
