@@ -67,8 +67,9 @@ def file_format(path: Path, forced: str) -> str:
         return forced
     fmt = _known_format(path)
     if fmt is None:
-        raise DataError(f"{path}: unknown file type; use .txt, .jsonl, .json, .parquet (optionally .gz) "
-                        "or set the format explicitly")
+        raise DataError(f"{path}: unknown file type {''.join(path.suffixes[-2:]) or '(no extension)'}: text is read "
+                        f"from .txt, .jsonl, .json or .parquet files (optionally .gz); rename it, or give `data "
+                        f"prepare` its format with --format txt|jsonl|parquet")
     return fmt
 
 

@@ -306,13 +306,22 @@ def read_config_text(path: str | Path, what: str) -> str:
         raise UserError(f"{path}: {what} not found") from None
     except IsADirectoryError:
         raise UserError(f"{path}: a directory; the {what} is a file") from None
-    except UnicodeDecodeError as err:
-        data = path.read_bytes()
-        line = data.count(b"\n", 0, err.start) + 1
-        raise UserError(f"{path}: line {line}: not UTF-8 text (byte 0x{data[err.start]:02x}); a {what} is "
-                        f"a UTF-8 text file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: {not_utf8(path)}; a {what} is a UTF-8 text file") from None
     except OSError as err:
         raise UserError(f"{path}: cannot read the {what}: {err.strerror}") from None
+
+
+def not_utf8(path: Path) -> str | None:
+    """Where `path` stops being UTF-8 ('line N: not UTF-8 text (byte 0xXX)'), None when it is UTF-8 throughout.
+    Read line by line: a large file is not held in memory."""
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return f"line {number}: not UTF-8 text (byte 0x{line[err.start]:02x})"
+    return None
 
 
 def yaml_error_line(path: Path, err: yaml.YAMLError) -> str:

@@ -5,6 +5,7 @@ fields, flags), config files read once (encodings, directories, keys given twice
 changed and nothing written (docs/bad_inputs.md)."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -256,3 +257,64 @@ def test_data_upload_names_the_endpoint_variable(capsys, monkeypatch, tiny_data,
     line = refused(capsys, ["data", "upload", tiny_data, "s3://bkt/z", "--remote-retries", "0"], [tiny_data])
     assert line.endswith(f"s3://bkt/z: {variable}={value!r} is not an endpoint URL ({reason}): expected "
                          f"http(s)://HOST[:PORT]")
+
+
+# --- row 26: a tokenizer of special pieces only -------------------------------------------------------
+
+
+def test_a_tokenizer_of_special_pieces_only_is_refused_at_prepare_time(capsys, texts_dir, tmp_path):
+    """A BERT-style vocab.txt and a tokenizer.json (WordLevel) holding only [PAD] [UNK] [CLS] [SEP] [MASK]."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.support.hf_dirs import SPECIALS
+
+    vocab_txt = tmp_path / "vocab_only"
+    vocab_txt.mkdir()
+    (vocab_txt / "vocab.txt").write_text("".join(f"{piece}\n" for piece in SPECIALS), encoding="utf-8")
+    (vocab_txt / "tokenizer_config.json").write_text('{"tokenizer_class": "BertTokenizer"}', encoding="utf-8")
+    fast = tmp_path / "fast_only"
+    backend = Tokenizer(models.WordLevel({piece: i for i, piece in enumerate(SPECIALS)}, unk_token="[UNK]"))
+    PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                            sep_token="[SEP]", mask_token="[MASK]").save_pretrained(str(fast))
+    for tokenizer, file in ((vocab_txt, "vocab.txt"), (fast, "tokenizer.json")):
+        out = tmp_path / f"out_{tokenizer.name}"
+        line = refused(capsys, ["data", "prepare", "--input", texts_dir / "train.csv", "--out", out, "--format", "txt",
+                                "--tokenizer", tokenizer], [texts_dir, tokenizer], progress=True)
+        assert line.endswith(f"{tokenizer / file}: the vocabulary holds only its {len(SPECIALS)} special pieces, no "
+                             f"ordinary piece to encode text with (every word would be [UNK]); use a tokenizer with a "
+                             f"vocabulary, or leave out --tokenizer so that `data prepare` trains one"), line
+        assert not out.exists()
+
+
+# --- row 27: wording of labelled and text files -------------------------------------------------------
+
+
+def test_labelled_files_say_what_is_wrong(capsys, stored_export, texts_dir, tmp_path):
+    owned = [stored_export, texts_dir]
+    train = texts_dir / "train.csv"
+    fifo = tmp_path / "pipe.csv"  # not among the owned files: hashing them would wait on the FIFO
+    os.mkfifo(fifo)
+    line = refused(capsys, ["finetune", stored_export, "--train", fifo, "--dev", train], owned)
+    assert line.endswith(f"{fifo}: not a regular file (a FIFO, socket or device); give a file, it is read twice")
+    folder = texts_dir / "folder.csv"
+    folder.mkdir()
+    line = refused(capsys, ["finetune", stored_export, "--train", train, "--dev", folder], owned)
+    assert line.endswith(f"{folder}: a directory; give the labelled file itself")
+    latin = texts_dir / "latin.csv"
+    latin.write_bytes("text,label\nfine words,pos\ncaf\xe9 words,neg\n".encode("latin-1"))
+    line = refused(capsys, ["finetune", stored_export, "--train", latin, "--dev", train], owned)
+    assert line.endswith(f"{latin}: line 3: not UTF-8 text (byte 0xe9); save it as UTF-8")
+    twice = texts_dir / "twice.csv"
+    twice.write_text("text,label,label\nsome words,pos,neg\nmore words,neg,pos\n", encoding="utf-8")
+    line = refused(capsys, ["finetune", stored_export, "--train", twice, "--dev", train], owned)
+    assert line.endswith(f"{twice}: line 1: column 'label' named twice in the header; rename one")
+
+
+def test_a_text_file_of_unknown_type_says_how_to_read_it(capsys, stored_export, texts_dir):
+    train = texts_dir / "train.csv"
+    line = refused(capsys, ["eval-mlm", stored_export, "--input", train], [stored_export, texts_dir])
+    assert line.endswith(f"{train}: unknown file type .csv: text is read from .txt, .jsonl, .json or .parquet files "
+                         f"(optionally .gz); rename it, or give `data prepare` its format with --format "
+                         f"txt|jsonl|parquet")
+    assert "set the format explicitly" not in line
