@@ -318,3 +318,24 @@ def test_a_text_file_of_unknown_type_says_how_to_read_it(capsys, stored_export, 
                          f"(optionally .gz); rename it, or give `data prepare` its format with --format "
                          f"txt|jsonl|parquet")
     assert "set the format explicitly" not in line
+
+
+# --- row 27: an s3:// output inside another data set --------------------------------------------------
+
+
+def test_an_s3_output_inside_another_data_set_is_refused(capsys, monkeypatch, s3_server, s3_tiny_data, tiny_data,
+                                                        texts_dir):
+    """s3_tiny_data is prepared data at s3://roformer-test/tiny: its train/ prefix is not a place for another."""
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    inside = f"{s3_tiny_data}/train"
+    client = s3_server.client()
+    before = sorted(o["Key"] for o in client.list_objects_v2(Bucket="roformer-test")["Contents"])
+    line = refused(capsys, ["data", "prepare", "--input", texts_dir / "train.csv", "--format", "txt", "--out", inside,
+                            "--remote-retries", "0"], [texts_dir], progress=True)
+    assert line.endswith(f"--out {inside}: inside the prepared data at {s3_tiny_data} (it has a manifest.json): "
+                         f"choose a prefix outside it")
+    line = refused(capsys, ["data", "upload", tiny_data, f"{inside}/deeper", "--remote-retries", "0"], [tiny_data])
+    assert line.endswith(f"destination {inside}/deeper: inside the prepared data at {s3_tiny_data} (it has a "
+                         f"manifest.json): choose a prefix outside it")
+    assert sorted(o["Key"] for o in client.list_objects_v2(Bucket="roformer-test")["Contents"]) == before
