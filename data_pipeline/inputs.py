@@ -51,6 +51,9 @@ def resolve_inputs(specs: list[str]) -> list[Path]:
             files.extend(matched)
         elif path.is_file():
             files.append(path)
+        elif path.exists():
+            raise DataError(f"{spec}: not a regular file (a FIFO, socket or device); give a file or a directory of "
+                            f"files (they are read more than once)")
         else:
             raise DataError(f"{spec}: no such file or directory")
     seen: set[Path] = set()

@@ -300,6 +300,8 @@ def load_yaml(text: str):
 def read_config_text(path: str | Path, what: str) -> str:
     """A config file's text (UTF-8); not found, a directory, unreadable or not UTF-8 as one line naming the file."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():  # reading a FIFO would wait for a writer
+        raise UserError(f"{path}: not a regular file (a FIFO, socket or device); the {what} is a file")
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -311,6 +311,18 @@ def test_labelled_files_say_what_is_wrong(capsys, stored_export, texts_dir, tmp_
     assert line.endswith(f"{twice}: line 1: column 'label' named twice in the header; rename one")
 
 
+def test_a_fifo_as_corpus_or_config_is_named_not_read(capsys, texts_dir, tmp_path):
+    fifo = tmp_path / "pipe.txt"  # not among the owned files: hashing them would wait on the FIFO
+    os.mkfifo(fifo)
+    line = refused(capsys, ["data", "prepare", "--input", fifo, "--out", tmp_path / "out"], [texts_dir],
+                   progress=True)
+    assert line.endswith(f"{fifo}: not a regular file (a FIFO, socket or device); give a file or a directory of "
+                         f"files (they are read more than once)")
+    line = refused(capsys, ["plan", "--world-size", "1", "--config", fifo], [texts_dir])
+    assert line.endswith(f"{fifo}: not a regular file (a FIFO, socket or device); the run config is a file")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_text_file_of_unknown_type_says_how_to_read_it(capsys, stored_export, texts_dir):
     train = texts_dir / "train.csv"
     line = refused(capsys, ["eval-mlm", stored_export, "--input", train], [stored_export, texts_dir])
