@@ -45,6 +45,10 @@ def test_a_truncated_safetensors_in_init_from_is_refused_before_the_ranks(capsys
     assert f"init_from: {weights}: not a complete safetensors file (truncated or damaged: incomplete metadata" in line
     assert line.endswith("copy it again") and "SafetensorError" not in line
     assert not run_dir.exists()
+    line = refused(capsys, ["pretrain", "--num_gpus", "1", "--config", config, "--run-dir", run_dir, "--init-from",
+                            damaged], [damaged, tiny_data, config])  # the real start: refused before any rank
+    assert f"{weights}: not a complete safetensors file" in line
+    assert not run_dir.exists()
     weights.write_bytes(b"\x05")  # shorter than the header's length field
     line = refused(capsys, ["plan", "--world-size", "1", "--config", config, "--set", f"init_from={damaged}"],
                    [damaged, tiny_data])
