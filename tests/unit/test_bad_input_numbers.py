@@ -355,3 +355,14 @@ def test_an_s3_output_inside_another_data_set_is_refused(capsys, monkeypatch, s3
     assert line.endswith(f"destination {inside}/deeper: inside the prepared data at {s3_tiny_data} (it has a "
                          f"manifest.json): choose a prefix outside it")
     assert sorted(o["Key"] for o in client.list_objects_v2(Bucket="roformer-test")["Contents"]) == before
+
+
+def test_launch_and_pricing_flags_state_their_range(capsys, tiny_data, config, tmp_path):
+    run_dir = tmp_path / "run"
+    for value in ("-2", "0"):
+        line = refused(capsys, ["pretrain", "--num_gpus", value, "--config", config, "--run-dir", run_dir,
+                                "--dry-run"], [tiny_data, config])
+        assert line.endswith(f"--num_gpus {value}: must be >= 1 when given (-1: all of them)")
+    line = refused(capsys, [*_plan(config), "--peak-tflops", "-1"], [tiny_data, config])
+    assert line.endswith("argument --peak-tflops: must be > 0, got '-1'")
+    assert not run_dir.exists()
