@@ -130,15 +130,15 @@ def run(args: argparse.Namespace) -> int:
     given = {flag: value for flag, value in given.items() if value is not None}
     if given and getattr(args, "tokenizer", None) is not None:
         _refuse_training_options(args.tokenizer, list(given))
-    tok_cfg = TokenizerConfig(**{TRAINING_OPTIONS[flag][0]: TRAINING_OPTIONS[flag][1](value)
-                                 for flag, value in given.items()})
+    tok_cfg = _named_by_flag(args, lambda: TokenizerConfig(**{TRAINING_OPTIONS[flag][0]: TRAINING_OPTIONS[flag][1](value)
+                                                             for flag, value in given.items()}))
     if args.data_command == "tokenizer":
         path = train_tokenizer_only(input_cfg, tok_cfg, args.out, max_documents=args.max_documents)
         print(f"tokenizer written to {path.parent}")
         return 0
     if remote_out:
         return _prepare_to_bucket(args, input_cfg, tok_cfg)
-    cfg = _prepare_config(args, input_cfg, tok_cfg, args.out)
+    cfg = _named_by_flag(args, lambda: _prepare_config(args, input_cfg, tok_cfg, args.out))
     if args.valid_fraction == 0:
         print("roformer data: warning: --valid-fraction 0: no validation split; `roformer pretrain` refuses such "
               "data (it validates), eval-mlm --data needs --split train", file=sys.stderr)
@@ -146,6 +146,21 @@ def run(args: argparse.Namespace) -> int:
         report = prepare(cfg)
     print(report.summary(), file=sys.stderr)
     return 0
+
+
+def _named_by_flag(args: argparse.Namespace, build):
+    """build() of a data config from the flags; its DataError names the config field (`workers: -2 must be
+    >= 1`), which the user gave as a flag: the line names the flag (`--workers: -2 must be >= 1`)."""
+    from data_pipeline.errors import DataError
+
+    try:
+        return build()
+    except DataError as err:
+        field, sep, rest = str(err).partition(": ")
+        flag = f"--{field.replace('_', '-')}"
+        if sep and field.isidentifier() and (hasattr(args, field) or flag in TRAINING_OPTIONS):
+            raise DataError(f"{flag}: {rest}") from None
+        raise
 
 
 def _prepare_config(args: argparse.Namespace, input_cfg, tok_cfg, out_dir: Path):

@@ -366,3 +366,15 @@ def test_launch_and_pricing_flags_state_their_range(capsys, tiny_data, config, t
     line = refused(capsys, [*_plan(config), "--peak-tflops", "-1"], [tiny_data, config])
     assert line.endswith("argument --peak-tflops: must be > 0, got '-1'")
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("flag, value, message", [("--vocab-size", "-5", "-5 is too small (need >= 15)"),
+                                                  ("--workers", "-2", "-2 must be >= 1"),
+                                                  ("--shard-tokens", "0", "0 must be >= 1"),
+                                                  ("--valid-fraction", "2", "2.0 must be in [0, 1)")])
+def test_data_prepare_values_name_the_flag(capsys, texts_dir, tmp_path, flag, value, message):
+    out = tmp_path / "out"
+    line = refused(capsys, ["data", "prepare", "--input", texts_dir / "train.csv", "--format", "txt", "--out", out,
+                            flag, value], [texts_dir])
+    assert line.endswith(f"roformer data: error: {flag}: {message}")
+    assert not out.exists()
