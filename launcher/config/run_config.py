@@ -385,6 +385,8 @@ def _check_type(where: str, value: Any, default: Any, source: str) -> Any:
         ok = isinstance(value, bool)
     elif isinstance(default, int):
         ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and not -2**63 <= value < 2**63:  # beyond the int64 torch and numpy hold
+            raise UserError(f"{source}: {where}: {value:,} is out of range (a 64-bit integer)")
     elif isinstance(default, float):
         if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
             try:

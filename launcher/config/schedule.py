@@ -15,6 +15,7 @@ from pathlib import Path
 from data_pipeline.config import MIN_SEQ_LEN
 from launcher.io import read_mapping
 from launcher.errors import UserError
+from roformer.config import MAX_SIZE
 
 STAGE_KEYS = ("name", "max_seq_len", "global_batch_size", "steps", "micro_batch_size", "lr_scale", "rope_theta",
               "mask_prob", "mixture")
@@ -82,6 +83,8 @@ def _parse_stage(entry: object, index: int, path: Path) -> Stage:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise UserError(f"{where}: {key} must be a positive integer, got {value!r}")
+        if value > MAX_SIZE:  # a typo whose estimates and step counters overflow
+            raise UserError(f"{where}: {key} {value:,} is larger than any run (at most {MAX_SIZE:,})")
     if entry["max_seq_len"] < MIN_SEQ_LEN:
         raise UserError(f"{where}: max_seq_len {entry['max_seq_len']} is too short: a sequence is [CLS] plus at "
                         f"least one token (>= {MIN_SEQ_LEN})")

@@ -63,6 +63,13 @@ def test_absurd_sizes_seeds_and_optimizer_values_are_refused_by_plan(capsys, tin
     line = refused(capsys, _plan(config, "model.hidden_size=100000000000000000000000"), owned)
     assert line.endswith(f"{config}: model: hidden_size: 100,000,000,000,000,000,000,000 is larger than any model "
                          f"dimension (at most 2,147,483,647)")
+    line = refused(capsys, _plan(config, "schedule.max_tokens_per_micro_batch=100000000000000000000000"), owned)
+    assert line.endswith(f"{config}: schedule.max_tokens_per_micro_batch: 100,000,000,000,000,000,000,000 is out of "
+                         f"range (a 64-bit integer)")
+    schedule = write_schedule(config.parent / "huge.yaml", [{**ONE_STAGE[0], "steps": 10**23}])
+    line = refused(capsys, _plan(config, f"schedule.file={schedule}"), [*owned, schedule])
+    assert line.endswith(f"{schedule}: stage 1 (one): steps 100,000,000,000,000,000,000,000 is larger than any run "
+                         f"(at most 2,147,483,647)")
     for seed in ("1e23", "100000000000000000000000", "-1"):
         line = refused(capsys, _plan(config, f"seed={seed}"), owned)
         assert f"{config}: seed: must be an integer in [0, 4,294,967,295], got " in line, line
