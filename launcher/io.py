@@ -326,10 +326,16 @@ def not_utf8(path: Path) -> str | None:
     return None
 
 
-def yaml_error_line(path: Path, err: yaml.YAMLError) -> str:
-    """PyYAML's error as one line naming the file and line: its problem, without the quoted source excerpt."""
+def _yaml_error_line(path: Path, err: yaml.YAMLError, text: str = "") -> str:
+    """PyYAML's error as one line naming the file and line: its problem, without the quoted source excerpt.
+    `text`: the YAML read, for the line of a character its reader refuses (a control character)."""
     mark = getattr(err, "problem_mark", None)
-    where = f"line {mark.line + 1}: " if mark is not None else ""
+    if mark is not None:
+        where = f"line {mark.line + 1}: "
+    elif isinstance(err, yaml.reader.ReaderError):
+        where = f"line {text.count(chr(10), 0, err.position) + 1}: "
+    else:
+        where = ""
     problem = getattr(err, "problem", None) or str(err).splitlines()[0]
     return f"{path}: {where}not valid YAML: {problem}"
 
@@ -347,7 +353,7 @@ def read_mapping(path: str | Path, what: str) -> dict:
     except _DuplicateJsonKey as err:
         raise UserError(f"{path}: not valid JSON: key {err.args[0]!r} given twice") from None
     except yaml.YAMLError as err:
-        raise UserError(yaml_error_line(path, err)) from None
+        raise UserError(_yaml_error_line(path, err, text)) from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a {what} must be a mapping, got {type(raw).__name__}")
     return raw

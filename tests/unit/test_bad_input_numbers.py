@@ -137,6 +137,10 @@ def test_config_files_that_are_not_utf8_or_are_directories_are_one_line(capsys, 
     assert line.endswith(f"{config}: line 2: not UTF-8 text (byte 0xe9); a run config is a UTF-8 text file")
     line = refused(capsys, _plan(tmp_path), owned)
     assert line.endswith(f"{tmp_path}: a directory; the run config is a file")
+    config.write_bytes(text.encode("utf-8").replace(b"# caf", b"# \x00caf", 1))  # UTF-8, but a control character
+    line = refused(capsys, _plan(config), owned)
+    assert line.endswith(f"{config}: line 2: not valid YAML: unacceptable character #x0000: special characters are "
+                         f"not allowed")
     config.write_text(yaml.safe_dump(run_config_dict(data_dir=tiny_data, schedule_file=tmp_path / "schedule.yaml")))
     (tmp_path / "schedule.yaml").write_bytes(b"stages:\n  - name: \x00\xff\xfe\n")
     line = refused(capsys, _plan(config), owned)
