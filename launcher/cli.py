@@ -89,7 +89,7 @@ USE_DEEPSPEED = ("plan", "pretrain", "export", "gpu-check")
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    command = next((a for a in argv if a in SUBCOMMANDS), "?")  # its errors while parsing name it too
+    command = next((a for a in argv if a in SUBCOMMANDS), "")  # its errors while parsing name it too
     # SIGTERM unwinds like Ctrl-C, so every `finally` (temporary files, worker pools) runs.
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
     # Ctrl-C as KeyboardInterrupt whatever this process inherited. A background job of a non-interactive
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - user_errors() imports the model config (torch): only on an error
         if not isinstance(err, user_errors()):
             raise
-        print(f"roformer {command}: error: {err}", file=sys.stderr)  # bad input: one line, no traceback
+        print(f"{_prog(command)}: error: {err}", file=sys.stderr)  # bad input: one line, no traceback
         return BAD_INPUT_EXIT_CODE
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -128,8 +128,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stopped(command: str, signum: int, how: str) -> int:
     name = signal.Signals(signum).name
-    print(f"roformer {command}: stopped by {name}{f' ({how})' if how else ''}", file=sys.stderr, flush=True)
+    print(f"{_prog(command)}: stopped by {name}{f' ({how})' if how else ''}", file=sys.stderr, flush=True)
     return 128 + signum
+
+
+def _prog(command: str) -> str:
+    """`roformer COMMAND`, or `roformer` when no command was named."""
+    return f"roformer {command}" if command else "roformer"
 
 
 if __name__ == "__main__":

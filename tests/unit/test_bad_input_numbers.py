@@ -223,6 +223,11 @@ def test_threads_and_report_to_are_refused_naming_the_command(capsys, stored_exp
                          "are mlflow and wandb (the JSON report: --out)")
     line = refused(capsys, ["pretrain", "--config", config, "--report-to", "foo", "--dry-run"], [config])
     assert line == "roformer pretrain: error: --report-to: unknown foo (known: tensorboard, mlflow, wandb, none)"
+    capsys.readouterr()  # no command, an unknown one: one line, no usage block
+    assert cli_main([]) == 2 and capsys.readouterr().err == ("roformer: error: the following arguments are required: "
+                                                             "COMMAND\n")
+    assert cli_main(["bogus"]) == 2 and capsys.readouterr().err.startswith(
+        "roformer: error: argument COMMAND: invalid choice: 'bogus' (choose from ")
 
 
 # --- row 27: wording of config errors -----------------------------------------------------------------
