@@ -360,7 +360,7 @@ def read_mapping(path: str | Path, what: str) -> dict:
 
 
 class _DuplicateJsonKey(ValueError):
-    pass
+    """A JSON object naming a key twice (json keeps the last silently); args[0] is the key."""
 
 
 def _unique_json_keys(pairs: list[tuple[str, Any]]) -> dict:

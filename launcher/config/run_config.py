@@ -530,7 +530,8 @@ def _apply_override(raw: dict, item: str, path: Path) -> None:
     try:
         value = load_yaml(text)
     except yaml.YAMLError as err:
-        raise UserError(f"--set {item!r}: value is not valid YAML: {getattr(err, 'problem', None) or err}") from None
+        raise UserError(f"--set {item!r}: value is not valid YAML: "
+                        f"{getattr(err, 'problem', None) or str(err).splitlines()[0]}") from None
     node = raw
     for part in parts[:-1]:
         child = node.setdefault(part, {})
