@@ -51,6 +51,9 @@ def resolve_inputs(specs: list[str]) -> list[Path]:
             files.extend(matched)
         elif path.is_file():
             files.append(path)
+        elif path.exists():
+            raise DataError(f"{spec}: not a regular file (a FIFO, socket or device); give a file or a directory of "
+                            f"files (they are read more than once)")
         else:
             raise DataError(f"{spec}: no such file or directory")
     seen: set[Path] = set()
@@ -67,8 +70,9 @@ def file_format(path: Path, forced: str) -> str:
         return forced
     fmt = _known_format(path)
     if fmt is None:
-        raise DataError(f"{path}: unknown file type; use .txt, .jsonl, .json, .parquet (optionally .gz) "
-                        "or set the format explicitly")
+        raise DataError(f"{path}: unknown file type {''.join(path.suffixes[-2:]) or '(no extension)'}: text is read "
+                        f"from .txt, .jsonl, .json or .parquet files (optionally .gz); rename it, or give `data "
+                        f"prepare` its format with --format txt|jsonl|parquet")
     return fmt
 
 

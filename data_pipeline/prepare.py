@@ -108,8 +108,10 @@ def prepare(cfg: PrepareConfig, log=None, before_publish: Callable[[], None] = l
     out_dir = cfg.out_dir
     if (out_dir / MANIFEST).exists() and not cfg.overwrite:
         raise DataError(f"{out_dir}: already holds prepared data (use --overwrite to replace it)")
-    if cfg.existing_tokenizer is not None:  # loadable, with all its special tokens: checked before any work
-        tokenizer_special_ids(resolve_model_path(cfg.existing_tokenizer))
+    if cfg.existing_tokenizer is not None:  # loadable, with its special tokens and ordinary pieces: before any work
+        given = resolve_model_path(cfg.existing_tokenizer)
+        opened = open_tokenizer(given)
+        tokenizer_special_ids(given, opened).check_vocabulary(opened.get_piece_size(), str(given))
     out_dir_existed = out_dir.exists()
     partial = out_dir / f".partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)

@@ -64,10 +64,15 @@ class SpecialIds:
         return drawn
 
     def check_vocabulary(self, vocab_size: int, where: str) -> None:
-        """DataError unless every special id is inside the vocabulary."""
+        """DataError unless every special id is inside the vocabulary and at least one piece is not special
+        (text is encoded into those; masking draws its random replacements from them)."""
         for role, value in self.as_dict().items():
             if value >= vocab_size:
                 raise DataError(f"{where}: {role} id {value} is outside the vocabulary of {vocab_size} ids")
+        if vocab_size <= len(set(self.ids.tolist())):
+            raise DataError(f"{where}: the vocabulary holds only its {vocab_size} special pieces, no ordinary piece "
+                            f"to encode text with (every word would be [UNK]); use a tokenizer with a vocabulary, "
+                            f"or leave out --tokenizer so that `data prepare` trains one")
 
     @classmethod
     def from_manifest(cls, manifest: dict, where: str = "manifest.json") -> SpecialIds:

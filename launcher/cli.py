@@ -14,7 +14,8 @@ import signal
 import sys
 
 from launcher.defaults import BAD_INPUT_EXIT_CODE, BROKEN_PIPE_EXIT_CODE
-from launcher.errors import user_errors
+from launcher.errors import UserError, user_errors
+from launcher.flag_types import make_floats_finite
 from launcher.io import reader_gone
 
 # name -> (module, one-line help). The names are part of the public interface: docs and scripts
@@ -48,17 +49,25 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A flag argparse refuses (a bad number, a missing or unknown option) is one line like every bad
+    input, `roformer COMMAND: error: argument --lr: ...`, not the usage block; --help shows the usage."""
+
+    def error(self, message: str):
+        raise UserError(message)
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """The `roformer` parser for the arguments `argv`. Only the subcommand named in them gets its options;
     the others just need their name listed, so their modules are not imported."""
-    parser = argparse.ArgumentParser(prog="roformer", description=__doc__.splitlines()[0],
-                                     formatter_class=HelpFormatter)
+    parser = OneLineParser(prog="roformer", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((a for a in argv if a in SUBCOMMANDS), None)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         if name == chosen:
             importlib.import_module(module_name).configure(p)
+            make_floats_finite(p)
     return parser
 
 
@@ -101,7 +110,7 @@ USE_DEEPSPEED = ("plan", "pretrain", "export", "gpu-check")
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    command = "?"
+    command = next((a for a in argv if a in SUBCOMMANDS), "")  # its errors while parsing name it too
     _stops_received.clear()
     # SIGTERM unwinds like Ctrl-C, so every `finally` (temporary files, worker pools) runs.
     previous = signal.signal(signal.SIGTERM, _on_stop_signal)
@@ -135,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             return _stopped(command, _stops_received[0])
         if not isinstance(err, user_errors()):
             raise
-        print(f"roformer {command}: error: {err}", file=sys.stderr)  # bad input: one line, no traceback
+        print(f"{_prog(command)}: error: {err}", file=sys.stderr)  # bad input: one line, no traceback
         return BAD_INPUT_EXIT_CODE
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -145,8 +154,13 @@ def main(argv: list[str] | None = None) -> int:
 def _stopped(command: str, signum: int) -> int:
     name = signal.Signals(signum).name
     how = " (Ctrl-C)" if signum == signal.SIGINT else ""
-    print(f"roformer {command}: stopped by {name}{how}", file=sys.stderr, flush=True)
+    print(f"{_prog(command)}: stopped by {name}{how}", file=sys.stderr, flush=True)
     return 128 + signum
+
+
+def _prog(command: str) -> str:
+    """`roformer COMMAND`, or `roformer` when no command was named."""
+    return f"roformer {command}" if command else "roformer"
 
 
 if __name__ == "__main__":

@@ -282,20 +282,101 @@ def _open_console_log(fds: list[int]) -> int:
     return os.open(os.devnull, os.O_WRONLY)
 
 
-def read_mapping(path: str | Path, what: str) -> dict:
-    """The mapping a config file stores (run config, schedule, DeepSpeed JSON): JSON for *.json, else YAML;
-    every error one line naming the file (and the line, for JSON); `what` names the file's kind."""
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's SafeLoader refusing a key given twice in one mapping: PyYAML keeps the last silently, so a
+    second `hidden_size:` or a second `model:` block would replace the first without a word."""
+
+    def construct_mapping(self, node, deep=False):
+        first_line: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice (first at line {first_line[key]})", key_node.start_mark)
+            except TypeError:  # an unhashable key: SafeLoader's own error says so
+                break
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str):
+    """yaml.safe_load, except that a key given twice in one mapping is an error (yaml.YAMLError)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+
+
+def read_config_text(path: str | Path, what: str) -> str:
+    """A config file's text (UTF-8); not found, a directory, unreadable or not UTF-8 as one line naming the file."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():  # reading a FIFO would wait for a writer
+        raise UserError(f"{path}: not a regular file (a FIFO, socket or device); the {what} is a file")
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: a directory; the {what} is a file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: {not_utf8(path)}; a {what} is a UTF-8 text file") from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot read the {what}: {err.strerror}") from None
+
+
+def not_utf8(path: Path) -> str | None:
+    """Where `path` stops being UTF-8 ('line N: not UTF-8 text (byte 0xXX)'), None when it is UTF-8 throughout.
+    Read line by line: a large file is not held in memory."""
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return f"line {number}: not UTF-8 text (byte 0x{line[err.start]:02x})"
+    return None
+
+
+def _yaml_error_line(path: Path, err: yaml.YAMLError, text: str = "") -> str:
+    """PyYAML's error as one line naming the file and line: its problem, without the quoted source excerpt.
+    `text`: the YAML read, for the line of a character its reader refuses (a control character)."""
+    mark = getattr(err, "problem_mark", None)
+    if mark is not None:
+        where = f"line {mark.line + 1}: "
+    elif isinstance(err, yaml.reader.ReaderError):
+        where = f"line {text.count(chr(10), 0, err.position) + 1}: "
+    else:
+        where = ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{path}: {where}not valid YAML: {problem}"
+
+
+def read_mapping(path: str | Path, what: str) -> dict:
+    """The mapping a config file stores (run config, schedule, DeepSpeed JSON): JSON for *.json, else YAML;
+    every error one line naming the file (and the line); `what` names the file's kind. A key given twice
+    is refused (YAML) rather than the last one silently winning."""
+    path = Path(path)
+    text = read_config_text(path, what)
     try:
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        raw = json.loads(text, object_pairs_hook=_unique_json_keys) if path.suffix == ".json" else load_yaml(text)
     except json.JSONDecodeError as err:
         raise UserError(f"{path}: line {err.lineno}: not valid JSON: {err.msg}") from None
+    except _DuplicateJsonKey as err:
+        raise UserError(f"{path}: not valid JSON: key {err.args[0]!r} given twice") from None
     except yaml.YAMLError as err:
-        raise UserError(f"{path}: not valid YAML: {err}") from None
+        raise UserError(_yaml_error_line(path, err, text)) from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a {what} must be a mapping, got {type(raw).__name__}")
     return raw
+
+
+class _DuplicateJsonKey(ValueError):
+    """A JSON object naming a key twice (json keeps the last silently); args[0] is the key."""
+
+
+def _unique_json_keys(pairs: list[tuple[str, Any]]) -> dict:
+    result: dict = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateJsonKey(key)
+        result[key] = value
+    return result

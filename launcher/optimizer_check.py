@@ -40,6 +40,21 @@ def check_optimizer(section: dict | None, override: dict | None, where: str) -> 
     if unknown:
         raise UserError(f"{where}: optimizer.params.{unknown[0]}: {name} (torch.optim.{cls.__name__}) takes no "
                         f"{unknown[0]!r}; its parameters: {', '.join(accepted)}")
+    _constructed(cls, name, section.get("params") or {}, where)
+
+
+def _constructed(cls, name: str, params: dict, where: str) -> None:
+    """torch's own checks of the values (nesterov without momentum, a negative momentum, betas out of range),
+    by building the optimizer over one scalar: the ranks would raise the same ValueError after start-up.
+    lr is the run config's (already checked), so a stand-in value here."""
+    import torch
+
+    try:
+        cls([torch.zeros(1, requires_grad=True)], **{**params, "lr": 1e-3})
+    except (ValueError, TypeError, RuntimeError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"{where}: optimizer.params {params}: {name} (torch.optim.{cls.__name__}) refuses them: "
+                        f"{reason}") from None
 
 
 DEEPSPEED_OPTIMIZERS = ("adagrad", "adam", "adamw", "lamb", "muadam", "muadamw", "musgd", "lion", "muon",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,17 +164,35 @@ class RoFormerConfig:
                 if f.name not in NON_ARCHITECTURE_FIELDS and getattr(self, f.name) != getattr(other, f.name)]
 
 
+MAX_SIZE = 2**31 - 1
+"""The largest size field: torch's kernels index a dimension with int32 (and the shards hold uint32 ids);
+a larger value is a typo whose estimates overflow every table."""
+
+
 def _require_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{name}: must be an integer, got {value!r}")
     if value < minimum:
         raise ConfigError(f"{name}: must be >= {minimum}, got {value}")
+    if value > MAX_SIZE:
+        raise ConfigError(f"{name}: {value:,} is larger than any model dimension (at most {MAX_SIZE:,})")
 
 
 def _require_float(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{name}: must be a number, got {value!r}")
-    return float(value)
+    return require_finite(name, value)
+
+
+def require_finite(name: str, value: int | float) -> float:
+    """`value` as a float; inf and nan (YAML's .inf, an int beyond float's range) refused naming `name`."""
+    try:
+        value = float(value)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}: must be a finite number, got {value}")
+    return value
 
 
 def _require_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

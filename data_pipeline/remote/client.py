@@ -55,6 +55,32 @@ class RemoteOptions:
         return Path(os.path.expanduser(self.cache_dir or "~/.cache/roformer-ds/remote"))
 
 
+ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+"""Where botocore takes the S3 endpoint from, first match wins (else the AWS config file's endpoint_url)."""
+
+
+def _bad_endpoint(location: S3Location, reason: str) -> str:
+    setting = next((f"{name}={os.environ[name]!r}" for name in ENDPOINT_VARIABLES if os.environ.get(name)),
+                   "the endpoint_url of the AWS config file")
+    return f"{location}: {setting} is not an endpoint URL ({reason}): expected http(s)://HOST[:PORT]"
+
+
+def _check_endpoint(location: S3Location, endpoint: str) -> None:
+    """The scheme, host and port botocore would only trip over at the first request (EndpointResolutionError,
+    or a ValueError from the HTTP library), checked when the client is made."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https"):
+        raise DataError(_bad_endpoint(location, f"scheme {parts.scheme or 'none'!r}"))
+    try:
+        parts.port
+    except ValueError:
+        raise DataError(_bad_endpoint(location, f"port {parts.netloc.rpartition(':')[2]!r} out of 0-65535")) from None
+    if not parts.hostname:
+        raise DataError(_bad_endpoint(location, "no host"))
+
+
 class MissingObject(DataError):
     """No object at that key (the caller says what it means: no manifest, a missing shard)."""
 
@@ -74,7 +100,10 @@ class RemoteStore:
             self.client = boto3.session.Session().client("s3", config=config)
         except BotoCoreError as err:  # e.g. AWS_PROFILE naming a profile no config or credentials file has
             raise DataError(f"{location}: {err}") from None
+        except ValueError:  # botocore's "Invalid endpoint: X" (no scheme or host)
+            raise DataError(_bad_endpoint(location, "no http:// or https:// and host")) from None
         self.endpoint = self.client.meta.endpoint_url
+        _check_endpoint(location, self.endpoint)
 
     def _where(self, relative: str) -> str:
         return f"{self.endpoint}: {self.location.url(relative)}"
@@ -114,8 +143,9 @@ class RemoteStore:
                 raise DataError(f"{self._where(relative)}: {type(err).__name__} ({what})") from None
             if attempt >= self.retries:
                 raise DataError(f"{self._where(relative)}: {what} failed after {attempt + 1} attempts, the last "
-                                f"with {reason} (data.remote_retries {self.retries}, data.remote_timeout "
-                                f"{self.timeout:g} s): is the endpoint reachable?") from None
+                                f"with {reason} (retries {self.retries}, timeout {self.timeout:g} s: "
+                                f"--remote-retries / --remote-timeout, or data.remote_retries / remote_timeout of a run "
+                                f"config): is the endpoint reachable?") from None
             delay = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** attempt)
             if notify:
                 print(f"remote: {self._where(relative)}: {what}: {reason}, retry {attempt + 1}/{self.retries} in "

@@ -15,7 +15,7 @@ from pathlib import Path
 from data_pipeline.errors import DataError
 from data_pipeline.manifest import MANIFEST, file_sha256, read_manifest
 from data_pipeline.remote.client import RemoteStore
-from data_pipeline.remote.url import format_size, parse_location
+from data_pipeline.remote.url import S3Location, format_size, parse_location
 
 MULTIPART_BYTES = 64 << 20
 
@@ -62,6 +62,7 @@ def upload_directory(data_dir: Path, location: str, retries: int = 5, timeout: f
     target = parse_location(location, "destination")
     store = RemoteStore(target, retries, timeout)
     store.check_bucket()
+    refuse_inside_prepared_data(store, "destination")
     transfer = TransferConfig(multipart_threshold=multipart_bytes, multipart_chunksize=max(5 << 20, multipart_bytes))
     known = _known_sha256(manifest)
     manifest_sha = file_sha256(data_dir / MANIFEST)
@@ -92,4 +93,16 @@ def upload_directory(data_dir: Path, location: str, retries: int = 5, timeout: f
 def remote_manifest_exists(location: str, retries: int = 5, timeout: float = 30.0) -> bool:
     store = RemoteStore(parse_location(location, "--out"), retries, timeout)
     store.check_bucket()
+    refuse_inside_prepared_data(store, "--out")
     return store.head("manifest.json") is not None
+
+
+def refuse_inside_prepared_data(store: RemoteStore, where: str) -> None:
+    """DataError when a prefix above the store's location holds prepared data (its manifest.json): objects
+    written under it would mix with that data set's shards (`s3://b/p1/train` is p1's train split)."""
+    parts = store.location.prefix.split("/") if store.location.prefix else []
+    for depth in range(len(parts)):
+        above = RemoteStore(S3Location(store.location.bucket, "/".join(parts[:depth])), store.retries, store.timeout)
+        if above.head("manifest.json") is not None:
+            raise DataError(f"{where} {store.location}: inside the prepared data at {above.location} (it has a "
+                            f"manifest.json): choose a prefix outside it")

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 from launcher.cli import raise_if_stopped
 from launcher.errors import UserError
+from launcher.flag_types import non_negative_int, positive_float
 from launcher.output_paths import DATA, check_output_dir, check_paths, check_replaceable, publishing
 
 
@@ -56,9 +58,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _remote_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--remote-retries", type=int, default=5,
+    p.add_argument("--remote-retries", type=non_negative_int, default=5,
                    help="s3:// only: retries of a request that timed out or got a 5xx answer")
-    p.add_argument("--remote-timeout", type=float, default=30.0,
+    p.add_argument("--remote-timeout", type=positive_float, default=30.0,
                    help="s3:// only: seconds to connect and between bytes of an answer")
 
 
@@ -130,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
     given = {flag: value for flag, value in given.items() if value is not None}
     if given and getattr(args, "tokenizer", None) is not None:
         _refuse_training_options(args.tokenizer, list(given))
-    tok_cfg = TokenizerConfig(**{TRAINING_OPTIONS[flag][0]: TRAINING_OPTIONS[flag][1](value)
-                                 for flag, value in given.items()})
+    tok_cfg = _named_by_flag(args, lambda: TokenizerConfig(**{TRAINING_OPTIONS[flag][0]: TRAINING_OPTIONS[flag][1](value)
+                                                             for flag, value in given.items()}))
     if args.data_command == "tokenizer":
         path = train_tokenizer_only(input_cfg, tok_cfg, args.out, max_documents=args.max_documents,
                                     before_publish=raise_if_stopped)
@@ -139,13 +141,29 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if remote_out:
         return _prepare_to_bucket(args, input_cfg, tok_cfg)
+    cfg = _named_by_flag(args, lambda: _prepare_config(args, input_cfg, tok_cfg, args.out))
     if args.valid_fraction == 0:
         print("roformer data: warning: --valid-fraction 0: no validation split; `roformer pretrain` refuses such "
               "data (it validates), eval-mlm --data needs --split train", file=sys.stderr)
     with publishing("--out", args.out, DATA, "roformer data prepare") as out:
-        report = prepare(_prepare_config(args, input_cfg, tok_cfg, out), before_publish=raise_if_stopped)
+        report = prepare(dataclasses.replace(cfg, out_dir=out), before_publish=raise_if_stopped)
     print(report.summary(), file=sys.stderr)
     return 0
+
+
+def _named_by_flag(args: argparse.Namespace, build):
+    """build() of a data config from the flags; its DataError names the config field (`workers: -2 must be
+    >= 1`), which the user gave as a flag: the line names the flag (`--workers: -2 must be >= 1`)."""
+    from data_pipeline.errors import DataError
+
+    try:
+        return build()
+    except DataError as err:
+        field, sep, rest = str(err).partition(": ")
+        flag = f"--{field.replace('_', '-')}"
+        if sep and field.isidentifier() and (hasattr(args, field) or flag in TRAINING_OPTIONS):
+            raise DataError(f"{flag}: {rest}") from None
+        raise
 
 
 def _prepare_config(args: argparse.Namespace, input_cfg, tok_cfg, out_dir: Path):

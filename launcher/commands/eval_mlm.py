@@ -8,6 +8,7 @@ from pathlib import Path
 
 from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
 from launcher.errors import UserError
+from launcher.flag_types import non_negative_int
 from launcher.io import atomic_write_json
 from launcher.output_paths import check_output_file, check_paths, writer_locks
 
@@ -37,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="masking seed (which tokens are masked, and how)")
     parser.add_argument("--mask-prob", type=float, default=0.15,
                         help="share of tokens predicted (80%% [MASK], 10%% random, 10%% kept)")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--random-init", action="store_true",
                         help="evaluate the export's random-init twin (same architecture and tokenizer, fresh weights "
                              "from seed 0) on the same tokens: the baseline that shows what pretraining learned")

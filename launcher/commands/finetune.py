@@ -140,9 +140,13 @@ def _report_to(value: str) -> tuple[str, ...]:
     from launcher.config.report_to import parse_report_to
 
     try:
-        return tuple(n for n in parse_report_to(value, "--report-to") if n != "tensorboard")
+        names = parse_report_to(value, "--report-to")
     except UserError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--report-to: ")) from None
+    if "tensorboard" in names:  # accepted before and nothing written: a promise not kept
+        raise argparse.ArgumentTypeError("tensorboard: a fine-tune writes no TensorBoard files; its trackers are "
+                                         "mlflow and wandb (the JSON report: --out)")
+    return names
 
 
 def run(args: argparse.Namespace) -> int:

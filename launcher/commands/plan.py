@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher.errors import UserError
+from launcher.flag_types import positive_float
 from launcher.launch.hostfile import read_hostfile
 from launcher.config.precision import train_precision
 from launcher.stage_evals.specs import check_eval_specs
@@ -38,7 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "config's hardware.device, else this machine's accelerator's)")
     parser.add_argument("--device-name", help="price the run on this device of the peak table, e.g. V100 (with "
                         "--device-memory; default: the run config's hardware.device, else this machine's accelerator)")
-    parser.add_argument("--peak-tflops", type=float, help="peak TFLOP/s per rank for the time estimate (default: "
+    parser.add_argument("--peak-tflops", type=positive_float, help="peak TFLOP/s per rank for the time estimate (default: "
                         "from --device-name, logging.peak_tflops or this machine's accelerator)")
     parser.add_argument("--mfu", type=float, default=0.4, help="assumed MFU for the time estimate (default 0.4)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",

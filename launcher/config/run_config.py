@@ -22,7 +22,7 @@ import yaml
 from data_pipeline.config import ORDERS
 from data_pipeline.errors import DataError
 from data_pipeline.masking import MaskingConfig
-from launcher.io import read_mapping
+from launcher.io import load_yaml, read_mapping
 from launcher.config.branch_from import BranchFrom
 from launcher.config.schedule import (
     DECAY_SHAPES,
@@ -39,7 +39,7 @@ from launcher.config.restarts_section import RestartsSection
 from launcher.config.watchdog_section import WatchdogSection
 from launcher.errors import UserError
 from launcher.io import atomic_write_text
-from roformer.config import ConfigError, RoFormerConfig
+from roformer.config import ConfigError, RoFormerConfig, require_finite
 
 DECAY_KINDS = ("linear", "cosine", "constant", "wsd")
 
@@ -293,13 +293,14 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path,
     if branch_from and init_from:
         raise UserError(f"{source}: branch_from and init_from: a branch starts from its source's checkpoint, "
                         f"init_from from a model directory; give one of them")
-    if not isinstance(raw.get("model"), dict) and not (init_from and raw.get("model") is None):
+    if raw.get("model") is None and not init_from:
         raise UserError(f"{source}: section 'model' (the RoFormerConfig fields) is required")
+    if raw.get("model") is not None and not isinstance(raw["model"], dict):
+        raise UserError(f"{source}: section 'model' must be a mapping of RoFormerConfig fields (hidden_size: ..., "
+                        f"num_hidden_layers: ...), got {raw['model']!r}")
     sections = {name: _build_section(name, cls, raw.get(name) or {}, source, base_dir)
                 for name, cls in SECTIONS.items()}
-    seed = raw.get("seed", RunConfig.seed)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise UserError(f"{source}: seed: must be an integer, got {seed!r}")
+    seed = _check_seed("seed", raw.get("seed", RunConfig.seed), source)
     if init_from and read_init_model is None:  # parsing alone cannot know DIR's model
         raise ValueError(f"{source}: init_from: load it with launcher.inputs.init_from.load_run_config")
     try:
@@ -384,6 +385,8 @@ def _check_type(where: str, value: Any, default: Any, source: str) -> Any:
         ok = isinstance(value, bool)
     elif isinstance(default, int):
         ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and not -2**63 <= value < 2**63:  # beyond the int64 torch and numpy hold
+            raise UserError(f"{source}: {where}: {value:,} is out of range (a 64-bit integer)")
     elif isinstance(default, float):
         if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
             try:
@@ -391,17 +394,36 @@ def _check_type(where: str, value: Any, default: Any, source: str) -> Any:
             except ValueError:
                 pass
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
+        if ok:  # inf and nan refused here, where parsed, not by the numerics guard after the first step
+            try:
+                value = require_finite(where, value)
+            except ConfigError as err:
+                raise UserError(f"{source}: {err}") from None
     else:
         ok = isinstance(value, type(default))
+    if not ok and value is None and isinstance(default, str):  # YAML reads a bare `~` or `null` as nothing
+        raise UserError(f"{source}: {where}: no value (YAML reads a bare ~ or null as none); quote a path: "
+                        f"{where.rpartition('.')[2]}: \"~/...\"")
     if not ok:
         raise UserError(f"{source}: {where}: expected {type(default).__name__}, got {value!r}")
     return value
 
 
+MAX_SEED = 2**32 - 1
+"""numpy's seeds are 32-bit; torch's and Python's take any of these too."""
+
+
+def _check_seed(where: str, seed: Any, source: str) -> int:
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise UserError(f"{source}: {where}: must be an integer in [0, {MAX_SEED:,}], got {seed!r}")
+    return seed
+
+
 def _validate_data(data: DataSection, fail) -> None:
     if data.order not in ORDERS:
         fail("data.order", f"must be one of {', '.join(ORDERS)}, got {data.order!r}")
+    if not 0 <= data.seed <= MAX_SEED:
+        fail("data.seed", f"must be an integer in [0, {MAX_SEED:,}], got {data.seed}")
     if data.shard_window < 1:
         fail("data.shard_window", f"must be >= 1 shard, got {data.shard_window}")
     if data.remote_retries < 0:
@@ -506,9 +528,10 @@ def _apply_override(raw: dict, item: str, path: Path) -> None:
     if not sep or not all(parts):
         raise UserError(f"--set {item!r}: expected section.key=value")
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text)
     except yaml.YAMLError as err:
-        raise UserError(f"--set {item!r}: value is not valid YAML: {err}") from None
+        raise UserError(f"--set {item!r}: value is not valid YAML: "
+                        f"{getattr(err, 'problem', None) or str(err).splitlines()[0]}") from None
     node = raw
     for part in parts[:-1]:
         child = node.setdefault(part, {})
@@ -536,7 +559,9 @@ def model_over_init(init_dir: str, base: dict, config_path: Path, explicit: dict
         if key in WEIGHT_FIELDS and key not in free and key in values and value != values[key]:
             raise UserError(f"{source}: model.{key}: {value!r} differs from {values[key]!r} in {config_path} "
                             f"(init_from {init_dir}): it changes the shape or meaning of the weights; drop "
-                            f"model.{key} or set it to {values[key]!r}")
+                            f"model.{key} or set it to {values[key]!r}"
+                            + (f" (data for it is prepared with `roformer data prepare --tokenizer {init_dir} ...`)"
+                               if key == "vocab_size" else ""))
         values[key] = value
     try:
         return RoFormerConfig.from_dict(values, source=f"{source}: model (over {config_path})")

@@ -15,6 +15,7 @@ from pathlib import Path
 from data_pipeline.config import MIN_SEQ_LEN
 from launcher.io import read_mapping
 from launcher.errors import UserError
+from roformer.config import MAX_SIZE
 
 STAGE_KEYS = ("name", "max_seq_len", "global_batch_size", "steps", "micro_batch_size", "lr_scale", "rope_theta",
               "mask_prob", "mixture")
@@ -56,7 +57,10 @@ def load_schedule(path: str | Path) -> list[Stage]:
     if set(raw) - {"stages", "description"}:
         raise UserError(f"{path}: a schedule is a mapping with the key 'stages' (and optional 'description')")
     entries = raw.get("stages")
-    if not isinstance(entries, list) or not entries:
+    if entries is not None and not isinstance(entries, list):
+        raise UserError(f"{path}: stages: must be a list of stages (each line starting with '- '), got "
+                        f"{type(entries).__name__} {entries!r}")
+    if not entries:
         raise UserError(f"{path}: stages: the schedule is empty (at least one stage is needed)")
     return [_parse_stage(entry, i, path) for i, entry in enumerate(entries)]
 
@@ -79,11 +83,13 @@ def _parse_stage(entry: object, index: int, path: Path) -> Stage:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise UserError(f"{where}: {key} must be a positive integer, got {value!r}")
+        if value > MAX_SIZE:  # a typo whose estimates and step counters overflow
+            raise UserError(f"{where}: {key} {value:,} is larger than any run (at most {MAX_SIZE:,})")
     if entry["max_seq_len"] < MIN_SEQ_LEN:
         raise UserError(f"{where}: max_seq_len {entry['max_seq_len']} is too short: a sequence is [CLS] plus at "
                         f"least one token (>= {MIN_SEQ_LEN})")
     lr_scale = entry.get("lr_scale", 1.0)
-    if not isinstance(lr_scale, (int, float)) or isinstance(lr_scale, bool) or not lr_scale > 0:
+    if not _is_number(lr_scale) or not lr_scale > 0:
         raise UserError(f"{where}: lr_scale must be a positive number, got {lr_scale!r}")
     rope_theta = entry.get("rope_theta")
     if rope_theta is not None and (not _is_number(rope_theta) or not rope_theta > 1):

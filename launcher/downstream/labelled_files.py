@@ -15,6 +15,7 @@ from pathlib import Path
 
 from launcher.downstream.task_spec import TaskSpec
 from launcher.errors import UserError
+from launcher.io import not_utf8
 
 # extension -> (datasets builder, its options)
 FORMATS = {".csv": ("csv", {"keep_default_na": False}),
@@ -70,8 +71,16 @@ def read_table(path: Path) -> dict[str, list]:
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise UserError(f"{path}: unknown extension {path.suffix or '(none)'!r} (use {', '.join(FORMATS)})")
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"{path}: file not found")
+    if path.is_dir():
+        raise UserError(f"{path}: a directory; give the labelled file itself")
+    if not path.is_file():
+        raise UserError(f"{path}: not a regular file (a FIFO, socket or device); give a file, it is read twice")
+    if fmt[0] != "parquet" and (where := not_utf8(path)):  # datasets would say only 'UnicodeDecodeError'
+        raise UserError(f"{path}: {where}; save it as UTF-8")
+    if fmt[0] == "csv":
+        _refuse_duplicate_header(path, fmt[1].get("delimiter", ","))
     import datasets
 
     datasets.disable_progress_bars()
@@ -91,6 +100,17 @@ def read_table(path: Path) -> dict[str, list]:
         finally:
             datasets.logging.set_verbosity(verbosity)
         return table.to_dict()
+
+
+def _refuse_duplicate_header(path: Path, delimiter: str) -> None:
+    """pandas renames a second `label` column `label.1`: the file's columns would not be the ones it names."""
+    with path.open(encoding="utf-8", newline="") as handle:
+        header = next(csv.reader(handle, delimiter=delimiter), [])
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            raise UserError(f"{path}: line 1: column {name!r} named twice in the header; rename one")
+        seen.add(name)
 
 
 def _bad_json_line(path: Path) -> str | None:

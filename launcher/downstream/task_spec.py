@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import UserError
+from launcher.io import read_mapping
 
 TASK_TYPES = ("classification", "regression", "retrieval")
 FILE_FIELDS = ("train", "dev", "test")
@@ -92,19 +93,8 @@ class TaskSpec:
 
 def load_task_spec(path: Path) -> TaskSpec:
     """A TaskSpec from a YAML file; every error names the file and the field."""
-    import yaml
-
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: task spec file not found")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark is not None else ""
-        raise UserError(f"{path}: not valid YAML{line}") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{path}: expected a mapping of fields (train, dev, text_column, label_column, ...)")
+    raw = read_mapping(path, "task spec")
     known = {f.name for f in dataclasses.fields(TaskSpec)} - {"settings", "source"} | set(SETTINGS)
     unknown = sorted(set(raw) - known)
     if unknown:

@@ -90,9 +90,40 @@ def check_init_dir(init_dir: str, source: str) -> Path:
         raise UserError(f"{source}: init_from: {directory} is not a directory")
     if not (directory / "config.json").is_file():
         raise UserError(f"{source}: init_from: {directory}/config.json missing (not a transformers model directory)")
-    if weights_file(directory) is None:
+    weights = weights_file(directory)
+    if weights is None:
         raise UserError(f"{source}: init_from: {directory} has no weights ({', '.join(WEIGHT_FILES)})")
+    for file in safetensors_files(weights):
+        check_safetensors_header(file, f"{source}: init_from")
     return directory
+
+
+def safetensors_files(weights: Path) -> list[Path]:
+    """The safetensors files behind `weights`: itself, or the shards its index names (none for pytorch_model.bin)."""
+    if weights.name.endswith(".safetensors"):
+        return [weights]
+    if not weights.name.endswith(".safetensors.index.json"):
+        return []
+    try:
+        shards = json.loads(weights.read_text(encoding="utf-8"))["weight_map"].values()
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as err:
+        raise UserError(f"{weights}: not a safetensors index (a JSON mapping with 'weight_map'): {err}") from None
+    return [weights.parent / str(name) for name in sorted(set(shards))]
+
+
+def check_safetensors_header(file: Path, where: str) -> None:
+    """A safetensors file's header and its size against the tensors it lists, without reading the data
+    (safe_open maps the file): a truncated copy is one line here instead of every rank's traceback."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="pt"):
+            pass
+    except FileNotFoundError:
+        raise UserError(f"{where}: {file} missing (named by the weights index)") from None
+    except (SafetensorError, OSError, ValueError) as err:
+        raise UserError(f"{where}: {file}: not a complete safetensors file (truncated or damaged: "
+                        f"{str(err).removeprefix('Error while deserializing header: ')}); copy it again") from None
 
 
 def weights_file(directory: Path) -> Path | None:

@@ -291,6 +291,10 @@ def check_vocab_size(cfg: RunConfig, corpus) -> None:
         return
     spm = corpus.data_dir / corpus.manifest["tokenizer"]["path"]
     relation = "smaller" if model_size < tokenizer_size else "larger"
+    if cfg.init_from:  # the size is the starting model's (its weights): the data is what must change
+        raise UserError(f"{cfg.source}: data.data_dir {corpus.data_dir} was tokenized with a vocabulary of "
+                        f"{tokenizer_size} pieces ({spm}), init_from {cfg.init_from} has {model_size}: prepare the "
+                        f"data with `roformer data prepare --tokenizer {cfg.init_from} ...`")
     raise UserError(f"{cfg.source}: model.vocab_size {model_size} is {relation} than the tokenizer's vocabulary "
                     f"({tokenizer_size} pieces in {spm}); it must equal it: set model.vocab_size: {tokenizer_size}")
 

@@ -157,8 +157,9 @@ def resolve_resources(
         raise UserError("--num_nodes/--num_gpus cannot be combined with --include/--exclude")
     if include and exclude:
         raise UserError("--include and --exclude are mutually exclusive")
-    if num_gpus == 0 or num_nodes == 0:
-        raise UserError("--num_gpus and --num_nodes must be >= 1 when given")
+    for flag, value in (("--num_gpus", num_gpus), ("--num_nodes", num_nodes)):
+        if value == 0 or value < -1:  # -1 is DeepSpeed's "all of them"
+            raise UserError(f"{flag} {value}: must be >= 1 when given (-1: all of them)")
     if hostfile is None:
         if include or exclude:
             raise UserError("--include/--exclude need a --hostfile")

@@ -74,7 +74,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(UserError, match="not found"):
         load_run_config(tmp_path / "absent.yaml")
     (tmp_path / "broken.yaml").write_text("model: [unclosed\n")
-    with pytest.raises(UserError, match="broken.yaml: not valid YAML"):
+    with pytest.raises(UserError, match="broken.yaml: line 2: not valid YAML"):
         load_run_config(tmp_path / "broken.yaml")
 
 

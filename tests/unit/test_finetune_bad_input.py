@@ -131,7 +131,7 @@ def test_bad_task_spec_files_name_the_file_and_field(capsys, stored_export, rows
                           ("dev: train.csv\n", "field 'train' missing"),
                           ("train: train.csv\ndev: train.csv\ntask_type: ranking\n", "task_type: 'ranking'"),
                           ("train: train.csv\ndev: train.csv\nepochs: many\n", "epochs: expected an integer"),
-                          ("train: [train.csv\n", "not valid YAML at line")):
+                          ("train: [train.csv\n", "line 2: not valid YAML")):
         spec.write_text(text, encoding="utf-8")
         err = _fails(capsys, stored_export, tmp_path, ["--task-spec", str(spec)])
         assert f"{spec}: " in err and message in err, (text, err)

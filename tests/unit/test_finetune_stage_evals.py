@@ -49,7 +49,7 @@ def test_a_task_spec_entry_is_checked_with_its_files_before_training(spec_file):
     assert "column 'label': label 'glowing' never seen in train" in str(err.value)
     with pytest.raises(UserError, match="unknown eval 'reviews.txt'"):
         validate_eval_names(["reviews.txt"])
-    with pytest.raises(UserError, match="task spec file not found"):
+    with pytest.raises(UserError, match="task spec not found"):
         validate_eval_names([str(spec_file.parent / "gone.yaml")])
 
 

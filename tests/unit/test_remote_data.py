@@ -134,7 +134,15 @@ def test_cache_limit_smaller_than_one_shard_is_refused(s3_env, s3_tiny_data, tmp
      r"s3://roformer-test/tiny: The config profile \(no-such-profile\) could not be found"),
     ("s3://roformer-test/tiny", {"AWS_ENDPOINT_URL": "http://127.0.0.1:{port}"},
      r"http://127.0.0.1:\d+: s3://roformer-test/tiny: HEAD bucket failed after 2 attempts, the last with "
-     r"EndpointConnectionError \(data.remote_retries 1, data.remote_timeout 2 s\)"),
+     r"EndpointConnectionError \(retries 1, timeout 2 s: --remote-retries / --remote-timeout, or "
+     r"data.remote_retries / remote_timeout of a run config\)"),
+    ("s3://roformer-test/tiny", {"AWS_ENDPOINT_URL": "not a url"},
+     r"s3://roformer-test/tiny: AWS_ENDPOINT_URL='not a url' is not an endpoint URL \(no http:// or https:// and "
+     r"host\): expected http\(s\)://HOST\[:PORT\]$"),
+    ("s3://roformer-test/tiny", {"AWS_ENDPOINT_URL": "ftp://127.0.0.1:9"},
+     r"AWS_ENDPOINT_URL='ftp://127.0.0.1:9' is not an endpoint URL \(scheme 'ftp'\)"),
+    ("s3://roformer-test/tiny", {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:99999"},
+     r"AWS_ENDPOINT_URL_S3='http://127.0.0.1:99999' is not an endpoint URL \(port '99999' out of 0-65535\)"),
 ])
 def test_bad_remote_inputs_are_one_line_naming_the_object(capsys, s3_env, s3_tiny_data, tiny_data, tmp_path,
                                                           monkeypatch, location, env, expected):
