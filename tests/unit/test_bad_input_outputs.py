@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -306,23 +305,7 @@ def test_a_read_only_target_is_refused_in_one_line_before_any_work(stored_run, s
     assert time.monotonic() - started < 200  # no training ran (8 starts of the CLI)
 
 
-# --- row 13: a refused pretrain creates nothing ---------------------------------------------------------
-
-
-def test_a_refused_pretrain_creates_nothing(capsys, tiny_data, tmp_path):
-    config = write_yaml(tmp_path / "run.yaml", run_config_dict(data_dir=tiny_data))
-    run_dir = tmp_path / "run"
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        line = refused(capsys, ["pretrain", "--num_gpus", "1", "--config", config, "--run-dir", run_dir,
-                                "--master_port", port], [tiny_data])
-    assert f"--master_port {port}: port {port} is in use" in line
-    assert not run_dir.exists()
-    # ... so the same folder, created empty by the user, is still no run directory for `report`
-    run_dir.mkdir()
-    assert f"{run_dir}: not a run directory of `roformer pretrain`" in refused(capsys, ["report", run_dir], [run_dir])
+# --- row 13: a refused pretrain creates nothing: tests/unit/test_bad_input_paths.py (the port in use) ----------
 
 
 # --- row 14: a killed prepare's leftovers are cleaned by the next one -----------------------------------
