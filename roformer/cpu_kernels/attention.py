@@ -35,6 +35,15 @@ def _blocks(batch_heads: int, query_len: int, key_len: int):
                 yield slice(head, head + 1), slice(start, min(start + rows, query_len))
 
 
+def _block_bias(bias: torch.Tensor | None, heads: int, hs: slice, rs: slice) -> torch.Tensor | None:
+    """The additive bias of one block: bias (B, 1, 1 or T, Tk) -> (G, 1 or rows, Tk) for its heads hs
+    (of the B*H flattened) and query rows rs; None stays None."""
+    if bias is None:
+        return None
+    per_head = bias[torch.arange(hs.start, hs.stop) // heads, 0]  # (G, 1 or T, Tk)
+    return per_head if per_head.shape[1] == 1 else per_head[:, rs]
+
+
 def _probabilities(query: torch.Tensor, key_t: torch.Tensor, bias: torch.Tensor | None, scale: float) -> torch.Tensor:
     """softmax(scale * query key_t + bias) for one block; key_t is (G, D, Tk)."""
     if bias is None:  # beta=0: the uninitialised input is ignored, the scale rides on the matmul
@@ -56,13 +65,13 @@ class _DropoutAttention(torch.autograd.Function):
         q = query.float().reshape(batch * heads, query_len, head_size)
         k = key.float().reshape(batch * heads, key_len, head_size)
         v = value.float().reshape(batch * heads, key_len, value_size)
-        # (B, 1, 1, Tk) additive padding bias -> (B*H, 1, Tk), broadcast over the block's query rows.
-        b = None if bias is None else bias.float().expand(batch, heads, 1, key_len).reshape(batch * heads, 1, key_len)
+        # (B, 1, 1, Tk) additive padding bias or (B, 1, T, Tk) document bias; each block takes its rows.
+        b = None if bias is None else bias.float()
         keep = torch.empty(batch * heads, query_len, key_len, dtype=torch.bool)
         out = torch.empty(batch * heads, query_len, value_size)
         bits = new_bit_stream()
         for hs, rs in _blocks(batch * heads, query_len, key_len):
-            probs = _probabilities(q[hs, rs], k[hs].transpose(1, 2), None if b is None else b[hs], scale)
+            probs = _probabilities(q[hs, rs], k[hs].transpose(1, 2), _block_bias(b, heads, hs, rs), scale)
             block_keep = keep_mask(tuple(probs.shape), p, bits, out=keep[hs, rs])
             torch.bmm(probs.mul_(block_keep.view(torch.uint8)), v[hs], out=out[hs, rs])
         out.mul_(1.0 / (1.0 - p))
@@ -82,7 +91,8 @@ class _DropoutAttention(torch.autograd.Function):
         grad_k = torch.empty_like(k) if whole_heads else torch.zeros_like(k)
         grad_v = torch.empty_like(v) if whole_heads else torch.zeros_like(v)
         for hs, rs in _blocks(batch_heads, query_len, key_len):
-            probs = _probabilities(q[hs, rs], k[hs].transpose(1, 2), None if b is None else b[hs], ctx.scale)
+            probs = _probabilities(q[hs, rs], k[hs].transpose(1, 2), _block_bias(b, ctx.batch_heads[1], hs, rs),
+                                   ctx.scale)
             kept = torch.mul(probs, keep[hs, rs].view(torch.uint8))  # P * keep
             do = grad_out[hs, rs]
             # t = P * dP * (1 - p) = (dO V^T) * P * keep;  dS * (1 - p) = t - P * rowsum(t)
@@ -108,7 +118,7 @@ class _DropoutAttention(torch.autograd.Function):
 
 def dropout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,
                       p: float) -> torch.Tensor:
-    """SDPA with dropout_p=p in training: query/key/value (B, H, T, D), bias (B, 1, 1, Tk) additive or None."""
+    """SDPA with dropout_p=p in training: query/key/value (B, H, T, D), bias (B, 1, 1 or T, Tk) additive or None."""
     return _DropoutAttention.apply(query, key, value, bias, p)
 
 
