@@ -59,6 +59,8 @@ class Trainer:
         self.cfg, self.stages, self.engine, self.batches, self.valid_batches = cfg, stages, engine, batches, valid_batches
         self.state, self.checkpointer, self.metrics, self.on_stage_end = state, checkpointer, metrics, on_stage_end
         self.progress = progress or HeartbeatWriter.disabled()  # heartbeats for the hang watchdog
+        for reader in (batches, valid_batches):  # document_ids / position_ids in the batches (data.attention, positions)
+            reader.set_document_view(cfg.data.document_view)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.stop_requested = stop_requested  # this rank got SIGTERM / SIGINT (launcher/train/rank.py: StopSignals)
         self.stop_agreed = False  # some rank got a stop request (carried by the per-step all-reduce)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from roformer import RoFormerConfig, RoFormerForMaskedLM
-from roformer.attention import additive_padding_mask
+from roformer.attention import additive_padding_mask, document_mask
 from roformer.cpu_kernels import attention as cpu_attention
 from roformer.cpu_kernels import dropout_add, use_cpu_kernels
 from roformer.cpu_kernels.attention import dropout_attention
@@ -98,10 +98,13 @@ def attention_inputs(with_padding: bool, dtype=torch.float32):
     mask = torch.ones(batch, length, dtype=torch.long)
     mask[1, -5:] = 0
     bias = additive_padding_mask(mask, dtype) if with_padding else None
+    if with_padding == "documents":  # three documents per row as well (a (B, 1, T, T) bias)
+        document_ids = torch.tensor([[0] * 5 + [1] * 7 + [2] * 4, [0] * 9 + [1] * 2 + [2] * 5])
+        bias = additive_padding_mask(document_mask(document_ids, mask), dtype)
     return q, k, v, bias
 
 
-@pytest.mark.parametrize("with_padding", [False, True])
+@pytest.mark.parametrize("with_padding", [False, True, "documents"])
 def test_dropout_attention_without_dropout_equals_sdpa_forward_and_gradients(block_size, with_padding):
     q, k, v, bias = attention_inputs(with_padding)
     grad = torch.randn(2, 3, 16, 16)
@@ -115,7 +118,7 @@ def test_dropout_attention_without_dropout_equals_sdpa_forward_and_gradients(blo
         torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("with_padding", [False, True])
+@pytest.mark.parametrize("with_padding", [False, True, "documents"])
 def test_dropout_attention_drops_probabilities_after_the_softmax(block_size, with_padding):
     p = 0.25
     q, k, v, bias = attention_inputs(with_padding)
