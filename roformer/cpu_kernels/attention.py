@@ -13,6 +13,7 @@ Half-precision inputs are computed in float32 and cast back.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .dropout import keep_mask, new_bit_stream
@@ -116,9 +117,73 @@ class _DropoutAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None, None
 
 
+def document_spans(bias: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(row, start, stop) of the documents of a block-diagonal (B, 1, T, T) document bias
+    (`roformer.attention.document_mask`): a span ends where a token may not see the one before it. A query
+    that sees no key at all (padding) is a span of its own."""
+    may_see_previous = bias[:, 0].diagonal(offset=-1, dim1=1, dim2=2) == 0  # (B, T-1)
+    length = bias.shape[-1]
+    spans = []
+    for row, joined in enumerate(may_see_previous.numpy()):
+        cuts = [0, *(np.flatnonzero(~joined) + 1).tolist(), length]
+        spans.extend((row, start, stop) for start, stop in zip(cuts[:-1], cuts[1:]))
+    return spans
+
+
+class _DocumentDropoutAttention(torch.autograd.Function):
+    """_DropoutAttention over each document alone: a (H, L, L) block per document, none across documents,
+    so the work falls with the documents' lengths (sum of L^2 instead of T^2). Backward as above, per span;
+    every position is in one span, so each span writes its own rows of dQ, dK and dV."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, spans, p: float):
+        dtype, scale = query.dtype, query.shape[-1] ** -0.5
+        q, k, v = query.float(), key.float(), value.float()  # (B, H, T, D)
+        out = torch.empty(*q.shape[:3], v.shape[-1])
+        keeps, bits = [], new_bit_stream()
+        for row, start, stop in spans:
+            probs = _probabilities(q[row, :, start:stop], k[row, :, start:stop].transpose(1, 2), None, scale)
+            keep = keep_mask(tuple(probs.shape), p, bits)
+            out[row, :, start:stop] = torch.bmm(probs.mul_(keep.view(torch.uint8)), v[row, :, start:stop])
+            keeps.append(keep)
+        out.mul_(1.0 / (1.0 - p))
+        ctx.save_for_backward(q, k, v, *keeps)
+        ctx.spans, ctx.p, ctx.scale, ctx.dtype = spans, p, scale, dtype
+        return out.to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, *keeps = ctx.saved_tensors
+        grad_out = grad_out.float()
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        for (row, start, stop), keep in zip(ctx.spans, keeps):
+            qs, ks, vs = q[row, :, start:stop], k[row, :, start:stop], v[row, :, start:stop]
+            probs = _probabilities(qs, ks.transpose(1, 2), None, ctx.scale)
+            kept = torch.mul(probs, keep.view(torch.uint8))
+            do = grad_out[row, :, start:stop]
+            t = torch.bmm(do, vs.transpose(1, 2)).mul_(kept)
+            grad_s = t.addcmul_(probs, t.sum(dim=-1, keepdim=True), value=-1.0)
+            grad_q[row, :, start:stop] = torch.bmm(grad_s, ks)
+            grad_k[row, :, start:stop] = torch.bmm(grad_s.transpose(1, 2), qs)
+            grad_v[row, :, start:stop] = torch.bmm(kept.transpose(1, 2), do)
+        inverse_keep = 1.0 / (1.0 - ctx.p)
+        grad_q.mul_(inverse_keep * ctx.scale)
+        grad_k.mul_(inverse_keep * ctx.scale)
+        grad_v.mul_(inverse_keep)
+        return grad_q.to(ctx.dtype), grad_k.to(ctx.dtype), grad_v.to(ctx.dtype), None, None
+
+
 def dropout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,
                       p: float) -> torch.Tensor:
-    """SDPA with dropout_p=p in training: query/key/value (B, H, T, D), bias (B, 1, 1 or T, Tk) additive or None."""
+    """SDPA with dropout_p=p in training: query/key/value (B, H, T, D), bias (B, 1, 1 or T, Tk) additive or None.
+
+    A (B, 1, T, T) document bias runs each document alone (no block across documents) while its longest
+    document's block fits _BLOCK_ELEMENTS; a query that sees no key (padding) then attends to itself alone,
+    where SDPA spreads it over all keys (a row nothing reads: padding is never scored nor seen)."""
+    if bias is not None and bias.shape[2] > 1:
+        spans = document_spans(bias)
+        if query.shape[1] * max(stop - start for _, start, stop in spans) ** 2 <= _BLOCK_ELEMENTS:
+            return _DocumentDropoutAttention.apply(query, key, value, spans, p)
     return _DropoutAttention.apply(query, key, value, bias, p)
 
 

@@ -11,6 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from roformer import RoFormerConfig, RoFormerForMaskedLM
 from roformer.attention import additive_padding_mask, document_mask
 from roformer.cpu_kernels import attention as cpu_attention
+from roformer.cpu_kernels.attention import document_spans
 from roformer.cpu_kernels import dropout_add, use_cpu_kernels
 from roformer.cpu_kernels.attention import dropout_attention
 from roformer.cpu_kernels.dropout import keep_mask, new_bit_stream
@@ -98,9 +99,10 @@ def attention_inputs(with_padding: bool, dtype=torch.float32):
     mask = torch.ones(batch, length, dtype=torch.long)
     mask[1, -5:] = 0
     bias = additive_padding_mask(mask, dtype) if with_padding else None
-    if with_padding == "documents":  # three documents per row as well (a (B, 1, T, T) bias)
+    if with_padding == "documents":  # three documents per row, no padding: a (B, 1, T, T) bias, run per document
         document_ids = torch.tensor([[0] * 5 + [1] * 7 + [2] * 4, [0] * 9 + [1] * 2 + [2] * 5])
-        bias = additive_padding_mask(document_mask(document_ids, mask), dtype)
+        bias = additive_padding_mask(document_mask(document_ids, None), dtype)
+        assert document_spans(bias) == [(0, 0, 5), (0, 5, 12), (0, 12, 16), (1, 0, 9), (1, 9, 11), (1, 11, 16)]
     return q, k, v, bias
 
 
@@ -216,3 +218,11 @@ def test_only_cpu_tensors_take_the_cpu_kernels(monkeypatch):
     model.to("meta").train()
     out = model(input_ids.to("meta"), mask.to("meta")).logits
     assert out.device.type == "meta" and out.shape == (2, 24, 101) and not calls
+
+
+def test_document_spans_give_each_padding_query_a_span_of_its_own():
+    """A padding query sees no key under a document mask: the per-document kernel lets it attend to itself."""
+    document_ids = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0, 0]])
+    bias = additive_padding_mask(document_mask(document_ids, mask), torch.float32)
+    assert document_spans(bias) == [(0, 0, 3), (0, 3, 5), (0, 5, 6), (0, 6, 7), (0, 7, 8)]
