@@ -41,17 +41,20 @@ def first_document_output(model, batch: dict, attention: str, positions: str):
     if positions == "document":
         inputs["position_ids"] = batch["position_ids"]
     model.zero_grad()
+    torch.manual_seed(1)  # the same dropout masks for both batches
     hidden = model.roformer(**inputs)[0, FIRST]
     hidden.square().sum().backward()
     return hidden.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.1], ids=["no dropout", "dropout (the CPU kernel, per document)"])
 @pytest.mark.parametrize("positions", ["sequence", "document"])
 @pytest.mark.parametrize("encoding", ["rope", "learned"])
-def test_a_token_sees_only_its_own_document_under_document_attention(positions, encoding):
+def test_a_token_sees_only_its_own_document_under_document_attention(positions, encoding, dropout):
     torch.manual_seed(0)
     config = RoFormerConfig(**{**CONFIG.to_dict(), "position_encoding": encoding,
-                               "max_position_embeddings": None if encoding == "rope" else 32})
+                               "max_position_embeddings": None if encoding == "rope" else 32,
+                               "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout})
     model = RoFormerForMaskedLM(config).train()
     one, other = packed([21, 22, 23, 24]), packed([31, 32, 33, 34])
     hidden, grads = first_document_output(model, one, "document", positions)
