@@ -21,6 +21,10 @@ from .dropout import keep_mask, new_bit_stream
 # Scores per block: 2**21 fp32 values = 8 MiB, so that a block's three (G, T, Tk) temporaries in
 # backward stay in the 32 MiB L3 (the sizes measured are in docs/model.md).
 _BLOCK_ELEMENTS = 1 << 21
+# Per-document blocks pay off when they hold at most this share of the dense scores: their many small
+# matmuls each end in a thread barrier (bench/results/documents.json: ~2 documents per 128-token row ran
+# slower per document than dense with a bias, ~5.5 per 512-token row faster).
+_DOCUMENT_SHARE = 1 / 3
 
 
 def _blocks(batch_heads: int, query_len: int, key_len: int):
@@ -178,11 +182,14 @@ def dropout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     """SDPA with dropout_p=p in training: query/key/value (B, H, T, D), bias (B, 1, 1 or T, Tk) additive or None.
 
     A (B, 1, T, T) document bias runs each document alone (no block across documents) while its longest
-    document's block fits _BLOCK_ELEMENTS; a query that sees no key (padding) then attends to itself alone,
+    document's block fits _BLOCK_ELEMENTS and the documents' blocks hold at most _DOCUMENT_SHARE of the
+    dense scores; a query that sees no key (padding) then attends to itself alone,
     where SDPA spreads it over all keys (a row nothing reads: padding is never scored nor seen)."""
     if bias is not None and bias.shape[2] > 1:
         spans = document_spans(bias)
-        if query.shape[1] * max(stop - start for _, start, stop in spans) ** 2 <= _BLOCK_ELEMENTS:
+        lengths = [stop - start for _, start, stop in spans]
+        if query.shape[1] * max(lengths) ** 2 <= _BLOCK_ELEMENTS and \
+                sum(n * n for n in lengths) <= _DOCUMENT_SHARE * bias.shape[0] * bias.shape[-1] ** 2:
             return _DocumentDropoutAttention.apply(query, key, value, spans, p)
     return _DropoutAttention.apply(query, key, value, bias, p)
 

@@ -11,9 +11,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from roformer import RoFormerConfig, RoFormerForMaskedLM
 from roformer.attention import additive_padding_mask, document_mask
 from roformer.cpu_kernels import attention as cpu_attention
-from roformer.cpu_kernels.attention import document_spans
 from roformer.cpu_kernels import dropout_add, use_cpu_kernels
-from roformer.cpu_kernels.attention import dropout_attention
+from roformer.cpu_kernels.attention import document_spans, dropout_attention
 from roformer.cpu_kernels.dropout import keep_mask, new_bit_stream
 
 
@@ -84,7 +83,8 @@ def reference_attention(query, key, value, bias, keep, p):
 
 @pytest.fixture(params=["whole_heads", "split_rows"])
 def block_size(request, monkeypatch):
-    """Blocks of whole heads (the benchmark shape) and blocks of part of one head's rows (long sequences)."""
+    """Blocks of whole heads (the benchmark shape; documents: one block per document) and blocks of part of one
+    head's rows (long sequences; documents: a document's block is too large, the bias blocks run)."""
     if request.param == "split_rows":
         monkeypatch.setattr(cpu_attention, "_BLOCK_ELEMENTS", 3 * 16)  # 3 query rows of 16 keys per block
     return request.param
@@ -100,9 +100,10 @@ def attention_inputs(with_padding: bool, dtype=torch.float32):
     mask[1, -5:] = 0
     bias = additive_padding_mask(mask, dtype) if with_padding else None
     if with_padding == "documents":  # three documents per row, no padding: a (B, 1, T, T) bias, run per document
-        document_ids = torch.tensor([[0] * 5 + [1] * 7 + [2] * 4, [0] * 9 + [1] * 2 + [2] * 5])
+        document_ids = torch.tensor([[0] * 3 + [1] * 4 + [2] * 3 + [3] * 6, [0] * 5 + [1] * 2 + [2] * 4 + [3] * 5])
         bias = additive_padding_mask(document_mask(document_ids, None), dtype)
-        assert document_spans(bias) == [(0, 0, 5), (0, 5, 12), (0, 12, 16), (1, 0, 9), (1, 9, 11), (1, 11, 16)]
+        spans = document_spans(bias)  # 140 of the 512 dense scores: under _DOCUMENT_SHARE, run per document
+        assert spans == [(0, 0, 3), (0, 3, 7), (0, 7, 10), (0, 10, 16), (1, 0, 5), (1, 5, 7), (1, 7, 11), (1, 11, 16)]
     return q, k, v, bias
 
 
@@ -226,3 +227,16 @@ def test_document_spans_give_each_padding_query_a_span_of_its_own():
     mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0, 0]])
     bias = additive_padding_mask(document_mask(document_ids, mask), torch.float32)
     assert document_spans(bias) == [(0, 0, 3), (0, 3, 5), (0, 5, 6), (0, 6, 7), (0, 7, 8)]
+
+
+def test_a_document_bias_runs_per_document_only_where_that_saves_work(monkeypatch):
+    calls = []
+    per_document = cpu_attention._DocumentDropoutAttention.apply
+    monkeypatch.setattr(cpu_attention._DocumentDropoutAttention, "apply",
+                        lambda *args: calls.append(args[3]) or per_document(*args))
+    q, k, v, bias = attention_inputs("documents")
+    dropout_attention(q, k, v, bias, 0.1)
+    assert calls == [document_spans(bias)]
+    monkeypatch.setattr(cpu_attention, "_DOCUMENT_SHARE", 0.25)  # 140 / 512 dense scores is more: bias blocks
+    dropout_attention(q, k, v, bias, 0.1)
+    assert len(calls) == 1
