@@ -14,6 +14,7 @@ _EXPORTS = {
     "PretrainBatches": "data_pipeline.batches",
     "check_state_format": "data_pipeline.batches",
     "DataError": "data_pipeline.errors",
+    "DocumentView": "data_pipeline.documents",
     "IGNORE_INDEX": "data_pipeline.masking",
     "MaskingConfig": "data_pipeline.masking",
     "mask_tokens": "data_pipeline.masking",

@@ -36,8 +36,9 @@ import numpy as np
 import torch
 
 from data_pipeline.config import MIN_SEQ_LEN
+from data_pipeline.documents import DocumentView, document_positions
 from data_pipeline.errors import DataError
-from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, mask_tokens
+from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, mask_tokens, masked_positions, masked_slots
 from data_pipeline.shards import Corpus
 from data_pipeline.stream import SpanHistory, TokenStream
 
@@ -107,6 +108,8 @@ class PretrainBatches:
         self.last_tokens_by_source: dict[str, int] = {}
         """Non-padding tokens of the last global batch (all ranks) per source, counted on the host."""
         self._draw_block: tuple[int, np.ndarray] | None = None
+        self.document_view = DocumentView()
+        """What the batches carry about their documents (`set_document_view`)."""
         self.set_mixture(None)
 
     @property
@@ -181,6 +184,11 @@ class PretrainBatches:
         self.masking = self._base_masking if mask_prob is None else \
             dataclasses.replace(self._base_masking, mask_prob=float(mask_prob))  # validated: DataError outside (0, 1)
 
+    def set_document_view(self, view: DocumentView) -> None:
+        """Batches handed out from now on carry `document_ids` / `position_ids` as `view` says. Not part of
+        the state (it changes no token, mask or position in the stream): the caller sets it on resume."""
+        self.document_view = view
+
     def check_min_size(self, seq_len: int, global_batch: int) -> None:
         """DataError unless one epoch holds at least one global batch of `global_batch` x seq_len."""
         need = global_batch * (seq_len - 1)
@@ -192,7 +200,11 @@ class PretrainBatches:
     def next_batch(self, seq_len: int, micro_batch_size: int) -> dict[str, torch.Tensor] | None:
         """This rank's micro-batch of the next global batch; None once a max_epochs stream is over.
 
-        input_ids (B, T) long, attention_mask (B, T) long, labels (B, T) long (-100 = ignore).
+        input_ids (B, T) long, attention_mask (B, T) long, labels (B, T) long (-100 = ignore),
+        masked_positions (B, K) long: each row's labelled positions ascending, then -1 (NO_POSITION); K is
+        `masking.masked_slots` of (T, mask_prob), one shape for a stage. With the document view's
+        'document' attention also document_ids (B, T), with its 'document' positions position_ids (B, T)
+        (data_pipeline/documents.py).
         """
         if seq_len < MIN_SEQ_LEN:
             raise DataError(f"seq_len: {seq_len} must be >= {MIN_SEQ_LEN} ([CLS] plus at least one token)")
@@ -294,6 +306,7 @@ class PretrainBatches:
         input_ids = np.full((len(rows), seq_len), self.special.pad_token, dtype=np.int64)  # (B, T)
         labels = np.full((len(rows), seq_len), IGNORE_INDEX, dtype=np.int64)  # (B, T)
         attention = np.zeros((len(rows), seq_len), dtype=np.int64)  # (B, T)
+        document_ids = np.zeros((len(rows), seq_len), dtype=np.int64)  # (B, T)
         for row, units in enumerate(rows):
             if len(units) == 0:
                 continue  # past the end of the stream: an all-padding row, ignored by the loss
@@ -302,11 +315,22 @@ class PretrainBatches:
             corrupted, seq_labels = mask_tokens(seq, rng, self.masking, self.corpus.vocab_size,
                                                 self._word_starts, self.special)
             n = len(seq)
+            # the [SEP]s before a token: [CLS] joins the first document, a [SEP] the one it closes
+            is_sep = seq == self.special.sep_token
+            document_ids[row, :n] = np.cumsum(is_sep) - is_sep
+            document_ids[row, n:] = document_ids[row, n - 1] + 1  # padding: a document of its own
             input_ids[row, :n] = corrupted
             labels[row, :n] = seq_labels
             attention[row, :n] = 1
-        return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention),
-                "labels": torch.from_numpy(labels)}
+        slots = masked_slots(seq_len, self.masking.mask_prob, int((labels != IGNORE_INDEX).sum(axis=1).max()))
+        batch = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention),
+                 "labels": torch.from_numpy(labels),
+                 "masked_positions": torch.from_numpy(masked_positions(labels, slots))}
+        if self.document_view.attention == "document":
+            batch["document_ids"] = torch.from_numpy(document_ids)
+        if self.document_view.positions == "document":
+            batch["position_ids"] = torch.from_numpy(document_positions(document_ids))
+        return batch
 
     def state_dict(self) -> dict:
         """JSON-serializable global state; the same on every rank. With several sources it adds

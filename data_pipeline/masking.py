@@ -9,6 +9,9 @@ from data_pipeline.errors import DataError
 from data_pipeline.special_ids import DEFAULT, SpecialIds
 
 IGNORE_INDEX = -100
+NO_POSITION = -1
+"""Padding of a batch's `masked_positions` rows (a slot that holds no masked position)."""
+_SLOT_MULTIPLE = 8  # slots per row rounded up to this: one shape for a whole stage, aligned for the matmuls
 
 
 @dataclass
@@ -60,6 +63,24 @@ def mask_tokens(ids: np.ndarray, rng: np.random.Generator, cfg: MaskingConfig, v
     corrupted[chosen[to_mask]] = special.mask_token
     corrupted[chosen[to_random]] = special.ordinary(vocab_size, int(to_random.sum()), rng)
     return corrupted, labels
+
+
+def masked_slots(seq_len: int, mask_prob: float, most_masked: int = 0) -> int:
+    """Slots per row of `masked_positions` for sequences of `seq_len`: room for the most positions
+    mask_tokens chooses there (int(candidates * p + u) <= floor((seq_len - 1) * p) + 1, [CLS] is never
+    a candidate), and for `most_masked` (a whole-word pick may pass that bound), rounded up to 8. A
+    function of (seq_len, mask_prob) except in that rare case, so a stage's batches keep one shape."""
+    bound = max(int((seq_len - 1) * mask_prob) + 1, most_masked)
+    return -(-bound // _SLOT_MULTIPLE) * _SLOT_MULTIPLE
+
+
+def masked_positions(labels: np.ndarray, slots: int) -> np.ndarray:
+    """(B, T) labels -> (B, slots) int64: each row's masked positions in ascending order, then NO_POSITION."""
+    positions = np.full((labels.shape[0], slots), NO_POSITION, dtype=np.int64)
+    for row, row_labels in enumerate(labels):
+        chosen = np.flatnonzero(row_labels != IGNORE_INDEX)
+        positions[row, :len(chosen)] = chosen
+    return positions
 
 
 def _choose_whole_words(ids, maskable, candidates, target, rng, word_starts) -> np.ndarray:

@@ -15,13 +15,23 @@ _LINEAR_ATTENTION_EPS = 1e-6
 
 
 def additive_padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, T) with 1 = real token -> (B, 1, 1, T) additive mask: 0 for real keys, dtype-min for padding.
+    """(B, T) with 1 = real token -> (B, 1, 1, T) additive mask: 0 for real keys, dtype-min for padding;
+    a (B, 1, T, T) boolean key mask per query (`document_mask`) -> (B, 1, T, T) the same way.
 
     An additive mask (as transformers) rather than a boolean one keeps a fully padded row finite.
     """
-    keep = attention_mask[:, None, None, :].to(torch.bool)
+    keep = (attention_mask[:, None, None, :] if attention_mask.dim() == 2 else attention_mask).to(torch.bool)
     return torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device).masked_fill(
         ~keep, torch.finfo(dtype).min)
+
+
+def document_mask(document_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """(B, T) document ids (and the (B, T) padding mask, 1 = real) -> (B, 1, T, T) bool: query t may
+    see key s when both are in the same document and s is a real token. Static shape, no host sync."""
+    keep = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T)
+    if attention_mask is not None:
+        keep = keep & attention_mask[:, None, :].to(torch.bool)
+    return keep[:, None]  # (B, 1, T, T)
 
 
 def feature_map(x: torch.Tensor) -> torch.Tensor:
@@ -75,12 +85,16 @@ class SelfAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        """hidden (B, T, hidden); attention_mask (B, T) 1 = real; rotary = (cos, sin) each (T, D) or None."""
+        """hidden (B, T, hidden); attention_mask (B, T) 1 = real, or a (B, 1, T, T) `document_mask`, or None;
+        rotary = (cos, sin) each (T, D) or (B, 1, T, D) (positions per token), or None."""
         query = self._split_heads(self.query(hidden))  # (B, H, T, D)
         key = self._split_heads(self.key(hidden))
         value = self._split_heads(self.value(hidden))
 
         if self.kind == "linear":
+            if attention_mask is not None and attention_mask.dim() != 2:
+                raise ValueError("document_ids: linear attention sums over the whole sequence; document "
+                                 "attention needs model.attention 'softmax'")
             cos, sin = rotary if rotary is not None else (None, None)
             if self.rotary_value and rotary is not None:
                 value = apply_rotary(value, cos, sin)
@@ -91,7 +105,7 @@ class SelfAttention(nn.Module):
                 query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
                 if self.rotary_value:
                     value = apply_rotary(value, cos, sin)
-            # (B, 1, 1, T) additive, or None
+            # (B, 1, 1, T) or (B, 1, T, T) additive, or None
             mask = None if attention_mask is None else additive_padding_mask(attention_mask, query.dtype)
             dropout_p = self.dropout_prob if self.training else 0.0
             context = scaled_dot_product_attention(query, key, value, mask, dropout_p)  # (B, H, T, D)
@@ -101,4 +115,4 @@ class SelfAttention(nn.Module):
         return self.output(context)
 
 
-__all__ = ["SelfAttention", "linear_attention", "feature_map", "additive_padding_mask"]
+__all__ = ["SelfAttention", "linear_attention", "feature_map", "additive_padding_mask", "document_mask"]

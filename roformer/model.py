@@ -4,7 +4,7 @@ Embeddings -> post-LN blocks (as transformers' RoFormer / BERT) -> encoder -> ML
 word embeddings) and sequence-classification head. Pure PyTorch: tensors stay on their input's device;
 the ops imported from `cpu_kernels` pick their kernel by that device (docs/model.md).
 Shapes: B batch, T sequence length, E embedding size, H hidden size, I intermediate size, D head size,
-V vocabulary, M masked tokens.
+V vocabulary, M masked tokens, K slots of masked positions per sequence (the data pipeline's `masked_positions`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,25 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .activations import ACTIVATION_FUNCTIONS
-from .attention import SelfAttention
+from .attention import SelfAttention, document_mask
 from .config import SINUSOIDAL_ENCODINGS, ConfigError, RoFormerConfig
-from .cpu_kernels import decoder_cross_entropy, drop_padding_free_mask, dropout_add, feed_forward
+from .cpu_kernels import (decoder_cross_entropy, drop_padding_free_mask, drop_single_document, drop_unscored_rows,
+                          dropout_add, feed_forward)
 from .rope import RotaryEmbedding
 
 IGNORE_INDEX = -100  # label value of unmasked positions (the data pipeline's and transformers' convention)
+NO_POSITION = -1  # padding slot of `masked_positions` (data_pipeline.masking.NO_POSITION)
+
+
+def masked_positions_from_labels(labels: torch.Tensor) -> torch.Tensor:
+    """(B, T) labels -> (B, T) long: each row's labelled positions ascending, then NO_POSITION.
+
+    For callers that pass labels only (transformers' API): a stable sort keeps the shape static (the
+    data pipeline's narrower `masked_positions` saves the head T - K rows per sequence off the CPU).
+    """
+    is_masked = labels != IGNORE_INDEX  # (B, T)
+    order = torch.argsort((~is_masked).to(torch.uint8), dim=1, stable=True)  # masked positions first, ascending
+    return torch.where(is_masked.gather(1, order), order, NO_POSITION)
 
 
 def sinusoidal_position_table(num_positions: int, size: int) -> torch.Tensor:
@@ -72,7 +85,9 @@ class Embeddings(nn.Module):
         self.project = (nn.Linear(config.embedding_size, config.hidden_size)
                         if config.embedding_size != config.hidden_size else None)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """position_ids (B, T), each < T: absolute positions per token (restarting per document); None = 0 .. T-1."""
         length = input_ids.shape[1]
         if token_type_ids is None:
             # Every token has type 0: add that one row, broadcast, instead of gathering it B*T times
@@ -87,10 +102,10 @@ class Embeddings(nn.Module):
             if length > self.max_positions:
                 raise ConfigError(f"max_position_embeddings: sequence length {length} exceeds the "
                                   f"{self.max_positions} positions of this '{self.position_encoding}' model")
-            if self.position_encoding == "learned":
-                embedded = embedded + self.position.weight[:length]  # (T, E) broadcast over B
-            else:
-                embedded = embedded + self.position_table[:length].to(embedded.dtype)  # (T, E) broadcast over B
+            table = self.position.weight if self.position_encoding == "learned" else self.position_table
+            # (T, E) broadcast over B, or (B, T, E) per token
+            positions = table[:length] if position_ids is None else F.embedding(position_ids, table[:length])
+            embedded = embedded + positions.to(embedded.dtype)
         embedded = self.dropout(self.norm(embedded))
         return embedded if self.project is None else self.project(embedded)  # (B, T, H)
 
@@ -132,13 +147,25 @@ class RoFormerModel(nn.Module):
         self.gradient_checkpointing = False
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+                token_type_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """document_ids (B, T): a token attends only to tokens of its own document (None: to the whole
+        sequence); position_ids (B, T), each < T: per-token positions (None: 0 .. T-1). The data pipeline
+        reads both off the packed sequence's [SEP]s (data_pipeline/documents.py)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
-        hidden = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        attention_mask = drop_padding_free_mask(attention_mask)  # (B, T), 1 = real token; or None
-        # (cos, sin) each (T, D) in fp32, shared by all layers; None without RoPE
-        rotary = self.rope.cos_sin(input_ids.shape[1], input_ids.device) if self.rope is not None else None
+        hidden = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
+        document_ids = drop_single_document(document_ids)  # (B, T); None when each row is one document on CPU
+        if document_ids is None:
+            attention_mask = drop_padding_free_mask(attention_mask)  # (B, T), 1 = real token; or None
+        else:
+            attention_mask = document_mask(document_ids, attention_mask)  # (B, 1, T, T) bool
+        # (cos, sin) each (T, D) in fp32, shared by all layers, or (B, 1, T, D) per token; None without RoPE
+        rotary = None
+        if self.rope is not None:
+            rotary = self.rope.cos_sin(input_ids.shape[1], input_ids.device)
+            if position_ids is not None:
+                rotary = tuple(F.embedding(position_ids, table)[:, None] for table in rotary)
         for layer in self.layers:
             if self.gradient_checkpointing and self.training:
                 hidden = checkpoint(layer, hidden, attention_mask, rotary, use_reentrant=False)  # (B, T, H)
@@ -178,8 +205,9 @@ class PreTrainedBase(nn.Module):
 # ----------------------------------------------------------------------------------------------- MLM
 @dataclass
 class MaskedLMOutput:
-    """With labels: logits (M, V) at masked positions only, summed CE and counts, so that the trainer
-    can average over all masked tokens of all micro-batches and ranks. Without labels: logits (B, T, V)."""
+    """With labels: logits at masked positions only, summed CE and counts, so that the trainer can average
+    over all masked tokens of all micro-batches and ranks: (M, V) on CPU, one row per slot of the masked
+    positions (B*K, V) elsewhere (a padding slot's row scores nothing). Without labels: logits (B, T, V)."""
 
     logit_parts: tuple[torch.Tensor, ...]
     """The logits as vocabulary slices (the CPU loss computes them slice by slice); `logits` joins them."""
@@ -189,7 +217,7 @@ class MaskedLMOutput:
 
     @property
     def logits(self) -> torch.Tensor:
-        """(M, V) with labels, (B, T, V) without; assembled on first access (the trainer never reads them)."""
+        """(M, V) or (B*K, V) with labels, (B, T, V) without; assembled on first access (the trainer never reads them)."""
         if len(self.logit_parts) != 1:
             self.logit_parts = (torch.cat(self.logit_parts, dim=-1),)
         return self.logit_parts[0]
@@ -230,8 +258,13 @@ class RoFormerForMaskedLM(PreTrainedBase):
         self.init_weights()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> MaskedLMOutput:
-        hidden = self.roformer(input_ids, attention_mask, token_type_ids)  # (B, T, H)
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                masked_positions: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> MaskedLMOutput:
+        """labels (B, T), -100 = not scored; masked_positions (B, K): the labelled positions of each row
+        ascending, padded with -1 (the data pipeline's; None = derived from labels); document_ids and
+        position_ids: see RoFormerModel.forward."""
+        hidden = self.roformer(input_ids, attention_mask, token_type_ids, document_ids, position_ids)  # (B, T, H)
         # (V, E), the tied decoder weight. Read here, outside its owning module: ZeRO-3 detects such
         # external accesses during the engine's forward and gathers the partitioned weight.
         word_embeddings = self.roformer.embeddings.word.weight
@@ -239,11 +272,17 @@ class RoFormerForMaskedLM(PreTrainedBase):
             return MaskedLMOutput(logit_parts=(self.mlm_head(hidden, word_embeddings),))  # (B, T, V)
 
         # Only masked positions need the V-wide projection: with ~15% masking and a 30k vocabulary this
-        # is most of the head's time and memory.
-        is_masked = labels != IGNORE_INDEX  # (B, T)
-        targets = labels[is_masked]  # (M,)
-        logit_parts, loss_sum, num_correct = self.mlm_head(hidden[is_masked], word_embeddings, targets)  # (M, V)
-        num_masked = torch.tensor(targets.numel(), dtype=torch.long, device=labels.device)
+        # is most of the head's time and memory. Gathered at fixed slots rather than by a boolean index:
+        # the shapes are known before the data is, so the host never waits for the device.
+        if masked_positions is None:
+            masked_positions = masked_positions_from_labels(labels)
+        filled = masked_positions != NO_POSITION  # (B, K)
+        slots = masked_positions.clamp_min(0)  # (B, K), a padding slot reads position 0 and scores nothing
+        targets = labels.gather(1, slots).masked_fill(~filled, IGNORE_INDEX).flatten()  # (B*K,)
+        rows = hidden.gather(1, slots[..., None].expand(-1, -1, hidden.shape[-1])).flatten(0, 1)  # (B*K, H)
+        rows, targets = drop_unscored_rows(rows, targets, IGNORE_INDEX)  # (M, H) on CPU
+        logit_parts, loss_sum, num_correct = self.mlm_head(rows, word_embeddings, targets)  # (M or B*K, V)
+        num_masked = (labels != IGNORE_INDEX).sum()
         return MaskedLMOutput(logit_parts=logit_parts, loss_sum=loss_sum, num_masked=num_masked,
                               num_correct=num_correct)
 
@@ -295,4 +334,5 @@ class RoFormerForSequenceClassification(PreTrainedBase):
 
 
 __all__ = ["RoFormerModel", "RoFormerForMaskedLM", "RoFormerForSequenceClassification", "MaskedLMOutput",
-           "SequenceClassifierOutput", "IGNORE_INDEX", "Dropout", "sinusoidal_position_table"]
+           "SequenceClassifierOutput", "IGNORE_INDEX", "NO_POSITION",
+           "masked_positions_from_labels", "Dropout", "sinusoidal_position_table"]

@@ -42,6 +42,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--random-init", action="store_true",
                         help="evaluate the export's random-init twin (same architecture and tokenizer, fresh weights "
                              "from seed 0) on the same tokens: the baseline that shows what pretraining learned")
+    parser.add_argument("--attention", choices=("sequence", "document"), default="sequence",
+                        help="document: score each packed document as if it stood alone (a token attends only to "
+                             "its own document, positions restart at each); sequence (default): the whole sequence")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write the JSON report to this file (default: printed only)")
 
@@ -58,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = MLMEvalConfig(export_dir=args.export_dir, data_dir=args.data, seq_lens=seq_lens, split=args.split,
                         tokens=args.tokens, inputs=tuple(args.input), text_column=args.text_column,
                         tokens_per_batch=args.tokens_per_batch, seed=args.seed,
-                        mask_prob=args.mask_prob, threads=args.threads, random_init=args.random_init)
+                        mask_prob=args.mask_prob, threads=args.threads, random_init=args.random_init,
+                        attention=args.attention)
     with writer_locks({"--out": args.out}, "roformer eval-mlm"):  # one writer per output (launcher/output_paths.py)
         report = evaluate_mlm(cfg)
         if args.out is not None:

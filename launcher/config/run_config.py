@@ -20,6 +20,7 @@ from typing import Any, Callable
 import yaml
 
 from data_pipeline.config import ORDERS
+from data_pipeline.documents import DOCUMENT_VIEWS, DocumentView
 from data_pipeline.errors import DataError
 from data_pipeline.masking import MaskingConfig
 from launcher.io import load_yaml, read_mapping
@@ -69,6 +70,11 @@ class DataSection:
     windows in a seeded order (a cache of two windows is enough)."""
     shard_window: int = 8
     """Shards per window of the shard_window order."""
+    attention: str = "sequence"
+    """'sequence': a token attends to its whole packed sequence, across the [SEP]s (BERT's FULL-SENTENCES);
+    'document': only to its own document (data_pipeline/documents.py; docs/training.md)."""
+    positions: str = "sequence"
+    """'sequence': positions count from the sequence's [CLS]; 'document': they restart at each document."""
     cache_dir: str = ""
     """s3:// data only: the node-local cache ('' = ~/.cache/roformer-ds/remote), shared by a node's ranks."""
     cache_limit: str = ""
@@ -77,6 +83,11 @@ class DataSection:
     """s3:// data only: retries of a request that timed out, could not connect or got a 5xx answer."""
     remote_timeout: float = 30.0
     """s3:// data only: seconds to connect and between bytes of an answer before a request is retried."""
+
+    @property
+    def document_view(self) -> DocumentView:
+        """What the batches carry about their documents (attention, positions)."""
+        return DocumentView(self.attention, self.positions)
 
     @property
     def is_remote(self) -> bool:
@@ -246,7 +257,8 @@ class RunConfig:
         if not out["branch_from"]:
             out.pop("branch_from")  # the same for runs that are no branch
         defaults = DataSection()
-        for key in ("order", "shard_window", *REMOTE_KEYS):  # local global-order runs record what they always did
+        # local, global-order, sequence-attention runs record what they always did
+        for key in ("order", "shard_window", "attention", "positions", *REMOTE_KEYS):
             if out["data"][key] == getattr(defaults, key) and (key not in REMOTE_KEYS or not self.data.is_remote):
                 out["data"].pop(key)
         return out
@@ -426,6 +438,9 @@ def _validate_data(data: DataSection, fail) -> None:
         fail("data.seed", f"must be an integer in [0, {MAX_SEED:,}], got {data.seed}")
     if data.shard_window < 1:
         fail("data.shard_window", f"must be >= 1 shard, got {data.shard_window}")
+    for key in ("attention", "positions"):
+        if getattr(data, key) not in DOCUMENT_VIEWS:
+            fail(f"data.{key}", f"must be one of {', '.join(DOCUMENT_VIEWS)}, got {getattr(data, key)!r}")
     if data.remote_retries < 0:
         fail("data.remote_retries", f"must be >= 0, got {data.remote_retries}")
     if not data.remote_timeout > 0:
@@ -445,6 +460,9 @@ def _validate(cfg: RunConfig) -> None:
     if not cfg.data.data_dir:
         fail("data.data_dir", "required (a directory made by `roformer data prepare`)")
     _validate_data(cfg.data, fail)
+    if cfg.data.attention == "document" and cfg.model.attention != "softmax":
+        fail("data.attention", f"'document' needs model.attention 'softmax' ({cfg.model.attention!r} sums over "
+             f"the whole sequence)")
     if not cfg.schedule.file:
         fail("schedule.file", "required (a schedule in launcher/schedules/)")
     if cfg.schedule.max_tokens_per_micro_batch < 0:

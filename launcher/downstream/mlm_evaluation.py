@@ -4,7 +4,8 @@ Every length sees the same first `--tokens` tokens of the held-out split, masked
 (`--seed`), so the lengths differ only in context; lengths beyond pretraining are marked. Output: loss
 (nats), accuracy and perplexity, as JSON. `--random-init` scores the export's random-init twin on the same
 tokens. Own text (`--input`) is tokenized with the export's tokenizer into a temporary prepared directory
-and evaluated as a prepared split.
+and evaluated as a prepared split. `--attention document` scores each packed document as if it stood alone:
+a token attends only to its own document and positions restart at each one (data_pipeline/documents.py).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class MLMEvalConfig:
     threads: int = 0  # torch CPU threads (0 = leave torch's default)
     random_init: bool = False  # evaluate the export's random-init twin instead (same config and tokenizer)
     remote_options: object = None  # RemoteOptions for an s3:// data_dir (a run's cache settings); None: the defaults
+    attention: str = "sequence"  # 'document': each packed document scored alone (its own attention and positions)
 
     def __post_init__(self) -> None:
         if not self.seq_lens:
@@ -47,6 +49,8 @@ class MLMEvalConfig:
             raise UserError("--tokens / --tokens-per-batch: must be positive (--tokens 0: all the text)")
         if not 0.0 < self.mask_prob < 1.0:
             raise UserError(f"--mask-prob: {self.mask_prob} must be in (0, 1)")
+        if self.attention not in ("sequence", "document"):
+            raise UserError(f"--attention: {self.attention!r} is not one of sequence, document")
 
 
 def evaluate_mlm(cfg: MLMEvalConfig) -> dict:
@@ -81,7 +85,7 @@ def _prepare_inputs(cfg: MLMEvalConfig, out: Path) -> Path:
 
 
 def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
-    from data_pipeline import MaskingConfig, open_corpus, tokenizer_hash
+    from data_pipeline import DocumentView, MaskingConfig, open_corpus, tokenizer_hash
     from data_pipeline.errors import DataError
     from data_pipeline.tokenizer import resolve_model_path
 
@@ -101,7 +105,8 @@ def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
 
     check_lengths(cfg, model.config, corpus)
     results = figures_per_length(model, corpus, cfg.seq_lens, tokens=cfg.tokens, tokens_per_batch=cfg.tokens_per_batch,
-                                 seed=cfg.seed, masking=masking, trained_len=trained_len)
+                                 seed=cfg.seed, masking=masking, trained_len=trained_len,
+                                 documents=DocumentView(cfg.attention, cfg.attention))
     return {
         "export": str(Path(cfg.export_dir).resolve()),
         "data": corpus.location if corpus.remote is not None else str(Path(data_dir).resolve()),
@@ -129,14 +134,17 @@ def check_lengths(cfg: MLMEvalConfig, config, corpus) -> None:
 
 
 def figures_per_length(model, corpus, seq_lens: list[int], *, tokens: int, tokens_per_batch: int, seed: int, masking,
-                       trained_len: int | None) -> list[dict]:
+                       trained_len: int | None, documents=None) -> list[dict]:
     """Masked-LM figures of `model` at each length on the same first `tokens` tokens of `corpus` (0: all of it),
-    masked the same way (seeded); each marked when longer than `trained_len`."""
+    masked the same way (seeded); each marked when longer than `trained_len`. documents: the batches'
+    data_pipeline.DocumentView (None: whole sequences, as in pretraining by default)."""
     from data_pipeline import PretrainBatches
 
     results = []
     for seq_len in seq_lens:
         batches = PretrainBatches(corpus, rank=0, world_size=1, seed=seed, masking=masking)
+        if documents is not None:
+            batches.set_document_view(documents)
         # Each sequence covers seq_len - 1 stream tokens after its [CLS]: this many sequences cover
         # the first `tokens` tokens of the split (or all of it) at every length.
         sequences = max(1, math.ceil((tokens or batches.stream.epoch_length) / (seq_len - 1)))
@@ -165,7 +173,7 @@ def _masked_lm_figures(model, batches) -> dict:
     loss_sum, masked, correct, sequences, real_tokens = 0.0, 0, 0, 0, 0
     with torch.no_grad():
         for batch in batches:
-            out = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+            out = model(**batch)  # with the batch's masked positions (and document ids, positions)
             loss_sum += float(out.loss_sum)
             masked += int(out.num_masked)
             correct += int(out.num_correct)

@@ -82,6 +82,8 @@ class Trainer:
         self.metrics, self.guard = parts.metrics, parts.guard
         self.on_stage_end, self.heartbeats, self.stop_requested = hooks.on_stage_end, hooks.heartbeats, \
             hooks.stop_requested
+        for reader in (batches, valid_batches):  # document_ids / position_ids in the batches (data.attention, positions)
+            reader.set_document_view(cfg.data.document_view)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.stop_agreed = False  # some rank got a stop request (carried by the per-step all-reduce)
         self.guard_stop: Stop | None = None  # the numerics guard's decision that ended the run

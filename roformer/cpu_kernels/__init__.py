@@ -32,7 +32,8 @@ def dropout_add(residual: torch.Tensor | None, x: torch.Tensor, p: float, traini
 
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  mask: torch.Tensor | None, dropout_p: float) -> torch.Tensor:
-    """F.scaled_dot_product_attention: query/key/value (B, H, T, D), additive mask (B, 1, 1, T) or None.
+    """F.scaled_dot_product_attention: query/key/value (B, H, T, D), additive mask (B, 1, 1, T),
+    (B, 1, T, T) or None.
 
     CPU SDPA has no fused kernel with dropout (its math path keeps several (B, H, T, T) tensors).
     """
@@ -54,12 +55,14 @@ def decoder_cross_entropy(features: torch.Tensor, weight: torch.Tensor, bias: to
     """features (M, E), tied decoder weight (V, E), bias (V,), targets (M,) ->
     (vocabulary slices of the logits (M, V), fp32 sum of token cross-entropies, long count of argmax == target).
 
-    torch.cat(slices, dim=-1) are the logits; off the CPU there is one slice.
+    torch.cat(slices, dim=-1) are the logits; off the CPU there is one slice, and rows whose target is
+    -100 (padding slots of the masked positions) count for nothing; the CPU kernel takes only scored rows
+    (`drop_unscored_rows`).
     """
     if use_cpu_kernels(features):
         return mlm_loss.decoder_cross_entropy(features, weight, bias, targets)
     logits = F.linear(features, weight, bias)
-    loss_sum = F.cross_entropy(logits.float(), targets, reduction="sum")
+    loss_sum = F.cross_entropy(logits.float(), targets, reduction="sum", ignore_index=-100)
     return (logits,), loss_sum, (logits.argmax(dim=-1) == targets).sum()
 
 
@@ -71,5 +74,24 @@ def drop_padding_free_mask(attention_mask: torch.Tensor | None) -> torch.Tensor 
     return attention_mask
 
 
+def drop_unscored_rows(rows: torch.Tensor, targets: torch.Tensor, ignore_index: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows (N, H), targets (N,) -> on CPU only the rows whose target is not ignore_index (the head and the
+    CPU loss then skip the padding slots); elsewhere all of them (a count read off the targets would
+    make the host wait for the device, and the shapes would change from batch to batch)."""
+    if use_cpu_kernels(targets):
+        scored = targets != ignore_index
+        return rows[scored], targets[scored]
+    return rows, targets
+
+
+def drop_single_document(document_ids: torch.Tensor | None) -> torch.Tensor | None:
+    """None on CPU when every row is one document (attention is then exactly the sequence's, without a
+    mask pass); elsewhere the ids as they are (reading the flag on a GPU would be a host sync)."""
+    if document_ids is not None and use_cpu_kernels(document_ids) and bool((document_ids == document_ids[:, :1]).all()):
+        return None
+    return document_ids
+
+
 __all__ = ["use_cpu_kernels", "dropout_add", "scaled_dot_product_attention", "feed_forward",
-           "decoder_cross_entropy", "drop_padding_free_mask"]
+           "decoder_cross_entropy", "drop_padding_free_mask", "drop_unscored_rows", "drop_single_document"]

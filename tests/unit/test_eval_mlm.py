@@ -3,6 +3,8 @@ own RoFormer on the same masked batches, determinism (on the session's trainer e
 input (corrupt weights, no tokenizer; on copies of the stored run's export, no DeepSpeed job)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from launcher.cli import main as cli_main
@@ -64,3 +66,16 @@ def test_tokenizer_other_than_the_shards_is_refused(capsys, export_copy, stored_
         f.write(b"\0")  # another tokenizer file than the one the shards were built with
     err = _fails(capsys, ["eval-mlm", str(export_copy), "--data", str(stored_data)])
     assert "shards were built with tokenizer" in err
+
+
+def test_document_attention_scores_the_same_masked_tokens_with_each_document_alone(capsys, stored_export, stored_data):
+    reports = {}
+    for attention in ("sequence", "document"):
+        capsys.readouterr()
+        assert cli_main(["eval-mlm", str(stored_export), "--data", str(stored_data), "--seq-lens", "64",
+                         "--tokens", "4096", "--attention", attention]) == 0
+        reports[attention] = json.loads(capsys.readouterr().out)
+    sequence, document = (reports[a]["results"][0] for a in ("sequence", "document"))
+    assert reports["document"]["config"]["attention"] == "document"
+    assert document["masked_tokens"] == sequence["masked_tokens"] > 0  # the same tokens, masked the same way
+    assert document["loss"] != sequence["loss"]  # seen without the other documents of their sequences

@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from roformer import RoFormerConfig, RoFormerForMaskedLM
-from roformer.attention import additive_padding_mask
+from roformer.attention import additive_padding_mask, document_mask
 from roformer.cpu_kernels import attention as cpu_attention
 from roformer.cpu_kernels import dropout_add, use_cpu_kernels
-from roformer.cpu_kernels.attention import dropout_attention
+from roformer.cpu_kernels.attention import document_spans, dropout_attention
 from roformer.cpu_kernels.dropout import keep_mask, new_bit_stream
 
 
@@ -83,7 +83,8 @@ def reference_attention(query, key, value, bias, keep, p):
 
 @pytest.fixture(params=["whole_heads", "split_rows"])
 def block_size(request, monkeypatch):
-    """Blocks of whole heads (the benchmark shape) and blocks of part of one head's rows (long sequences)."""
+    """Blocks of whole heads (the benchmark shape; documents: one block per document) and blocks of part of one
+    head's rows (long sequences; documents: a document's block is too large, the bias blocks run)."""
     if request.param == "split_rows":
         monkeypatch.setattr(cpu_attention, "_BLOCK_ELEMENTS", 3 * 16)  # 3 query rows of 16 keys per block
     return request.param
@@ -98,10 +99,15 @@ def attention_inputs(with_padding: bool, dtype=torch.float32):
     mask = torch.ones(batch, length, dtype=torch.long)
     mask[1, -5:] = 0
     bias = additive_padding_mask(mask, dtype) if with_padding else None
+    if with_padding == "documents":  # three documents per row, no padding: a (B, 1, T, T) bias, run per document
+        document_ids = torch.tensor([[0] * 3 + [1] * 4 + [2] * 3 + [3] * 6, [0] * 5 + [1] * 2 + [2] * 4 + [3] * 5])
+        bias = additive_padding_mask(document_mask(document_ids, None), dtype)
+        spans = document_spans(bias)  # 140 of the 512 dense scores: under _DOCUMENT_SHARE, run per document
+        assert spans == [(0, 0, 3), (0, 3, 7), (0, 7, 10), (0, 10, 16), (1, 0, 5), (1, 5, 7), (1, 7, 11), (1, 11, 16)]
     return q, k, v, bias
 
 
-@pytest.mark.parametrize("with_padding", [False, True])
+@pytest.mark.parametrize("with_padding", [False, True, "documents"])
 def test_dropout_attention_without_dropout_equals_sdpa_forward_and_gradients(block_size, with_padding):
     q, k, v, bias = attention_inputs(with_padding)
     grad = torch.randn(2, 3, 16, 16)
@@ -115,7 +121,7 @@ def test_dropout_attention_without_dropout_equals_sdpa_forward_and_gradients(blo
         torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("with_padding", [False, True])
+@pytest.mark.parametrize("with_padding", [False, True, "documents"])
 def test_dropout_attention_drops_probabilities_after_the_softmax(block_size, with_padding):
     p = 0.25
     q, k, v, bias = attention_inputs(with_padding)
@@ -213,3 +219,24 @@ def test_only_cpu_tensors_take_the_cpu_kernels(monkeypatch):
     model.to("meta").train()
     out = model(input_ids.to("meta"), mask.to("meta")).logits
     assert out.device.type == "meta" and out.shape == (2, 24, 101) and not calls
+
+
+def test_document_spans_give_each_padding_query_a_span_of_its_own():
+    """A padding query sees no key under a document mask: the per-document kernel lets it attend to itself."""
+    document_ids = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0, 0]])
+    bias = additive_padding_mask(document_mask(document_ids, mask), torch.float32)
+    assert document_spans(bias) == [(0, 0, 3), (0, 3, 5), (0, 5, 6), (0, 6, 7), (0, 7, 8)]
+
+
+def test_a_document_bias_runs_per_document_only_where_that_saves_work(monkeypatch):
+    calls = []
+    per_document = cpu_attention._DocumentDropoutAttention.apply
+    monkeypatch.setattr(cpu_attention._DocumentDropoutAttention, "apply",
+                        lambda *args: calls.append(args[3]) or per_document(*args))
+    q, k, v, bias = attention_inputs("documents")
+    dropout_attention(q, k, v, bias, 0.1)
+    assert calls == [document_spans(bias)]
+    monkeypatch.setattr(cpu_attention, "_DOCUMENT_SHARE", 0.25)  # 140 / 512 dense scores is more: bias blocks
+    dropout_attention(q, k, v, bias, 0.1)
+    assert len(calls) == 1
