@@ -187,7 +187,8 @@ def test_a_paused_server_is_ridden_out_and_past_the_retries_the_same_command_res
     assert code != 0
     failures = [line for line in log.read_text().splitlines() if "failed after 6 attempts" in line]
     assert failures and re.search(rf"{re.escape(s3_server.endpoint)}: s3://roformer-test/run-b/\S+: .* the last with "
-                                  rf"\w+ \(data.remote_retries 5, data.remote_timeout 1 s\)", failures[0]), failures
+                                  rf"\w+ \(retries 5, timeout 1 s: --remote-retries / --remote-timeout, or data.remote_retries",
+                                  failures[0]), failures
     assert max(train_losses(run_dir)) < TINY_TOTAL_STEPS
     run_to_end(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1", **s3_server.env())
     assert_same_run(run_dir, window_run.reference)

@@ -252,6 +252,8 @@ def test_report_has_a_guard_table_and_marks_each_trigger_on_the_loss_plot(tmp_pa
 
     run_dir = RunDir(tmp_path / "run")
     run_dir.root.mkdir()
+    run_dir.launcher_log.parent.mkdir()  # a run's own record: `report` reads only run directories
+    run_dir.launcher_log.write_text("")
     with open(run_dir.metrics, "w") as f:
         f.write(json.dumps(format_event()) + "\n")
         for step in range(1, 21):

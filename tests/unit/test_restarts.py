@@ -320,6 +320,8 @@ def test_report_has_a_restarts_table_and_marks_them_on_the_loss_plot(tmp_path):
 
     run_dir = RunDir(tmp_path / "run")
     run_dir.root.mkdir()
+    run_dir.launcher_log.parent.mkdir()  # a run's own record: `report` reads only run directories
+    run_dir.launcher_log.write_text("")
     with open(run_dir.metrics, "w") as f:
         for step in range(1, 21):
             f.write(json.dumps({"kind": "train", "step": step, "stage": 0, "loss": 8 - step / 10, "mlm_accuracy": 0.1,
