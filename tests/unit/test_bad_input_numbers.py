@@ -233,17 +233,19 @@ def test_threads_and_report_to_are_refused_naming_the_command(capsys, stored_exp
 # --- row 27: wording of config errors -----------------------------------------------------------------
 
 
-def test_config_wording_says_what_is_wrong(capsys, tiny_data, config, tmp_path):
-    owned = [tiny_data, tmp_path]
-    line = refused(capsys, _plan(config, "model=5"), owned)
-    assert line.endswith(f"{config}: section 'model' must be a mapping of RoFormerConfig fields (hidden_size: ..., "
-                         f"num_hidden_layers: ...), got 5")
-    line = refused(capsys, _plan(config, "data.cache_dir=~"), owned)
-    assert line.endswith(f"{config}: data.cache_dir: no value (YAML reads a bare ~ or null as none); quote a path: "
-                         f"cache_dir: \"~/...\"")
+@pytest.mark.parametrize("setting, says", [
+    ("model=5", "section 'model' must be a mapping of RoFormerConfig fields (hidden_size: ..., num_hidden_layers: "
+                "...), got 5"),
+    ("data.cache_dir=~", "data.cache_dir: no value (YAML reads a bare ~ or null as none); quote a path: "
+                         "cache_dir: \"~/...\"")])
+def test_config_wording_says_what_is_wrong(capsys, tiny_data, config, setting, says):
+    assert refused(capsys, _plan(config, setting), [tiny_data, config]).endswith(f"{config}: {says}")
+
+
+def test_stages_given_as_a_mapping_say_they_must_be_a_list(capsys, tiny_data, config, tmp_path):
     schedule = tmp_path / "schedule.yaml"
     schedule.write_text("stages: {name: a}\n")
-    line = refused(capsys, _plan(config), owned)
+    line = refused(capsys, _plan(config), [tiny_data, tmp_path])
     assert line.endswith(f"{schedule}: stages: must be a list of stages (each line starting with '- '), got dict "
                          f"{{'name': 'a'}}")
 

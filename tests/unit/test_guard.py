@@ -243,31 +243,17 @@ def test_a_skip_moves_the_position_as_handing_out_those_batches_would(tiny_data)
 # --- the report ---------------------------------------------------------------------------------------
 
 def test_report_has_a_guard_table_and_marks_each_trigger_on_the_loss_plot(tmp_path):
-    import json
-
     from launcher.commands.report import make_report
-    from launcher.run_dir.layout import RunDir
-    from launcher.run_dir.metrics_format import format_event
     from tests.support.helpers import check_png
+    from tests.support.stand_in_runs import stand_in_run
 
-    run_dir = RunDir(tmp_path / "run")
-    run_dir.root.mkdir()
-    run_dir.launcher_log.parent.mkdir()  # a run's own record: `report` reads only run directories
-    run_dir.launcher_log.write_text("")
-    with open(run_dir.metrics, "w") as f:
-        f.write(json.dumps(format_event()) + "\n")
-        for step in range(1, 21):
-            f.write(json.dumps({"kind": "train", "step": step, "stage": 0, "loss": 8 - step / 10, "mlm_accuracy": 0.1,
-                                "lr": 1e-3, "tokens_per_s": 100.0, "step_time_s": 0.5, "global_batch_size": 8,
-                                "max_seq_len": 16, "masked_tokens": 10}) + "\n")
-        rewind = {"kind": "event", "event": "guard", "action": "rewind", "rule": "loss_spike", "step": 12, "began": 11,
-                  "figure": "loss", "value": 14.5, "median": 7.0, "threshold": 10.5, "to_step": 9,
-                  "tag": "global_step9", "skipped_batches": 3, "seconds": 0.25, "message": "..."}
-        stop = {**rewind, "action": "stop", "step": 16, "began": 15, "value": 15.0, "message": "..."}
-        for key in ("to_step", "tag", "skipped_batches", "seconds"):
-            stop.pop(key)
-        f.write(json.dumps(rewind) + "\n" + json.dumps(stop) + "\n")
-        f.write(json.dumps({"kind": "event", "event": "guard_stopped", "step": 16}) + "\n")
+    rewind = {"kind": "event", "event": "guard", "action": "rewind", "rule": "loss_spike", "step": 12, "began": 11,
+              "figure": "loss", "value": 14.5, "median": 7.0, "threshold": 10.5, "to_step": 9,
+              "tag": "global_step9", "skipped_batches": 3, "seconds": 0.25, "message": "..."}
+    stop = {**rewind, "action": "stop", "step": 16, "began": 15, "value": 15.0, "message": "..."}
+    for key in ("to_step", "tag", "skipped_batches", "seconds"):
+        stop.pop(key)
+    run_dir = stand_in_run(tmp_path / "run", rewind, stop, {"kind": "event", "event": "guard_stopped", "step": 16})
     text = make_report(run_dir.root).report.read_text()
     assert "**Status:** stopped by the numerics guard at step 16" in text
     assert "## Numerics guard" in text

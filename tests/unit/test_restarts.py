@@ -317,16 +317,9 @@ def test_records_round_trip_and_bad_files_are_named(tmp_path):
 
 def test_report_has_a_restarts_table_and_marks_them_on_the_loss_plot(tmp_path):
     from launcher.commands.report import make_report
+    from tests.support.stand_in_runs import stand_in_run
 
-    run_dir = RunDir(tmp_path / "run")
-    run_dir.root.mkdir()
-    run_dir.launcher_log.parent.mkdir()  # a run's own record: `report` reads only run directories
-    run_dir.launcher_log.write_text("")
-    with open(run_dir.metrics, "w") as f:
-        for step in range(1, 21):
-            f.write(json.dumps({"kind": "train", "step": step, "stage": 0, "loss": 8 - step / 10, "mlm_accuracy": 0.1,
-                                "lr": 1e-3, "tokens_per_s": 100.0, "step_time_s": 0.5, "global_batch_size": 8,
-                                "max_seq_len": 16, "masked_tokens": 10}) + "\n")
+    run_dir = stand_in_run(tmp_path / "run")
     append_restart(run_dir, _record(seconds_lost=33.5, restart_seconds=20.0, world_size=2))
     append_restart(run_dir, _record(attempt=2, action="gave up", failed_at_step=15, restarted_from_step=12,
                                     steps_lost=3, reason="--max-restarts 1 spent"))
@@ -373,41 +366,40 @@ def test_plan_shows_the_smaller_world_without_excluded_nodes(tiny_data, tmp_path
     assert "--exclude-nodes: node-x not in" in capsys.readouterr().err
 
 
-def test_rank_stop_handler_takes_a_repeated_sigterm_as_the_same_stop_and_keeps_the_grace_time(tmp_path):
-    """A scheduler's SIGTERM reaches a rank twice (directly and through DeepSpeed's launcher): still one stop,
-    the checkpoint still wanted; past restarts.preemption_grace_seconds the rank exits, saying so."""
-    result = _stop_signals_script(tmp_path, (
+# Each case: a script run with `signals` (a StopSignals) in scope, the lines it prints, and the grace time's line.
+# - a scheduler's SIGTERM reaches a rank twice (directly and through DeepSpeed's launcher): still one stop, the
+#   checkpoint still wanted; past restarts.preemption_grace_seconds the rank exits, saying so;
+# - the rank's wrapper starts it with SIGTERM / SIGINT blocked (launcher/launch/rank_process.py): a Ctrl-C sent then
+#   is delivered when the handlers are installed, recorded (the start-up goes on), announced when the trainer arms
+#   them, and its grace time counts from its arrival, not from the announcement.
+STOP_CASES = {
+    "repeated_sigterm_is_one_stop": (
         "signals.arm(StopAnnouncer(3.0, 0, lambda text: print(text, flush=True), lambda: 41 + 1))\n"
         "os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM)\n"
         "time.sleep(0.2)\n"
         "print('alive after two SIGTERMs:', signals.requested is not None, flush=True)\n"
-        "time.sleep(30)\n"
-        "print('not stopped by the grace time', flush=True)\n"))
-    assert result.stdout.splitlines() == [
-        "stop requested (SIGTERM): finishing step 42, then a checkpoint (within 3 s)",
-        "alive after two SIGTERMs: True"], result.stdout + result.stderr
-    assert result.returncode == 1
-    assert "pretrain (rank 0): no checkpoint within the preemption grace time of 3 s " \
-           "(restarts.preemption_grace_seconds): exiting without it" in result.stderr
-
-
-def test_a_stop_held_before_the_rank_starts_is_recorded_and_announced_once_the_trainer_exists(tmp_path):
-    """The rank's wrapper starts it with SIGTERM / SIGINT blocked (launcher/launch/rank_process.py): a Ctrl-C
-    sent then is delivered when the handlers are installed, recorded (the start-up goes on), announced when
-    the trainer arms them, and its grace time counts from its arrival, not from the announcement."""
-    result = _stop_signals_script(tmp_path, (
+        "time.sleep(30)\n",
+        ["stop requested (SIGTERM): finishing step 42, then a checkpoint (within 3 s)", "alive after two SIGTERMs: True"]),
+    "held_before_the_start_then_announced": (
         "signal.pthread_sigmask(signal.SIG_BLOCK, RANK_STOP_SIGNALS)\n"
         "os.kill(os.getpid(), signal.SIGINT)\n"
         "signals.install()\n"
         "print('start-up goes on:', signals.requested.signal, flush=True)\n"
         "time.sleep(2)\n"
         "signals.arm(StopAnnouncer(3.0, 0, lambda text: print(text, flush=True), lambda: 1))\n"
-        "time.sleep(1.8)\n"
-        "print('not stopped by the grace time', flush=True)\n"))
-    assert result.stdout.splitlines() == [
-        "start-up goes on: SIGINT",
-        "stop requested (SIGINT): finishing step 1, then a checkpoint (within 3 s)"], result.stdout + result.stderr
-    assert result.returncode == 1 and "no checkpoint within the preemption grace time of 3 s" in result.stderr
+        "time.sleep(1.8)\n",
+        ["start-up goes on: SIGINT", "stop requested (SIGINT): finishing step 1, then a checkpoint (within 3 s)"]),
+}
+
+
+@pytest.mark.parametrize("case", STOP_CASES)
+def test_a_ranks_stop_is_one_stop_announced_once_within_its_grace_time(tmp_path, case):
+    body, printed = STOP_CASES[case]
+    result = _stop_signals_script(tmp_path, body + "print('not stopped by the grace time', flush=True)\n")
+    assert result.stdout.splitlines() == printed, result.stdout + result.stderr
+    assert result.returncode == 1
+    assert "pretrain (rank 0): no checkpoint within the preemption grace time of 3 s " \
+           "(restarts.preemption_grace_seconds): exiting without it" in result.stderr
 
 
 def _stop_signals_script(tmp_path, body: str):
