@@ -155,7 +155,8 @@ def agree_on_resume(setup: RankSetup, heartbeats: HeartbeatWriter, timer: PhaseT
         decided = resume.decide(setup.run_dir, setup.run, setup.train_batches, setup.branch_point)
     timer.phase("checks_and_data")
     heartbeats.start_up("rendezvous (init_distributed)")
-    init_distributed()
+    with THIS_RANK.held():  # a stop now is taken at the first step, as at any moment of the start-up
+        init_distributed()
     timer.phase("init_distributed")
     plan = resume.share(decided)
     if plan.finished:
