@@ -71,6 +71,13 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, raised by this command's handler. Not KeyboardInterrupt itself: CPython 3.11 marks the
+    interpreter as killed by SIGINT when exactly that type leaves an exec() of a string (dataclasses and
+    namedtuple build their methods so, at import), even when main catches it: the command then died by
+    SIGINT instead of exiting 130."""
+
+
 class Stopped(Exception):
     """SIGTERM (or another stop signal) reached a command that has no handler of its own."""
 
@@ -93,7 +100,7 @@ def _on_stop_signal(signum, _frame) -> None:
 
 def _raise_stop(signum: int) -> None:
     if signum == signal.SIGINT:
-        raise KeyboardInterrupt
+        raise Interrupted
     raise Stopped(signum)
 
 
