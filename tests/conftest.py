@@ -128,6 +128,15 @@ def previous_run(tmp_path_factory, stored_run) -> Path:
     return run_dir
 
 
+@pytest.fixture(scope="session")
+def release_run(tmp_path_factory, stored_run) -> Path:
+    """A run directory written by the release the start-up work began from (tests/fixtures/README.md):
+    the previous_run's model, schedule and corpus, 2 ranks, ZeRO-2, checkpoint global_step5. Read-only."""
+    run_dir = _unpacked_run(tmp_path_factory.mktemp("release"), "release_run_dir.tar.xz", "release_run")
+    (run_dir.parent / "data").symlink_to(stored_run.parent / "data")
+    return run_dir
+
+
 def _unpacked_run(root: Path, archive_name: str, folder: str) -> Path:
     """FOLDER/run of a stored archive, unpacked under root, its config.yaml's data.data_dir at FOLDER/data."""
     with tarfile.open(FIXTURES / archive_name) as archive:

@@ -41,12 +41,13 @@ def test_stored_run_resumes_from_its_checkpoint_and_exports(stored_run, copy_of,
     assert json.loads((out / "export_info.json").read_text())["step"] == 8
 
 
-def test_previous_release_run_resumes_and_exports(previous_run, copy_of, tmp_path):
-    """The release before the checkpoint component: its checkpoint (format-2 sidecar, data state format 2)
-    resumes as it is, the config change is recorded as a new version, and the result exports."""
+def test_release_run_resumes_and_exports(release_run, copy_of, tmp_path):
+    """The release the start-up work began from (the same formats as the one before the checkpoint component,
+    whose files tests/unit/test_old_run_dir.py verifies and exports): its checkpoint (format-2 sidecar, data
+    state format 2) resumes as it is, the config change is recorded as a new version, and the result exports."""
     from launcher.export.exporter import export_checkpoint
 
-    run_dir = copy_of(previous_run.parent) / "run"
+    run_dir = copy_of(release_run.parent) / "run"
     config = stored_run_resume_config(run_dir)
     run_to_end(2, config, run_dir, module=TEST_RANK_ENTRY)
     (resume,) = [r for r in read_metrics(run_dir, "event") if r["event"] == "resume"]

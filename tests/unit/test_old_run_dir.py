@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from launcher.run_dir.layout import sidecar_path
@@ -57,20 +58,23 @@ def test_stored_data_position_is_refused_before_any_compute(stored_run, copy_of,
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir() if p.name != "heartbeats"} == before
 
 
-def test_previous_release_checkpoint_verifies_and_exports(previous_run, tmp_path):
-    """The release before the checkpoint component: its format-2 sidecar's file records still verify,
-    and its checkpoint exports to the weights DeepSpeed consolidates from the same files."""
+@pytest.mark.parametrize("written_by", ["previous_run", "release_run"])
+def test_earlier_release_checkpoint_verifies_and_exports(written_by, request, tmp_path):
+    """The release before the checkpoint component, and the one the start-up work began from: their
+    format-2 sidecar's file records still verify, and their checkpoint exports to the weights DeepSpeed
+    consolidates from the same files."""
+    run_dir = request.getfixturevalue(written_by)
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     from launcher.export.exporter import export_checkpoint
     from launcher.checkpoint.catalogue import CheckpointCatalogue
 
-    point = CheckpointCatalogue.scan(previous_run).newest_intact()
+    point = CheckpointCatalogue.scan(run_dir).newest_intact()
     assert (point.tag, point.verified, point.sidecar.format, point.sidecar.world_size) == (TAG, True, 2, 2)
     assert point.sidecar.files and point.sidecar.tokenizer_sha256
-    out = export_checkpoint(previous_run, tmp_path / "export")
+    out = export_checkpoint(run_dir, tmp_path / "export")
     assert json.loads((out / "export_info.json").read_text())["step"] == 5
-    expected = get_fp32_state_dict_from_zero_checkpoint(str(previous_run / "checkpoints"), tag=TAG)
+    expected = get_fp32_state_dict_from_zero_checkpoint(str(run_dir / "checkpoints"), tag=TAG)
     exported = load_pretrained(out).state_dict()
     assert set(exported) == set(expected)
     assert all(torch.equal(exported[k], expected[k].float()) for k in expected)
