@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export DS_ACCELERATOR ?= cpu
-# TORCH_EXTENSIONS_DIR (DeepSpeed's compiled ops) is left to launcher/ops_cache.py: one directory per
+# TORCH_EXTENSIONS_DIR (DeepSpeed's compiled ops) is left to launcher/deepspeed_env/ops_cache.py: one directory per
 # Python environment under ~/.cache/roformer-ds/torch_extensions, so two venvs never rebuild each other's op.
 export PIP_CACHE_DIR ?= $(HOME)/.cache/roformer-ds/pip
 export HF_DATASETS_OFFLINE := 1

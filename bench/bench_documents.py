@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_model import SHAPE  # noqa: E402
 from data_pipeline import DocumentView, PretrainBatches, open_corpus  # noqa: E402
 from launcher.gpu_check.side_by_side import adamw, medians, round_robin, training_step  # noqa: E402
-from launcher.io import atomic_write_json  # noqa: E402
+from launcher.common.io import atomic_write_json  # noqa: E402
 from roformer import RoFormerConfig, RoFormerForMaskedLM  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "documents.json"

@@ -155,7 +155,7 @@ def write_results(args: argparse.Namespace, what: str, settings: dict, versions:
                   theirs: tuple[str, str], ratio_key: str) -> None:
     """The results file of a side-by-side run (ours against `theirs`: its side's key and its name), and its
     one summary line."""
-    from launcher.io import atomic_write_json
+    from launcher.common.io import atomic_write_json
 
     theirs, their_name = theirs
     medians = compared["median_examples_per_second"]

@@ -165,7 +165,7 @@ def main() -> int:
     import deepspeed
     import torch
 
-    from launcher.io import atomic_write_json
+    from launcher.common.io import atomic_write_json
 
     result = {"goal": f"the guard's own time below {GOAL_SHARE:.0%} of a step", "config": args.config,
               "cost_per_step": cost, "rewind": rewind,

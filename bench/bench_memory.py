@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.bench_overhead import DS_CONFIG, prepare_corpus  # noqa: E402
-from launcher.io import atomic_write_json  # noqa: E402
+from launcher.common.io import atomic_write_json  # noqa: E402
 from tests.support.helpers import roformer_env, start_roformer, tiny_run_config  # noqa: E402
 from tests.support.memory_probe import estimated_model_bytes, watch  # noqa: E402
 

@@ -219,7 +219,7 @@ def main() -> int:
         report = {"benchmark": "MLM training step (zero_grad, forward, masked-only loss, backward, AdamW), "
                                "fp32, dropout 0.1/0.1, ours vs transformers' RoFormerForMaskedLM", "runs": {}}
     report["runs"][args.label] = result
-    from launcher.io import atomic_write_json
+    from launcher.common.io import atomic_write_json
 
     atomic_write_json(args.out, report)
     print(json.dumps({"label": args.label, "goals": result["goals"], "matmul_peak_gflops": result["matmul_peak_gflops"],

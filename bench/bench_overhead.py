@@ -222,7 +222,7 @@ def main() -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         result = run(args, Path(tmp))
-    from launcher.io import atomic_write_json
+    from launcher.common.io import atomic_write_json
     import deepspeed
     import torch
 

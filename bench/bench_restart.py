@@ -121,7 +121,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from launcher.io import atomic_write_json
+    from launcher.common.io import atomic_write_json
 
     prepare_demo_data()
     runs = []

@@ -3,7 +3,7 @@
 A rename (os.replace) or a new file is durable only once its DIRECTORY is fsynced, and a file's
 content only once the file is; a marker (manifest.json, sidecar.json, `latest`, export_info.json)
 must reach the disk after everything it vouches for. The data pipeline and the launcher both use
-these (data_pipeline imports nothing from launcher, so they live here; launcher.io re-exports them).
+these (data_pipeline imports nothing from launcher, so they live here; launcher.common.io re-exports them).
 """
 from __future__ import annotations
 

@@ -13,10 +13,10 @@ import importlib
 import signal
 import sys
 
-from launcher.defaults import BAD_INPUT_EXIT_CODE, BROKEN_PIPE_EXIT_CODE
-from launcher.errors import UserError, user_errors
+from launcher.common.defaults import BAD_INPUT_EXIT_CODE, BROKEN_PIPE_EXIT_CODE
+from launcher.common.errors import UserError, user_errors
 from launcher.flag_types import make_floats_finite
-from launcher.io import reader_gone
+from launcher.common.io import reader_gone
 
 # name -> (module, one-line help). The names are part of the public interface: docs and scripts
 # rely on them.
@@ -111,7 +111,7 @@ def raise_if_stopped() -> None:
         _raise_stop(_stops_received[0])
 
 
-# Commands that use DeepSpeed import it first, without the parts they never run (launcher/lean_imports.py).
+# Commands that use DeepSpeed import it first, without the parts they never run (launcher/deepspeed_env/lean_imports.py).
 USE_DEEPSPEED = ("plan", "pretrain", "export", "gpu-check")
 
 
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         command = args.command
         module = importlib.import_module(SUBCOMMANDS[command][0])
         if command in USE_DEEPSPEED:
-            from launcher.lean_imports import import_deepspeed
+            from launcher.deepspeed_env.lean_imports import import_deepspeed
 
             import_deepspeed()
         code = int(module.run(args) or 0)

@@ -88,7 +88,7 @@ else
         --index-url "${torch_choice[index_url]}"
     fi
   fi
-  say "DeepSpeed 0.19.8 (no ops prebuilt: they compile on first use into $VENV's own cache, launcher/ops_cache.py)"
+  say "DeepSpeed 0.19.8 (no ops prebuilt: they compile on first use into $VENV's own cache, launcher/deepspeed_env/ops_cache.py)"
   run_logged "install deepspeed" env DS_BUILD_OPS=0 "${PIP[@]}" install --no-build-isolation deepspeed==0.19.8
   say "this project (editable, with the dev, mpi and track extras)"
   run_logged "install the project" "${PIP[@]}" install -e ".[dev,mpi,track]"
@@ -97,7 +97,7 @@ else
   if [ "${torch_choice[variant]}" = cuda ] && [ -n "${torch_choice[arch_list]}" ]; then
     # Compile DeepSpeed's fused Adam (the GPU optimizer of ds_configs/v100_*.json) now, for the GPUs
     # present, into this environment's op cache, so the first training start does not wait for it.
-    ops_dir=$("$PY" -m launcher.ops_cache)
+    ops_dir=$("$PY" -m launcher.deepspeed_env.ops_cache)
     if TORCH_CUDA_ARCH_LIST="${torch_choice[arch_list]}" TORCH_EXTENSIONS_DIR="$ops_dir" \
         "$PY" -c "from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()" >> "$SETUP_LOG" 2>&1; then
       say "DeepSpeed fused Adam compiled for compute capability ${torch_choice[arch_list]} into $ops_dir"

@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from launcher.errors import UserError
-from launcher.io import atomic_write_json, file_sha256, fsync_dir, fsync_file
+from launcher.common.errors import UserError
+from launcher.common.io import atomic_write_json, file_sha256, fsync_dir, fsync_file
 from launcher.run_dir.layout import DAMAGED_DIR, SIDECAR_NAME, RunDir, sidecar_path, step_of_tag
 
 SIDECAR_FORMAT = 2

@@ -24,8 +24,8 @@ from launcher.checkpoint.catalogue import (CheckpointCatalogue, CheckpointEntry,
 from launcher.config.stages import ResolvedStage
 from launcher.config.run_shape import RunShape
 from launcher.engine_facts import loss_scale, seed_everything
-from launcher.errors import UserError
-from launcher.io import atomic_torch_save, atomic_write_text, fsync_dir
+from launcher.common.errors import UserError
+from launcher.common.io import atomic_torch_save, atomic_write_text, fsync_dir
 from launcher.run_dir.layout import RunDir, rng_path, sidecar_path, tag_for_step
 from roformer.config import RoFormerConfig
 

@@ -41,8 +41,8 @@ from launcher.config.run_config import RunConfig
 from launcher.config.run_shape import RunShape
 from launcher.config.schedule import stage_index_at
 from launcher.config.stages import ResolvedStage
-from launcher.errors import UserError
-from launcher.io import file_sha256, write_line
+from launcher.common.errors import UserError
+from launcher.common.io import file_sha256, write_line
 from launcher.run_dir.layout import RunDir, sidecar_path
 from launcher.run_dir.records import (BRANCH_FROM_RECORD, describe_change, files_in_effect, read_branch_record,
                                       record_start, write_branch_record)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from launcher.io import fsync_dir, fsync_tree
+from launcher.common.io import fsync_dir, fsync_tree
 from launcher.checkpoint.catalogue import CheckpointEntry
 from launcher.run_dir.layout import RunDir
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from launcher.checkpoint.catalogue import (CheckpointCatalogue, CheckpointSidecar, DamagedCheckpoint,
                                            effective_rope_theta, read_sidecar, saved_model_config)
-from launcher.errors import UserError
-from launcher.io import file_sha256
+from launcher.common.errors import UserError
+from launcher.common.io import file_sha256
 from launcher.run_dir.layout import RunDir, sidecar_path
 from launcher.run_dir.records import files_in_effect
 

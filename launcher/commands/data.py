@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from launcher.cli import raise_if_stopped
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.flag_types import non_negative_int, positive_float
-from launcher.output_paths import DATA, check_output_dir, check_paths, check_replaceable, publishing
+from launcher.outputs.output_paths import DATA, check_output_dir, check_paths, check_replaceable, publishing
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -228,7 +228,7 @@ def _upload(args: argparse.Namespace) -> int:
 
 
 def check_data_paths(args: argparse.Namespace, input_cfg) -> None:
-    """--out against every input (launcher/output_paths.py): never one of them, inside or around one."""
+    """--out against every input (launcher/outputs/output_paths.py): never one of them, inside or around one."""
     import glob
 
     from data_pipeline.inputs import resolve_inputs

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.flag_types import non_negative_int
-from launcher.io import atomic_write_json
-from launcher.output_paths import check_output_file, check_paths, writer_locks
+from launcher.common.io import atomic_write_json
+from launcher.outputs.output_paths import check_output_file, check_paths, writer_locks
 
 DATA_TOKENS = 32768
 """--tokens default: enough for steady figures at a few seconds per length on CPU."""
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                         tokens_per_batch=args.tokens_per_batch, seed=args.seed,
                         mask_prob=args.mask_prob, threads=args.threads, random_init=args.random_init,
                         attention=args.attention)
-    with writer_locks({"--out": args.out}, "roformer eval-mlm"):  # one writer per output (launcher/output_paths.py)
+    with writer_locks({"--out": args.out}, "roformer eval-mlm"):  # one writer per output (launcher/outputs/output_paths.py)
         report = evaluate_mlm(cfg)
         if args.out is not None:
             atomic_write_json(args.out, report)

@@ -11,7 +11,7 @@ from launcher.checkpoint.weights import AverageRequest
 from launcher.export.export_reader import EXPORT_INFO
 from launcher.export.exporter import (MAX_POSITIONS_PER_TRAINED_LENGTH, MIN_MAX_POSITIONS, export_checkpoint,
                                       run_data_section)
-from launcher.output_paths import EXPORT, check_paths, publishing
+from launcher.outputs.output_paths import EXPORT, check_paths, publishing
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

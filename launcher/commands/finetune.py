@@ -12,7 +12,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 # FinetuneConfig fields a task spec may set: their command-line default is None ("not given").
 SPEC_SETTINGS = ("max_length", "epochs", "lr", "batch_size", "select_metric")
@@ -151,7 +151,7 @@ def _report_to(value: str) -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     from launcher.downstream.finetune_report import check_outputs
-    from launcher.output_paths import writer_locks
+    from launcher.outputs.output_paths import writer_locks
 
     cfg = config_from_args(args)
     if args.compare_random_init and cfg.init != "pretrained":
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     check_finetune_paths(args, cfg.task)
     check_outputs(args.save_model, args.predictions)
     outputs = {"--out": args.out, "--predictions": args.predictions, "--save-model": args.save_model}
-    with writer_locks(outputs, "roformer finetune"):  # one writer per output (launcher/output_paths.py)
+    with writer_locks(outputs, "roformer finetune"):  # one writer per output (launcher/outputs/output_paths.py)
         return finetune_and_write(args, cfg)
 
 
@@ -167,7 +167,7 @@ def finetune_and_write(args: argparse.Namespace, cfg) -> int:
     """Fine-tune (every seed, and the random-init twin if asked), then write the table and the outputs."""
     from launcher.downstream.fine_tuning import run_finetune
     from launcher.downstream.finetune_report import console_table, save_model, write_predictions
-    from launcher.io import atomic_write_json
+    from launcher.common.io import atomic_write_json
 
     report, chosen, data, tokenizer, evals = run_finetune(cfg)
     same = same_file_note(cfg.task)
@@ -204,8 +204,8 @@ def finetune_and_write(args: argparse.Namespace, cfg) -> int:
 
 
 def check_finetune_paths(args: argparse.Namespace, spec) -> None:
-    """Every output against the export, the task's files and the other outputs (launcher/output_paths.py)."""
-    from launcher.output_paths import check_output_dir, check_output_file, check_paths
+    """Every output against the export, the task's files and the other outputs (launcher/outputs/output_paths.py)."""
+    from launcher.outputs.output_paths import check_output_dir, check_output_file, check_paths
 
     check_paths({"EXPORT": args.export_dir, "--task-spec": args.task_spec, "--train": spec.train, "--dev": spec.dev,
                  "--test": spec.test, "--corpus": spec.corpus},

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 PARTS = ("numerics", "pretraining", "speed", "memory")
 
@@ -50,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
         print(refusal, file=sys.stderr)
         return 2
     from launcher.gpu_check.run_checks import run_parts
-    from launcher.io import atomic_write_json
-    from launcher.ops_cache import prepare_arch_list
+    from launcher.common.io import atomic_write_json
+    from launcher.deepspeed_env.ops_cache import prepare_arch_list
 
     prepare_arch_list()  # the memory part builds FusedAdam in this process
     args.out = args.out.resolve()  # the run configs written under it name their schedule file by path

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.flag_types import positive_float
 from launcher.launch.hostfile import read_hostfile
 from launcher.config.precision import train_precision

@@ -18,12 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import ops_cache
+from launcher.deepspeed_env import ops_cache
 from launcher.cli import raise_if_stopped
-from launcher.defaults import DEFAULT_MASTER_PORT, PROGRESS_ENV
-from launcher.errors import UserError
+from launcher.common.defaults import DEFAULT_MASTER_PORT, PROGRESS_ENV
+from launcher.common.errors import UserError
 from launcher.run_dir.lock import LOCK_ID_ENV
-from launcher.io import atomic_write_text, keep_console, write_line
+from launcher.common.io import atomic_write_text, keep_console, write_line
 from launcher.launch import env_forwarding
 from launcher.launch.hostfile import is_local_only
 from launcher.launch.launch_plan import add_launch_arguments, build_plan
@@ -82,7 +82,7 @@ class BranchFromAction(argparse.Action):
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.output_paths import check_run_dir_target
+    from launcher.outputs.output_paths import check_run_dir_target
 
     check_run_dir_target("--run-dir", args.run_dir)
     if args.max_restarts is not None and args.max_restarts < 0:
@@ -119,9 +119,9 @@ def refuse_branch_into_its_source(plan) -> None:
 
 def refuse_run_dir_inside_inputs(plan) -> None:
     """The run's records never go into (or around) what it reads: its prepared data, the model it starts
-    from, the run it branches from (launcher/output_paths.py)."""
+    from, the run it branches from (launcher/outputs/output_paths.py)."""
     from launcher.config.branch_from import BranchFrom
-    from launcher.output_paths import check_paths
+    from launcher.outputs.output_paths import check_paths
 
     cfg = plan.run_config
     branch = BranchFrom.parse(cfg.branch_from, cfg.source).run_dir if cfg.branch_from else None
@@ -170,7 +170,7 @@ def say(plan, text: str) -> None:
     """A line of the restart loop: on the console and in RUN_DIR/logs/launcher.log, as the job's own notes."""
     from launcher.run_dir.layout import RunDir
 
-    write_line(text, sys.stdout)  # a console gone between two launches ends nothing (launcher/io.py)
+    write_line(text, sys.stdout)  # a console gone between two launches ends nothing (launcher/common/io.py)
     log = RunDir(plan.run_dir).launcher_log
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -213,7 +213,7 @@ def launch_once(plan, grace_seconds: float):
 
 def announce_op_build(plan, console) -> None:
     """On CPU the ranks compile DeepSpeed's communication op on their first start in a Python
-    environment, printing nothing for about a minute: say so before it happens (launcher/ops_cache.py)."""
+    environment, printing nothing for about a minute: say so before it happens (launcher/deepspeed_env/ops_cache.py)."""
     accelerator = plan.env.get("DS_ACCELERATOR")
     if accelerator is None and is_local_only(plan.resources):
         from deepspeed.accelerator import get_accelerator  # already imported to count the local devices

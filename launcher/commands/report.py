@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.output_paths import REPORT, check_paths, publishing, refuse_url, resolved_output
+    from launcher.outputs.output_paths import REPORT, check_paths, publishing, refuse_url, resolved_output
 
     refuse_url("RUN_DIR", args.run_dir)
     layout = check_run_dir(args.run_dir)
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 def make_report(run_dir: Path, out: Path | None = None, plots_only: bool = False) -> ReportFiles:
     """Render the plots (and report.md unless plots_only) from the records as they are now. Holds
     the output's render lock throughout, so concurrent renders (training's, a user's) take turns."""
-    from launcher.io import atomic_write_text
+    from launcher.common.io import atomic_write_text
     from launcher.report.curves import load_curves
     from launcher.report.hook import render_lock
     from launcher.report.plots import render_all
@@ -95,9 +95,9 @@ def make_report(run_dir: Path, out: Path | None = None, plots_only: bool = False
 
 
 def check_run_dir(run_dir: Path):
-    """A run directory of `roformer pretrain`, known by its own records (launcher/output_paths.py): a
+    """A run directory of `roformer pretrain`, known by its own records (launcher/outputs/output_paths.py): a
     folder with a config.yaml or metrics.jsonl of its own is not one."""
-    from launcher.output_paths import is_run_dir
+    from launcher.outputs.output_paths import is_run_dir
     from launcher.run_dir.layout import RunDir
 
     layout = RunDir(Path(run_dir).expanduser().resolve())

@@ -13,9 +13,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from launcher.errors import UserError
-from launcher.io import atomic_write_json
-from launcher.output_paths import REPRODUCTION_RECORD
+from launcher.common.errors import UserError
+from launcher.common.io import atomic_write_json
+from launcher.outputs.output_paths import REPRODUCTION_RECORD
 from launcher.reproduce.job_runner import Layout
 from launcher.reproduce.reproduction_plan import PARTS, PRESETS, PROJECT_ROOT
 
@@ -63,7 +63,7 @@ def select_groups(runs: list, text: str) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.output_paths import DATA, REPORT, REPRODUCTION, check_paths, check_replaceable, publishing
+    from launcher.outputs.output_paths import DATA, REPORT, REPRODUCTION, check_paths, check_replaceable, publishing
 
     preset = PRESETS["quick" if args.quick else "full"]()
     parts = parse_parts(args.parts if args.parts is not None else ",".join(preset.default_parts))

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 WORLD_SIZE_FIELDS = ("index", "name", "micro_batch_size", "grad_accum_steps")
 """Fields of a resolved stage (stages.json) that may differ between a branch and its source: the

@@ -7,13 +7,13 @@ import copy
 import re
 from pathlib import Path
 
-from launcher.io import read_mapping
+from launcher.common.io import read_mapping
 from launcher.config.precision import train_precision
 from launcher.config.run_config import RunConfig
 from launcher.config.run_shape import RunShape
 from launcher.config.stages import ResolvedStage
-from launcher.errors import UserError
-from launcher.optimizer_check import check_optimizer, merged_optimizer
+from launcher.common.errors import UserError
+from launcher.deepspeed_env.optimizer_check import check_optimizer, merged_optimizer
 
 # Keys our resolver owns: a DeepSpeed JSON that sets them would silently disagree with the schedule.
 RESOLVED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")

@@ -1,7 +1,7 @@
 """The `hardware:` section of a run config: the accelerator the run is meant for.
 
     hardware:
-      device: V100-16GB     # NAME-MEMORY; NAME as in the peak table of launcher/mfu.py
+      device: V100-16GB     # NAME-MEMORY; NAME as in the peak table of launcher/common/mfu.py
 
 `roformer plan` and `pretrain --dry-run` price memory and time on it (launcher/pricing/target.py), so a
 login node plans a GPU run as it will run; flags still win. Only the launching machine reads it, so it is
@@ -20,7 +20,7 @@ DEVICE_RE = re.compile(r"(?P<name>.+?)-(?P<memory>[0-9]*\.?[0-9]+\s*[KMGT]?I?B)"
 class HardwareSection:
     device: str = ""
     """The accelerator of every rank, `NAME-MEMORY` (e.g. V100-16GB, V100-32GB, A100-80GB, H100-80GB): NAME
-    must be in the peak table of launcher/mfu.py (matched case-insensitively, as a product name would be),
+    must be in the peak table of launcher/common/mfu.py (matched case-insensitively, as a product name would be),
     MEMORY is its memory per device. Empty = the machine `roformer plan` runs on."""
 
     @property
@@ -44,13 +44,13 @@ class HardwareSection:
         """fail(field, message) for a device that is not NAME-MEMORY or not in the peak table."""
         if not self.device:
             return
-        from launcher.mfu import PEAK_TFLOPS_TABLE
+        from launcher.common.mfu import PEAK_TFLOPS_TABLE
 
         known = sorted({key.upper() for key, _ in PEAK_TFLOPS_TABLE})
         if not DEVICE_RE.fullmatch(self.device.strip()):
             fail("hardware.device", f"expected NAME-MEMORY, e.g. V100-16GB or H100-80GB, got {self.device!r}")
         if not any(key in self.product_name.lower() for key, _ in PEAK_TFLOPS_TABLE):
-            fail("hardware.device", f"{self.name!r} is not in the peak table of launcher/mfu.py "
+            fail("hardware.device", f"{self.name!r} is not in the peak table of launcher/common/mfu.py "
                                     f"(known: {', '.join(known)}); add it there, or plan with --peak-tflops")
 
 

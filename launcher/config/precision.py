@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 BF16_KEYS = ("bf16", "bfloat16")
 """DeepSpeed's two spellings of the bf16 section, in the order it looks for them."""

@@ -1,8 +1,8 @@
 """`logging.report_to` (and `--report-to`): which of the sinks of launcher/tracking/ a run records to."""
 from __future__ import annotations
 
-from launcher.defaults import KNOWN_SINKS
-from launcher.errors import UserError
+from launcher.common.defaults import KNOWN_SINKS
+from launcher.common.errors import UserError
 
 
 def parse_report_to(value, where: str = "logging.report_to") -> tuple[str, ...]:

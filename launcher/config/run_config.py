@@ -23,7 +23,7 @@ from data_pipeline.config import ORDERS
 from data_pipeline.documents import DOCUMENT_VIEWS, DocumentView
 from data_pipeline.errors import DataError
 from data_pipeline.masking import MaskingConfig
-from launcher.io import load_yaml, read_mapping
+from launcher.common.io import load_yaml, read_mapping
 from launcher.config.branch_from import BranchFrom
 from launcher.config.schedule import (
     DECAY_SHAPES,
@@ -38,8 +38,8 @@ from launcher.config.hardware_section import HardwareSection
 from launcher.config.report_to import parse_report_to
 from launcher.config.restarts_section import RestartsSection
 from launcher.config.watchdog_section import WatchdogSection
-from launcher.errors import UserError
-from launcher.io import atomic_write_text
+from launcher.common.errors import UserError
+from launcher.common.io import atomic_write_text
 from roformer.config import ConfigError, RoFormerConfig, require_finite
 
 DECAY_KINDS = ("linear", "cosine", "constant", "wsd")
@@ -178,7 +178,7 @@ class LoggingSection:
     `roformer report RUN_DIR` draws them whenever asked."""
     peak_tflops: float = 0.0
     """Peak TFLOP/s of one rank's device that MFU is measured against (0 = from the table of known
-    accelerators in launcher/mfu.py, or measured by a timed matmul at start-up on CPU)."""
+    accelerators in launcher/common/mfu.py, or measured by a timed matmul at start-up on CPU)."""
     stage_end_evals: list = field(default_factory=list)
     """Evals run in the background on each stage-end checkpoint (`mlm` or a task name with optional
     `:field=value` fine-tune options; launcher/stage_evals/job.py). Empty = none."""
@@ -353,7 +353,7 @@ def _build_section(name: str, cls: type, values: Any, source: str, base_dir: Pat
         kwargs[key] = _check_type(f"{name}.{key}", value, default, source)
         if (name, key) in PATH_FIELDS and kwargs[key]:
             from data_pipeline.remote.url import SCHEME, is_remote, parse_location
-            from launcher.output_paths import refuse_url
+            from launcher.outputs.output_paths import refuse_url
 
             if (name, key) == ("data", "data_dir") and is_remote(kwargs[key]):
                 try:

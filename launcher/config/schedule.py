@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_pipeline.config import MIN_SEQ_LEN
-from launcher.io import read_mapping
-from launcher.errors import UserError
+from launcher.common.io import read_mapping
+from launcher.common.errors import UserError
 from roformer.config import MAX_SIZE
 
 STAGE_KEYS = ("name", "max_seq_len", "global_batch_size", "steps", "micro_batch_size", "lr_scale", "rope_theta",

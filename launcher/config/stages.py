@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 from launcher.config.run_config import RunConfig
 from launcher.config.schedule import Mixture, Stage
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from launcher.downstream.task_spec import TaskSpec
 from launcher.downstream.training_loop import optimizer_and_schedule, optimizer_step, training_rows
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 
 @dataclass

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 PREDICTION_FORMATS = (".csv", ".tsv", ".jsonl")
 
@@ -179,7 +179,7 @@ def write_table(path: Path, rows: list[dict], fields: list[str]) -> None:
     import csv
     import io
 
-    from launcher.io import atomic_write_text
+    from launcher.common.io import atomic_write_text
 
     path = Path(path)
     if path.suffix.lower() == ".jsonl":

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.downstream.task_spec import TaskSpec
-from launcher.errors import UserError
-from launcher.io import not_utf8
+from launcher.common.errors import UserError
+from launcher.common.io import not_utf8
 
 # extension -> (datasets builder, its options)
 FORMATS = {".csv": ("csv", {"keep_default_na": False}),

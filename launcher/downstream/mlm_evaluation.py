@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 
 @dataclass
@@ -121,7 +121,7 @@ def check_lengths(cfg: MLMEvalConfig, config, corpus) -> None:
     """Each length against the text (a sequence longer than all of it would repeat it) and against memory."""
     from data_pipeline import PretrainBatches
 
-    from launcher.size_checks import check_attention
+    from launcher.common.size_checks import check_attention
 
     available = PretrainBatches(corpus, rank=0, world_size=1, seed=cfg.seed).stream.epoch_length
     for seq_len in cfg.seq_lens:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 # our report's name -> the evaluator's metric key (cosine similarity), for one split named <split>_...
 METRIC_KEYS = {"ndcg@10": "cosine_ndcg@10", "mrr@10": "cosine_mrr@10", "recall@1": "cosine_recall@1",

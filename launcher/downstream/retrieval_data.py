@@ -13,7 +13,7 @@ from pathlib import Path
 
 from launcher.downstream.labelled_files import DEV_SPLIT_SEED, read_table, text_column
 from launcher.downstream.task_spec import TaskSpec
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 
 @dataclass

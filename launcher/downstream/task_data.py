@@ -20,8 +20,8 @@ import zipfile
 from pathlib import Path
 
 from launcher.downstream.tasks import SPLITS, TASKS, BundledTask
-from launcher.errors import UserError
-from launcher.io import file_sha256
+from launcher.common.errors import UserError
+from launcher.common.io import file_sha256
 
 # Bumped when the conversion changes, so an old cache is rebuilt rather than silently reused.
 FORMAT_VERSION = 3

@@ -22,7 +22,7 @@ DEFAULT_SELECT = {"classification": "macro_f1", "regression": "pearson", "retrie
 
 def check_select_metric(task_type: str, name: str | None) -> str:
     """The model-selection metric (default per task type); a name of the other task type is refused."""
-    from launcher.errors import UserError
+    from launcher.common.errors import UserError
 
     if name is None:
         return DEFAULT_SELECT[task_type]

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import UserError
-from launcher.io import read_mapping
+from launcher.common.errors import UserError
+from launcher.common.io import read_mapping
 
 TASK_TYPES = ("classification", "regression", "retrieval")
 FILE_FIELDS = ("train", "dev", "test")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from data_pipeline.sources import default_data_cache
 from launcher.downstream.task_spec import TaskSpec
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 SPLITS = ("train", "dev", "test")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.export.parity import check_logits
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.errors import UserError
-from launcher.io import file_sha256
+from launcher.common.errors import UserError
+from launcher.common.io import file_sha256
 
 EXPORT_INFO = "export_info.json"
 VOCABULARY_FILES = ("tokenizer.json", "vocab.txt")

@@ -25,9 +25,9 @@ from launcher.export.export_reader import EXPORT_INFO
 from launcher.export.parity import check_logits
 from launcher.export.model_card import render_model_card, run_stages, trained_length
 from launcher.export.sentence_transformers_files import write_sentence_transformers_files
-from launcher.errors import UserError
-from launcher.io import file_sha256, fsync_dir
-from launcher.output_paths import EXPORT, check_replaceable, remove_dead_leftovers
+from launcher.common.errors import UserError
+from launcher.common.io import file_sha256, fsync_dir
+from launcher.outputs.output_paths import EXPORT, check_replaceable, remove_dead_leftovers
 from launcher.run_dir.layout import SIDECAR_NAME, RunDir, sidecar_path
 from launcher.run_dir.records import describe_start, files_in_effect
 
@@ -52,7 +52,7 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     from launcher.checkpoint.catalogue import saved_model_config
     from launcher.checkpoint.weights import (AveragedCheckpoint, averaged_fp32, consolidate_fp32, resolve_checkpoint,
                                              select_checkpoints)
-    from launcher.size_checks import check_rope_table
+    from launcher.common.size_checks import check_rope_table
     from roformer import RoFormerForMaskedLM
 
     run_dir, out = Path(run_dir), Path(out)
@@ -137,7 +137,7 @@ def check_stage_rope_theta(ref: CheckpointRef) -> None:
 
 
 def _check_destination(out: Path, run_dir: Path) -> None:
-    """Only ever replace a previous export (launcher/output_paths.py): never a run directory, its
+    """Only ever replace a previous export (launcher/outputs/output_paths.py): never a run directory, its
     checkpoints or an unrelated folder, nor a previous export's extra files (the user's)."""
     resolved_out, resolved_run = out.resolve(), run_dir.resolve()
     if resolved_out == resolved_run or resolved_out in resolved_run.parents:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 PARITY_ATOL = 1e-4  # max |logit difference| between our model and transformers' on the export (fp32)
 

@@ -108,7 +108,7 @@ class SpeedRow:
     model_flops: float
     """Model FLOPs of one training step (roformer.flops.training_flops)."""
     peak_tflops: float | None
-    """The device's table peak in this precision (launcher/mfu.py)."""
+    """The device's table peak in this precision (launcher/common/mfu.py)."""
 
     def figures(self) -> dict:
         tokens = self.seq_len * self.batch_size

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from launcher.defaults import DEFAULT_MASTER_PORT
+from launcher.common.defaults import DEFAULT_MASTER_PORT
 from launcher.gpu_check.check_report import Check, SpeedRow, memory_check
 from launcher.gpu_check.side_by_side import adamw, make_batch, medians, round_robin, training_step
 from launcher.launch.ports import claim_default_port
-from launcher.mfu import table_peak_tflops
+from launcher.common.mfu import table_peak_tflops
 from roformer import IGNORE_INDEX, RoFormerConfig, RoFormerForMaskedLM, save_pretrained
 from roformer.flops import training_flops
 

@@ -16,7 +16,7 @@ from data_pipeline.errors import DataError
 from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
 from launcher.config import run_config
 from launcher.config.run_config import RunConfig
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from roformer.config import ConfigError
 from roformer.hf_interop import PretrainedDir, read_pretrained
 from roformer.hf_keys import WEIGHT_FILES

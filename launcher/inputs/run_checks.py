@@ -30,7 +30,7 @@ from launcher.config.deepspeed_json import resolve_stage_configs
 from launcher.config.run_config import RunConfig
 from launcher.config.run_shape import RunShape
 from launcher.config.stages import ResolvedStage
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.inputs.init_from import InitSource
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from launcher.defaults import ORDERLY_STOP_EXIT_CODE, STATUS_MARKER
-from launcher.io import write_text
+from launcher.common.defaults import ORDERLY_STOP_EXIT_CODE, STATUS_MARKER
+from launcher.common.io import write_text
 
 _PREFIX_RE = re.compile(r"^([A-Za-z0-9_.-]+): (.*)$")  # pdsh's "host: " prefix
 _DS_LOG_RE = re.compile(r"^\[[^\]]+\] \[(?P<level>[A-Z]+)\] \[(?P<file>[\w.]+):\d+:(?P<func>\w+)\] (?P<msg>.*)$")
@@ -114,7 +114,7 @@ class Console:
     def _write(self, stream: TextIO, text: str) -> None:
         if not self.echo and stream is self.out:
             return
-        # Our stdout gone (launcher/io.py redirects it): keep draining, keep monitoring, keep logging.
+        # Our stdout gone (launcher/common/io.py redirects it): keep draining, keep monitoring, keep logging.
         if not write_text(text, stream) and stream is self.out:
             self.echo = False
 

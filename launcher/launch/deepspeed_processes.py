@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from launcher.lean_imports import import_deepspeed
+from launcher.deepspeed_env.lean_imports import import_deepspeed
 
 MODULES = {"runner": "deepspeed.launcher.runner", "launch": "deepspeed.launcher.launch"}
 

@@ -14,9 +14,9 @@ import re
 import sys
 from pathlib import Path
 
-from launcher import ops_cache
-from launcher.errors import UserError
-from launcher.io import atomic_write_text
+from launcher.deepspeed_env import ops_cache
+from launcher.common.errors import UserError
+from launcher.common.io import atomic_write_text
 from launcher.run_dir.layout import RunDir
 
 
@@ -39,7 +39,7 @@ FORWARDED_PREFIXES = (
     "AWS_",  # s3:// data: AWS_ENDPOINT_URL, AWS_PROFILE, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SHARED_CREDENTIALS_FILE ...
     # (not AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN: credentials, see held_back_credentials)
 )
-# Set on every node from that node's own software (launcher/ops_cache.py): this machine's value
+# Set on every node from that node's own software (launcher/deepspeed_env/ops_cache.py): this machine's value
 # (e.g. a CPU torch's op cache on a login node) would be wrong there.
 NODE_LOCAL_NAMES = (ops_cache.ENV_VAR, "DS_ENV_FILE")
 RANKS_PER_NODE_VAR = "ROFORMER_RANKS_PER_NODE"
@@ -127,7 +127,7 @@ def node_computed(python: str = sys.executable) -> list[tuple[str, str]]:
     """(variable, what each node sets it to when a rank starts): for the --dry-run listing."""
     return [("PATH", f"the node's own PATH, {Path(python).parent} appended when missing"),
             (ops_cache.ENV_VAR, f"~/.cache/roformer-ds/torch_extensions/py<version>-torch<the node's torch version>-<hash of "
-                                f"{Path(python).parent.parent}> (launcher/ops_cache.py), unless set on the node"),
+                                f"{Path(python).parent.parent}> (launcher/deepspeed_env/ops_cache.py), unless set on the node"),
             ("OMP_NUM_THREADS", f"the node's cores / its ranks ({RANKS_PER_NODE_VAR}), unless forwarded")]
 
 

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 # RFC 1123 labels (plus '_', which real clusters use), dot separated; IPv4 addresses match too.
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?"

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.defaults import DEFAULT_MASTER_PORT
-from launcher.errors import UserError
+from launcher.common.defaults import DEFAULT_MASTER_PORT
+from launcher.common.errors import UserError
 from launcher.launch import env_forwarding
 from launcher.config.guard_section import GUARD_ACTIONS
 from launcher.launch.hostfile import Hostfile, is_local_only, read_hostfile, resolve_resources, world_size_of

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 # Shared by every user and worktree of the machine (ports are too): sticky and world-writable like /tmp.
 PORT_LOCK_DIR = Path(tempfile.gettempdir()) / "roformer-ports"

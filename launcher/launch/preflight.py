@@ -15,7 +15,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.launch.hostfile import LOCAL_HOSTNAMES
 from launcher.launch.ssh import ssh
 

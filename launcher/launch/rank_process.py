@@ -18,9 +18,9 @@ import subprocess
 import sys
 import time
 
-from launcher.defaults import (BAD_INPUT_EXIT_CODE, DEFAULT_MASTER_PORT, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE,
+from launcher.common.defaults import (BAD_INPUT_EXIT_CODE, DEFAULT_MASTER_PORT, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE,
                                RANK_STOP_SIGNALS)
-from launcher.io import write_line
+from launcher.common.io import write_line
 from launcher.launch.launch_plan import RANK_ENTRY_MODULE
 from launcher.launch.watchdog import Watchdog
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from launcher.checkpoint.catalogue import CheckpointCatalogue
-from launcher.defaults import BAD_INPUT_EXIT_CODE, GUARD_STOP_EXIT_CODE
-from launcher.errors import UserError
+from launcher.common.defaults import BAD_INPUT_EXIT_CODE, GUARD_STOP_EXIT_CODE
+from launcher.common.errors import UserError
 from launcher.launch.supervise import JobOutcome
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.metrics_format import read_records

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from launcher.checkpoint.catalogue import CheckpointCatalogue
-from launcher.defaults import (GUARD_STOP_EXIT_CODE, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE,
+from launcher.common.defaults import (GUARD_STOP_EXIT_CODE, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE,
                                PEER_GONE_PREFIX, RANK_ERROR_PREFIX)
 from launcher.launch import env_forwarding
 from launcher.launch.console import Console

@@ -1,7 +1,7 @@
 """The device `roformer plan` and `roformer pretrain --dry-run` price a run on, in this order:
 
 1. flags: `--device-name` / `--device-memory` / `--peak-tflops` (plan only);
-2. the run config's `hardware.device` (e.g. V100-16GB): its memory and table peak (launcher/mfu.py);
+2. the run config's `hardware.device` (e.g. V100-16GB): its memory and table peak (launcher/common/mfu.py);
 3. this machine's accelerator: a GPU's memory and peak, or a CPU's RAM and a timed matmul; but a
    precision this machine cannot train in gets one note and no estimate (a CPU's price of a V100 job
    misleads more than no number).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def resolve_target(cfg, precision: str, *, device_name: str | None = None, devic
 
 
 def _declared_peak(cfg, name: str, precision: str, where: str, peak_tflops: float | None) -> tuple[float, str]:
-    from launcher.mfu import table_peak_tflops
+    from launcher.common.mfu import table_peak_tflops
 
     if peak_tflops:
         return peak_tflops, "--peak-tflops"
@@ -72,7 +72,7 @@ def _declared_peak(cfg, name: str, precision: str, where: str, peak_tflops: floa
         return cfg.logging.peak_tflops, "logging.peak_tflops"
     peak = table_peak_tflops(name, precision)
     if peak is None:
-        raise UserError(f"{where}: {name} has no {precision} peak in the table of launcher/mfu.py"
+        raise UserError(f"{where}: {name} has no {precision} peak in the table of launcher/common/mfu.py"
                         f"{' (V100 has no bf16: use an fp16 DeepSpeed config)' if 'v100' in name.lower() else ''}; "
                         "give --peak-tflops")
     return peak, f"table: {name} {precision}"
@@ -81,7 +81,7 @@ def _declared_peak(cfg, name: str, precision: str, where: str, peak_tflops: floa
 def _this_machine(cfg, precision: str, memory: int | None, peak_tflops: float | None) -> Target | NoTarget:
     from deepspeed.accelerator import get_accelerator
 
-    from launcher.mfu import resolve_peak
+    from launcher.common.mfu import resolve_peak
 
     accelerator = get_accelerator()
     kind = accelerator.device_name()

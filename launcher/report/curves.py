@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.run_dir.metrics_format import parsed_lines, step_offset
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import RecordVersion, files_in_effect, read_versions
@@ -75,7 +75,7 @@ class TrainCurve:
     """Model FLOP utilisation as a fraction of the hardware's peak (record key `mfu`), when the records
     carry it."""
     tflops: np.ndarray | None
-    """Achieved model TFLOP/s per rank (record key `tflops`, launcher/mfu.py), when the records carry it."""
+    """Achieved model TFLOP/s per rank (record key `tflops`, launcher/common/mfu.py), when the records carry it."""
 
     def __len__(self) -> int:
         return len(self.step)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.io import atomic_write_bytes
+from launcher.common.io import atomic_write_bytes
 from launcher.report.curves import Curves
 from launcher.report.run_summary import RunSummary, finetune_rows
 
@@ -162,7 +162,7 @@ def _utilisation(ax, curves: Curves, present: list[str]) -> None:
     peak, so two lines would lie on each other); MFU alone when only it is recorded."""
     train = curves.train
     percent = None
-    if "mfu" in present:  # a fraction by contract (launcher/mfu.py); a record in percent is kept
+    if "mfu" in present:  # a fraction by contract (launcher/common/mfu.py); a record in percent is kept
         percent = train.mfu * (100 if np.nanmax(train.mfu) <= 1.0 else 1)
     if "tflops" not in present:
         _raw_and_smoothed(ax, train.step, percent, train.stage, "tab:purple", "MFU")

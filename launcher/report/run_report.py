@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.output_paths import REPORT_TITLES
+from launcher.outputs.output_paths import REPORT_TITLES
 from launcher.report.curves import Curves
 from launcher.report.run_summary import RunSummary, finetune_rows
 

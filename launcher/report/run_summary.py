@@ -16,8 +16,8 @@ import yaml
 
 from launcher.checkpoint.catalogue import CheckpointCatalogue, CheckpointSidecar
 from launcher.config.precision import train_precision
-from launcher.errors import UserError
-from launcher.io import read_json_object
+from launcher.common.errors import UserError
+from launcher.common.io import read_json_object
 from launcher.report.curves import Curves, record_versions, records_in_effect
 from launcher.run_dir.records import RecordVersion, describe_start
 from launcher.run_dir.layout import RunDir, step_of_tag

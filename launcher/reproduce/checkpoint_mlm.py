@@ -15,7 +15,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 
 def evaluate_checkpoint(run_dir: Path, data_dir: Path, seq_lens: list[int], tokens: int = 32768,
@@ -51,7 +51,7 @@ def evaluate_checkpoint(run_dir: Path, data_dir: Path, seq_lens: list[int], toke
 
 
 def main(argv: list[str] | None = None) -> int:
-    from launcher.io import atomic_write_json
+    from launcher.common.io import atomic_write_json
 
     parser = argparse.ArgumentParser(prog="python -m launcher.reproduce.checkpoint_mlm", description=__doc__)
     parser.add_argument("run_dir", type=Path)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.io import atomic_write_json, atomic_write_text
-from launcher.output_paths import REPORT_TITLES
+from launcher.common.io import atomic_write_json, atomic_write_text
+from launcher.outputs.output_paths import REPORT_TITLES
 from launcher.reproduce import claim_plots as plots
 from launcher.reproduce.from_bert_results import from_bert_section
 from launcher.reproduce.retrieval_part import retrieval_section

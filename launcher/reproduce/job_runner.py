@@ -20,8 +20,8 @@ from pathlib import Path
 import yaml
 
 from launcher.checkpoint.catalogue import CheckpointCatalogue
-from launcher.errors import UserError
-from launcher.io import atomic_write_text
+from launcher.common.errors import UserError
+from launcher.common.io import atomic_write_text
 from launcher.reproduce.reproduction_plan import EvalRun, FinetuneRun, Preset, PretrainRun
 
 

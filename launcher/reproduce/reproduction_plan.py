@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.io import read_mapping
+from launcher.common.io import read_mapping
 from launcher.reproduce import from_bert_part, retrieval_part
 from launcher.reproduce.from_bert_part import FromBert
 from launcher.reproduce.retrieval_part import RetrievalProtocol

@@ -20,7 +20,7 @@
       .deepspeed_env, launch/     what `roformer pretrain` gave the ranks (env file, hostfile copy)
       logs/launcher.log           everything the job printed, appended by each `roformer pretrain`
       logs/rank<r>.log            what rank r wrote after its console went away (pdsh killed, ssh gone:
-                                  launcher/io.py keep_console); absent while the console is there
+                                  launcher/common/io.py keep_console); absent while the console is there
       restarts.json               every restart `roformer pretrain --max-restarts` made, and why (launcher/run_dir/restart_records.py)
 """
 from __future__ import annotations

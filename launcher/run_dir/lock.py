@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from launcher.errors import UserError
-from launcher.io import write_line
+from launcher.common.errors import UserError
+from launcher.common.io import write_line
 from launcher.run_dir.layout import RunDir
 
 LOCK_ID_ENV = "ROFORMER_RUN_LOCK_ID"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from launcher.errors import UserError
-from launcher.io import atomic_write_json, atomic_write_text
+from launcher.common.errors import UserError
+from launcher.common.io import atomic_write_json, atomic_write_text
 from launcher.run_dir.layout import RunDir, versioned
 
 KINDS = ("config", "ds_config", "stages")

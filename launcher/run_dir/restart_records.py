@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from launcher.errors import UserError
-from launcher.io import atomic_write_json
+from launcher.common.errors import UserError
+from launcher.common.io import atomic_write_json
 from launcher.run_dir.layout import RunDir
 
 ACTIONS = ("restart", "gave up")

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from launcher.checkpoint.catalogue import read_sidecar
-from launcher.defaults import BAD_INPUT_EXIT_CODE
-from launcher.errors import UserError
-from launcher.io import atomic_write_json
+from launcher.common.defaults import BAD_INPUT_EXIT_CODE
+from launcher.common.errors import UserError
+from launcher.common.io import atomic_write_json
 from launcher.run_dir.layout import RunDir
 
 MLM_EVAL = "mlm"

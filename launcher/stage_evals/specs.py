@@ -11,8 +11,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from launcher.defaults import BAD_INPUT_EXIT_CODE
-from launcher.errors import UserError
+from launcher.common.defaults import BAD_INPUT_EXIT_CODE
+from launcher.common.errors import UserError
 
 STAGE_EVALS_MODULE = "launcher.stage_evals.job"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.defaults import TRACKERS
-from launcher.io import write_line
+from launcher.common.defaults import TRACKERS
+from launcher.common.io import write_line
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.metrics_format import read_records
 from launcher.tracking.remote import Connection, tracking_dir

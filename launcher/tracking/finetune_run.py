@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.defaults import TRACKERS
+from launcher.common.defaults import TRACKERS
 from launcher.export.export_reader import EXPORT_INFO
-from launcher.io import write_line
-from launcher.output_paths import is_run_dir
+from launcher.common.io import write_line
+from launcher.outputs.output_paths import is_run_dir
 from launcher.tracking.remote import backend
 from launcher.tracking.translate import Item, flatten, run_params
 

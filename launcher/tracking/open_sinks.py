@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.defaults import TRACKERS
+from launcher.common.defaults import TRACKERS
 from launcher.tracking.remote import RemoteSink
 from launcher.tracking.sink import Sink
 from launcher.tracking.tensorboard import TensorBoardSink

@@ -15,7 +15,7 @@ import queue
 import threading
 from pathlib import Path
 
-from launcher.io import atomic_write_json, write_line
+from launcher.common.io import atomic_write_json, write_line
 from launcher.run_dir.layout import RunDir
 from launcher.tracking.mlflow_backend import MlflowBackend
 from launcher.tracking.sink import Sink

@@ -10,7 +10,7 @@ from deepspeed.accelerator import get_accelerator
 
 from launcher.config.run_config import RunConfig
 from launcher.engine_facts import seed_everything
-from launcher.lean_imports import answer_not_muon
+from launcher.deepspeed_env.lean_imports import answer_not_muon
 from launcher.train.init_weights import InitialWeights
 from roformer import RoFormerForMaskedLM
 

@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from launcher.config.run_config import WEIGHT_FIELDS
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.inputs.init_from import InitSource, weights_file
-from launcher.io import file_sha256
+from launcher.common.io import file_sha256
 from roformer.bert_interop import mlm_head_names
 from roformer.config import ConfigError
 from roformer.hf_interop import load_mlm_weights

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage
-from launcher.io import atomic_write_text, write_line, write_line_kept
+from launcher.common.io import atomic_write_text, write_line, write_line_kept
 from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, read_records
 from launcher.run_dir.layout import RunDir
-from launcher.mfu import Peak, resolve_peak, speed_fields
+from launcher.common.mfu import Peak, resolve_peak, speed_fields
 from launcher.tracking.open_sinks import TrackedRun, open_sinks
 from launcher.train.progress_line import ProgressPrinter, progress_every
 from launcher.train.stop_time import StopTime
@@ -189,7 +189,7 @@ class Metrics:
             sink.guard_scalars(step, action, rewinds)
 
     def message(self, text: str, kept: bool = False) -> None:
-        """One line on the console (rank 0 only); `kept`: also in the rank's log (launcher.io.write_line_kept),
+        """One line on the console (rank 0 only); `kept`: also in the rank's log (launcher.common.io.write_line_kept),
         for the lines of a stop, which the console may not carry any more."""
         if self.active:
             (write_line_kept if kept else write_line)(text)

@@ -12,8 +12,8 @@ import sys
 import time
 from typing import Callable
 
-from launcher.defaults import PROGRESS_ENV, STATUS_MARKER
-from launcher.io import write_line
+from launcher.common.defaults import PROGRESS_ENV, STATUS_MARKER
+from launcher.common.io import write_line
 
 LINES, STATUS = "lines", "status"
 STATUS_INTERVAL_S = 1.0

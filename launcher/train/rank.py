@@ -23,9 +23,9 @@ from launcher.checkpoint.checkpointer import CheckpointedRun, Checkpointer
 from launcher.checkpoint.resume import BranchPoint, ResumePlan
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import resolve_stages
-from launcher.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
+from launcher.common.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.engine_facts import loss_scale
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.inputs.init_from import load_config_and_init
 from launcher.inputs.run_checks import RunSetup, check_data, open_streams, resolve_setup
 from launcher.report.hook import PlotHook

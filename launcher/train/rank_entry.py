@@ -7,7 +7,7 @@ on the resume (launcher/checkpoint/resume.py), then trains to the end. Exit code
 input, 143 stopped after saving a checkpoint (a SIGTERM / SIGINT at any moment, start-up included:
 launcher/train/stop_signals.py), 1 a peer gone (docs/training.md, "Exit codes of every command"). Every
 exit flushes the output, destroys the process group and skips the interpreter's finalization
-(launcher/train/teardown.py); a console that goes away ends nothing (launcher/io.py keep_console).
+(launcher/train/teardown.py); a console that goes away ends nothing (launcher/common/io.py keep_console).
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ def prepare_process_environment(environ: dict[str, str] = os.environ) -> None:
     of one node share its cores; without it every rank would start one thread per core and the node
     would be oversubscribed. TORCH_EXTENSIONS_DIR: this Python environment's op cache, keyed by this
     node's torch (a CPU torch on the login node and a CUDA torch here must not share one:
-    launcher/ops_cache.py). PATH: the node's own, with the venv's bin appended (its tools, e.g. ninja)."""
+    launcher/deepspeed_env/ops_cache.py). PATH: the node's own, with the venv's bin appended (its tools, e.g. ninja)."""
     from launcher.launch.env_forwarding import RANKS_PER_NODE_VAR, append_venv_bin
-    from launcher.ops_cache import ENV_VAR, extensions_dir, prepare_arch_list
+    from launcher.deepspeed_env.ops_cache import ENV_VAR, extensions_dir, prepare_arch_list
 
     if "OMP_NUM_THREADS" not in environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -47,14 +47,14 @@ def main(argv: list[str] | None = None) -> int:
 
     THIS_RANK.install()  # first: a stop during start-up is honoured at the first step boundary
     prepare_process_environment()
-    from launcher.io import keep_console, write_line
+    from launcher.common.io import keep_console, write_line
 
-    keep_console()  # before DeepSpeed's logger takes sys.stdout: a console gone ends nothing (launcher/io.py)
-    from launcher.lean_imports import import_deepspeed
+    keep_console()  # before DeepSpeed's logger takes sys.stdout: a console gone ends nothing (launcher/common/io.py)
+    from launcher.deepspeed_env.lean_imports import import_deepspeed
 
     import_deepspeed()
-    from launcher.defaults import BAD_INPUT_EXIT_CODE, RANK_ERROR_PREFIX
-    from launcher.errors import user_errors
+    from launcher.common.defaults import BAD_INPUT_EXIT_CODE, RANK_ERROR_PREFIX
+    from launcher.common.errors import user_errors
     from launcher.run_dir.lock import held_run_dir
     from launcher.train import rank  # torch and DeepSpeed: after the environment above
     from launcher.train.teardown import end_rank
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         write_line(RANK_ERROR_PREFIX.format(rank=os.environ.get("RANK", "?")) + str(err))
         return BAD_INPUT_EXIT_CODE
     except (RuntimeError, KeyboardInterrupt) as err:
-        from launcher.peer_errors import rank_stop_line
+        from launcher.train.peer_errors import rank_stop_line
 
         stop = rank_stop_line(err, os.environ.get("RANK", "?"))
         if stop is None:

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from launcher.defaults import RANK_STOP_SIGNALS
-from launcher.io import write_line
+from launcher.common.defaults import RANK_STOP_SIGNALS
+from launcher.common.io import write_line
 
 SAME_STOP_SECONDS = 5.0
 """A second stop signal this soon after the first is the same stop delivered twice (a scheduler preempting

@@ -15,11 +15,11 @@ import os
 import sys
 from typing import Callable, NoReturn
 
-from launcher.io import flush_console, write_line
+from launcher.common.io import flush_console, write_line
 
 
 def end_rank() -> None:
-    """Flush stdout/stderr (a console that went away is redirected first: launcher/io.py, so the
+    """Flush stdout/stderr (a console that went away is redirected first: launcher/common/io.py, so the
     interpreter's final flush cannot turn the exit code into 120), then destroy the process group if this
     rank started one (idempotent; never raises: the rank's own exit code and error line are what the job
     reports)."""

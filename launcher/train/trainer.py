@@ -22,7 +22,7 @@ from launcher.train.device_batches import host_counts, to_device
 from launcher.train.guard_actions import GuardActions, Rewind, Stop
 from launcher.train.heartbeats import HeartbeatWriter
 from launcher.train.metrics import Metrics
-from launcher.mfu import step_model_flops
+from launcher.common.mfu import step_model_flops
 from roformer.rope import set_rope_theta
 
 StageEndCallback = Callable[[str, ResolvedStage], None]

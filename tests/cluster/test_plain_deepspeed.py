@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from launcher.ops_cache import extensions_dir
+from launcher.deepspeed_env.ops_cache import extensions_dir
 from tests.support.helpers import REPO, RANK_ENTRY, events, free_port, metrics_steps, newest_checkpoint, roformer
 from tests.support.netns.jobs import (
     assert_nothing_left,

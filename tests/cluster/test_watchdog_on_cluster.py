@@ -11,7 +11,7 @@ import time
 import psutil
 
 from launcher.config.watchdog_section import WatchdogSection
-from launcher.defaults import HUNG_EXIT_CODE
+from launcher.common.defaults import HUNG_EXIT_CODE
 from tests.support.helpers import events, metrics_steps, roformer, start_roformer, newest_checkpoint
 from tests.support.netns.jobs import (
     cluster_env,

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from launcher.cli import main as cli_main
 from launcher.export.exporter import export_checkpoint
-from launcher.io import file_sha256
+from launcher.common.io import file_sha256
 
 
 def test_average_of_checkpoints_is_the_mean_of_their_single_exports(trainer_run, tmp_path, capsys):

@@ -6,7 +6,7 @@ import re
 import signal
 import time
 
-from launcher.defaults import DEFAULT_MASTER_PORT
+from launcher.common.defaults import DEFAULT_MASTER_PORT
 from launcher.launch.ports import AUTO_PORT_SPAN
 from launcher.run_dir.layout import RunDir
 from launcher.train.metrics import read_metrics

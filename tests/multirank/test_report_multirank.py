@@ -61,7 +61,7 @@ def test_report_of_a_finished_run(trainer_run, tmp_path):
     assert all(f"| `global_step{step}` | {step} |" in text for step in kept)
     assert "No evaluation report" in text
     assert not (trainer_run / "report.md").exists()  # --out: the run directory is only read
-    # The trainer records model TFLOP/s and MFU (launcher/mfu.py): a third throughput panel.
+    # The trainer records model TFLOP/s and MFU (launcher/common/mfu.py): a third throughput panel.
     first = json.loads(next(line for line in (trainer_run / "metrics.jsonl").read_text().splitlines()
                             if '"kind": "train"' in line))
     assert first["mfu"] is not None and first["tflops"] is not None

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.run_dir.layout import RunDir, sidecar_path
 from launcher.checkpoint.catalogue import read_sidecar
 from tests.support.helpers import (

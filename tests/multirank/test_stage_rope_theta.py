@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.export.exporter import export_checkpoint
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.checkpoint.catalogue import read_sidecar
 from tests.support.helpers import (
     NO_DROPOUT,

@@ -9,7 +9,7 @@ import signal
 import time
 from pathlib import Path
 
-from launcher import ops_cache
+from launcher.deepspeed_env import ops_cache
 from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import free_port, metrics_steps, newest_checkpoint, roformer, roformer_env, \
@@ -73,7 +73,7 @@ def test_a_stop_at_any_moment_of_the_start_ends_the_run_at_its_first_step_bounda
 
 def build_the_op_first(tiny_data, work: Path) -> None:
     """The first start in a Python environment compiles DeepSpeed's CPU communication op (minutes under load,
-    launcher/ops_cache.py), which no stop shortens: done here first, by one step of a run, when it is not built."""
+    launcher/deepspeed_env/ops_cache.py), which no stop shortens: done here first, by one step of a run, when it is not built."""
     env = roformer_env()
     if ops_cache.op_built(Path(env[ops_cache.ENV_VAR])):
         return

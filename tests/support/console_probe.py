@@ -4,7 +4,7 @@
 
 It waits for EOF on stdin (the test closes the pipes it reads, then stdin), then writes the way a rank
 or `roformer pretrain` does after its console went away, and exits with EXIT_CODE. MODE:
-  rank      LOG is the console log (launcher.io.keep_console; "-" for none): write_line, a write_line
+  rank      LOG is the console log (launcher.common.io.keep_console; "-" for none): write_line, a write_line
             from a signal handler, print() flushed and unflushed, a large buffered write, then the
             interpreter's own final flush
   launcher  LOG is RUN_DIR: as `roformer pretrain` (keep_console without a log), a note by print(), its
@@ -23,7 +23,7 @@ EXIT_CODE = 7
 
 
 def rank() -> None:
-    from launcher.io import write_line
+    from launcher.common.io import write_line
 
     write_line("a rank's line after the close")
     signal.signal(signal.SIGUSR1, lambda *_: write_line("stop requested (SIGUSR1): a line from a signal handler"))
@@ -49,13 +49,13 @@ def launcher(run_dir: Path) -> None:
 if __name__ == "__main__":
     mode, path = sys.argv[1:3]
     if mode == "rank":
-        from launcher.io import keep_console
+        from launcher.common.io import keep_console
 
         keep_console(None if path == "-" else Path(path))
         sys.stdin.read()
         rank()
     else:  # `roformer pretrain` sets no console log: its Console logs every line itself
-        from launcher.io import keep_console
+        from launcher.common.io import keep_console
 
         keep_console()
         sys.stdin.read()

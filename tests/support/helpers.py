@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.defaults import DEFAULT_MASTER_PORT
+from launcher.common.defaults import DEFAULT_MASTER_PORT
 from launcher.launch.ports import claim_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,7 +119,7 @@ def free_port() -> int:
 
 def roformer_env(**extra: str) -> dict[str, str]:
     """The environment of a `roformer` command (as the Makefile sets it)."""
-    from launcher.ops_cache import ENV_VAR, extensions_dir
+    from launcher.deepspeed_env.ops_cache import ENV_VAR, extensions_dir
 
     env = dict(os.environ, DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     # This environment's op cache (as every rank uses), so DeepSpeed's CPU shm-comm op compiles once.

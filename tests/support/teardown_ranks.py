@@ -54,7 +54,7 @@ def failing_start(scenarios: list[str]):
         import deepspeed.comm as dist
         import torch.distributed
 
-        from launcher.errors import UserError
+        from launcher.common.errors import UserError
         from launcher.checkpoint.checkpointer import write_failure
         from launcher.train import engine
         from launcher.checkpoint.checkpointer import CheckpointedRun, Checkpointer
@@ -106,7 +106,7 @@ def gloo_threads_behind(rank: int):
 def main(argv: list[str]) -> int:
     scenarios, work = argv[0].split(","), Path(argv[1])
     prepare_process_environment()
-    from launcher.io import write_line
+    from launcher.common.io import write_line
     from launcher.launch.rank_process import _rank_identity, exit_line
     from launcher.train import rank as rank_module
     from launcher.train import rank_entry

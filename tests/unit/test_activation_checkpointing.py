@@ -9,7 +9,7 @@ import torch
 
 from launcher.cli import main as cli_main
 from launcher.config.run_config import load_run_config
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.train.engine import build_model
 from tests.support.helpers import run_config_dict, tiny_run_config, write_yaml
 

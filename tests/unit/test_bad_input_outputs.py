@@ -1,4 +1,4 @@
-"""Where every publishing command may write, round 2 (issue 49; launcher/output_paths.py, docs/bad_inputs.md):
+"""Where every publishing command may write, round 2 (issue 49; launcher/outputs/output_paths.py, docs/bad_inputs.md):
 our folders are known by our own records, every entry counts (dotfiles, nested folders, edited files),
 paths are compared resolved, one writer per resolved path, read-only targets and outputs inside an input
 are refused before the work, and dead writers' leftovers are cleaned. Real commands on the stored run and
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main as cli_main
-from launcher.output_paths import writer_lock
+from launcher.outputs.output_paths import writer_lock
 from tests.support.bad_inputs import refused, snapshot
 from tests.support.corpus_files import english_paragraphs
 from tests.support.helpers import REPO, roformer_env, run_config_dict, write_yaml

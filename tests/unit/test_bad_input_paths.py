@@ -1,4 +1,4 @@
-"""Outputs never replace what the user owns (launcher/output_paths.py, docs/bad_inputs.md): every refusal is
+"""Outputs never replace what the user owns (launcher/outputs/output_paths.py, docs/bad_inputs.md): every refusal is
 exit 2 and one line, before anything is read or written, and every file the user had hashes the same
 afterwards. Real commands in this process; the stored run and its export (no DeepSpeed job)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main as cli_main
-from launcher.output_paths import writer_lock
+from launcher.outputs.output_paths import writer_lock
 from tests.support.bad_inputs import refused, snapshot
 from tests.support.corpus_files import english_paragraphs
 from tests.support.helpers import run_config_dict, write_yaml

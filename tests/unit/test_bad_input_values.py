@@ -188,7 +188,7 @@ def test_a_process_group_error_of_a_peer_gone_is_one_line(tmp_path):
     script = tmp_path / "peer.py"
     script.write_text(
         "import os, sys, time, torch, torch.distributed as dist\n"
-        "from launcher.peer_errors import peer_gone\n"
+        "from launcher.train.peer_errors import peer_gone\n"
         "rank = int(sys.argv[1])\n"
         "dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{sys.argv[2]}', rank=rank, world_size=2)\n"
         "if rank == 0:\n    os._exit(0)\n"
@@ -214,7 +214,7 @@ def test_a_rendezvous_port_taken_on_rank_0s_node_is_one_line(monkeypatch):
 
     import torch.distributed as dist
 
-    from launcher.peer_errors import rank_stop_line
+    from launcher.train.peer_errors import rank_stop_line
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

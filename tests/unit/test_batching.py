@@ -6,7 +6,7 @@ import pytest
 from launcher.config.deepspeed_json import resolve_ds_config
 from launcher.config.run_config import load_run_config
 from launcher.config.stages import resolve_stages
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from tests.support.helpers import REPO, run_config_dict, write_schedule, write_yaml
 
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from launcher.cli import main as cli_main
 from launcher.inputs.init_from import load_config_and_init
 from launcher.inputs.run_checks import init_source_note
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.run_dir.records import describe_init
 from launcher.train.engine import build_model
 from launcher.train.init_weights import InitialWeights

@@ -18,7 +18,7 @@ from launcher.checkpoint.resume import check_branch, find_branch_point
 from launcher.config.branch_from import BranchFrom, lr_difference, schedule_difference
 from launcher.config.run_config import OptimizerSection, load_run_config
 from launcher.config.stages import resolve_stages
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import write_branch_record
 from tests.support.helpers import stored_run_resume_config, write_schedule

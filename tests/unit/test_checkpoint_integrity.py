@@ -127,7 +127,7 @@ def test_resume_takes_the_newest_intact_checkpoint_and_lists_the_damaged(run_dir
 
 
 def test_every_checkpoint_damaged_is_refused_and_nothing_moves(run_dir, tiny_data):
-    from launcher.errors import UserError
+    from launcher.common.errors import UserError
     from launcher.checkpoint.resume import decide
 
     for step in (3, 4, 5):

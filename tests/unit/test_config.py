@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.config.run_config import dump_run_config, load_run_config
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from tests.support.helpers import REPO, run_config_dict, write_yaml
 
 

@@ -1,5 +1,5 @@
 """What `roformer pretrain` shows and logs (launcher/launch/console.py), and the per-environment op
-cache (launcher/ops_cache.py). Fast: lines as DeepSpeed 0.19.8's runner and launcher print them,
+cache (launcher/deepspeed_env/ops_cache.py). Fast: lines as DeepSpeed 0.19.8's runner and launcher print them,
 no job is started (tests/multirank/test_launch_local.py runs the real one)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher import ops_cache
-from launcher.defaults import STATUS_MARKER
+from launcher.deepspeed_env import ops_cache
+from launcher.common.defaults import STATUS_MARKER
 from launcher.launch.console import Console, hidden
 from launcher.launch.env_forwarding import forwarded_environment
 

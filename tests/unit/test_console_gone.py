@@ -1,4 +1,4 @@
-"""A console that goes away ends nothing (launcher/io.py): the process goes on, keeps its exit code, and its
+"""A console that goes away ends nothing (launcher/common/io.py): the process goes on, keeps its exit code, and its
 later lines reach its console log (a rank's RUN_DIR/logs/rank<r>.log) or, without one, /dev/null. Real
 processes with real pipes (tests/support/console_probe.py), since a redirect replaces the process's own
 descriptors. Also the stop-time line (launcher/train/stop_time.py) and the DeepSpeed grace it relies on.
@@ -68,7 +68,7 @@ def test_a_console_log_is_not_created_without_its_run_directory(tmp_path):
 KEPT = """
 import sys
 from pathlib import Path
-from launcher.io import keep_console, write_line_kept
+from launcher.common.io import keep_console, write_line_kept
 keep_console(Path(sys.argv[1]))
 write_line_kept("stop requested (SIGTERM): finishing step 9, then a checkpoint")
 sys.stdin.read()

@@ -11,7 +11,7 @@ from data_pipeline import DataError, DocumentView, PretrainBatches, open_corpus
 from data_pipeline.config import CLS_ID, PAD_ID, SEP_ID
 from data_pipeline.documents import document_positions
 from launcher.config.run_config import load_run_config
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from roformer import RoFormerConfig, RoFormerForMaskedLM
 from roformer.model import IGNORE_INDEX
 from tests.support.corpus_files import prepared_dir

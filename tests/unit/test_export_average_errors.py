@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from launcher.checkpoint.weights import AverageRequest
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from tests.unit.test_export_errors import TAG2, _export_fails
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from launcher.export.exporter import MIN_MAX_POSITIONS, export_checkpoint
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from roformer.hf_interop import load_pretrained
 from tests.support.helpers import roformer
 

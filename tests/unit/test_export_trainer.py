@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.stage_evals.job import validate_eval_names
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 
 def test_unknown_stage_eval_is_rejected_by_name():

@@ -9,7 +9,7 @@ import pytest
 
 from launcher.stage_evals.specs import check_eval_specs
 from launcher.stage_evals.job import run_stage_evals, validate_eval_names
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from tests.support.labelled_data import movie_review_rows, write_rows
 
 

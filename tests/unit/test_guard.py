@@ -9,7 +9,7 @@ import pytest
 
 from launcher.config.guard_section import GuardSection
 from launcher.config.run_config import load_run_config
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.launch.restart_loop import Fault, RestartPolicy
 from launcher.train.numerics_guard import NumericsGuard, StepFigures
 from tests.support.helpers import REPO, roformer, run_config_dict, write_yaml

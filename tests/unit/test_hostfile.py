@@ -13,7 +13,7 @@ from launcher.launch.hostfile import (
     resolve_resources,
     world_size_of,
 )
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 

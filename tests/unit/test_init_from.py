@@ -24,7 +24,7 @@ from data_pipeline.shards import open_corpus
 from launcher.cli import main as cli_main
 from launcher.config.run_config import dump_run_config
 from launcher.inputs.init_from import load_config_and_init, load_run_config
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import describe_init, read_init_record, write_init_record
 from launcher.train.engine import build_model

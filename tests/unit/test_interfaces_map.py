@@ -14,7 +14,7 @@ from tests.support.helpers import REPO
 
 MAP = REPO / "docs" / "INTERFACES.md"
 PACKAGES = ("roformer", "data_pipeline", "launcher")
-# A repository path in backticks (`launcher/io.py`, `launcher/run_dir/`), and a dotted name of ours.
+# A repository path in backticks (`launcher/common/io.py`, `launcher/run_dir/`), and a dotted name of ours.
 PATH = re.compile(r"`((?:roformer|data_pipeline|launcher|tests|bench|docs|scripts|configs|ds_configs)/[\w./-]*)`")
 DOTTED = re.compile(r"(?<![\w./])((?:roformer|data_pipeline|launcher)(?:\.[A-Za-z_]\w*)+)")
 FROM_IMPORT = re.compile(r"from ((?:roformer|data_pipeline|launcher)[\w.]*) import ([\w, ]+)")

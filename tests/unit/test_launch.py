@@ -490,8 +490,8 @@ def test_rank_guard_quiet_on_requested_stop_and_stops_rank_when_orphaned(tmp_pat
 
 
 def test_guard_treats_the_trainers_orderly_stop_as_no_failure(tmp_path):
-    """The rank entry's exit code after a checkpointed stop (launcher.defaults) is not reported as a death."""
-    from launcher.defaults import ORDERLY_STOP_EXIT_CODE
+    """The rank entry's exit code after a checkpointed stop (launcher.common.defaults) is not reported as a death."""
+    from launcher.common.defaults import ORDERLY_STOP_EXIT_CODE
 
     script = tmp_path / "orderly_stop.py"
     script.write_text(f"import sys\nsys.exit({ORDERLY_STOP_EXIT_CODE})\n")
@@ -534,7 +534,7 @@ def test_output_monitor_blames_the_first_rank_that_died():
 
 def test_a_rank_that_only_lost_its_peer_is_not_the_cause_even_when_its_exit_is_seen_first():
     from launcher.launch.supervise import OutputMonitor
-    from launcher.peer_errors import rank_stop_line
+    from launcher.train.peer_errors import rank_stop_line
 
     # rank 1 was SIGKILLed; rank 0's collective failed at once and its exit can reach us before the
     # killed rank's wrapper reports (a loaded machine): the restart loop compares causes across launches.

@@ -1,4 +1,4 @@
-"""A rank imports and builds DeepSpeed without the parts it never runs (launcher/lean_imports.py): not MLflow,
+"""A rank imports and builds DeepSpeed without the parts it never runs (launcher/deepspeed_env/lean_imports.py): not MLflow,
 not the Muon modules with their compiled kernels; a run that uses them still gets the real ones."""
 import json
 import subprocess
@@ -10,7 +10,7 @@ from tests.support.helpers import REPO, free_port, rank_env
 # ds_configs/cpu_*.json: DeepSpeed's FusedAdam would be a JIT build of its own (about a minute in CI).
 ENGINE_STEP = """
 import json, sys
-from launcher.lean_imports import answer_not_muon, import_deepspeed
+from launcher.deepspeed_env.lean_imports import answer_not_muon, import_deepspeed
 import_deepspeed()
 import deepspeed, torch
 optimizer = sys.argv[1]
@@ -44,7 +44,7 @@ def test_an_adamw_rank_trains_without_mlflow_or_the_compiled_muon_modules():
 
 
 def test_mlflow_is_importable_after_deepspeed_and_muon_is_left_to_a_muon_run(monkeypatch):
-    from launcher.lean_imports import MUON_KERNELS, MUON_OPTIMIZER, answer_not_muon, import_deepspeed
+    from launcher.deepspeed_env.lean_imports import MUON_KERNELS, MUON_OPTIMIZER, answer_not_muon, import_deepspeed
 
     import_deepspeed()
     assert sys.modules.get("mlflow", "absent") is not None  # the block is lifted: `import mlflow` can work

@@ -1,10 +1,10 @@
-"""launcher.mfu: the peak table, the per-step model FLOPs and the tflops / mfu fields of a train
+"""launcher.common.mfu: the peak table, the per-step model FLOPs and the tflops / mfu fields of a train
 record, against hand computations. The fields in a real run's metrics.jsonl: tests/multirank/test_training.py."""
 from __future__ import annotations
 
 import pytest
 
-from launcher.mfu import (
+from launcher.common.mfu import (
     Peak,
     resolve_peak,
     speed_fields,
@@ -62,7 +62,7 @@ def test_measuring_the_cpu_peak_leaves_the_global_rng_alone():
     must be those of the uninterrupted run (found by gpu-check's resume part on a CPU run with dropout)."""
     import torch
 
-    from launcher.mfu import measure_matmul_tflops
+    from launcher.common.mfu import measure_matmul_tflops
 
     torch.manual_seed(3)
     before = torch.get_rng_state()

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher import ops_cache
+from launcher.deepspeed_env import ops_cache
 from launcher.cli import main as cli_main
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.launch.env_forwarding import forwarded_environment, user_env_file_entries
 from launcher.train.rank_entry import prepare_process_environment
 from tests.support.helpers import REPO, write_yaml

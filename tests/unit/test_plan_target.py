@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from launcher.config.run_config import load_run_config
-from launcher.errors import UserError
-from launcher.mfu import table_peak_tflops
+from launcher.common.errors import UserError
+from launcher.common.mfu import table_peak_tflops
 from tests.support.cpu_precision import pin_cpu_accelerator
 from tests.support.helpers import REPO, in_process_cli, write_schedule, write_yaml
 
@@ -90,7 +90,7 @@ def test_a_cpu_config_without_target_is_still_priced_on_this_machine(login_node,
 
 @pytest.mark.parametrize("device, message", [
     ("V100", "hardware.device: expected NAME-MEMORY, e.g. V100-16GB or H100-80GB, got 'V100'"),
-    ("TPUv4-32GB", "hardware.device: 'TPUv4' is not in the peak table of launcher/mfu.py (known: A100, H100, "
+    ("TPUv4-32GB", "hardware.device: 'TPUv4' is not in the peak table of launcher/common/mfu.py (known: A100, H100, "
                    "H100 PCIE, H200, V100)"),
 ])
 def test_a_bad_target_is_named(tmp_path, device, message):
@@ -107,7 +107,7 @@ def test_a_target_without_the_runs_precision_is_refused(login_node, tmp_path):
     code, _, err = login_node("plan", "--config", str(path), "--world-size", "8")
     assert code == 2
     assert err.strip().splitlines()[-1] == (f"roformer plan: error: {path}: hardware.device: V100 has no bf16 peak in the table of "
-                           "launcher/mfu.py (V100 has no bf16: use an fp16 DeepSpeed config); give --peak-tflops")
+                           "launcher/common/mfu.py (V100 has no bf16: use an fp16 DeepSpeed config); give --peak-tflops")
 
 
 def test_hyphenated_product_names_and_the_recorded_config():

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from launcher.defaults import DEFAULT_MASTER_PORT
-from launcher.errors import UserError
+from launcher.common.defaults import DEFAULT_MASTER_PORT
+from launcher.common.errors import UserError
 from launcher.launch import ports
 from launcher.launch.ports import AUTO_PORT_SPAN, claim_default_port, claim_port
 from tests.support.helpers import REPO, TEST_PORTS, free_port, roformer, roformer_env, tiny_run_config

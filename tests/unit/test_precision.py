@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from launcher.config.precision import train_precision
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from tests.support.helpers import REPO, bfloat16_copy, stored_run_resume_config
 
 ACCEPTED = [

@@ -11,7 +11,7 @@ import pytest
 
 from launcher.commands.reproduce import parse_parts
 from launcher.config.run_config import load_run_config
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.reproduce.reproduction_plan import PARTS, PRESETS
 from tests.support.helpers import roformer
 

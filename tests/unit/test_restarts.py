@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.config.restarts_section import RestartsSection
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.launch.restart_loop import Fault, RestartPolicy, fault_of, run_with_restarts
 from launcher.launch.supervise import Failure, JobOutcome
 from launcher.run_dir.layout import RunDir
@@ -409,7 +409,7 @@ def _stop_signals_script(tmp_path, body: str):
 
     script = tmp_path / "rank_stop.py"
     script.write_text("import os, signal, sys, time\n"
-                      "from launcher.defaults import RANK_STOP_SIGNALS\n"
+                      "from launcher.common.defaults import RANK_STOP_SIGNALS\n"
                       "from launcher.train.stop_signals import StopAnnouncer, StopSignals\n"
                       "signals = StopSignals()\n" + body)
     return subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=120,

@@ -12,7 +12,7 @@ import torch
 
 from launcher.export.export_reader import check_export_dir
 from launcher.export.sentence_transformers_files import FILES
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 
 def test_sentence_transformers_loads_an_export_without_guessing(stored_export, caplog):

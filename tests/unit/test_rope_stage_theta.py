@@ -12,7 +12,7 @@ import torch
 from launcher.config.run_config import load_run_config
 from launcher.config.schedule import load_schedule
 from launcher.config.stages import format_plan, resolve_stages
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.checkpoint.catalogue import CheckpointSidecar, effective_rope_theta
 from roformer import RoFormerConfig, RoFormerForMaskedLM
 from roformer.rope import RotaryEmbedding, set_rope_theta

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from launcher.config.schedule import learning_rate, load_schedule, stage_index_at
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from tests.support.helpers import REPO, write_schedule
 
 TABLE4 = [(512, 256, 200_000), (1536, 256, 12_500), (256, 256, 120_000), (128, 512, 80_000),

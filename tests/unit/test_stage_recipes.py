@@ -15,7 +15,7 @@ from launcher.cli import main as cli_main
 from launcher.config.run_config import load_run_config
 from launcher.config.schedule import learning_rate, load_schedule, run_learning_rate
 from launcher.config.stages import format_plan, resolve_stages
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.checkpoint.catalogue import CheckpointSidecar
 from tests.support.corpus_files import prepared_dir
 from tests.support.helpers import REPO, run_config_dict, write_schedule, write_yaml

@@ -11,7 +11,7 @@ import pytest
 from launcher.downstream.task_data import _DataOnlyUnpickler, prepare_task_data
 from launcher.downstream.labelled_files import load_task
 from launcher.downstream.tasks import TASKS, bundled_spec, get_task
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 
 class _Example:

@@ -16,7 +16,7 @@ from launcher.config.report_to import parse_report_to  # noqa: E402
 from launcher.tracking.remote import Ledger  # noqa: E402
 from launcher.tracking.open_sinks import TrackedRun  # noqa: E402
 from launcher.train.metrics import Metrics, MetricsOptions, read_metrics  # noqa: E402
-from launcher.errors import UserError  # noqa: E402
+from launcher.common.errors import UserError  # noqa: E402
 from tests.support.mlflow_server import MlflowServer  # noqa: E402
 from tests.support.wandb_log import train_losses  # noqa: E402
 

@@ -16,7 +16,7 @@ import pytest
 
 from launcher.config.run_config import load_run_config
 from launcher.config.watchdog_section import WatchdogSection
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.launch import watchdog as guard_watchdog
 from launcher.launch.watchdog import GuardStatus, PeerView, Verdict, Watchdog, diagnose
 from launcher.run_dir.heartbeat_file import Heartbeat, read_record, write_record

@@ -4,7 +4,7 @@ torch rebuilds an op in TORCH_EXTENSIONS_DIR whenever its build inputs (torch's 
 the ninja binary) differ, so environments sharing one directory rebuild each other's op at every start
 (docs/training.md). Each gets its own directory under CACHE_ROOT, keyed by the environment's prefix (not
 resolved: every venv's python links to the same interpreter) and torch's version; a TORCH_EXTENSIONS_DIR
-other than CACHE_ROOT is used as it is. `python -m launcher.ops_cache` prints it. Imports no torch.
+other than CACHE_ROOT is used as it is. `python -m launcher.deepspeed_env.ops_cache` prints it. Imports no torch.
 """
 from __future__ import annotations
 

@@ -30,8 +30,8 @@ from typing import Callable, Iterable, Iterator
 
 from data_pipeline.errors import DataError
 from data_pipeline.manifest import FORMAT_NAME, MANIFEST, SPLITS
-from launcher.errors import UserError
-from launcher.io import file_sha256, read_json_object
+from launcher.common.errors import UserError
+from launcher.common.io import file_sha256, read_json_object
 from launcher.run_dir.layout import RENDER_LOCK
 from launcher.run_dir.lock import pid_alive
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from launcher.defaults import PEER_GONE_PREFIX
+from launcher.common.defaults import PEER_GONE_PREFIX
 
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused",
               "Socket closed", "recvValue failed", "failed to recv")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import inspect
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 
 def merged_optimizer(base: dict | None, override: dict | None) -> dict | None:

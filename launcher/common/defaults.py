@@ -37,8 +37,8 @@ STATUS_MARKER = "[roformer-progress] "
 shows them as one status line redrawn in place, and keeps them out of the log."""
 RANK_ERROR_PREFIX = "pretrain (rank {rank}): error: "
 """How a rank's own error line starts (bad input, a failed save, a guard stop: launcher/train/rank.py). It is
-one line, written whole (launcher.io.write_line); `roformer pretrain` names the first one on its last
+one line, written whole (launcher.common.io.write_line); `roformer pretrain` names the first one on its last
 line (launcher/launch/supervise.py)."""
 PEER_GONE_PREFIX = "pretrain (rank {rank}): stopped: another process of the job is gone"
 """How a rank that failed only because another process of the job ended starts its line
-(launcher/peer_errors.py): `roformer pretrain` names the other process as the cause, whichever exit it saw first."""
+(launcher/train/peer_errors.py): `roformer pretrain` names the other process as the cause, whichever exit it saw first."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 ROPE_TABLE_BYTES_PER_ENTRY = 64
 """transformers' RoFormerSinusoidalPositionalEmbedding builds its table as a Python list of numpy float64

@@ -24,7 +24,7 @@ from typing import Any, Callable, TextIO
 import yaml
 
 from data_pipeline.durable import fsync_dir, fsync_file, fsync_tree  # noqa: F401  (re-exported)
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 
 
 def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:

@@ -45,4 +45,4 @@ def answer_not_muon(optimizer_type: str) -> None:
 
 def _no_muon_update(*args, **kwargs):
     raise RuntimeError("DeepSpeed called Muon's update in a run whose optimizer is not Muon "
-                       "(launcher/lean_imports.py answers DeepSpeed's Muon questions for such runs)")
+                       "(launcher/deepspeed_env/lean_imports.py answers DeepSpeed's Muon questions for such runs)")
