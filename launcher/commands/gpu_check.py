@@ -1,6 +1,6 @@
 """`roformer gpu-check`: prove a CUDA machine runs this project (launcher/gpu_check/, docs/gpu.md).
 
-    roformer gpu-check [--parts numerics,pretraining,speed,memory] [--out runs/gpu-check/report.json]
+    roformer gpu-check [--parts numerics,pretraining,speed,memory,profile] [--out runs/gpu-check/report.json]
 
 One JSON report (--out) and a console table. Exit 0 when every check passed, 1 when one failed or a
 part could not run, 2 on a machine without a usable CUDA device (one line saying so) or bad flags.
@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 from launcher.common.errors import UserError
-
-PARTS = ("numerics", "pretraining", "speed", "memory")
+from launcher.gpu_check.run_checks import PARTS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -127,6 +127,8 @@ class GpuCheckReport:
     """Name, compute capability, memory, count, torch / CUDA versions."""
     checks: list[Check] = field(default_factory=list)
     speed: list[SpeedRow] = field(default_factory=list)
+    profile: list = field(default_factory=list)
+    """Part (e): launcher/gpu_check/step_profile.StepRow per precision, length and micro-batch."""
     errors: list[str] = field(default_factory=list)
     """Parts that could not run, one line each (a failure too)."""
 
@@ -139,7 +141,8 @@ class GpuCheckReport:
                 "tolerances": TOLERANCES, "memory_ratio_range": list(MEMORY_RATIO_RANGE),
                 "resume_loss_rtol": RESUME_LOSS_RTOL,
                 "checks": [{**asdict(check), "verdict": check.verdict} for check in self.checks],
-                "speed": [row.figures() for row in self.speed], "errors": self.errors}
+                "speed": [row.figures() for row in self.speed], "profile": [asdict(row) for row in self.profile],
+                "errors": self.errors}
 
     def table(self) -> str:
         """The console summary: one line per check, the speed rows side by side, errors last."""
@@ -161,6 +164,15 @@ class GpuCheckReport:
                 lines.append(f"  {'':<12}{f'{row.seq_len} x {row.batch_size} {row.precision}':<16}"
                              f"{f['ours_tokens_per_s']:>12,.0f}{f['transformers_tokens_per_s']:>12,.0f}"
                              f"{f['speedup']:>8.2f}x{mfu[0]:>10}{mfu[1]:>9}")
+        if self.profile:
+            lines.append(f"  {'profile':<12}{'precision length x micro':<26}{'ours':>16}{'hf':>16}{'engine':>16}"
+                         f"{'busy':>6}  attention")
+            for row in self.profile:
+                cells = [f"{row.tokens_per_s[k]:,.0f}" + (f" {100 * row.mfu[k]:.0f}%" if k in row.mfu else "")
+                         for k in ("ours", "transformers", "engine")]
+                lines.append(f"  {'':<12}{f'{row.precision} {row.seq_len} x {row.micro_batch}':<26}"
+                             + "".join(f"{cell:>16}" for cell in cells)
+                             + f"{100 * row.profile.busy_share:>5.0f}%  {row.profile.attention}")
         lines += [f"  ERROR {error}" for error in self.errors]
         lines.append(f"gpu-check: {'PASSED' if self.passed else 'FAILED'}")
         return "\n".join(lines)

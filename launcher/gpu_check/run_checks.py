@@ -7,7 +7,7 @@ from pathlib import Path
 
 from launcher.gpu_check.check_report import GpuCheckReport
 
-PARTS = ("numerics", "pretraining", "speed", "memory")
+PARTS = ("numerics", "pretraining", "speed", "memory", "profile")
 
 
 def device_info() -> dict:
@@ -46,6 +46,11 @@ def run_parts(parts: list[str], work: Path, iters: int, say=print) -> GpuCheckRe
                 from launcher.gpu_check.speed_memory import check_memory
 
                 report.checks.append(check_memory(device))
+            elif part == "profile":
+                from launcher.gpu_check.speed_memory import REFERENCE_MODEL
+                from launcher.gpu_check.step_profile import profile_steps
+
+                report.profile += profile_steps(device, REFERENCE_MODEL, iters=iters, say=say)
         except Exception as err:  # a part that cannot run is a failed part, named, and the others still run
             report.errors.append(f"{part}: {type(err).__name__}: {err}")
             (work / f"{part}.traceback.txt").write_text(traceback.format_exc())

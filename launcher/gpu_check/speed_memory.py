@@ -58,22 +58,33 @@ def check_speed(device: torch.device, lengths=(128, 512), iters: int = 10) -> li
     return rows
 
 
+def init_single_rank(device: torch.device) -> None:
+    """A process group of this process alone, on `device` (DeepSpeed's engine needs one): NCCL on a GPU, gloo
+    on a CPU (the parts' logic tested there)."""
+    import deepspeed
+
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ.setdefault(key, value)
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(claim_default_port(DEFAULT_MASTER_PORT))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
+                                   auto_mpi_discovery=False)
+
+
 def check_memory(device: torch.device, micro_batch: int = 16, seq_len: int = 512, steps: int = 3) -> Check:
     """Part (d): one rank, fp16 ZeRO-2 (the reference DeepSpeed config), the reference model at micro x len."""
     import deepspeed
 
     from launcher.pricing.estimate import estimate_memory, setup_from_configs
 
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
-        os.environ.setdefault(key, value)
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(claim_default_port(DEFAULT_MASTER_PORT))
     ds_config = json.loads((REPO / "ds_configs" / "v100_fp16_zero2.json").read_text())
     ds_config.update(train_batch_size=micro_batch, train_micro_batch_size_per_gpu=micro_batch,
                      gradient_accumulation_steps=1, steps_per_print=10 ** 9)
     ds_config["optimizer"]["params"]["lr"] = 1e-4
-    torch.cuda.set_device(device)
-    deepspeed.init_distributed(dist_backend="nccl", auto_mpi_discovery=False)
+    init_single_rank(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)  # what this process held before (other parts' leftovers)

@@ -36,7 +36,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_2(cli, tmp_path, monkeypa
 
 def test_bad_parts_are_named(cli):
     code, _, err = cli("gpu-check", "--parts", "numerics,warp-drive")
-    assert code == 2 and "--parts: unknown part(s) warp-drive (known: numerics, pretraining, speed, memory)" in err
+    assert code == 2 and "--parts: unknown part(s) warp-drive (known: numerics, pretraining, speed, memory, profile)" in err
 
 
 @pytest.mark.parametrize("key, diff, scale, passed", [
