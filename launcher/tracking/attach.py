@@ -48,4 +48,6 @@ def stage_ends(run_dir: RunDir) -> list[int]:
     except (OSError, ValueError):
         return []
     stages = stages.get("stages", stages) if isinstance(stages, dict) else stages
-    return [int(s["first_step"]) + int(s["steps"]) for s in stages if isinstance(s, dict) and "steps" in s]
+    from launcher.config.stages import stage_ends as ends_of  # a batch ramp's pieces: one end per stage
+
+    return ends_of([s for s in stages if isinstance(s, dict) and "steps" in s and "index" in s])
