@@ -89,8 +89,8 @@ class Checkpointer:
         if any(s != data_state for s in states):
             raise RuntimeError(f"data pipeline states differ between ranks at step {step}: {states}")
         sidecar = CheckpointSidecar(
-            tag=tag, stage_index=stage.index, stage_name=stage.name, step_in_stage=step - stage.first_step,
-            stage_complete=step == stage.end_step, **train, data_state=data_state,
+            tag=tag, stage_index=stage.index, stage_name=stage.name, step_in_stage=step - stage.stage_first_step,
+            stage_complete=step == stage.stage_end_step, **train, data_state=data_state,
             model_config=self.run.model_config.to_dict(), world_size=self.world_size, loss_scale=loss_scale(self.engine),
             skipped_steps=int(self.engine.skipped_steps), zero_stage=self.run.shape.zero_stage,
             precision=self.run.shape.precision, total_steps=self.run.total_steps,

@@ -121,7 +121,7 @@ def plan(args: argparse.Namespace) -> int:
                           **({"estimate": estimates.to_dict()} if isinstance(estimates, PlanEstimates) else
                              {"estimate": None, "estimate_note": estimates})}, indent=2))
         return 0
-    print(format_plan(stages, args.world_size))
+    print(format_plan(stages, args.world_size, cfg))
     if sources is not None:
         print(sources.table())
     print(estimates.table() if isinstance(estimates, PlanEstimates) else f"memory and time: not estimated: {estimates}")

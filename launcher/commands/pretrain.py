@@ -100,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
         args.master_port = plan.master_port  # a restart's plan, built again from args, keeps the claimed port
     for note in notes:
         print(f"roformer pretrain: note: {note}", file=sys.stderr, flush=True)
+    if not args.dry_run:  # the dry run's plan says them
+        for warning in plan.run_config.schedule_warnings():
+            print(f"roformer pretrain: warning: {warning}", file=sys.stderr, flush=True)
     if args.dry_run:  # starts nothing, writes nothing: no lock
         return plan_and_launch(args, plan)
     keep_console()  # from here a console that goes away ends nothing (the job's log keeps every line)

@@ -26,11 +26,19 @@ from data_pipeline.masking import MaskingConfig
 from launcher.common.io import load_yaml, read_mapping
 from launcher.config.branch_from import BranchFrom
 from launcher.config.schedule import (
+    BATCH_SCALINGS,
     DECAY_SHAPES,
+    Piece,
     Stage,
+    format_tokens,
     load_schedule,
+    parse_token_count,
+    piece_at,
     run_learning_rate,
+    schedule_pieces,
     stage_index_at,
+    steps_to_reach,
+    tokens_before,
     wsd_decay_steps,
 )
 from launcher.config.guard_section import GuardSection
@@ -125,6 +133,17 @@ class OptimizerSection:
     """decay 'wsd' only: steps of the decay window at the end of the run (0 = the last stage's steps)."""
     decay_shape: str = ""
     """decay 'wsd' only: 'linear', 'cosine' or '1-sqrt' ('' = 1-sqrt, as ModernBERT)."""
+    warmup_tokens: str = ""
+    """warmup_steps in tokens ("2B", 3e9; '' = warmup_steps): the warmup ends at the first step whose token
+    slots from the start of the run reach it. Resolved at load into warmup_steps, which the run records."""
+    decay_tokens: str = ""
+    """decay 'wsd' only: decay_steps in tokens: the window starts at the first step whose token slots reach the
+    run's total minus this. Resolved at load into decay_steps."""
+    batch_scaling: str = "none"
+    """'none', 'linear' or 'sqrt': the LR curve's value times (the step's global batch / reference_batch) ** p,
+    p = 1 or 1/2, at every step (batch ramps and stage boundaries alike)."""
+    reference_batch: int = 0
+    """The global batch at which the LR is the curve's value (required when batch_scaling is on)."""
 
 
 @dataclass
@@ -140,6 +159,9 @@ class ScheduleSection:
     per step. The losses are unchanged (the recompute draws the same dropout masks)."""
     stages: tuple[Stage, ...] = field(default=(), init=False)
     """The stages of `file`, read at load (not a YAML key)."""
+    pieces: tuple[Piece, ...] = field(default=(), init=False)
+    """The stages' constant-batch pieces in step order (launcher/config/schedule.py schedule_pieces): one per
+    stage without a batch ramp."""
 
     @property
     def total_steps(self) -> int:
@@ -150,11 +172,22 @@ class ScheduleSection:
         """(stage index, step within that stage) of global step `step` (0-based)."""
         return stage_index_at([stage.steps for stage in self.stages], step)
 
+    def global_batch_at(self, step: int) -> int:
+        """The global batch of step `step` (0-based; a ramp's piece, else its stage's)."""
+        return piece_at(self.pieces, step).global_batch_size
+
+    def tokens_before(self, step: int) -> int:
+        """Token slots (global batch x max_seq_len per step) of the first `step` steps."""
+        return tokens_before(self.pieces, step)
+
 
 @dataclass
 class CheckpointSection:
     every_steps: int = 0
     """Save every N optimizer steps (0 = only at stage ends and the end of the run)."""
+    every_tokens: str = ""
+    """every_steps in tokens ("500M"; '' = every_steps): N = the steps from the start of the run whose token
+    slots reach it (fixed at load; under a batch ramp the interval stays N steps). Resolved into every_steps."""
     keep_last: int = 3
     """Keep this many complete checkpoints; older ones are deleted after a new one is complete."""
 
@@ -240,7 +273,14 @@ class RunConfig:
 
     def learning_rate(self, step: int, lr_scale: float = 1.0) -> float:
         """The LR of optimizer step `step` (0-based) under this config's optimizer section and schedule."""
-        return run_learning_rate(step, self.optimizer, [stage.steps for stage in self.schedule.stages], lr_scale)
+        return run_learning_rate(step, self.optimizer, [stage.steps for stage in self.schedule.stages], lr_scale,
+                                 batch=self.schedule.global_batch_at(step))
+
+    def schedule_warnings(self) -> list[str]:
+        """The schedule's warnings (launcher/config/schedule.py schedule_warnings), one line each."""
+        from launcher.config.schedule import schedule_warnings
+
+        return schedule_warnings(self.schedule.stages, self.optimizer.batch_scaling, self.optimizer.reference_batch)
 
     def to_dict(self) -> dict[str, Any]:
         """The YAML form (loads back with run_config_from_dict)."""
@@ -252,6 +292,12 @@ class RunConfig:
         out.pop("restarts")  # the launching machine's business: changing it is no new config version
         out.pop("hardware")  # the same: what plan prices the run on, not what the ranks run
         out["schedule"].pop("stages")
+        out["schedule"].pop("pieces")
+        for section, key, _ in TOKEN_FIELDS:  # recorded as the steps they resolved to (what the ranks run)
+            out[section].pop(key)
+        if self.optimizer.batch_scaling == "none" and not self.optimizer.reference_batch:
+            out["optimizer"].pop("batch_scaling")  # runs without it record what they always did
+            out["optimizer"].pop("reference_batch")
         if not out["init_from"]:
             out.pop("init_from")  # runs that start from random weights record what they always did
         if not out["branch_from"]:
@@ -326,6 +372,8 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path,
     cfg = RunConfig(model=model, seed=seed, source=source, init_from=init_from, branch_from=branch_from, **sections)
     _validate(cfg)
     cfg.schedule.stages = tuple(load_schedule(cfg.schedule.file))
+    cfg.schedule.pieces = tuple(schedule_pieces(cfg.schedule.stages))
+    _resolve_token_fields(cfg, raw)
     _check_decay_window(cfg)
     return cfg
 
@@ -385,6 +433,9 @@ def _build_nested(where: str, cls: type, values: Any, source: str):
 # Word values that YAML 1.1 reads as booleans (`action: off` is False): the word the user wrote.
 BOOLEAN_WORDS = {"guard.action": {False: "off"}}
 SIZE_FIELDS = ("data.cache_limit",)
+TOKEN_FIELDS = (("optimizer", "warmup_tokens", "warmup_steps"), ("optimizer", "decay_tokens", "decay_steps"),
+                ("checkpoint", "every_tokens", "every_steps"))
+"""(section, token count, the steps field it resolves into at load)."""
 
 
 def _check_type(where: str, value: Any, default: Any, source: str) -> Any:
@@ -393,6 +444,9 @@ def _check_type(where: str, value: Any, default: Any, source: str) -> Any:
         value = BOOLEAN_WORDS[where][value]
     if where in SIZE_FIELDS and isinstance(value, int) and not isinstance(value, bool):
         value = str(value)  # bytes as a number, or a size with its unit
+    if where in {f"{section}.{key}" for section, key, _ in TOKEN_FIELDS} and isinstance(value, (int, float)) \
+            and not isinstance(value, bool):
+        value = repr(value)  # tokens as a number (2.5e9), or a count with its suffix ("2.5B")
     if isinstance(default, bool):
         ok = isinstance(value, bool)
     elif isinstance(default, int):
@@ -488,6 +542,13 @@ def _validate(cfg: RunConfig) -> None:
         fail("optimizer.decay_steps", f"must be >= 1 (or 0 = the last stage's steps), got {opt.decay_steps}")
     if opt.decay_shape and opt.decay_shape not in DECAY_SHAPES:
         fail("optimizer.decay_shape", f"must be one of {', '.join(DECAY_SHAPES)}, got {opt.decay_shape!r}")
+    if opt.batch_scaling not in BATCH_SCALINGS:
+        fail("optimizer.batch_scaling", f"must be one of {', '.join(BATCH_SCALINGS)}, got {opt.batch_scaling!r}")
+    if opt.reference_batch < 0:
+        fail("optimizer.reference_batch", f"must be a positive global batch, got {opt.reference_batch}")
+    if opt.batch_scaling != "none" and not opt.reference_batch:
+        fail("optimizer.reference_batch", f"required when optimizer.batch_scaling is {opt.batch_scaling!r} (the "
+             f"global batch at which the LR is optimizer.lr)")
     if not 0.0 <= opt.min_lr_ratio <= 1.0:
         fail("optimizer.min_lr_ratio", f"must be in [0, 1], got {opt.min_lr_ratio}")
     if cfg.checkpoint.every_steps < 0:
@@ -510,6 +571,31 @@ def _validate(cfg: RunConfig) -> None:
     cfg.guard.check(fail)
     cfg.restarts.check(fail)
     cfg.hardware.check(fail)
+
+
+def _resolve_token_fields(cfg: RunConfig, raw: dict) -> None:
+    """warmup_tokens / decay_tokens / every_tokens into their steps fields, through the schedule's token slots
+    (needs the schedule, so after it is read)."""
+    total = cfg.schedule.total_steps
+    run_tokens = tokens_before(cfg.schedule.pieces, total)
+    for section, key, steps_key in TOKEN_FIELDS:
+        text = getattr(getattr(cfg, section), key)
+        if not text:
+            continue
+        where = f"{cfg.source}: {section}.{key}"
+        if steps_key in (raw.get(section) or {}):
+            raise UserError(f"{where}: give {section}.{steps_key} or {section}.{key}, not both")
+        tokens = parse_token_count(text, where)
+        if key == "decay_tokens" and cfg.optimizer.decay != "wsd":
+            raise UserError(f"{where}: only applies to optimizer.decay: wsd (decay is {cfg.optimizer.decay!r})")
+        if tokens > run_tokens and key != "every_tokens":
+            raise UserError(f"{where}: {format_tokens(tokens)} tokens is longer than the run ({run_tokens:,} token "
+                            f"slots in {total} steps)")
+        if key == "decay_tokens":
+            steps = max(1, total - steps_to_reach(cfg.schedule.pieces, run_tokens - tokens))
+        else:
+            steps = steps_to_reach(cfg.schedule.pieces, tokens)
+        setattr(getattr(cfg, section), steps_key, steps)
 
 
 def _check_decay_window(cfg: RunConfig) -> None:

@@ -2,13 +2,17 @@
 
 For every stage: global_batch_size = micro_batch_size x grad_accum_steps x world_size (data
 parallel only). Every check runs before any process trains and names the stage that fails.
+
+A stage with a batch ramp resolves to one entry per constant-batch piece (`piece` k of `pieces`, the same
+`index`, name and data settings), so every entry has one batch; what belongs to the stage as a whole (its
+end: validation, the stage-end checkpoint and jobs; its span) is `stage_first_step` / `stage_end_step`.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from launcher.config.run_config import RunConfig
-from launcher.config.schedule import Mixture, Stage
+from launcher.config.schedule import Mixture, Stage, format_tokens
 from launcher.common.errors import UserError
 
 
@@ -34,10 +38,40 @@ class ResolvedStage:
     """Share of tokens chosen for MLM in force during this stage (the stage's, else data.masking.mask_prob)."""
     mixture: Mixture | None = None
     """(source, share) pairs of this stage's sequences, shares summing to 1; None = sources by their size."""
+    piece: int = 0
+    """0-based position of this entry in its stage's batch ramp (0 without a ramp)."""
+    pieces: int = 1
+    """Entries of this stage (its ramp's batches; 1 without a ramp)."""
+    stage_first_step: int = -1
+    """Global step at which the whole stage starts (-1 = first_step: a stage of one piece)."""
+    stage_steps: int = 0
+    """Steps of the whole stage (0 = steps: a stage of one piece)."""
+
+    def __post_init__(self):
+        if self.stage_first_step < 0:
+            object.__setattr__(self, "stage_first_step", self.first_step)
+        if not self.stage_steps:
+            object.__setattr__(self, "stage_steps", self.steps)
 
     @property
     def end_step(self) -> int:
+        """Where this entry (a ramp's piece, else the stage) ends."""
         return self.first_step + self.steps
+
+    @property
+    def stage_end_step(self) -> int:
+        """Where the whole stage ends (its stage-end validation, checkpoint and jobs run there)."""
+        return self.stage_first_step + self.stage_steps
+
+    @property
+    def is_stage_end(self) -> bool:
+        """This entry is the stage's last."""
+        return self.piece == self.pieces - 1
+
+    @property
+    def label(self) -> str:
+        """"'short'", or "'warmup' piece 2/15" for a ramp's piece."""
+        return f"'{self.name}'" + ("" if self.pieces == 1 else f" piece {self.piece + 1}/{self.pieces}")
 
     @property
     def mixture_dict(self) -> dict[str, float] | None:
@@ -45,7 +79,20 @@ class ResolvedStage:
         return None if self.mixture is None else dict(self.mixture)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "mixture": self.mixture_dict}
+        """The stages.json row; the ramp fields only for a stage of several pieces (one-piece rows as before)."""
+        out = {**asdict(self), "mixture": self.mixture_dict}
+        if self.pieces == 1:
+            for key in ("piece", "pieces", "stage_first_step", "stage_steps"):
+                out.pop(key)
+        return out
+
+
+def entry_at(stages: list[ResolvedStage], step: int) -> ResolvedStage:
+    """The entry (a stage, or a ramp's piece) that trains global step `step`; the last at or past the end."""
+    for s in stages:
+        if step < s.end_step:
+            return s
+    return stages[-1]
 
 
 def resolve_stages(run_config: RunConfig, world_size: int) -> list[ResolvedStage]:
@@ -65,14 +112,21 @@ def resolve_stages(run_config: RunConfig, world_size: int) -> list[ResolvedStage
                             f"'{model.position_encoding}')")
         theta = (stage.rope_theta if stage.rope_theta is not None else model.rope_theta) \
             if model.position_encoding == "rope" else None
-        micro = _micro_batch_size(stage, world_size, run_config.schedule.max_tokens_per_micro_batch, where)
-        resolved.append(ResolvedStage(index=index, name=stage.name, max_seq_len=stage.max_seq_len,
-                                      global_batch_size=stage.global_batch_size, micro_batch_size=micro,
-                                      grad_accum_steps=stage.global_batch_size // (micro * world_size),
-                                      steps=stage.steps, first_step=first, lr_scale=stage.lr_scale,
-                                      rope_theta=theta, mask_prob=stage.mask_prob if stage.mask_prob is not None
-                                      else run_config.data.masking.mask_prob, mixture=stage.mixture))
-        first += stage.steps
+        pieces = stage.pieces or ((stage.global_batch_size, stage.steps),)
+        stage_first = first
+        for k, (batch, steps) in enumerate(pieces):
+            piece_where = where if len(pieces) == 1 else f"{where}, ramp batch {k + 1}/{len(pieces)}"
+            micro = _micro_batch_size(replace(stage, global_batch_size=batch), world_size,
+                                      run_config.schedule.max_tokens_per_micro_batch, piece_where)
+            resolved.append(ResolvedStage(index=index, name=stage.name, max_seq_len=stage.max_seq_len,
+                                          global_batch_size=batch, micro_batch_size=micro,
+                                          grad_accum_steps=batch // (micro * world_size),
+                                          steps=steps, first_step=first, lr_scale=stage.lr_scale,
+                                          rope_theta=theta, mask_prob=stage.mask_prob if stage.mask_prob is not None
+                                          else run_config.data.masking.mask_prob, mixture=stage.mixture,
+                                          piece=k, pieces=len(pieces), stage_first_step=stage_first,
+                                          stage_steps=stage.steps))
+            first += steps
     return resolved
 
 
@@ -96,23 +150,78 @@ def _micro_batch_size(stage: Stage, world_size: int, max_tokens: int, where: str
     return max(fitting)
 
 
-def format_plan(stages: list[ResolvedStage], world_size: int) -> str:
-    """The stages as a table (`roformer plan`, `roformer pretrain --dry-run`)."""
-    header = f"{'#':>2}  {'stage':<16}{'max_len':>8}{'global':>8}{'micro':>7}{'accum':>7}{'steps':>9}{'first':>9}" \
-             f"{'lr_scale':>9}"
+def format_plan(stages: list[ResolvedStage], world_size: int, cfg: RunConfig | None = None) -> str:
+    """The stages as a table (`roformer plan`, `roformer pretrain --dry-run`): one row per stage (a ramp's batches
+    as a range), its token slots; with the run config `cfg` also each stage's LR range, the token counts the
+    schedule asked for and their rounding, each ramp's batches and the schedule's warnings."""
+    header = f"{'#':>2}  {'stage':<16}{'max_len':>8}{'global':>12}{'micro':>7}{'accum':>7}{'steps':>9}{'first':>9}" \
+             f"{'tokens':>9}{'lr_scale':>9}" + (f"{'lr':>20}" if cfg is not None else "")
     rows = [f"plan for world size {world_size}: global batch = micro x accum x {world_size}", header]
-    for s in stages:
-        rows.append(f"{s.index + 1:>2}  {s.name[:15]:<16}{s.max_seq_len:>8}{s.global_batch_size:>8}"
-                    f"{s.micro_batch_size:>7}{s.grad_accum_steps:>7}{s.steps:>9}{s.first_step:>9}{s.lr_scale:>9g}")
+    for entries in _by_stage(stages):
+        s, last = entries[0], entries[-1]
+        batch = _span(e.global_batch_size for e in entries)
+        tokens = sum(e.steps * e.global_batch_size * e.max_seq_len for e in entries)
+        lr = ""
+        if cfg is not None:
+            low, high = lr_range(cfg, s.stage_first_step, s.stage_end_step)
+            lr = f"{low:.3g}-{high:.3g}" if f"{low:.3g}" != f"{high:.3g}" else f"{low:.3g}"
+        rows.append(f"{s.index + 1:>2}  {s.name[:15]:<16}{s.max_seq_len:>8}{batch:>12}"
+                    f"{_span(e.micro_batch_size for e in entries):>7}{_span(e.grad_accum_steps for e in entries):>7}"
+                    f"{s.stage_steps:>9}{s.stage_first_step:>9}{format_tokens(tokens):>9}{s.lr_scale:>9g}"
+                    + (f"{lr:>20}" if cfg is not None else ""))
+        if len(entries) > 1:
+            rows.append("    ramp: " + ", ".join(f"{e.global_batch_size} x {e.steps}" for e in entries)
+                        + f" (batch x steps; from step {s.stage_first_step} to {last.end_step})")
+    if cfg is not None:
+        for index, stage in enumerate(cfg.schedule.stages):
+            if stage.tokens is not None:
+                got = sum(b * n for b, n in stage.pieces) * stage.max_seq_len
+                rows.append(f"stage '{stage.name}' in tokens: asked {format_tokens(stage.tokens)} ({stage.tokens:,}), "
+                            f"{stage.steps} steps train {got:,} ({got - stage.tokens:+,}, rounded to whole steps)")
     thetas = {s.rope_theta for s in stages}
     if len(thetas) > 1:  # a context-extension schedule: say which stage runs at which base
-        rows.append("rope_theta per stage: " + ", ".join(f"{s.name} {s.rope_theta:g}" for s in stages))
+        rows.append("rope_theta per stage: " + ", ".join(f"{e[0].name} {e[0].rope_theta:g}" for e in _by_stage(stages)))
     if len({s.mask_prob for s in stages}) > 1:  # an annealed mask rate: which stage masks how much
-        rows.append("mask_prob per stage: " + ", ".join(f"{s.name} {s.mask_prob:g}" for s in stages))
+        rows.append("mask_prob per stage: " + ", ".join(f"{e[0].name} {e[0].mask_prob:g}" for e in _by_stage(stages)))
     if any(s.mixture is not None for s in stages):
         rows.append("mixture per stage: " + "; ".join(f"{s.name} " + (
             "sources by size" if s.mixture is None else ", ".join(f"{source} {share:.3g}" for source, share in s.mixture))
-            for s in stages))
+            for s in (e[0] for e in _by_stage(stages))))
     tokens = sum(s.steps * s.global_batch_size * s.max_seq_len for s in stages)
     rows.append(f"total: {stages[-1].end_step} optimizer steps, {tokens:,} token slots")
+    if cfg is not None:
+        opt = cfg.optimizer
+        if opt.batch_scaling != "none":
+            rows.append(f"lr: the curve x (global batch / {opt.reference_batch}) ** "
+                        f"{'1' if opt.batch_scaling == 'linear' else '1/2'} (optimizer.batch_scaling {opt.batch_scaling})")
+        rows += [f"warning: {note}" for note in cfg.schedule_warnings()]
     return "\n".join(rows)
+
+
+def lr_range(cfg: RunConfig, first: int, end: int) -> tuple[float, float]:
+    """(lowest, highest) LR of steps [first, end): the curve is monotone between its breaks (warmup's end, the
+    decay window's start, a change of batch), so those and the ends are enough."""
+    total = cfg.schedule.total_steps
+    candidates = {first, end - 1, cfg.optimizer.warmup_steps - 1, cfg.optimizer.warmup_steps,
+                  total - cfg.decay_steps - 1, total - cfg.decay_steps}
+    for piece in cfg.schedule.pieces:
+        candidates |= {piece.first_step, piece.end_step - 1}
+    values = [cfg.learning_rate(step, cfg.schedule.stages[cfg.schedule.stage_for_step(step)[0]].lr_scale)
+              for step in sorted(candidates) if first <= step < end]
+    return min(values), max(values)
+
+
+def _by_stage(stages: list[ResolvedStage]) -> list[list[ResolvedStage]]:
+    """The entries grouped by stage (a ramp's pieces together), in order."""
+    groups: list[list[ResolvedStage]] = []
+    for s in stages:
+        if groups and groups[-1][0].index == s.index:
+            groups[-1].append(s)
+        else:
+            groups.append([s])
+    return groups
+
+
+def _span(values) -> str:
+    values = list(values)
+    return str(values[0]) if min(values) == max(values) else f"{min(values)}-{max(values)}"

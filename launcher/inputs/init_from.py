@@ -8,6 +8,7 @@ existing model".
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path

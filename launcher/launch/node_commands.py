@@ -97,7 +97,7 @@ def describe_plan(plan: LaunchPlan) -> str:
         f"world size: {plan.world_size}   master: {plan.master_addr or '(first host)'}:{plan.master_port}",
         f"config: {plan.config_path}   run dir: {plan.run_dir}",
         "",
-        format_plan(plan.stages, plan.world_size),
+        format_plan(plan.stages, plan.world_size, plan.run_config),
         "",
         "commands:",
     ]

@@ -179,3 +179,12 @@ def describe_branch(record: dict | None) -> str | None:
 def describe_start(run_dir: RunDir) -> str | None:
     """Where the run's weights started, in one line: a branch's source or init_from's model (None: random)."""
     return describe_branch(read_branch_record(run_dir)) or describe_init(read_init_record(run_dir))
+
+
+def stage_ends(rows: list[dict]) -> list[int]:
+    """The end step of each stage of the schedule (by stage index) from its stages.json rows (a batch ramp's
+    pieces are rows of one index: the last one's end is the stage's)."""
+    ends: dict[int, int] = {}
+    for row in rows:
+        ends[int(row["index"])] = int(row["first_step"]) + int(row["steps"])
+    return [ends[i] for i in sorted(ends)]

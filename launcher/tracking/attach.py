@@ -13,6 +13,7 @@ from launcher.common.defaults import TRACKERS
 from launcher.common.io import write_line
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.metrics_format import read_records
+from launcher.run_dir.records import stage_ends as ends_of
 from launcher.tracking.remote import Connection, tracking_dir
 
 
@@ -48,4 +49,4 @@ def stage_ends(run_dir: RunDir) -> list[int]:
     except (OSError, ValueError):
         return []
     stages = stages.get("stages", stages) if isinstance(stages, dict) else stages
-    return [int(s["first_step"]) + int(s["steps"]) for s in stages if isinstance(s, dict) and "steps" in s]
+    return ends_of([s for s in stages if isinstance(s, dict) and "steps" in s and "index" in s])

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config.run_config import RunConfig
-from launcher.config.stages import ResolvedStage
+from launcher.config.stages import ResolvedStage, entry_at
 from launcher.common.io import atomic_write_text, write_line, write_line_kept
 from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, read_records
 from launcher.run_dir.layout import RunDir
+from launcher.run_dir.records import stage_ends
 from launcher.common.mfu import Peak, resolve_peak, speed_fields
 from launcher.tracking.open_sinks import TrackedRun, open_sinks
 from launcher.train.progress_line import ProgressPrinter, progress_every
@@ -68,7 +69,7 @@ class Metrics:
         self.jsonl = open(self.path, "a", encoding="utf-8")
         self.outcome: str | None = None
         self.sinks = open_sinks(tracking.report_to, run_dir, start_step, log_every, total_steps,
-                                [s.end_step for s in stages], tracking.params, tracking.tags)
+                                stage_ends([s.to_dict() for s in stages]), tracking.params, tracking.tags)
         for sink in self.sinks:
             sink.start(kept, start_step)
         if redone:
@@ -132,12 +133,12 @@ class Metrics:
         """'step 120/570 (21%) | loss 7.012 acc 0.081 | ETA run 03:10, stage 00:48 | short 1/3: len 64 x
         batch 32 | 5,120 tok/s ...' for the train record of a step (what matters most first: a narrow
         terminal cuts the status line at its end)."""
-        step, stage = record["step"], self.stages[record["stage"]]
+        step, stage = record["step"], entry_at(self.stages, record["step"] - 1)
         return (f"step {step:,}/{self.total_steps:,} ({100 * step // self.total_steps}%) | "
                 f"loss {record['loss']:.3f} acc {record['mlm_accuracy']:.3f} | "
                 f"ETA run {_fmt(self.eta(stage, step, self.total_steps))}, "
-                f"stage {_fmt(self.eta(stage, step, stage.end_step))} | "
-                f"{stage.name} {stage.index + 1}/{len(self.stages)}: len {stage.max_seq_len} x batch "
+                f"stage {_fmt(self.eta(stage, step, stage.stage_end_step))} | "
+                f"{stage.name} {stage.index + 1}/{self.stages[-1].index + 1}: len {stage.max_seq_len} x batch "
                 f"{stage.global_batch_size} | {self.tokens_per_s or 0:,.0f} tok/s {_fmt_speed(record)}".rstrip())
 
     def eta(self, stage: ResolvedStage, from_step: int, to_step: int) -> float | None:

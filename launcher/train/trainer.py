@@ -15,7 +15,7 @@ import deepspeed.comm as dist
 import torch
 
 from launcher.config.run_config import RunConfig
-from launcher.config.stages import ResolvedStage
+from launcher.config.stages import ResolvedStage, entry_at
 from launcher.checkpoint.checkpointer import Checkpointer
 from launcher.engine_facts import loss_scale, min_loss_scale
 from launcher.train.device_batches import host_counts, to_device
@@ -96,10 +96,10 @@ class Trainer:
         guard stops the run ("guard_stopped": no checkpoint from the flagged steps)."""
         stage = None
         while self.state.step < self.cfg.schedule.total_steps:
-            current = self.stages[self.cfg.schedule.stage_for_step(self.state.step)[0]]
+            current = entry_at(self.stages, self.state.step)  # the stage, or its ramp's piece
             if current is not stage:
                 with self.heartbeats.phase("stage switch", self.state.step):
-                    stage = self.switch_to(current)
+                    stage = self.switch_to(current, previous=stage)
             decision = self.step(stage)
             if isinstance(decision, Stop):
                 self.guard_stop = decision
@@ -108,7 +108,7 @@ class Trainer:
                 self.rewind(decision)
                 stage = None
                 continue
-            stage_done = self.state.step == stage.end_step
+            stage_done = self.state.step == stage.stage_end_step  # a ramp's pieces end inside their stage
             if stage_done or _every(self.cfg.logging.valid_every, self.state.step):
                 with self.heartbeats.phase("validation", self.state.step):
                     self.validate(stage)
@@ -143,17 +143,29 @@ class Trainer:
         with self.heartbeats.phase("guard rewind", self.state.step):  # the hang watchdog bounds the reload
             self.checkpointer.load(point, self.cfg.seed)
             min_loss_scale(self.engine, guard_on=True)  # the loaded scaler, too, leaves the floor to the guard
-            stage = self.stages[self.cfg.schedule.stage_for_step(point.step)[0]]
+            stage = entry_at(self.stages, point.step)
             self.batches.skip(stage.max_seq_len, decision.skip_batches * stage.global_batch_size)
             self.metrics.rewind(point.step)  # train records past the checkpoint belong to the abandoned future
             self.guard.rewound(decision)
 
-    def switch_to(self, stage: ResolvedStage) -> ResolvedStage:
-        """New length and batch for the running engine (no rebuild): micro-batch, then grad-accum."""
+    def switch_to(self, stage: ResolvedStage, previous: ResolvedStage | None = None) -> ResolvedStage:
+        """New length and batch for the running engine (no rebuild): micro-batch, then grad-accum. `stage` is a
+        stage, or the next piece of the batch ramp of `previous` (the entry trained so far: the engine's batch only)."""
         start = time.perf_counter()
+        ramp_step = previous is not None and previous.index == stage.index  # the ramp's next batch, not a new stage
         self.engine.set_train_micro_batch_size(stage.micro_batch_size)
         self.engine.set_train_batch_size(stage.global_batch_size)
         assert self.engine.gradient_accumulation_steps() == stage.grad_accum_steps
+        if ramp_step:
+            self.metrics.event("batch_ramp", step=self.state.step, stage=stage.index, name=stage.name, piece=stage.piece,
+                               pieces=stage.pieces, global_batch_size=stage.global_batch_size,
+                               micro_batch_size=stage.micro_batch_size, grad_accum_steps=stage.grad_accum_steps,
+                               seconds=time.perf_counter() - start)
+            self.metrics.message(f"stage '{stage.name}' batch {previous.global_batch_size} -> {stage.global_batch_size} after step "
+                                 f"{self.state.step} (ramp {stage.piece + 1}/{stage.pieces}, steps {self.state.step + 1}-"
+                                 f"{stage.end_step}): {stage.micro_batch_size} x {stage.grad_accum_steps} x "
+                                 f"{self.world_size}")
+            return stage
         if stage.rope_theta is not None:  # per-stage RoPE base (context extension): same weights, new table
             set_rope_theta(self.engine.module, stage.rope_theta)
         # The training stream only: validation keeps the run config's rate, so its losses compare across stages.
@@ -164,10 +176,12 @@ class Trainer:
                            micro_batch_size=stage.micro_batch_size, grad_accum_steps=stage.grad_accum_steps,
                            rope_theta=stage.rope_theta, mask_prob=stage.mask_prob, mixture=stage.mixture_dict,
                            seconds=time.perf_counter() - start)
-        self.metrics.message(f"stage {stage.index + 1}/{len(self.stages)} '{stage.name}' after step {self.state.step} "
-                             f"(steps {self.state.step + 1}-{stage.end_step}): max_seq_len {stage.max_seq_len}, "
+        self.metrics.message(f"stage {stage.index + 1}/{self.stages[-1].index + 1} '{stage.name}' after step "
+                             f"{self.state.step} (steps {self.state.step + 1}-{stage.stage_end_step}): max_seq_len "
+                             f"{stage.max_seq_len}, "
                              f"global batch {stage.global_batch_size} = {stage.micro_batch_size} x "
                              f"{stage.grad_accum_steps} x {self.world_size}"
+                             + ("" if stage.pieces == 1 else f" (batch ramp {stage.piece + 1}/{stage.pieces})")
                              + ("" if stage.rope_theta is None else f", rope_theta {stage.rope_theta:g}")
                              + (f", mask_prob {stage.mask_prob:g}" if self._per_stage_mask_prob else "")
                              + ("" if stage.mixture is None else ", mixture " + ", ".join(
@@ -215,7 +229,8 @@ class Trainer:
                 "global_batch_size": stage.global_batch_size, "masked_tokens": int(global_masked),
                 "tokens_per_s": global_tokens / seconds, "samples_per_s": samples / seconds,
                 "step_time_s": seconds, "model_flops_per_rank": global_flops / self.world_size,
-                "tokens_by_source": tokens_by_source}
+                "tokens_by_source": tokens_by_source, "consumed_tokens": self.state.consumed_tokens,
+                "schedule_tokens": self.cfg.schedule.tokens_before(self.state.step + 1)}
 
     @torch.no_grad()
     def validate(self, stage: ResolvedStage) -> None:

@@ -6,6 +6,7 @@ changed and nothing written (docs/bad_inputs.md)."""
 from __future__ import annotations
 
 import os
+import json
 import shutil
 from pathlib import Path
 
@@ -53,6 +54,21 @@ def test_a_truncated_safetensors_in_init_from_is_refused_before_the_ranks(capsys
     line = refused(capsys, ["plan", "--world-size", "1", "--config", config, "--set", f"init_from={damaged}"],
                    [damaged, tiny_data])
     assert f"{weights}: not a complete safetensors file (truncated or damaged: header too small)" in line
+
+
+def test_a_truncated_shard_of_a_sharded_init_from_is_named(capsys, stored_export, tiny_data, config, tmp_path):
+    """A sharded model (model.safetensors.index.json and its shards, as transformers saves large ones): each
+    shard the index names gets the same header check."""
+    sharded = tmp_path / "sharded"
+    shutil.copytree(stored_export, sharded)
+    shard = sharded / "model-00001-of-00001.safetensors"
+    (sharded / "model.safetensors").rename(shard)
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"roformer.embeddings.word_embeddings.weight": shard.name}}))
+    shard.write_bytes(shard.read_bytes()[:5000])
+    line = refused(capsys, ["plan", "--world-size", "1", "--config", config, "--set", f"init_from={sharded}"],
+                   [sharded, tiny_data])
+    assert f"{shard}: not a complete safetensors file (truncated or damaged: incomplete metadata" in line
 
 
 # --- row 17: absurd sizes, an absurd seed, an optimizer torch refuses ---------------------------------

@@ -28,13 +28,11 @@ def server(tmp_path_factory):
     srv.stop()
 
 
-def stages_of(total: int) -> list:
-    class Stage:  # the fields Metrics reads of a ResolvedStage
-        def __init__(self, index, first, end):
-            self.index, self.name, self.first_step, self.end_step = index, f"s{index}", first, end
-            self.max_seq_len, self.global_batch_size = 16, 4
+def stages_of(total: int) -> list[ResolvedStage]:
     half = total // 2
-    return [Stage(0, 0, half), Stage(1, half, total)]
+    return [ResolvedStage(index=i, name=f"s{i}", max_seq_len=16, global_batch_size=4, micro_batch_size=2,
+                          grad_accum_steps=1, steps=end - first, first_step=first, lr_scale=1.0)
+            for i, (first, end) in enumerate([(0, half), (half, total)])]
 
 
 def train(metrics: Metrics, steps: range, attempt_bias: float = 0.0) -> None:
