@@ -14,6 +14,7 @@ from launcher.common.io import write_line
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.metrics_format import read_records
 from launcher.run_dir.records import stage_ends as ends_of
+from launcher.tracking.open_sinks import TrackedRun
 from launcher.tracking.remote import Connection, tracking_dir
 
 
@@ -22,19 +23,22 @@ def tracked(run_dir: RunDir) -> list[str]:
     return [name for name in TRACKERS if (tracking_dir(run_dir) / f"{name}.json").is_file()]
 
 
-def sync_run(run_dir, files: list[tuple[Path, str]], report_to: tuple[str, ...] | None = None,
-             params: dict | None = None, tags: dict | None = None) -> None:
+def sync_run(run_dir, files: list[tuple[Path, str]], tracking: TrackedRun | None = None) -> None:
     """Catch up every tracker of RUN_DIR from metrics.jsonl and its stage-end evals, then attach `files`
-    ((file, artifact folder) pairs). report_to: the trackers of the run's config (None: those it already
-    reports to); params, tags: the run's, for a tracked run created here (launcher/tracking/open_sinks.py
-    tracked_run)."""
+    ((file, artifact folder) pairs). tracking: the run's sinks, parameters and tags as its config gives them
+    (launcher/tracking/open_sinks.py tracked_run), for a tracked run created here; None: only the trackers
+    the run already reports to."""
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
-    names = tracked(run_dir) if report_to is None else [name for name in TRACKERS if name in report_to]
+    names = tracked(run_dir) if tracking is None else [name for name in TRACKERS if name in tracking.report_to]
+    if not names:
+        return
+    params, tags = (tracking.params, tracking.tags) if tracking is not None else (None, None)
+    ends, records = stage_ends(run_dir), read_records(run_dir.metrics)  # read once for every tracker
     for name in names:
-        connection = Connection(name, run_dir, params or {}, tags or {}, stage_ends(run_dir))
+        connection = Connection(name, run_dir, params or {}, tags or {}, ends)
         try:
             connection.open()
-            connection.send_records(read_records(run_dir.metrics))
+            connection.send_records(records)
             connection.send_evals()
             connection.send_files(files)
             connection.close(None)
@@ -49,4 +53,4 @@ def stage_ends(run_dir: RunDir) -> list[int]:
     except (OSError, ValueError):
         return []
     stages = stages.get("stages", stages) if isinstance(stages, dict) else stages
-    return ends_of([s for s in stages if isinstance(s, dict) and "steps" in s and "index" in s])
+    return ends_of([s for s in stages if isinstance(s, dict) and {"index", "first_step", "steps"} <= set(s)])

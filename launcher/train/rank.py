@@ -36,7 +36,7 @@ from launcher.train.guard_actions import GuardActions
 from launcher.train.heartbeats import HeartbeatWriter
 from launcher.train.init_weights import InitialWeights
 from launcher.tracking.attach import sync_run
-from launcher.tracking.open_sinks import tracked_run
+from launcher.tracking.open_sinks import TrackedRun, tracked_run
 from launcher.tracking.remote import final_files
 from launcher.train.metrics import Metrics, MetricsOptions
 from launcher.train.phase_timer import PhaseTimer
@@ -134,16 +134,14 @@ def start(setup: RankSetup, timer: PhaseTimer) -> StartedRank | None:
     heartbeats = HeartbeatWriter(setup.run_dir, setup.rank, setup.cfg.watchdog)  # for the hang watchdog
     heartbeats.start_up("resume checks")
     plan = agree_on_resume(setup, heartbeats, timer)
+    tracking = tracked_run(setup.cfg.to_dict(), setup.run_dir, setup.cfg.data.data_dir, setup.cfg.logging.report_to)
     if plan.finished:
         if setup.rank == 0:  # first what its trackers missed (a server down when it finished), as promised
-            tracking = tracked_run(setup.cfg.to_dict(), setup.run_dir, setup.cfg.data.data_dir,
-                                   setup.cfg.logging.report_to)
-            sync_run(setup.run_dir, final_files(setup.run_dir), report_to=tracking.report_to,
-                     params=tracking.params, tags=tracking.tags)
+            sync_run(setup.run_dir, final_files(setup.run_dir), tracking)
             print(f"{setup.run_dir.root}: already trained to the end of the schedule (step {plan.step}); "
                   "nothing to do", file=sys.stderr)
         return None
-    return build_components(setup, plan, heartbeats, timer)
+    return build_components(setup, plan, heartbeats, timer, tracking)
 
 
 def agree_on_resume(setup: RankSetup, heartbeats: HeartbeatWriter, timer: PhaseTimer) -> ResumePlan:
@@ -167,10 +165,10 @@ def agree_on_resume(setup: RankSetup, heartbeats: HeartbeatWriter, timer: PhaseT
     return plan
 
 
-def build_components(setup: RankSetup, plan: ResumePlan, heartbeats: HeartbeatWriter,
-                     timer: PhaseTimer) -> StartedRank:
+def build_components(setup: RankSetup, plan: ResumePlan, heartbeats: HeartbeatWriter, timer: PhaseTimer,
+                     tracking: TrackedRun) -> StartedRank:
     """Step 3: the engine (init_from's weights on a fresh start), the checkpointer (which loads the plan's
-    source), metrics, plots, the numerics guard and the trainer."""
+    source), metrics (reporting to `tracking`'s sinks), plots, the numerics guard and the trainer."""
     cfg, rank, run_dir = setup.cfg, setup.rank, setup.run_dir
     # Raised by DeepSpeed's ZeRO all-gather on every step with recent torch; nothing for a user to do.
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
@@ -191,8 +189,8 @@ def build_components(setup: RankSetup, plan: ResumePlan, heartbeats: HeartbeatWr
         checkpointer.load(plan.source, cfg.seed, plan.universal_folder(run_dir))
         timer.phase("checkpoint_load")
     scale, skipped = loss_scale(engine), int(engine.skipped_steps)  # as loaded (or fresh)
-    metrics = Metrics(run_dir, rank, setup.run.stages, state.step, MetricsOptions.of_run_config(cfg),
-                      tracked_run(cfg.to_dict(), run_dir, cfg.data.data_dir, cfg.logging.report_to))
+    options = MetricsOptions.of_run_config(cfg)
+    metrics = Metrics(run_dir, rank, setup.run.stages, state.step, options, tracking)
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 and cfg.logging.plots else None
     on_stage_end = stage_end_callback(cfg, run_dir, plots)
     metrics.report_start(timer, plan, setup.world_size, scale, skipped, shape.precision, cfg.logging.peak_tflops)
