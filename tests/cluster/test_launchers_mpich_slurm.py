@@ -23,16 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.helpers import (
-    REPO,
-    TINY_TOTAL_STEPS,
-    free_port,
-    metrics_steps,
-    roformer,
-    roformer_env,
-    tiny_data_dir,
-    tiny_run_config,
-)
+from tests.support.helpers import REPO, TINY_TOTAL_STEPS, free_port, metrics_steps, roformer, roformer_env, \
+    tiny_data_dir, tiny_run_config
 from tests.support.slurm_cluster import SlurmCluster, SlurmUnavailable
 
 MPICH_MPIRUN = "/usr/bin/mpirun.mpich"  # Debian's name for MPICH's mpirun (Hydra) beside Open MPI's

@@ -12,15 +12,8 @@ import sys
 
 import pytest
 
-from tests.support.helpers import (
-    REPO,
-    free_port,
-    metrics_steps,
-    roformer,
-    roformer_env,
-    tiny_data_dir,
-    tiny_run_config,
-)
+from tests.support.helpers import REPO, free_port, metrics_steps, roformer, roformer_env, tiny_data_dir, \
+    tiny_run_config
 
 TINY_TOTAL_STEPS = 16
 DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_SIZE")

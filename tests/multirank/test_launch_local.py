@@ -10,18 +10,8 @@ from launcher.common.defaults import DEFAULT_MASTER_PORT
 from launcher.launch.ports import AUTO_PORT_SPAN
 from launcher.run_dir.layout import RunDir
 from launcher.train.metrics import read_metrics
-from tests.support.helpers import (
-    newest_checkpoint,
-    REPO,
-    TINY_TOTAL_STEPS,
-    events,
-    free_port,
-    metrics_steps,
-    roformer,
-    roformer_env,
-    start_roformer,
-    tiny_run_config,
-)
+from tests.support.helpers import newest_checkpoint, REPO, TINY_TOTAL_STEPS, events, free_port, metrics_steps, \
+    roformer, roformer_env, start_roformer, tiny_run_config
 
 
 def test_local_two_rank_run_through_the_wrapper(tiny_data, tmp_path):

@@ -23,17 +23,8 @@ from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
 from launcher.inputs.run_checks import open_streams
 from tests.support.corpus_files import named_sources_dir
-from tests.support.helpers import (
-    NO_DROPOUT,
-    TEST_RANK_ENTRY,
-    TINY_STAGES,
-    TINY_TOTAL_STEPS,
-    events,
-    run_to_end,
-    start_run,
-    tiny_run_config,
-    train_losses,
-)
+from tests.support.helpers import NO_DROPOUT, TEST_RANK_ENTRY, TINY_STAGES, TINY_TOTAL_STEPS, events, run_to_end, \
+    start_run, tiny_run_config, train_losses
 
 RECIPE_STAGES = [{**TINY_STAGES[0], "mask_prob": 0.3, "mixture": {"en": 1, "zh": 1}},
                  {**TINY_STAGES[1], "mask_prob": 0.25, "rope_theta": 100.0},

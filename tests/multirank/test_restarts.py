@@ -14,16 +14,8 @@ from safetensors.numpy import load_file
 
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.restart_records import read_restarts
-from tests.support.helpers import (
-    NO_DROPOUT,
-    TINY_TOTAL_STEPS,
-    events,
-    free_port,
-    metrics_steps,
-    roformer,
-    roformer_env,
-    tiny_run_config,
-)
+from tests.support.helpers import NO_DROPOUT, TINY_TOTAL_STEPS, events, free_port, metrics_steps, roformer, \
+    roformer_env, tiny_run_config
 
 WRAPPER = "tests.support.rank_wrapper"
 KILL = "1:9"  # rank 1, before the step after 9 completed: the newest checkpoint is global_step8

@@ -15,16 +15,8 @@ import pytest
 from launcher.export.exporter import export_checkpoint
 from launcher.common.errors import UserError
 from launcher.checkpoint.catalogue import read_sidecar
-from tests.support.helpers import (
-    NO_DROPOUT,
-    TEST_RANK_ENTRY,
-    TINY_STAGES,
-    TINY_TOTAL_STEPS,
-    events,
-    run_to_end,
-    tiny_run_config,
-    train_losses,
-)
+from tests.support.helpers import NO_DROPOUT, TEST_RANK_ENTRY, TINY_STAGES, TINY_TOTAL_STEPS, events, run_to_end, \
+    tiny_run_config, train_losses
 
 THETA = 100.0
 STAGES = [TINY_STAGES[0], {**TINY_STAGES[1], "rope_theta": THETA}, TINY_STAGES[2]]
