@@ -1,8 +1,8 @@
 """Training stages and the learning rate: pure functions of the global optimizer step.
 
 A schedule file (YAML or JSON) lists stages in order, each {name, max_seq_len, global_batch_size, steps}
-plus optional micro_batch_size, lr_scale and the recipe fields rope_theta, mask_prob and mixture (what
-each does: docs/training.md, "Stages" and "Recipes"). Steps are counted from 0 over the whole run; stage i
+plus optional micro_batch_size (a number, or `auto`: sized from the memory plan, launcher/config/stages.py),
+lr_scale and the recipe fields rope_theta, mask_prob, mixture, attention and positions (what each does: docs/training.md, "Stages" and "Recipes"). Steps are counted from 0 over the whole run; stage i
 covers [first_step_i, first_step_i + steps_i).
 
 A stage may give `tokens` (2.5e9, "2.5B", "800M") instead of `steps`, and a batch ramp
@@ -23,12 +23,15 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 from data_pipeline.config import MIN_SEQ_LEN
+from data_pipeline.documents import DOCUMENT_VIEWS
 from launcher.common.io import read_mapping
 from launcher.common.errors import UserError
 from roformer.config import MAX_SIZE
 
 STAGE_KEYS = ("name", "max_seq_len", "global_batch_size", "steps", "tokens", "micro_batch_size", "lr_scale",
-              "rope_theta", "mask_prob", "mixture")
+              "rope_theta", "mask_prob", "mixture", "attention", "positions")
+AUTO_MICRO = "auto"
+"""`micro_batch_size: auto`: the largest micro-batch whose planned memory fits the target device (stages.py)."""
 RAMP_KEYS = ("start", "end", "over", "over_steps", "increment")
 BATCH_SCALINGS = {"none": 0.0, "linear": 1.0, "sqrt": 0.5}
 """optimizer.batch_scaling: the LR curve's value is multiplied by (batch / reference_batch) ** p."""
@@ -53,8 +56,9 @@ class Stage:
     """Sequences per optimizer step over all ranks (micro x grad-accum x data-parallel size)."""
     steps: int
     """Optimizer steps in this stage."""
-    micro_batch_size: int | None = None
-    """Sequences per rank per forward pass; None = derived from schedule.max_tokens_per_micro_batch."""
+    micro_batch_size: int | str | None = None
+    """Sequences per rank per forward pass; None = derived from schedule.max_tokens_per_micro_batch; AUTO_MICRO
+    ('auto') = the largest that the memory plan fits in the target device (launcher/config/stages.py)."""
     lr_scale: float = 1.0
     """Multiplies the run's learning-rate curve while this stage runs."""
     rope_theta: float | None = None
@@ -63,6 +67,10 @@ class Stage:
     """Share of tokens chosen for MLM while this stage runs; None = the run config's data.masking.mask_prob."""
     mixture: Mixture | None = None
     """Share of each named data source in this stage's sequences; None = the sources in proportion to size."""
+    attention: str | None = None
+    """'document' | 'sequence' while this stage runs; None = the run config's data.attention."""
+    positions: str | None = None
+    """'document' | 'sequence' while this stage runs; None = the run config's data.positions."""
     tokens: int | None = None
     """The token count the file asked for (None: the stage was given in steps); `steps` is its rounding."""
     ramp: BatchRamp | None = None
@@ -181,8 +189,11 @@ def _parse_stage(entry: object, index: int, path: Path) -> Stage:
     ramp = _parse_ramp(entry["global_batch_size"], where) if isinstance(entry["global_batch_size"], dict) else None
     for key in ("max_seq_len", "global_batch_size", "steps", "micro_batch_size"):
         value = entry.get(key)
-        if (value is None and key in ("micro_batch_size", "steps")) or (key == "global_batch_size" and ramp):
+        if (value is None and key in ("micro_batch_size", "steps")) or (key == "global_batch_size" and ramp) or \
+                (key == "micro_batch_size" and value == AUTO_MICRO):
             continue
+        if key == "micro_batch_size" and isinstance(value, str):
+            raise UserError(f"{where}: micro_batch_size must be a positive integer or {AUTO_MICRO!r}, got {value!r}")
         _check_size(value, f"{where}: {key}")
     if entry["max_seq_len"] < MIN_SEQ_LEN:
         raise UserError(f"{where}: max_seq_len {entry['max_seq_len']} is too short: a sequence is [CLS] plus at "
@@ -197,6 +208,10 @@ def _parse_stage(entry: object, index: int, path: Path) -> Stage:
     if mask_prob is not None and (not _is_number(mask_prob) or not 0.0 < mask_prob < 1.0):
         raise UserError(f"{where}: mask_prob must be a number in (0, 1) (the share of tokens chosen for MLM), "
                         f"got {mask_prob!r}")
+    for key in ("attention", "positions"):
+        if entry.get(key) is not None and entry[key] not in DOCUMENT_VIEWS:
+            raise UserError(f"{where}: {key} must be one of {', '.join(DOCUMENT_VIEWS)} (the run's data.{key} for "
+                            f"this stage), got {entry[key]!r}")
     tokens = parse_token_count(entry["tokens"], f"{where}: tokens") if "tokens" in entry else None
     if ramp is not None and ramp.unit == ("tokens" if tokens is not None else "steps") and \
             ramp.over > (tokens if tokens is not None else entry["steps"]):
@@ -216,7 +231,7 @@ def _parse_stage(entry: object, index: int, path: Path) -> Stage:
                  rope_theta=None if rope_theta is None else float(rope_theta),
                  mask_prob=None if mask_prob is None else float(mask_prob),
                  mixture=None if entry.get("mixture") is None else _parse_mixture(entry["mixture"], where),
-                 tokens=tokens, ramp=ramp, pieces=tuple(pieces))
+                 attention=entry.get("attention"), positions=entry.get("positions"), tokens=tokens, ramp=ramp, pieces=tuple(pieces))
 
 
 def _check_size(value: object, where: str) -> int:

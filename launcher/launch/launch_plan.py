@@ -344,11 +344,13 @@ def check_stages(config_path: Path, overrides: list[str], world_size: int, resou
     stage's batch arithmetic at this world size."""
     from launcher.config.stages import resolve_stages
     from launcher.inputs.init_from import load_config_and_init
+    from launcher.pricing.micro_target import micro_batch_target
 
     run_config, init = load_config_and_init(config_path, overrides)
     check_eval_specs(run_config.logging.stage_end_evals, where=f"{run_config.source}: logging.stage_end_evals")
     try:
-        return run_config, init, resolve_stages(run_config, world_size)
+        # micro_batch_size auto: hardware.device, as on the ranks; else this machine's (the ranks size their own)
+        return run_config, init, resolve_stages(run_config, world_size, micro_batch_target(run_config, world_size))
     except UserError as err:
         where = f"{hostfile.path}" if hostfile else "--num_gpus"
         hosts = ", ".join(f"{h} x{len(s)}" for h, s in resources.items())

@@ -23,6 +23,7 @@ from launcher.checkpoint.checkpointer import CheckpointedRun, Checkpointer
 from launcher.checkpoint.resume import BranchPoint, ResumePlan
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import resolve_stages
+from launcher.pricing.micro_target import micro_batch_target
 from launcher.common.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.engine_facts import loss_scale
 from launcher.common.errors import UserError
@@ -108,7 +109,8 @@ def check_inputs(argv: list[str] | None) -> RankSetup:
     rank, world_size = rank_and_world_size()
     run_dir = check_run_dir(Path(args.run_dir))
     cfg, init = load_config_and_init(args.config, args.overrides)
-    setup, _ = resolve_setup(cfg, init, resolve_stages(cfg, world_size), world_size)
+    stages = resolve_stages(cfg, world_size, micro_batch_target(cfg, world_size))  # auto: this rank's accelerator
+    setup, _ = resolve_setup(cfg, init, stages, world_size)
     train, valid = open_streams(cfg, rank, world_size, verify=cfg.data.verify and rank == 0)  # this rank's, kept
     findings = check_data(setup, train, run_dir.root)
     return RankSetup(setup, rank, run_dir, train, valid, findings.branch)

@@ -89,6 +89,7 @@ class Trainer:
         self.guard_stop: Stop | None = None  # the numerics guard's decision that ended the run
         # The stage-switch message names the mask rate when some stage does not train at the run config's.
         self._per_stage_mask_prob = any(s.mask_prob != cfg.data.masking.mask_prob for s in stages)
+        self._per_stage_view = len({s.document_view for s in stages}) > 1  # ... and attention / positions
         self.guard.restore(self.state.step)  # the guard of the uninterrupted run at this step, from the run's records
 
     def run(self) -> str:
@@ -171,11 +172,13 @@ class Trainer:
         # The training stream only: validation keeps the run config's rate, so its losses compare across stages.
         self.batches.set_mask_prob(stage.mask_prob)
         self.batches.set_mixture(stage.mixture)  # None: the sources in proportion to their size
+        for reader in (self.batches, self.valid_batches):  # the stage's attention / positions (validation too)
+            reader.set_document_view(stage.document_view)
         self.metrics.event("stage_start", step=self.state.step, stage=stage.index, name=stage.name,
                            max_seq_len=stage.max_seq_len, global_batch_size=stage.global_batch_size,
                            micro_batch_size=stage.micro_batch_size, grad_accum_steps=stage.grad_accum_steps,
                            rope_theta=stage.rope_theta, mask_prob=stage.mask_prob, mixture=stage.mixture_dict,
-                           seconds=time.perf_counter() - start)
+                           attention=stage.attention, positions=stage.positions, seconds=time.perf_counter() - start)
         self.metrics.message(f"stage {stage.index + 1}/{self.stages[-1].index + 1} '{stage.name}' after step "
                              f"{self.state.step} (steps {self.state.step + 1}-{stage.stage_end_step}): max_seq_len "
                              f"{stage.max_seq_len}, "
@@ -184,6 +187,8 @@ class Trainer:
                              + ("" if stage.pieces == 1 else f" (batch ramp {stage.piece + 1}/{stage.pieces})")
                              + ("" if stage.rope_theta is None else f", rope_theta {stage.rope_theta:g}")
                              + (f", mask_prob {stage.mask_prob:g}" if self._per_stage_mask_prob else "")
+                             + (f", attention {stage.attention}, positions {stage.positions}"
+                                if self._per_stage_view else "")
                              + ("" if stage.mixture is None else ", mixture " + ", ".join(
                                  f"{source} {share:.3g}" for source, share in stage.mixture)))
         return stage

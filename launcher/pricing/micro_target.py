@@ -1,0 +1,61 @@
+"""The device `micro_batch_size: auto` sizes against (launcher/config/stages.py MicroBatchTarget), with this run's
+memory plan (launcher/pricing/estimate.py):
+
+1. the run config's `hardware.device` when declared: the same on the launching machine (`roformer plan`,
+   `pretrain --dry-run`) and on every rank, so they agree by construction;
+2. otherwise the accelerator of the machine resolving it (a rank's own: DeepSpeed's get_accelerator(), its
+   total_memory()); a CPU has none: the stage falls back to schedule.max_tokens_per_micro_batch's rule.
+
+Returns None when no stage says auto (nothing is read then).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.config.run_config import RunConfig
+from launcher.config.schedule import AUTO_MICRO
+from launcher.config.stages import MicroBatchTarget
+from launcher.pricing.estimate import TrainingSetup, estimate_memory, largest_fitting_micro_batch, setup_from_configs
+
+
+@dataclass(frozen=True)
+class SetupPlan:
+    """MemoryPlan (launcher/config/stages.py) of one TrainingSetup, at the run's activation checkpointing."""
+
+    setup: TrainingSetup
+
+    def largest_micro_batch(self, seq_len: int, budget_bytes: int) -> int:
+        return largest_fitting_micro_batch(self.setup, seq_len, budget_bytes, self.setup.activation_checkpointing)
+
+    def planned_bytes(self, micro_batch: int, seq_len: int) -> int:
+        return estimate_memory(self.setup, micro_batch, seq_len).total
+
+
+def micro_batch_target(cfg: RunConfig, world_size: int) -> MicroBatchTarget | None:
+    """The target of `micro_batch_size: auto` (see the module docstring); None when no stage says auto."""
+    if not any(stage.micro_batch_size == AUTO_MICRO for stage in cfg.schedule.stages):
+        return None
+    if cfg.hardware.device:
+        label = f"{cfg.hardware.memory_bytes / 2 ** 30:.0f} GiB {cfg.hardware.name} (hardware.device)"
+        return declared_target(cfg, world_size, label, cfg.hardware.memory_bytes)
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    kind = accelerator.device_name()
+    if kind == "cpu":
+        return MicroBatchTarget(f"this machine: {kind}")
+    memory = int(accelerator.total_memory())
+    return declared_target(cfg, world_size, f"{memory / 2 ** 30:.0f} GiB {kind} (this machine)", memory)
+
+
+def declared_target(cfg: RunConfig, world_size: int, label: str, device_bytes: int) -> MicroBatchTarget:
+    """A target of `device_bytes` per accelerator rank, planned with the run's model and DeepSpeed JSON (its ZeRO
+    stage, precision, buckets and optimizer: none of them depends on the micro-batch)."""
+    from launcher.config.deepspeed_json import read_ds_json
+
+    ds_json, _ = read_ds_json(cfg.deepspeed.config, cfg.deepspeed.overrides)
+    setup = setup_from_configs(cfg.model, ds_json, world_size, cfg.schedule.activation_checkpointing, cpu_ranks=False)
+    return MicroBatchTarget(label, device_bytes, SetupPlan(setup))
+
+
+__all__ = ["SetupPlan", "micro_batch_target", "declared_target"]
