@@ -443,7 +443,9 @@ def _carry_out(plan: ResumePlan, run_dir: RunDir, setup: StartSetup) -> list[str
         notes.append(f"a branch of {plan.source_run.root}: starts at {plan.source.tag} (step {plan.step}); "
                      f"recorded in {run_dir.root / BRANCH_FROM_RECORD}")
     records = {"config": setup.cfg.to_dict(), "ds_config": plan.ds_config,
-               "stages": {"world_size": setup.world_size, "stages": [s.to_dict() for s in setup.stages]}}
+               "stages": {"world_size": setup.world_size, "stages": [s.to_dict() for s in setup.stages],
+                          # the report's x axis; schedules in steps record what they always did
+                          **({"schedule_unit": "tokens"} if setup.cfg.schedule.in_tokens else {})}}
     version = record_start(run_dir, records, plan.step, plan.resumed_from(run_dir))
     if version is not None and version.version > 1:
         notes.append(describe_change(run_dir, version))
