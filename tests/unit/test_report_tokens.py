@@ -110,3 +110,18 @@ def test_the_progress_line_says_tokens_done_of_all_for_a_schedule_in_tokens(tmp_
         assert line.startswith(f"{head} 5.44K/8K tok | loss 7.000"), line
     else:
         assert line.startswith(f"{head} | loss 7.000") and " tok |" not in line, line
+
+
+def test_the_plans_source_table_has_one_row_per_stage_with_a_ramps_pieces_summed(tmp_path):
+    """`roformer plan`'s tokens per stage and source (launcher/config/source_plan.py) on a ramp: its pieces are one
+    stage (they were a row each, and the later stages' rows were labelled with the ramp stage's name)."""
+    from launcher.config.source_plan import source_plan
+
+    cfg = ramp_config(tmp_path / "config")
+    stages = resolve_stages(cfg, 2)
+    sources = [{"name": "en", "train": {"tokens": 3_000, "documents": 10}},
+               {"name": "zh", "train": {"tokens": 1_000, "documents": 10}}]
+    table = source_plan(stages, sources).table().splitlines()
+    assert [line.split()[1] for line in table[2:4]] == ["warmup", "long"] and table[4].split()[0] == "passes"
+    first = cfg.schedule.tokens_before(sum(s.steps for s in stages if s.index == 0))
+    assert table[2].split()[2:] == [f"{0.75 * first:,.0f}", "(75%)", f"{0.25 * first:,.0f}", "(25%)"]
