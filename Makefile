@@ -10,13 +10,18 @@ export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-fast reproduce gpu-check clean
+.PHONY: setup demo recipe-tokens test test-fast reproduce gpu-check clean
 
 setup:
 	bash scripts/setup.sh
 
 demo: setup
 	bash scripts/demo.sh
+
+# The ModernBERT-style token schedule in small (batch warmup 8 -> 32 over 200K tokens, LR scaled to the batch):
+# 2 CPU ranks, then its report (docs/token_schedules.md). Data from the set-up cache, as `make demo`'s.
+recipe-tokens: setup
+	bash scripts/recipe_tokens.sh
 
 # The whole suite; tests/cluster and tests/unit run beside the rest (scripts/run_tests.sh says why).
 test: setup

@@ -429,6 +429,14 @@ def accept(plan: ResumePlan, run_dir: RunDir, setup: StartSetup, rank: int) -> R
     return plan
 
 
+def stages_record(cfg, world_size: int, stages: list) -> dict:
+    """RUN_DIR/stages.json's content: the resolved stages (a ramp's pieces each a row) at `world_size`, and for a
+    schedule written in tokens `schedule_unit: tokens` (the report's x axis; schedules in steps record what they
+    always did)."""
+    return {"world_size": world_size, "stages": [s.to_dict() for s in stages],
+            **({"schedule_unit": "tokens"} if cfg.schedule.in_tokens else {})}
+
+
 def _carry_out(plan: ResumePlan, run_dir: RunDir, setup: StartSetup) -> list[str]:
     """Rank 0: the plan's writes, all into RUN_DIR (a branch's source run is only read)."""
     notes = list(plan.notes)
@@ -443,7 +451,7 @@ def _carry_out(plan: ResumePlan, run_dir: RunDir, setup: StartSetup) -> list[str
         notes.append(f"a branch of {plan.source_run.root}: starts at {plan.source.tag} (step {plan.step}); "
                      f"recorded in {run_dir.root / BRANCH_FROM_RECORD}")
     records = {"config": setup.cfg.to_dict(), "ds_config": plan.ds_config,
-               "stages": {"world_size": setup.world_size, "stages": [s.to_dict() for s in setup.stages]}}
+               "stages": stages_record(setup.cfg, setup.world_size, setup.stages)}
     version = record_start(run_dir, records, plan.step, plan.resumed_from(run_dir))
     if version is not None and version.version > 1:
         notes.append(describe_change(run_dir, version))

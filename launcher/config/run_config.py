@@ -180,6 +180,13 @@ class ScheduleSection:
         """Token slots (global batch x max_seq_len per step) of the first `step` steps."""
         return tokens_before(self.pieces, step)
 
+    @property
+    def in_tokens(self) -> bool:
+        """Whether the schedule is written in tokens: a stage's length (`tokens:`) or a batch ramp's `over:`. The
+        console, the run's stages.json (`schedule_unit`) and the report then count tokens where they counted steps."""
+        return any(stage.tokens is not None or (stage.ramp is not None and stage.ramp.unit == "tokens")
+                   for stage in self.stages)
+
 
 @dataclass
 class CheckpointSection:

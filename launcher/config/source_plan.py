@@ -54,7 +54,10 @@ class SourcePlan:
         names = [s["name"] for s in self.sources]
         rows = [f"{'#':>2}  {'stage':<16}" + "".join(f"{name[:20]:>22}" for name in names)]
         for index, stage in enumerate(self.stage_names):
-            cells = {d.source: f"{d.tokens:,.0f} ({100 * d.share:.0f}%)" for d in self.draws if d.stage == index}
+            mine = [d for d in self.draws if d.stage == index]  # a batch ramp's pieces: one draw each, summed
+            cells = {name: f"{sum(d.tokens for d in mine if d.source == name):,.0f} "
+                           f"({100 * next(d.share for d in mine if d.source == name):.0f}%)"
+                     for name in dict.fromkeys(d.source for d in mine)}
             rows.append(f"{index + 1:>2}  {stage[:15]:<16}" + "".join(f"{cells.get(name, '-'):>22}" for name in names))
         rows.append(f"{'':>2}  {'passes':<16}" + "".join(f"{self.passes(name):>22.2f}" for name in names))
         sizes = ", ".join(f"{s['name']} {s['train']['tokens']:,}" for s in self.sources)
@@ -70,7 +73,8 @@ class SourcePlan:
 
 
 def source_plan(stages, sources: list[dict]) -> SourcePlan:
-    """stages: ResolvedStage list (their `mixture`: (source, share) pairs or None); sources: the
+    """stages: ResolvedStage list (their `mixture`: (source, share) pairs or None; a batch ramp's pieces share their
+    stage's index and are summed in the table); sources: the
     manifest's named sources (data_pipeline.manifest.manifest_sources)."""
     total = sum(s["train"]["tokens"] for s in sources)
     by_size = {s["name"]: s["train"]["tokens"] / total for s in sources}
@@ -82,4 +86,4 @@ def source_plan(stages, sources: list[dict]) -> SourcePlan:
             share = shares.get(s["name"], 0.0)
             draws.append(SourceDraw(stage.index, s["name"], share, sequences * stage.max_seq_len * share,
                                     sequences * (stage.max_seq_len - 1) * share))
-    return SourcePlan(sources, draws, [s.name for s in stages])
+    return SourcePlan(sources, draws, list({s.index: s.name for s in stages}.values()))  # one name per stage

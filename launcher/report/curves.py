@@ -39,15 +39,30 @@ class StageSpan:
     grad_accum_steps: int | None = None
     mixture: tuple[tuple[str, float], ...] | None = None
     """(source, share) pairs of the stage's mixture; None = the sources in proportion to their size."""
+    ramp: tuple[tuple[int, int, int, int], ...] = ()
+    """A batch ramp's pieces in order, each (global batch, micro-batch, grad-accum, steps); () without a ramp (then
+    global_batch_size is the stage's one batch; with one, the ramp's last batch)."""
 
     @property
     def end_step(self) -> int:
         return self.first_step + self.steps
 
     @property
+    def batch_text(self) -> str:
+        """'32', or a ramp's '8-32'."""
+        batches = [piece[0] for piece in self.ramp] or [self.global_batch_size]
+        return f"{min(batches)}-{max(batches)}" if min(batches) != max(batches) else str(batches[0])
+
+    @property
+    def planned_tokens(self) -> int:
+        """Token slots (batch x max_seq_len per step) the stage trains in all."""
+        return self.max_seq_len * (sum(b * n for b, _, _, n in self.ramp) if self.ramp
+                                   else self.global_batch_size * self.steps)
+
+    @property
     def label(self) -> str:
-        """What a boundary marker says: name and shape (length x global batch)."""
-        return f"{self.name}: {self.max_seq_len} x {self.global_batch_size}"
+        """What a boundary marker says: name and shape (length x global batch, a ramp's as a range)."""
+        return f"{self.name}: {self.max_seq_len} x {self.batch_text}"
 
 
 @dataclass(frozen=True)
@@ -76,6 +91,8 @@ class TrainCurve:
     carry it."""
     tflops: np.ndarray | None
     """Achieved model TFLOP/s per rank (record key `tflops`, launcher/common/mfu.py), when the records carry it."""
+    global_batch_size: np.ndarray | None = None
+    """The step's global batch (sequences), NaN where a record lacks it."""
 
     def __len__(self) -> int:
         return len(self.step)
@@ -127,6 +144,23 @@ class Curves:
     """Lines of metrics.jsonl that were not a JSON object (cut by a kill, or damaged)."""
     tokens_by_source: dict[int, dict[str, float]] = field(default_factory=dict)
     """Stage index -> {source: tokens drawn} summed over the train records' `tokens_by_source`."""
+    unit: str = "steps"
+    """The schedule's unit: 'tokens' when a stage is counted in tokens or ramps its batch over tokens (stages.json's
+    `schedule_unit`, else the schedule file the recorded config names); then `train.tokens` is the schedule's token
+    slots (the records' `schedule_tokens`) and the plots against steps are drawn against tokens."""
+
+    @property
+    def x_axis(self) -> str:
+        """'tokens' for a schedule in tokens, else 'step': the x of the plots that are not per axis."""
+        return "tokens" if self.unit == "tokens" else "step"
+
+    def has_ramp(self) -> bool:
+        """Whether some stage changes its global batch (a batch ramp)."""
+        return any(stage.ramp for stage in self.stages)
+
+    def planned_tokens(self) -> int:
+        """Token slots of the whole schedule (0 when the stages are not recorded)."""
+        return sum(stage.planned_tokens for stage in self.stages if stage.steps)
 
     def boundaries(self) -> list[Boundary]:
         """The start of every stage the records reach, the first one included."""
@@ -147,7 +181,7 @@ class Curves:
 
 
 TRAIN_FIELDS = ("step", "stage", "loss", "mlm_accuracy", "lr", "loss_scale", "grad_norm", "tokens_per_s",
-                "step_time_s", "skipped_steps", "mfu", "tflops")
+                "step_time_s", "skipped_steps", "mfu", "tflops", "global_batch_size", "schedule_tokens")
 """The fields of a train record the plots use (launcher/train/metrics.py writes them)."""
 OPTIONAL_FIELDS = ("mfu", "tflops")
 
@@ -204,16 +238,41 @@ def collect_records(path: Path) -> Records:
 def load_curves(run_dir: Path) -> Curves:
     layout = RunDir(Path(run_dir))
     records = collect_records(layout.metrics)
-    train = _train_curve(records)
+    in_effect = records_in_effect(layout)
+    unit = schedule_unit(in_effect["stages"], in_effect["config"])
+    train = _train_curve(records, slots=unit == "tokens")
     valid_records = list({r["step"]: r for r in records.valid}.values())  # a repeated step: the later line
     valid_records.sort(key=lambda r: r["step"])
     valid_steps = _column(valid_records, "step") + records.step_offset()
     valid = ValidCurve(step=valid_steps, stage=_column(valid_records, "stage"), loss=_column(valid_records, "loss"),
                        accuracy=_column(valid_records, "mlm_accuracy"),
                        tokens=train.tokens_at(valid_steps).astype(float))
-    stages_file = records_in_effect(layout)["stages"]
-    return Curves(train=train, valid=valid, stages=read_stages(stages_file, records.stage_firsts, records.events),
-                  events=records.events, skipped_lines=records.skipped, tokens_by_source=records.tokens_by_source)
+    return Curves(train=train, valid=valid, stages=read_stages(in_effect["stages"], records.stage_firsts, records.events),
+                  events=records.events, skipped_lines=records.skipped, tokens_by_source=records.tokens_by_source,
+                  unit=unit)
+
+
+def schedule_unit(stages_file: Path, config_file: Path) -> str:
+    """'tokens' or 'steps': stages.json's `schedule_unit` (written since token schedules exist: absent = steps), else
+    for a run recorded before that, whether the schedule file its config.yaml names (when still readable) counts a
+    stage in tokens (`tokens:`) or ramps a batch over tokens (`over:`)."""
+    import yaml
+
+    try:
+        recorded = json.loads(stages_file.read_text(encoding="utf-8"))
+        if isinstance(recorded.get("schedule_unit"), str):
+            return recorded["schedule_unit"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        config = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+        schedule = yaml.safe_load(Path(config["schedule"]["file"]).read_text(encoding="utf-8"))
+        stages = schedule["stages"] if isinstance(schedule, dict) else schedule
+        return "tokens" if any("tokens" in stage or (isinstance(stage.get("global_batch_size"), dict)
+                                                    and "over" in stage["global_batch_size"])
+                               for stage in stages) else "steps"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
+        return "steps"
 
 
 def record_versions(layout: RunDir) -> list[RecordVersion]:
@@ -237,12 +296,7 @@ def read_stages(stages_file: Path, stage_firsts: dict[int, dict] | None = None,
     (`stage_firsts`: the first train record of each stage)."""
     try:
         raw = json.loads(stages_file.read_text(encoding="utf-8"))
-        return [StageSpan(index=int(s["index"]), name=str(s["name"]), max_seq_len=int(s["max_seq_len"]),
-                          global_batch_size=int(s["global_batch_size"]), first_step=int(s["first_step"]),
-                          steps=int(s["steps"]), micro_batch_size=s.get("micro_batch_size"),
-                          grad_accum_steps=s.get("grad_accum_steps"),
-                          mixture=tuple((str(k), float(v)) for k, v in s["mixture"].items()) if s.get("mixture") else None)
-                for s in raw["stages"]]
+        return [_stage_span(rows) for rows in _rows_by_stage(raw["stages"])]
     except (OSError, ValueError, KeyError, TypeError):
         pass
     names = {e.get("stage"): e.get("name") for e in events if e.get("event") == "stage_start"}
@@ -252,6 +306,31 @@ def read_stages(stages_file: Path, stage_firsts: dict[int, dict] | None = None,
                       global_batch_size=int(record.get("global_batch_size") or 0),
                       first_step=int(record["step"]) + before, steps=0)
             for index, record in sorted((stage_firsts or {}).items())]
+
+
+def _rows_by_stage(rows: list[dict]) -> list[list[dict]]:
+    """stages.json's rows grouped by stage: a batch ramp's pieces (rows of one `index`) together, in order."""
+    groups: list[list[dict]] = []
+    for row in rows:
+        if groups and int(groups[-1][0]["index"]) == int(row["index"]):
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return groups
+
+
+def _stage_span(rows: list[dict]) -> StageSpan:
+    """One stage from its stages.json rows (one, or a ramp's pieces: launcher/config/stages.py ResolvedStage)."""
+    first, last = rows[0], rows[-1]
+    ramp = tuple((int(r["global_batch_size"]), int(r["micro_batch_size"]), int(r["grad_accum_steps"]), int(r["steps"]))
+                 for r in rows) if len(rows) > 1 else ()
+    return StageSpan(index=int(first["index"]), name=str(first["name"]), max_seq_len=int(first["max_seq_len"]),
+                     global_batch_size=int(last["global_batch_size"]),
+                     first_step=int(first.get("stage_first_step", first["first_step"])),
+                     steps=int(first.get("stage_steps", first["steps"])),
+                     micro_batch_size=first.get("micro_batch_size"), grad_accum_steps=first.get("grad_accum_steps"),
+                     mixture=tuple((str(k), float(v)) for k, v in first["mixture"].items()) if first.get("mixture")
+                     else None, ramp=ramp)
 
 
 def _column(records: list[dict], key: str) -> np.ndarray:
@@ -264,7 +343,9 @@ def _number(value) -> float:
     return float(value)
 
 
-def _train_curve(records: Records) -> TrainCurve:
+def _train_curve(records: Records, slots: bool = False) -> TrainCurve:
+    """slots: `tokens` is the records' `schedule_tokens` (token slots trained up to and including the step, the unit of
+    a schedule in tokens) where every record carries it; otherwise the non-padding tokens summed from the records."""
     columns = {name: np.frombuffer(column, dtype=float) if len(column) else np.zeros(0)
                for name, column in records.train.items()}
     # Step order; of two records of one step (a rewritten file) the later line wins.
@@ -273,9 +354,12 @@ def _train_curve(records: Records) -> TrainCurve:
     keep = len(reversed_steps) - 1 - last  # ascending steps
     columns = {name: column[keep] for name, column in columns.items()}
     step_tokens = np.nan_to_num(columns["tokens_per_s"] * columns["step_time_s"], nan=0.0, posinf=0.0)
+    tokens = np.cumsum(np.round(step_tokens))
+    if slots and len(columns["schedule_tokens"]) and np.isfinite(columns["schedule_tokens"]).all():
+        tokens = columns["schedule_tokens"]
     optional = {name: columns[name] if name in records.present else None for name in OPTIONAL_FIELDS}
     return TrainCurve(step=columns["step"] + records.step_offset(), stage=columns["stage"], loss=columns["loss"],
                       accuracy=columns["mlm_accuracy"], lr=columns["lr"], loss_scale=columns["loss_scale"],
                       grad_norm=columns["grad_norm"], tokens_per_s=columns["tokens_per_s"],
-                      step_time_s=columns["step_time_s"], tokens=np.cumsum(np.round(step_tokens)),
-                      skipped_steps=columns["skipped_steps"], **optional)
+                      step_time_s=columns["step_time_s"], tokens=tokens,
+                      skipped_steps=columns["skipped_steps"], global_batch_size=columns["global_batch_size"], **optional)

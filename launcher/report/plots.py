@@ -1,8 +1,9 @@
 """PNG figures of a run, rendered with matplotlib's Agg backend (no display, no pyplot state).
 
-One figure per question (curves against steps and tokens, learning rate, throughput, loss scale,
-eval-mlm, fine-tune: docs/training.md, "Plots and the run report"), each 1200 x 800 px with the stage
-boundaries marked. Per-step train curves are drawn raw and smoothed within each stage, so a loss jump at a
+One figure per question (curves against steps and tokens, learning rate, the global batch and the LR against
+tokens for a batch ramp or a batch-scaled LR, throughput, loss scale, eval-mlm, fine-tune: docs/training.md,
+"Plots and the run report"), each 1200 x 800 px with the stage boundaries marked. A schedule written in tokens
+(curves.py Curves.unit) has its per-step figures drawn against tokens instead of steps. Per-step train curves are drawn raw and smoothed within each stage, so a loss jump at a
 length change is not smeared across the boundary.
 """
 from __future__ import annotations
@@ -30,6 +31,8 @@ def render_all(curves: Curves, summary: RunSummary, out_dir: Path) -> list[Path]
     figures = {"curves_steps.png": lambda: _loss_accuracy(curves, summary, "step"),
                "curves_tokens.png": lambda: _loss_accuracy(curves, summary, "tokens"),
                "learning_rate.png": lambda: _learning_rate(curves, summary),
+               "batch_lr_tokens.png": lambda: _batch_and_lr(curves, summary) if wants_batch_lr(curves, summary)
+               else None,
                "throughput.png": lambda: _throughput(curves, summary),
                "loss_scale.png": lambda: _loss_scale(curves, summary) if wants_loss_scale(curves, summary) else None,
                "eval_mlm.png": lambda: _eval_mlm(summary),
@@ -49,6 +52,12 @@ def render_all(curves: Curves, summary: RunSummary, out_dir: Path) -> list[Path]
         atomic_write_bytes(Path(out_dir) / name, buffer.getvalue())
         written.append(Path(out_dir) / name)
     return written
+
+
+def wants_batch_lr(curves: Curves, summary: RunSummary) -> bool:
+    """The batch-and-LR plot: when some stage ramps its batch or the LR is scaled to the batch."""
+    scaling = (summary.config.get("optimizer") or {}).get("batch_scaling") or "none"
+    return len(curves.train) > 0 and (curves.has_ramp() or scaling != "none")
 
 
 def wants_loss_scale(curves: Curves, summary: RunSummary) -> bool:
@@ -76,7 +85,7 @@ def _loss_accuracy(curves: Curves, summary: RunSummary, axis: str):
     _mark_stages(curves, (loss_ax, acc_ax), axis)
     _mark_restarts(curves, summary, (loss_ax, acc_ax), axis)
     _mark_guard(curves, loss_ax, axis)
-    _x_axis(acc_ax, axis)
+    _x_axis(acc_ax, axis, curves)
     return fig
 
 
@@ -121,17 +130,45 @@ def _learning_rate(curves: Curves, summary: RunSummary):
     has_norm = bool(np.isfinite(train.grad_norm).any())
     fig, axes = _figure(2 if has_norm else 1, "learning rate and gradient norm" if has_norm else "learning rate",
                         curves, summary)
-    axes[0].plot(train.step, train.lr, color=TRAIN, linewidth=1.8, label="learning rate (set every step)")
+    axis = curves.x_axis
+    x = _x(curves, axis)
+    axes[0].plot(x, train.lr, color=TRAIN, linewidth=1.8, label="learning rate (set every step)")
     axes[0].set_ylabel("learning rate")
     axes[0].yaxis.set_major_formatter(_formatter(lambda v: f"{v:.1e}" if v else "0"))
     if has_norm:
-        _raw_and_smoothed(axes[1], train.step, train.grad_norm, train.stage, EXTRA, "gradient norm")
+        _raw_and_smoothed(axes[1], x, train.grad_norm, train.stage, EXTRA, "gradient norm")
         norms = train.grad_norm[np.isfinite(train.grad_norm) & (train.grad_norm > 0)]
         wide = len(norms) and norms.max() > 20 * norms.min()  # early spikes: a log scale keeps the rest visible
         axes[1].set_yscale("log" if wide else "linear")
         axes[1].set_ylabel("gradient L2 norm (before clipping" + (", log scale)" if wide else ")"))
-    _mark_stages(curves, axes, "step")
-    _x_axis(axes[-1], "step")
+    _mark_stages(curves, axes, axis)
+    _x_axis(axes[-1], axis, curves)
+    return fig
+
+
+def _batch_and_lr(curves: Curves, summary: RunSummary):
+    """The global batch of every step and the LR set at it, against tokens: a batch ramp's steps and the LR that
+    follows the batch (optimizer.batch_scaling) in one view, each stage marked."""
+    train = curves.train
+    optimizer = summary.config.get("optimizer") or {}
+    scaling = optimizer.get("batch_scaling") or "none"
+    fig, axes = _figure(2, "global batch and learning rate against tokens", curves, summary)
+    # Step i trains the tokens (x[i-1], x[i]] at its batch and LR: steps drawn 'pre', from the first step's start.
+    before = train.tokens[0] - train.global_batch_size[0] * _seq_len(curves, 0)
+    x = np.concatenate([[before if np.isfinite(before) else 0.0], train.tokens])
+    batch, lr = (np.concatenate([column[:1], column]) for column in (train.global_batch_size, train.lr))
+    axes[0].step(x, batch, where="pre", color=TRAIN, linewidth=2, label="global batch (sequences per optimizer step)")
+    axes[0].set_ylabel("global batch (sequences)")
+    _headroom(axes[0], train.global_batch_size, 1.35)
+    label = "learning rate" + (f" (the curve x (batch / {optimizer.get('reference_batch')}) ** "
+                               f"{'1' if scaling == 'linear' else '1/2'}: batch_scaling {scaling})"
+                               if scaling != "none" else "")
+    axes[1].step(x, lr, where="pre", color=EXTRA, linewidth=1.8, label=label)
+    axes[1].set_ylabel("learning rate")
+    axes[1].yaxis.set_major_formatter(_formatter(lambda v: f"{v:.1e}" if v else "0"))
+    _headroom(axes[1], train.lr, 1.35)
+    _mark_stages(curves, axes, "tokens")
+    _x_axis(axes[-1], "tokens", curves)
     return fig
 
 
@@ -141,23 +178,25 @@ def _throughput(curves: Curves, summary: RunSummary):
         return None
     extra = [name for name in ("mfu", "tflops") if curves.optional(name)]
     fig, axes = _figure(3 if extra else 2, "throughput", curves, summary)
-    _raw_and_smoothed(axes[0], train.step, train.tokens_per_s, train.stage, TRAIN, "tokens/s")
-    _stage_medians(axes[0], curves, train.tokens_per_s, "{:,.0f} tok/s")
+    axis = curves.x_axis
+    x = _x(curves, axis)
+    _raw_and_smoothed(axes[0], x, train.tokens_per_s, train.stage, TRAIN, "tokens/s")
+    _stage_medians(axes[0], curves, train.tokens_per_s, "{:,.0f} tok/s", x)
     axes[0].set_ylabel("tokens/s (non-padding, all ranks)")
     axes[0].yaxis.set_major_formatter(_eng())
-    _raw_and_smoothed(axes[1], train.step, train.step_time_s, train.stage, EXTRA, "step time")
-    _stage_medians(axes[1], curves, train.step_time_s, "{:.3g} s")
+    _raw_and_smoothed(axes[1], x, train.step_time_s, train.stage, EXTRA, "step time")
+    _stage_medians(axes[1], curves, train.step_time_s, "{:.3g} s", x)
     axes[1].set_ylabel("seconds per optimizer step")
     for ax, values in ((axes[0], train.tokens_per_s), (axes[1], train.step_time_s)):
         _headroom(ax, values)
     if extra:
-        _utilisation(axes[2], curves, extra)
-    _mark_stages(curves, axes, "step")
-    _x_axis(axes[-1], "step")
+        _utilisation(axes[2], curves, extra, x)
+    _mark_stages(curves, axes, axis)
+    _x_axis(axes[-1], axis, curves)
     return fig
 
 
-def _utilisation(ax, curves: Curves, present: list[str]) -> None:
+def _utilisation(ax, curves: Curves, present: list[str], x: np.ndarray) -> None:
     """Model TFLOP/s per rank, with MFU as the right-hand scale of the same line (MFU = TFLOP/s / the
     peak, so two lines would lie on each other); MFU alone when only it is recorded."""
     train = curves.train
@@ -165,11 +204,11 @@ def _utilisation(ax, curves: Curves, present: list[str]) -> None:
     if "mfu" in present:  # a fraction by contract (launcher/common/mfu.py); a record in percent is kept
         percent = train.mfu * (100 if np.nanmax(train.mfu) <= 1.0 else 1)
     if "tflops" not in present:
-        _raw_and_smoothed(ax, train.step, percent, train.stage, "tab:purple", "MFU")
+        _raw_and_smoothed(ax, x, percent, train.stage, "tab:purple", "MFU")
         ax.set_ylabel("model FLOP utilisation (% of peak)")
         _headroom(ax, percent)
         return
-    _raw_and_smoothed(ax, train.step, train.tflops, train.stage, "tab:brown", "model TFLOP/s per rank")
+    _raw_and_smoothed(ax, x, train.tflops, train.stage, "tab:brown", "model TFLOP/s per rank")
     ax.set_ylabel("model TFLOP/s per rank")
     _headroom(ax, train.tflops)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -182,15 +221,17 @@ def _utilisation(ax, curves: Curves, present: list[str]) -> None:
 def _loss_scale(curves: Curves, summary: RunSummary):
     train = curves.train
     fig, (ax,) = _figure(1, "fp16 dynamic loss scale", curves, summary)
-    ax.step(train.step, train.loss_scale, where="post", color=TRAIN, linewidth=1.8, label="loss scale")
+    axis = curves.x_axis
+    x = _x(curves, axis)
+    ax.step(x, train.loss_scale, where="post", color=TRAIN, linewidth=1.8, label="loss scale")
     ax.set_yscale("log", base=2)
     ax.set_ylabel("loss scale (log2 scale)")
     skipped = np.flatnonzero(np.diff(np.nan_to_num(train.skipped_steps), prepend=0) > 0)
     if len(skipped):
-        ax.plot(train.step[skipped], train.loss_scale[skipped], "x", color="tab:red", markersize=11,
+        ax.plot(x[skipped], train.loss_scale[skipped], "x", color="tab:red", markersize=11,
                 markeredgewidth=2.5, zorder=3, label=f"step skipped on overflow ({len(skipped)})")
-    _mark_stages(curves, (ax,), "step")
-    _x_axis(ax, "step")
+    _mark_stages(curves, (ax,), axis)
+    _x_axis(ax, axis, curves)
     return fig
 
 
@@ -303,13 +344,28 @@ def _headroom(ax, values: np.ndarray, factor: float = 1.3) -> None:
         ax.set_ylim(0, factor * float(np.percentile(finite, 99.5)))
 
 
-def _x_axis(ax, axis: str) -> None:
+def _seq_len(curves: Curves, row: int) -> float:
+    """max_seq_len of the train record at `row` (its stage's), NaN when the stages are unknown."""
+    stage = next((s for s in curves.stages if s.index == curves.train.stage[row]), None)
+    return float(stage.max_seq_len) if stage is not None and stage.max_seq_len else np.nan
+
+
+def _x(curves: Curves, axis: str) -> np.ndarray:
+    """The train records' x on `axis`: steps completed, or tokens trained (curves.py TrainCurve.tokens)."""
+    return curves.train.step if axis == "step" else curves.train.tokens
+
+
+def _x_axis(ax, axis: str, curves: Curves | None = None) -> None:
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_formatter(_eng())
     if axis == "step":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("optimizer steps completed" if axis == "step" else "tokens trained (non-padding, all ranks)")
+        ax.set_xlabel("optimizer steps completed")
+    elif curves is not None and curves.unit == "tokens":
+        ax.set_xlabel("tokens trained (token slots, batch x length per step: the schedule's unit)")
+    else:
+        ax.set_xlabel("tokens trained (non-padding, all ranks)")
 
 
 def _raw_and_smoothed(ax, x: np.ndarray, y: np.ndarray, stage: np.ndarray, color: str, label: str) -> list:
@@ -377,17 +433,18 @@ def _mark_stages(curves: Curves, axes, axis: str) -> None:
                      bbox={"facecolor": "white", "alpha": 0.7, "edgecolor": "none", "pad": 1})
 
 
-def _stage_medians(ax, curves: Curves, values: np.ndarray, fmt: str) -> None:
-    """Each stage's median as a dotted segment over the stage, labelled with the number."""
+def _stage_medians(ax, curves: Curves, values: np.ndarray, fmt: str, x: np.ndarray | None = None) -> None:
+    """Each stage's median as a dotted segment over the stage (x: the plot's x, steps by default), labelled."""
     train = curves.train
-    width = max(float(train.step[-1] - train.step[0]), 1.0)
+    x = train.step if x is None else x
+    width = max(float(x[-1] - x[0]), 1.0)
     for stage in _runs(train.stage):
         rows = train.stage == stage
         column = values[rows]
         if not np.isfinite(column).any():
             continue
         median = float(np.nanmedian(column))
-        x0, x1 = train.step[rows][0], train.step[rows][-1]
+        x0, x1 = x[rows][0], x[rows][-1]
         ax.hlines(median, x0, x1, colors="black", linestyles=":", linewidth=1.5, label="stage median")
         if (x1 - x0) / width >= 0.08:  # a narrow stage keeps its line; its number is in the report
             ax.text((x0 + x1) / 2, median, f"median {fmt.format(median)}", ha="center", va="bottom", fontsize=8,

@@ -22,6 +22,7 @@ CAPTIONS = {
     "curves_steps.png": "MLM loss and accuracy against optimizer steps",
     "curves_tokens.png": "MLM loss and accuracy against tokens trained",
     "learning_rate.png": "learning rate and gradient norm",
+    "batch_lr_tokens.png": "global batch and learning rate against tokens",
     "throughput.png": "throughput per step, with each stage's median",
     "loss_scale.png": "fp16 dynamic loss scale",
     "eval_mlm.png": "eval-mlm per sequence length",
@@ -54,7 +55,10 @@ def _where(curves: Curves, summary: RunSummary) -> str:
         total = summary.total_steps
         stage = next((s for s in curves.stages if s.index == int(train.stage[-1])), None)
         progress = f"step {done:,}" + (f" of {total:,} ({100 * done / total:.0f}%)" if total else "")
-        lines.append(f"**Progress:** {progress}, {_count(train.tokens[-1])} tokens trained"
+        planned = curves.planned_tokens() if curves.unit == "tokens" else 0
+        tokens = f"{_count(train.tokens[-1])} of {_count(planned)} tokens (token slots, the schedule's unit)" \
+            if planned else f"{_count(train.tokens[-1])} tokens"
+        lines.append(f"**Progress:** {progress}, {tokens} trained"
                      + (f", stage {stage.index + 1}/{len(curves.stages)} `{stage.name}`" if stage else "")
                      + f"; last train loss {train.loss[-1]:.4f}, MLM accuracy {train.accuracy[-1]:.4f}.")
     if len(curves.valid):
@@ -77,6 +81,15 @@ def _wsd_window(optimizer: dict) -> str:
     return f" ({optimizer.get('decay_shape') or '1-sqrt'} over {steps} steps)"
 
 
+def _batch_scaling(optimizer: dict) -> str:
+    """', LR x (batch / 32) ** 1/2' for a run whose LR follows the batch (optimizer.batch_scaling), '' otherwise."""
+    scaling = optimizer.get("batch_scaling") or "none"
+    if scaling == "none":
+        return ""
+    return f", LR x (batch / {optimizer.get('reference_batch')}) ** {'1' if scaling == 'linear' else '1/2'} " \
+           f"(batch_scaling {scaling})"
+
+
 def _what_ran(summary: RunSummary) -> str:
     config = summary.config
     model = config.get("model") or {}
@@ -91,7 +104,7 @@ def _what_ran(summary: RunSummary) -> str:
             ("ZeRO stage", str(summary.zero_stage) if summary.zero_stage is not None else "?"),
             ("DeepSpeed config", f"`{deepspeed['config']}`" if deepspeed.get("config") else "?"),
             ("optimizer", ", ".join(f"{k} {optimizer[k]}" for k in ("lr", "warmup_steps", "decay", "min_lr_ratio")
-                                    if k in optimizer) + _wsd_window(optimizer) or "?"),
+                                    if k in optimizer) + _wsd_window(optimizer) + _batch_scaling(optimizer) or "?"),
             ("data", f"`{(config.get('data') or {}).get('data_dir', '?')}`")]
     if summary.started_from:  # a branch's source run or init_from's model (RUN_DIR/branch_from.json, init_from.json)
         rows.insert(2, ("started from", summary.started_from))
@@ -110,9 +123,11 @@ def _stage_table(curves: Curves, summary: RunSummary) -> str:
     for stage in curves.stages:
         mine = train.stage == stage.index
         done = int(mine.sum())
-        shape = f"{stage.max_seq_len} x {stage.global_batch_size}"
-        split = (f"{stage.micro_batch_size} x {stage.grad_accum_steps} x {summary.world_size}"
-                 if stage.micro_batch_size and summary.world_size else "?")
+        shape = f"{stage.max_seq_len} x {stage.batch_text}"  # a batch ramp: its first to its last batch
+        micro = _span([piece[1] for piece in stage.ramp]) if stage.ramp else stage.micro_batch_size
+        accum = _span([piece[2] for piece in stage.ramp]) if stage.ramp else stage.grad_accum_steps
+        split = (f"{micro} x {accum} x {summary.world_size}" if stage.micro_batch_size and summary.world_size
+                 else "?")
         steps = f"{done:,} / {stage.steps:,}" if stage.steps else f"{done:,}"
         speed = _median(train.tokens_per_s[mine], "{:,.0f}")
         step_time = _median(train.step_time_s[mine], "{:.3f} s")
@@ -276,6 +291,11 @@ def _num(value, fmt: str = "{:.4f}") -> str:
 
 def _pair(scores: dict | None) -> str:
     return f"{scores['accuracy']:.4f} / {scores['macro_f1']:.4f}" if scores else "-"
+
+
+def _span(values: list[int]) -> str:
+    """'4', or '4-8' for values that differ (a batch ramp's micro-batches or grad-accums)."""
+    return str(values[0]) if min(values) == max(values) else f"{min(values)}-{max(values)}"
 
 
 def _plural(count: int, noun: str) -> str:

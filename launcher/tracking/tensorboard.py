@@ -13,6 +13,9 @@ TRAIN_SCALARS = {
     "max_seq_len": "schedule/max_seq_len", "global_batch_size": "schedule/global_batch_size",
     "tokens_per_s": "speed/tokens_per_s", "samples_per_s": "speed/samples_per_s", "step_time_s": "speed/step_time_s",
     "tflops": "speed/tflops_per_rank", "mfu": "speed/mfu",
+    # tokens as the run counts them: non-padding tokens trained (all ranks) and the schedule's token slots
+    # (batch x length per step: the unit of a schedule in tokens); TensorBoard's x stays the step
+    "consumed_tokens": "train/consumed_tokens", "schedule_tokens": "schedule/tokens",
 }
 
 

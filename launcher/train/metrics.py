@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config.run_config import RunConfig
+from launcher.config.schedule import format_tokens
 from launcher.config.stages import ResolvedStage, entry_at
 from launcher.common.io import atomic_write_text, write_line, write_line_kept
 from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, read_records
@@ -39,12 +40,16 @@ class MetricsOptions:
     """Steps between plain progress lines (launcher/train/progress_line.py)."""
     preemption_grace: float | None = None
     """restarts.preemption_grace_seconds, for the stop-time line (launcher/train/stop_time.py)."""
+    total_tokens: int = 0
+    """Token slots of the whole schedule when it is written in tokens (the progress line then says tokens done of
+    these); 0 for a schedule in steps."""
 
     @classmethod
     def of_run_config(cls, cfg: RunConfig) -> "MetricsOptions":
         total = cfg.schedule.total_steps
         return cls(total, cfg.logging.log_every, cfg.logging.progress_bar,
-                   progress_every(cfg.logging.progress_every, total), cfg.restarts.preemption_grace_seconds)
+                   progress_every(cfg.logging.progress_every, total), cfg.restarts.preemption_grace_seconds,
+                   cfg.schedule.tokens_before(total) if cfg.schedule.in_tokens else 0)
 
 
 class Metrics:
@@ -57,6 +62,7 @@ class Metrics:
         self.active = rank == 0
         total_steps, log_every = options.total_steps, options.log_every
         self.stages, self.total_steps, self.log_every = stages, total_steps, log_every
+        self.total_tokens = options.total_tokens
         self.tokens_per_s: float | None = None  # smoothed, for the ETAs
         self.peak: Peak | None = None  # set by set_peak(); tflops / mfu need it
         self.stop_time: StopTime | None = None
@@ -132,14 +138,22 @@ class Metrics:
     def progress_text(self, record: dict) -> str:
         """'step 120/570 (21%) | loss 7.012 acc 0.081 | ETA run 03:10, stage 00:48 | short 1/3: len 64 x
         batch 32 | 5,120 tok/s ...' for the train record of a step (what matters most first: a narrow
-        terminal cuts the status line at its end)."""
+        terminal cuts the status line at its end). A schedule in tokens adds its token slots done of all after
+        the steps: 'step 120/570 (21%) 1.23M/2.06M tok | ...'."""
         step, stage = record["step"], entry_at(self.stages, record["step"] - 1)
-        return (f"step {step:,}/{self.total_steps:,} ({100 * step // self.total_steps}%) | "
+        return (f"step {step:,}/{self.total_steps:,} ({100 * step // self.total_steps}%){self._tokens_text(record)} | "
                 f"loss {record['loss']:.3f} acc {record['mlm_accuracy']:.3f} | "
                 f"ETA run {_fmt(self.eta(stage, step, self.total_steps))}, "
                 f"stage {_fmt(self.eta(stage, step, stage.stage_end_step))} | "
                 f"{stage.name} {stage.index + 1}/{self.stages[-1].index + 1}: len {stage.max_seq_len} x batch "
                 f"{stage.global_batch_size} | {self.tokens_per_s or 0:,.0f} tok/s {_fmt_speed(record)}".rstrip())
+
+    def _tokens_text(self, record: dict) -> str:
+        """' 1.23M/2.06M tok' (the record's schedule_tokens of the schedule's total) for a schedule in tokens, else ''."""
+        done = record.get("schedule_tokens")
+        if not self.total_tokens or not isinstance(done, int):
+            return ""
+        return f" {format_tokens(done)}/{format_tokens(self.total_tokens)} tok"
 
     def eta(self, stage: ResolvedStage, from_step: int, to_step: int) -> float | None:
         """Seconds from `from_step` to `to_step` steps completed at the smoothed token rate (stages differ
