@@ -267,13 +267,18 @@ def estimate_stages(stages, setup: TrainingSetup, device_bytes: int, peak_tflops
         seconds = stage.steps * step_seconds(setup.model, stage.micro_batch_size, stage.grad_accum_steps,
                                              stage.max_seq_len, setup.activation_checkpointing, peak_tflops, mfu)
         estimates.append(StageEstimate(
-            name=stage.name, micro_batch_size=stage.micro_batch_size, max_seq_len=stage.max_seq_len, memory=memory,
+            name=_row_name(stage), micro_batch_size=stage.micro_batch_size, max_seq_len=stage.max_seq_len, memory=memory,
             fits=memory.total <= device_bytes,
             largest_micro_batch=largest_fitting_micro_batch(setup, stage.max_seq_len, device_bytes, False),
             largest_micro_batch_checkpointed=largest_fitting_micro_batch(setup, stage.max_seq_len, device_bytes,
                                                                          True),
             seconds=seconds))
     return estimates
+
+
+def _row_name(stage) -> str:
+    """The stage's name; a batch ramp's piece as 'NAME k/N' (each piece has its own batch, so its own row)."""
+    return stage.name if stage.pieces == 1 else f"{stage.name[:10]} {stage.piece + 1}/{stage.pieces}"
 
 
 def format_estimates(estimates: list[StageEstimate], setup: TrainingSetup, device_bytes: int, peak_tflops: float,
