@@ -26,8 +26,18 @@ def build_model(cfg: RunConfig, initial: InitialWeights | None = None) -> RoForm
     return model
 
 
+def compile_layers(setting: bool | str, device_name: str) -> bool:
+    """Whether `model.compile` (true | false | auto) compiles the encoder layers on an accelerator named
+    `device_name` (get_accelerator().device_name()): auto on CUDA only, where compiling measured faster; on
+    the CPU the eager step with roformer/cpu_kernels measured faster (bench/results/compile_cpu.json)."""
+    return device_name == "cuda" if setting == "auto" else bool(setting)
+
+
 def build_engine(cfg: RunConfig, ds_config: dict, rank: int, initial: InitialWeights | None = None):
     model = build_model(cfg, initial)
+    accelerator = get_accelerator()
+    if compile_layers(cfg.model_compile, accelerator.device_name()):  # before DeepSpeed wraps the model
+        model.compile_layers(backend=accelerator.get_compile_backend())
     seed_everything(cfg.seed * 1009 + rank)  # independent dropout per rank
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]  # biases and LayerNorm: no weight decay
