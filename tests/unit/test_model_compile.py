@@ -26,7 +26,7 @@ import roformer.cpu_kernels as cpu_kernels
 from data_pipeline.masking import masked_positions, masked_slots
 from launcher.config.run_config import dump_run_config, load_run_config
 from launcher.errors import UserError
-from launcher.train.engine import compile_layers
+from launcher.train.engine import RECOMPILE_LIMIT, compile_layers, compile_model_layers
 from roformer import RoFormerConfig, RoFormerForMaskedLM
 from roformer.model import IGNORE_INDEX
 from tests.support.helpers import REPO, free_port, rank_env, run_config_dict, write_schedule, write_yaml
@@ -156,6 +156,28 @@ def test_compiled_layers_give_the_eager_losses_and_gradients(gpu_path, checkpoin
                 assert (mine - theirs).norm() <= 1e-6 * theirs.norm(), name
     assert counters["stats"]["unique_graphs"] == 2  # one per attention mask kind, for all ten layers
     assert not counters["graph_break"]
+
+
+def test_a_run_of_stages_train_and_eval_padded_or_not_never_leaves_the_layers_eager(gpu_path, monkeypatch):
+    """What build_engine compiles (compile_model_layers) through the shapes and modes of a run: every layer call is
+    compiled, none falls back to eager past Dynamo's recompile limit (its default 8 ran out in the second shape)."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    torch.manual_seed(0)
+    model = RoFormerForMaskedLM(CONFIG)
+    compile_model_layers(model, backend="eager")  # Dynamo's graphs and guards only: what recompiles is Dynamo's
+    assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT
+    for rows, length in [(3, 24), (3, 48), (2, 96)]:  # stages: the length, then the micro-batch too, change
+        for padded in (True, False):  # on a GPU an all-ones mask is not sent (device_batches.py)
+            data = batch(rows=rows, length=length)
+            if not padded:
+                data.pop("attention_mask")
+            model.train()
+            model(**data).loss_sum.backward()
+            model.eval()
+            with torch.no_grad():
+                model(**data)
+    assert not counters["unimplemented"] and counters["frames"]["ok"] == counters["frames"]["total"]
+    assert 8 < counters["stats"]["unique_graphs"] <= RECOMPILE_LIMIT // 4  # 12: 4 kinds x (static, then 2 dynamic)
 
 
 # ----------------------------------------------------------------------------------------------- the real step
