@@ -1,7 +1,8 @@
 """The CPU training kernels behind one switch, `use_cpu_kernels(tensor)`.
 
 Each function here is one op of the model: a CPU tensor takes this package's kernel, any other device
-the plain torch op (GPUs have fused kernels of their own), and so does code that torch.compile traces. What each kernel does and why: docs/model.md.
+the plain torch op (GPUs have fused kernels of their own), and so does code that torch.compile traces.
+What each kernel does and why: docs/model.md.
 """
 
 from __future__ import annotations

@@ -136,8 +136,8 @@ def main(config_path: str, compiled: bool, cpu_kernels: bool) -> None:
     losses = []
     for recorder in ([None] if compiled else []) + [HostWaitRecorder()]:  # compiled: a first step compiles
         wrapped = RecordedEngine(engine, recorder)
-        trainer = Trainer(cfg, stages, batches, batches, TrainParts(engine=wrapped, state=TrainState(), checkpointer=None,
-                                                                   metrics=None, guard=NoGuard()))
+        parts = TrainParts(engine=wrapped, state=TrainState(), checkpointer=None, metrics=None, guard=NoGuard())
+        trainer = Trainer(cfg, stages, batches, batches, parts)
         record = trainer.train_step(stage)
         losses.append(record["loss"])
     print(json.dumps({"waits": recorder.waits, "ops": recorder.count, "losses": losses, "micro_losses": wrapped.losses,
