@@ -105,7 +105,7 @@ class NoGuard:
 
 
 def main(config_path: str, compiled: bool, cpu_kernels: bool) -> None:
-    from launcher.lean_imports import answer_not_muon, import_deepspeed
+    from launcher.deepspeed_env.lean_imports import answer_not_muon, import_deepspeed
 
     import_deepspeed()
     import deepspeed

@@ -25,7 +25,7 @@ from torch._dynamo.utils import counters
 import roformer.cpu_kernels as cpu_kernels
 from data_pipeline.masking import masked_positions, masked_slots
 from launcher.config.run_config import dump_run_config, load_run_config
-from launcher.errors import UserError
+from launcher.common.errors import UserError
 from launcher.train.engine import RECOMPILE_LIMIT, compile_layers, compile_model_layers
 from roformer import RoFormerConfig, RoFormerForMaskedLM
 from roformer.model import IGNORE_INDEX
