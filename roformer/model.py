@@ -201,6 +201,13 @@ class PreTrainedBase(nn.Module):
         """Recompute each block in backward instead of storing its activations (saves memory)."""
         self.roformer.gradient_checkpointing = enabled
 
+    def compile_layers(self, **options) -> None:
+        """Compile each encoder block in place with torch.compile(**options) (regional compilation, as torchtitan):
+        one graph serves every block, the embeddings and heads stay eager, and the state dict keeps its keys.
+        Traced code takes the plain torch ops, never the CPU kernels (`cpu_kernels.use_cpu_kernels`)."""
+        for layer in self.roformer.layers:
+            layer.compile(**options)
+
 
 # ----------------------------------------------------------------------------------------------- MLM
 @dataclass

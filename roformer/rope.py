@@ -52,9 +52,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     imaginary part x_2i+1 cos + x_2i sin, the same two terms; one pass instead of five (the stack
     in rotate_every_two copies), and autograd's backward is the product with the conjugate.
     The arithmetic is done in float32 so that positions stay exact when activations are fp16/bf16
-    (a bf16 angle table cannot even tell position 4096 from 4097 apart).
+    (a bf16 angle table cannot even tell position 4096 from 4097 apart). Under torch.compile the
+    same eq. 34 in real arithmetic (the compiler fuses it; complex tensors would break the graph).
     """
     x32 = x.float()
+    if torch.compiler.is_compiling():
+        # Traced (run config `model.compile`): eq. 34 in real arithmetic, which the compiler fuses into one
+        # kernel; the complex view below needs its alignment checked on strides, a graph break.
+        return (x32 * cos + rotate_every_two(x32) * sin).to(x.dtype)
     if x32.stride(-1) != 1 or x32.storage_offset() % 2 or any(stride % 2 for stride in x32.stride()[:-1]):
         x32 = x32.contiguous()  # view_as_complex needs (real, imag) pairs adjacent and aligned
     pairs = torch.view_as_complex(x32.unflatten(-1, (-1, 2)))  # (..., T, d/2)

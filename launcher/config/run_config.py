@@ -1,6 +1,7 @@
 """Run configuration: one YAML file, parsed once into typed sections; unknown keys rejected by name.
 
-A run config has the sections `model` (a `roformer.RoFormerConfig`), `data` (its `masking` a
+A run config has the sections `model` (a `roformer.RoFormerConfig`, plus `compile`: whether the encoder
+layers are compiled, not part of the architecture), `data` (its `masking` a
 `data_pipeline.MaskingConfig`), `optimizer`, `schedule` (the schedule file is read at load: its
 stages, `total_steps` and `stage_for_step`), `checkpoint`, `logging`, `deepspeed`, `watchdog`
 (launcher.config.watchdog_section) and `guard` (launcher.config.guard_section), plus a top-level
@@ -59,6 +60,9 @@ position_encoding). launcher/inputs/init_from.py reads them; parsing reads no mo
 
 
 REMOTE_KEYS = ("cache_dir", "cache_limit", "remote_retries", "remote_timeout")
+COMPILE_SETTINGS = (True, False, "auto")
+"""`model.compile`: each encoder layer compiled with torch.compile (true), not (false), or on a CUDA accelerator
+only (auto; launcher/train/engine.py compile_layers)."""
 
 
 @dataclass
@@ -247,6 +251,9 @@ class RunConfig:
     deepspeed: DeepSpeedSection
     seed: int = 42
     """Seed of the model initialisation and of torch/numpy/python RNGs (dropout)."""
+    model_compile: bool | str = "auto"
+    """The YAML key `model.compile` (COMPILE_SETTINGS): how the ranks run the model, not what it is, so kept out
+    of the RoFormerConfig that checkpoints and exports carry."""
     watchdog: WatchdogSection = field(default_factory=WatchdogSection)
     """Hang watchdog bounds (launcher.config.watchdog_section)."""
     init_from: str = ""
@@ -292,6 +299,8 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """The YAML form (loads back with run_config_from_dict)."""
         out = dataclasses.asdict(self)
+        if out.pop("model_compile") != "auto":  # runs that leave it at auto record what they always did
+            out["model"]["compile"] = self.model_compile
         if self.optimizer.decay != "wsd":  # other decays record what they always did
             out["optimizer"].pop("decay_steps")
             out["optimizer"].pop("decay_shape")
@@ -363,6 +372,8 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path,
     if raw.get("model") is not None and not isinstance(raw["model"], dict):
         raise UserError(f"{source}: section 'model' must be a mapping of RoFormerConfig fields (hidden_size: ..., "
                         f"num_hidden_layers: ...), got {raw['model']!r}")
+    model_keys = None if raw.get("model") is None else dict(raw["model"])
+    model_compile = _model_compile(model_keys.pop("compile", "auto") if model_keys else "auto", source)
     sections = {name: _build_section(name, cls, raw.get(name) or {}, source, base_dir)
                 for name, cls in SECTIONS.items()}
     seed = _check_seed("seed", raw.get("seed", RunConfig.seed), source)
@@ -370,13 +381,14 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path,
         raise ValueError(f"{source}: init_from: load it with launcher.inputs.init_from.load_run_config")
     try:
         if init_from:
-            base, config_path, free = read_init_model(init_from, source, raw.get("model"))
-            model = model_over_init(init_from, base, config_path, raw.get("model"), source, free)
+            base, config_path, free = read_init_model(init_from, source, model_keys)
+            model = model_over_init(init_from, base, config_path, model_keys, source, free)
         else:
-            model = RoFormerConfig.from_dict(dict(raw["model"]), source=f"{source}: model")
+            model = RoFormerConfig.from_dict(model_keys, source=f"{source}: model")
     except ConfigError as err:
         raise UserError(str(err)) from None
-    cfg = RunConfig(model=model, seed=seed, source=source, init_from=init_from, branch_from=branch_from, **sections)
+    cfg = RunConfig(model=model, seed=seed, model_compile=model_compile, source=source, init_from=init_from,
+                    branch_from=branch_from, **sections)
     _validate(cfg)
     cfg.schedule.stages = tuple(load_schedule(cfg.schedule.file))
     cfg.schedule.pieces = tuple(schedule_pieces(cfg.schedule.stages))
@@ -479,6 +491,12 @@ def _check_type(where: str, value: Any, default: Any, source: str) -> Any:
                         f"{where.rpartition('.')[2]}: \"~/...\"")
     if not ok:
         raise UserError(f"{source}: {where}: expected {type(default).__name__}, got {value!r}")
+    return value
+
+
+def _model_compile(value: Any, source: str) -> bool | str:
+    if value not in COMPILE_SETTINGS or (value in (0, 1) and not isinstance(value, bool)):  # 1 == True in Python
+        raise UserError(f"{source}: model.compile: must be true, false or auto, got {value!r}")
     return value
 
 

@@ -26,8 +26,37 @@ def build_model(cfg: RunConfig, initial: InitialWeights | None = None) -> RoForm
     return model
 
 
+COMPILE_MEASURED_FASTER_ON: tuple[str, ...] = ()
+"""Accelerators where compiled layers measured faster than eager, so `auto` compiles there. Not the CPU (the eager
+step with roformer/cpu_kernels measured faster: bench/results/compile_cpu.json); CUDA joins once a lent GPU has
+measured it (`roformer gpu-check`, tests/gpu/test_compile_cuda.py): until then a GPU run compiles only when asked."""
+
+
+def compile_layers(setting: bool | str, device_name: str) -> bool:
+    """Whether `model.compile` (true | false | auto) compiles the encoder layers on an accelerator named
+    `device_name` (get_accelerator().device_name()): auto where COMPILE_MEASURED_FASTER_ON says it pays."""
+    return device_name in COMPILE_MEASURED_FASTER_ON if setting == "auto" else bool(setting)
+
+
+RECOMPILE_LIMIT = 64
+"""Graphs Dynamo may keep for the layers' one shared forward: train / eval x with / without a padding mask x each new
+shape until it marks the changing sizes dynamic. Its default, 8, ran out within two stages, past which the layers
+run eager with one warning on stderr (tests/unit/test_model_compile.py)."""
+
+
+def compile_model_layers(model: RoFormerForMaskedLM, backend: str) -> None:
+    """model.compile_layers with the Dynamo recompile limit raised to RECOMPILE_LIMIT (a process-wide setting)."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    model.compile_layers(backend=backend)
+
+
 def build_engine(cfg: RunConfig, ds_config: dict, rank: int, initial: InitialWeights | None = None):
     model = build_model(cfg, initial)
+    accelerator = get_accelerator()
+    if compile_layers(cfg.model_compile, accelerator.device_name()):  # before DeepSpeed wraps the model
+        compile_model_layers(model, accelerator.get_compile_backend())
     seed_everything(cfg.seed * 1009 + rank)  # independent dropout per rank
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]  # biases and LayerNorm: no weight decay

@@ -1,7 +1,8 @@
 """The CPU training kernels behind one switch, `use_cpu_kernels(tensor)`.
 
 Each function here is one op of the model: a CPU tensor takes this package's kernel, any other device
-the plain torch op (GPUs have fused kernels of their own). What each kernel does and why: docs/model.md.
+the plain torch op (GPUs have fused kernels of their own), and so does code that torch.compile traces.
+What each kernel does and why: docs/model.md.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from . import attention, dropout, ffn, mlm_loss
 
 
 def use_cpu_kernels(x: torch.Tensor) -> bool:
-    """The one switch: whether x's op runs the CPU kernel of this package."""
-    return x.device.type == "cpu"
+    """The one switch: whether x's op runs the CPU kernel of this package. Not while torch.compile traces
+    (run config `model.compile`): the compiler fuses the plain ops itself, and the kernels' custom autograd
+    functions and data-dependent shapes would break its graph."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def dropout_add(residual: torch.Tensor | None, x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
