@@ -381,7 +381,7 @@ def stage_index_at(stage_steps: list[int], step: int) -> tuple[int, int]:
 
 def run_learning_rate(step: int, optimizer, stage_steps: Sequence[int], lr_scale: float = 1.0,
                       batch: int | None = None) -> float:
-    """LR of optimizer step `step` of a run: `optimizer` is its optimizer section (run_config.OptimizerSection,
+    """LR of optimizer step `step` of a run: `optimizer` is its optimizer section (sections.OptimizerSection,
     or the mapping a recorded config.yaml holds: lr, warmup_steps, decay, min_lr_ratio, and for 'wsd'
     decay_steps / decay_shape, absent = defaults), `stage_steps` the steps of each stage. With `batch` (the
     step's global batch) and optimizer.batch_scaling on, the curve's value times (batch / reference_batch) ** p."""

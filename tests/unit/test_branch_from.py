@@ -16,7 +16,8 @@ from data_pipeline import open_corpus
 from launcher.cli import main as cli_main
 from launcher.checkpoint.resume import check_branch, find_branch_point
 from launcher.config.branch_from import BranchFrom, lr_difference, schedule_difference
-from launcher.config.run_config import OptimizerSection, load_run_config
+from launcher.config.run_config import load_run_config
+from launcher.config.sections import OptimizerSection
 from launcher.config.stages import resolve_stages
 from launcher.common.errors import UserError
 from launcher.run_dir.layout import RunDir
