@@ -1,7 +1,8 @@
 """A batch ramp inside a stage with the LR scaled to the batch, in real runs (issue 51): the ramp's batches are
 trained on one engine (grad-accum and micro-batch change, no stage switch: the stage-end validation runs only at
-the real stage's end), and a 2-rank run stopped in the middle of the ramp and resumed at world size 1 gives the
-uninterrupted run's losses, batches and learning rates.
+the real stage's end), and a 2-rank run killed in the middle of the ramp and resumed at world size 1 (ZeRO-2),
+and at world size 2 under ZeRO-1, gives the uninterrupted run's losses, batches
+and learning rates.
 
 The ramp: 4 -> 16 sequences in steps of 4 over the stage's first 6 steps (4, 4, 8, 8, 12, 12, then 16), at
 length 32 under a 128-token micro-batch budget, so the split changes at every piece (2 ranks: micro 2, 4, 3, 4;
@@ -22,7 +23,9 @@ RAMP_STAGES = [{"name": "ramp", "max_seq_len": 32, "steps": 8,
                {"name": "wide", "max_seq_len": 16, "global_batch_size": 16, "steps": 4}]
 TOTAL = 12
 BATCHES = [4, 4, 8, 8, 12, 12, 16, 16, 16, 16, 16, 16]
-STOP_BEFORE = 4  # the stop is taken a step later: the checkpoint at step 5, inside the batch-12 piece (steps 4-5)
+CHECKPOINT = {"every_steps": 5, "keep_last": 3}
+KILL_BEFORE = 7  # rank 0 killed before step 7: the newest checkpoint is global_step5, inside the batch-12 piece (steps
+# 5-6): the resume trains step 6 at batch 12 (a stop by signal lands a step or two late, by load: not a fixed step)
 TIMEOUT = 240
 
 
@@ -30,10 +33,10 @@ def train_records(run_dir) -> dict[int, dict]:
     return {r["step"]: r for r in read_metrics(run_dir, "train")}
 
 
-def test_a_run_stopped_mid_ramp_resumes_at_another_world_size_with_the_same_losses_and_lrs(tmp_path, tiny_data):
+def test_a_run_stopped_mid_ramp_resumes_at_another_world_size_and_zero_stage_with_the_same_losses_and_lrs(tmp_path, tiny_data):
     config = tiny_run_config(tmp_path, tiny_data, stages=RAMP_STAGES, model=NO_DROPOUT,
                              optimizer={"warmup_steps": 3, "batch_scaling": "linear", "reference_batch": 16},
-                             logging={"valid_every": 0})
+                             logging={"valid_every": 0}, checkpoint=CHECKPOINT)
     cfg = load_run_config(config)
     straight = tmp_path / "straight"
     run_to_end(2, config, straight, module=TEST_RANK_ENTRY)
@@ -50,19 +53,25 @@ def test_a_run_stopped_mid_ramp_resumes_at_another_world_size_with_the_same_loss
     assert [r["step"] for r in read_metrics(straight, "valid")] == [8, 12]
 
     stopped = tmp_path / "stopped"
-    proc = start_run(2, config, stopped, module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGTERM_LAUNCHER_AT=str(STOP_BEFORE))
+    proc = start_run(2, config, stopped, module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGKILL_AT=f"0:{KILL_BEFORE}")
     assert proc.wait(timeout=TIMEOUT) != 0
-    resumed = tmp_path / "resumed"
-    shutil.copytree(stopped, resumed)
-    proc = start_run(1, config, resumed, module=TEST_RANK_ENTRY)
-    assert proc.wait(timeout=TIMEOUT) == 0, (tmp_path / "resumed.log").read_text()[-4000:]
-    event = events(resumed, "resume")[-1]
-    assert (event["from_world_size"], event["world_size"]) == (2, 1)
-    assert 4 <= event["step"] < 6  # inside the ramp's batch-12 piece
-    got = train_records(resumed)
-    assert sorted(got) == list(range(1, TOTAL + 1))
-    for step in range(1, TOTAL + 1):
-        assert got[step]["global_batch_size"] == BATCHES[step - 1]
-        assert got[step]["lr"] == expected[step]["lr"], step
-        assert abs(got[step]["loss"] - expected[step]["loss"]) <= 1e-6, (step, got[step]["loss"], expected[step]["loss"])
-    assert [r["step"] for r in read_metrics(resumed, "valid")] == [8, 12]
+    zero1 = tiny_run_config(tmp_path, tiny_data, name="zero1.yaml", stages=RAMP_STAGES, model=NO_DROPOUT,
+                            optimizer={"warmup_steps": 3, "batch_scaling": "linear", "reference_batch": 16},
+                            logging={"valid_every": 0}, checkpoint=CHECKPOINT,
+                            deepspeed={"overrides": {"zero_optimization": {"stage": 1}}})
+    for name, ranks, run_config in (("resumed", 1, config), ("zero1", 2, zero1)):
+        resumed = tmp_path / name
+        shutil.copytree(stopped, resumed)
+        proc = start_run(ranks, run_config, resumed, module=TEST_RANK_ENTRY)
+        assert proc.wait(timeout=TIMEOUT) == 0, (tmp_path / f"{name}.log").read_text()[-4000:]
+        event = events(resumed, "resume")[-1]
+        assert (event["from_world_size"], event["world_size"]) == (2, ranks)
+        assert (event["step"], event["tag"]) == (5, "global_step5")  # inside the ramp's batch-12 piece
+        got = train_records(resumed)
+        assert sorted(got) == list(range(1, TOTAL + 1))
+        for step in range(1, TOTAL + 1):
+            assert got[step]["global_batch_size"] == BATCHES[step - 1]
+            assert got[step]["lr"] == expected[step]["lr"], (name, step)
+            assert abs(got[step]["loss"] - expected[step]["loss"]) <= 1e-6, \
+                (name, step, got[step]["loss"], expected[step]["loss"])
+        assert [r["step"] for r in read_metrics(resumed, "valid")] == [8, 12]
