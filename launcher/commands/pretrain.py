@@ -98,19 +98,25 @@ def run(args: argparse.Namespace) -> int:
             notes.append(f"rendezvous port {plan.master_port} ({DEFAULT_MASTER_PORT} is taken; --master_port "
                          "chooses one)")
         args.master_port = plan.master_port  # a restart's plan, built again from args, keeps the claimed port
-    for note in notes:
-        print(f"roformer pretrain: note: {note}", file=sys.stderr, flush=True)
-    if not args.dry_run:  # the dry run's plan says them
-        for warning in plan.run_config.schedule_warnings():
-            print(f"roformer pretrain: warning: {warning}", file=sys.stderr, flush=True)
-    if args.dry_run:  # starts nothing, writes nothing: no lock
+    if args.dry_run:  # starts nothing, writes nothing: no lock; its plan says the schedule's warnings
+        tell(notes, [])
         return plan_and_launch(args, plan)
-    keep_console()  # from here a console that goes away ends nothing (the job's log keeps every line)
+    # From here a console that goes away ends nothing (the job's log keeps every line): before the first line,
+    # which a closed console (an ssh session gone) would otherwise end with a broken pipe.
+    keep_console()
+    tell(notes, plan.run_config.schedule_warnings())
     with claim_run_dir(plan.run_dir) as lock:
         try:
             return plan_and_launch(args, dataclasses.replace(plan, env={**plan.env, LOCK_ID_ENV: lock.holder.lock_id}))
         finally:
             os.environ.pop(LOCK_ID_ENV, None)  # the job is over: no later command of this process inherits it
+
+
+def tell(notes: list[str], warnings: list[str]) -> None:
+    for note in notes:
+        print(f"roformer pretrain: note: {note}", file=sys.stderr, flush=True)
+    for warning in warnings:
+        print(f"roformer pretrain: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def refuse_branch_into_its_source(plan) -> None:

@@ -29,7 +29,7 @@ from launcher.config.branch_from import BranchFrom
 from launcher.config.sections import (DECAY_KINDS, REMOTE_KEYS, CheckpointSection, DataSection, DeepSpeedSection,
                                       LoggingSection, OptimizerSection, ScheduleSection)
 from launcher.config.schedule import (BATCH_SCALINGS, DECAY_SHAPES, format_tokens, load_schedule, parse_token_count,
-                                      run_learning_rate, schedule_pieces, steps_to_reach, tokens_before,
+                                      run_learning_rate, schedule_pieces, schedule_warnings, steps_to_reach, tokens_before,
                                       wsd_decay_steps)
 from launcher.config.guard_section import GuardSection
 from launcher.config.hardware_section import HardwareSection
@@ -104,8 +104,6 @@ class RunConfig:
 
     def schedule_warnings(self) -> list[str]:
         """The schedule's warnings (launcher/config/schedule.py schedule_warnings), one line each."""
-        from launcher.config.schedule import schedule_warnings
-
         return schedule_warnings(self.schedule.stages, self.optimizer.batch_scaling, self.optimizer.reference_batch)
 
     def to_dict(self) -> dict[str, Any]:
