@@ -29,8 +29,8 @@ from launcher.config.branch_from import BranchFrom
 from launcher.config.sections import (DECAY_KINDS, REMOTE_KEYS, CheckpointSection, DataSection, DeepSpeedSection,
                                       LoggingSection, OptimizerSection, ScheduleSection)
 from launcher.config.schedule import (BATCH_SCALINGS, DECAY_SHAPES, format_tokens, load_schedule, parse_token_count,
-                                      run_learning_rate, schedule_pieces, schedule_warnings, steps_to_reach, tokens_before,
-                                      wsd_decay_steps)
+                                      run_learning_rate, schedule_pieces, schedule_warnings, steps_to_reach,
+                                      tokens_before, wsd_decay_steps)
 from launcher.config.guard_section import GuardSection
 from launcher.config.hardware_section import HardwareSection
 from launcher.config.report_to import parse_report_to
