@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from launcher.common.defaults import TRACKERS
 from launcher.tracking.remote import RemoteSink
@@ -12,11 +13,13 @@ from launcher.tracking.translate import run_params
 
 
 def open_sinks(report_to: tuple[str, ...], run_dir, start_step: int, log_every: int, total_steps: int,
-               stage_ends: list[int], params: dict | None = None, tags: dict | None = None) -> list[Sink]:
-    """The sinks of `report_to` for rank 0 (TensorBoard first)."""
+               stage_ends: list[int], params: dict | None = None, tags: dict | None = None,
+               tokens_before: Callable[[int], int] | None = None) -> list[Sink]:
+    """The sinks of `report_to` for rank 0 (TensorBoard first; with `tokens_before`, a schedule in tokens, it also
+    draws the main curves against token slots)."""
     sinks: list[Sink] = []
     if "tensorboard" in report_to:
-        sinks.append(TensorBoardSink(Path(run_dir.tensorboard), start_step, log_every, total_steps))
+        sinks.append(TensorBoardSink(Path(run_dir.tensorboard), start_step, log_every, total_steps, tokens_before))
     for name in TRACKERS:
         if name in report_to:
             sinks.append(RemoteSink(name, run_dir, params or {}, tags or {}, stage_ends))

@@ -11,6 +11,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from launcher.config.run_config import RunConfig
 from launcher.config.schedule import format_tokens
@@ -43,13 +44,16 @@ class MetricsOptions:
     total_tokens: int = 0
     """Token slots of the whole schedule when it is written in tokens (the progress line then says tokens done of
     these); 0 for a schedule in steps."""
+    tokens_before: Callable[[int], int] | None = None
+    """Token slots of the first N steps, for a schedule in tokens (TensorBoard's tokens axis); None in steps."""
 
     @classmethod
     def of_run_config(cls, cfg: RunConfig) -> "MetricsOptions":
-        total = cfg.schedule.total_steps
+        total, in_tokens = cfg.schedule.total_steps, cfg.schedule.in_tokens
         return cls(total, cfg.logging.log_every, cfg.logging.progress_bar,
                    progress_every(cfg.logging.progress_every, total), cfg.restarts.preemption_grace_seconds,
-                   cfg.schedule.tokens_before(total) if cfg.schedule.in_tokens else 0)
+                   cfg.schedule.tokens_before(total) if in_tokens else 0,
+                   cfg.schedule.tokens_before if in_tokens else None)
 
 
 class Metrics:
@@ -75,7 +79,8 @@ class Metrics:
         self.jsonl = open(self.path, "a", encoding="utf-8")
         self.outcome: str | None = None
         self.sinks = open_sinks(tracking.report_to, run_dir, start_step, log_every, total_steps,
-                                stage_ends([s.to_dict() for s in stages]), tracking.params, tracking.tags)
+                                stage_ends([s.to_dict() for s in stages]), tracking.params, tracking.tags,
+                                tokens_before=options.tokens_before)
         for sink in self.sinks:
             sink.start(kept, start_step)
         if redone:

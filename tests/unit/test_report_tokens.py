@@ -125,3 +125,35 @@ def test_the_plans_source_table_has_one_row_per_stage_with_a_ramps_pieces_summed
     assert [line.split()[1] for line in table[2:4]] == ["warmup", "long"] and table[4].split()[0] == "passes"
     first = cfg.schedule.tokens_before(sum(s.steps for s in stages if s.index == 0))
     assert table[2].split()[2:] == [f"{0.75 * first:,.0f}", "(75%)", f"{0.25 * first:,.0f}", "(25%)"]
+
+
+def test_tensorboard_draws_a_token_schedules_curves_against_tokens_and_a_resume_replaces_what_followed(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from launcher.tracking.tensorboard import TensorBoardSink
+
+    def tokens_before(step: int) -> int:  # batch 4 then 8 (a ramp) at length 16
+        return sum(4 * 16 if s < 2 else 8 * 16 for s in range(step))
+
+    def train(sink, steps, loss_offset):
+        for step in steps:
+            sink.record({"kind": "train", "step": step, "loss": 5.0 - step + loss_offset, "lr": 1e-3 * step,
+                         "global_batch_size": 4 if step <= 2 else 8, "schedule_tokens": tokens_before(step)})
+
+    sink = TensorBoardSink(tmp_path / "tb", start_step=0, log_every=1, total_steps=4, tokens_before=tokens_before)
+    train(sink, range(1, 5), 0.0)
+    sink.close()
+    resumed = TensorBoardSink(tmp_path / "tb", start_step=2, log_every=1, total_steps=4, tokens_before=tokens_before)
+    train(resumed, range(3, 5), 0.5)  # steps 3-4 trained again after a resume from step 2
+    resumed.close()
+    by_tokens = EventAccumulator(str(tmp_path / "tb" / "by_tokens"), size_guidance={"scalars": 0})
+    by_tokens.Reload()
+    loss = [(e.step, e.value) for e in by_tokens.Scalars("by_tokens/loss")]
+    assert loss == [(64, 4.0), (128, 3.0), (256, 2.5), (384, 1.5)]  # x: token slots; the resumed run's values
+    assert [(e.step, e.value) for e in by_tokens.Scalars("by_tokens/global_batch_size")] == \
+        [(64, 4), (128, 4), (256, 8), (384, 8)]
+    by_steps = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    by_steps.Reload()
+    assert [e.step for e in by_steps.Scalars("train/loss")] == [1, 2, 3, 4]  # the step axis as it always was
+    TensorBoardSink(tmp_path / "steps_only", 0, 1, 4).close()  # a schedule in steps: no tokens axis
+    assert not (tmp_path / "steps_only" / "by_tokens").exists()
