@@ -12,6 +12,7 @@ from launcher.config.schedule import AUTO_MICRO, load_schedule
 from launcher.config.stages import AUTO_MICRO_HEADROOM, MicroBatchTarget, format_plan, resolve_stages
 from launcher.pricing.estimate import largest_fitting_micro_batch, setup_from_configs
 from launcher.pricing.micro_target import micro_batch_target
+from tests.support.cpu_precision import pin_cpu_accelerator
 from tests.support.helpers import run_config_dict, write_schedule, write_yaml
 
 BERT_BASE = dict(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -122,10 +123,13 @@ def test_auto_parses_and_a_bad_string_names_file_and_stage(tmp_path):
             load_schedule(path)
 
 
-def test_plan_prints_the_choice(tmp_path, capsys):
-    """`roformer plan` on a declared V100 target (no data yet: the data checks are a note)."""
+def test_plan_prints_the_choice(tmp_path, capsys, monkeypatch):
+    """`roformer plan` on a declared V100 target from a login node (a CPU without fp16, DS_ACCELERATOR unset as a GPU
+    user has it; pinned, so the test does not depend on this machine's CPU; no data yet: the data checks are a note)."""
     from launcher.cli import main as cli_main
 
+    pin_cpu_accelerator(monkeypatch, fp16=False)
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     stages = [{"name": "long", "max_seq_len": 512, "global_batch_size": WORLD * 64, "steps": 2,
                "micro_batch_size": "auto"}]
     cfg = _cfg(tmp_path, stages)
