@@ -158,14 +158,7 @@ class Trainer:
         self.engine.set_train_batch_size(stage.global_batch_size)
         assert self.engine.gradient_accumulation_steps() == stage.grad_accum_steps
         if ramp_step:
-            self.metrics.event("batch_ramp", step=self.state.step, stage=stage.index, name=stage.name, piece=stage.piece,
-                               pieces=stage.pieces, global_batch_size=stage.global_batch_size,
-                               micro_batch_size=stage.micro_batch_size, grad_accum_steps=stage.grad_accum_steps,
-                               seconds=time.perf_counter() - start)
-            self.metrics.message(f"stage '{stage.name}' batch {previous.global_batch_size} -> {stage.global_batch_size} after step "
-                                 f"{self.state.step} (ramp {stage.piece + 1}/{stage.pieces}, steps {self.state.step + 1}-"
-                                 f"{stage.end_step}): {stage.micro_batch_size} x {stage.grad_accum_steps} x "
-                                 f"{self.world_size}")
+            self._say_ramp_step(stage, previous, time.perf_counter() - start)
             return stage
         if stage.rope_theta is not None:  # per-stage RoPE base (context extension): same weights, new table
             set_rope_theta(self.engine.module, stage.rope_theta)
@@ -192,6 +185,17 @@ class Trainer:
                              + ("" if stage.mixture is None else ", mixture " + ", ".join(
                                  f"{source} {share:.3g}" for source, share in stage.mixture)))
         return stage
+
+    def _say_ramp_step(self, stage: ResolvedStage, previous: ResolvedStage, seconds: float) -> None:
+        """The `batch_ramp` event and console line of a ramp's next batch."""
+        self.metrics.event("batch_ramp", step=self.state.step, stage=stage.index, name=stage.name, piece=stage.piece,
+                           pieces=stage.pieces, global_batch_size=stage.global_batch_size,
+                           micro_batch_size=stage.micro_batch_size, grad_accum_steps=stage.grad_accum_steps,
+                           seconds=seconds)
+        self.metrics.message(f"stage '{stage.name}' batch {previous.global_batch_size} -> {stage.global_batch_size} "
+                             f"after step {self.state.step} (ramp {stage.piece + 1}/{stage.pieces}, steps "
+                             f"{self.state.step + 1}-{stage.end_step}): {stage.micro_batch_size} x "
+                             f"{stage.grad_accum_steps} x {self.world_size}")
 
     def train_step(self, stage: ResolvedStage) -> dict:
         start = time.perf_counter()
