@@ -19,9 +19,11 @@ from launcher.common.errors import UserError
 
 
 def evaluate_checkpoint(run_dir: Path, data_dir: Path, seq_lens: list[int], tokens: int = 32768,
-                        tokens_per_batch: int = 8192, seed: int = 0, tag: str | None = None) -> dict:
-
-    from data_pipeline import MaskingConfig, open_corpus
+                        tokens_per_batch: int = 8192, seed: int = 0, tag: str | None = None,
+                        attention: str = "sequence") -> dict:
+    """attention: "document" scores each packed document alone (its own attention and positions), as
+    `roformer eval-mlm --attention document` does; "sequence" as packed."""
+    from data_pipeline import DocumentView, MaskingConfig, open_corpus
     from launcher.checkpoint.weights import (
         consolidate_fp32,
         resolve_checkpoint,
@@ -45,8 +47,10 @@ def evaluate_checkpoint(run_dir: Path, data_dir: Path, seq_lens: list[int], toke
                          expected_tokenizer_sha256=ref.sidecar.tokenizer_sha256)
     trained = trained_length(ref.sidecar, run_stages(ref.run_dir, ref.sidecar.step))
     results = figures_per_length(model, corpus, seq_lens, tokens=tokens, tokens_per_batch=tokens_per_batch, seed=seed,
-                                 masking=MaskingConfig(mask_prob=0.15), trained_len=trained)
+                                 masking=MaskingConfig(mask_prob=0.15), trained_len=trained,
+                                 documents=DocumentView(attention, attention))
     return {"run": Path(run_dir).name, "tag": ref.tag, "step": ref.sidecar.step, "rope_theta": theta,
+            "attention": attention,
             "trained_max_seq_len": trained, "tokens": tokens, "seed": seed, "results": results}
 
 
@@ -59,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-lens", required=True, help="comma-separated lengths, [CLS] included")
     parser.add_argument("--tokens", type=int, default=32768, help="token budget per length")
     parser.add_argument("--tag", default=None, help="checkpoint tag (default: the latest)")
+    parser.add_argument("--attention", choices=("sequence", "document"), default="sequence",
+                        help="document: each packed document scored alone (attention and positions)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -71,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(max(1, args.threads))
     try:
-        report = evaluate_checkpoint(args.run_dir, args.data, seq_lens, tokens=args.tokens, tag=args.tag)
+        report = evaluate_checkpoint(args.run_dir, args.data, seq_lens, tokens=args.tokens, tag=args.tag,
+                                     attention=args.attention)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -20,7 +20,8 @@ COLOURS = {"rope": "tab:blue", "sinusoidal": "tab:orange", "learned": "tab:green
            "no-extension": "tab:gray", "same-theta": "tab:blue", "larger-theta": "tab:purple",
            "pretrained": "tab:blue", "random": "tab:gray",
            "linear": "tab:gray", "wsd": "tab:green", "mask-annealed": "tab:purple",
-           "three-phase": "tab:green", "recipe": "tab:blue", "random-init twin": "tab:gray"}
+           "three-phase": "tab:green", "recipe": "tab:blue", "random-init twin": "tab:gray",
+           "sequence": "tab:blue", "document": "tab:green", "document-positions": "tab:purple"}
 SIZE = (10, 6)  # inches at 110 dpi: 1100 x 660 px
 DPI = 110
 
@@ -145,6 +146,35 @@ def recipe_comparison(table: dict, path: Path) -> Path:
                  "fine-tuning seeds)", ylabel="test accuracy", xlim=(-0.5, len(tasks) - 0.5))
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
+    return _save(fig, path)
+
+
+def documents(table: dict, path: Path) -> Path:
+    """Per variant (mean, min-max over seeds): loss scored per document at each length, and test accuracy per task."""
+    fig, (loss_ax, task_ax) = plt.subplots(1, 2, figsize=SIZE)
+    tasks = list(table["finetune"])
+    for offset, (variant, cell) in zip((-0.1, 0.0, 0.1), table["variants"].items()):
+        losses = cell["loss"].get("document", {})
+        xs = sorted(int(n) for n in losses if losses[n].get("n"))
+        if xs:
+            _mean_with_range(loss_ax, xs, [losses[str(x)] for x in xs], marker="o", linewidth=2,
+                             color=COLOURS.get(variant), label=f"{variant} (n={losses[str(xs[0])]['n']})")
+        stats = [table["finetune"][task].get(variant, {}).get("accuracy", {"n": 0}) for task in tasks]
+        keep = [i for i, stat in enumerate(stats) if stat["n"]]
+        if keep:
+            _mean_with_range(task_ax, np.arange(len(tasks))[keep] + offset, [stats[i] for i in keep], marker="o",
+                             linestyle="none", color=COLOURS.get(variant), label=variant)
+    loss_ax.set_xscale("log", base=2)
+    loss_ax.set(title="MLM loss, each document scored alone", xlabel="evaluation length (tokens)",
+                ylabel="MLM validation loss (nats per masked token)")
+    task_ax.set_xticks(np.arange(len(tasks)), tasks)
+    task_ax.set(title=f"Fine-tuned at {table['budget']} labels", ylabel="test accuracy",
+                xlim=(-0.5, max(len(tasks), 1) - 0.5))
+    for ax in (loss_ax, task_ax):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best")
+    fig.suptitle("Packed documents seen whole (sequence) or apart (document), at equal tokens")
     return _save(fig, path)
 
 

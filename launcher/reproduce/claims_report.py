@@ -6,6 +6,7 @@ from pathlib import Path
 from launcher.common.io import atomic_write_json, atomic_write_text
 from launcher.outputs.output_paths import REPORT_TITLES
 from launcher.reproduce import claim_plots as plots
+from launcher.reproduce.documents_results import documents_section
 from launcher.reproduce.from_bert_results import from_bert_section
 from launcher.reproduce.retrieval_part import retrieval_section
 
@@ -215,6 +216,9 @@ def write_report(results: dict, out: Path, header: list[str]) -> Path:
         plots.loss_curves(results["from-bert"]["curves"], "MLM validation loss: a BERT converted to RoPE, continued "
                           "as BERT, and RoPE from scratch", out / "from_bert.png")
         lines += from_bert_section(results["from-bert"], _fmt)
+    if results.get("documents", {}).get("variants"):
+        plots.documents(results["documents"], out / "documents.png")
+        lines += documents_section(results["documents"], _fmt)
     if results.get("sources"):
         lines += ["## Where each part's numbers come from", "",
                   "| part | source |", "|---|---|", *[f"| {part} | {label} |" for part, label in results["sources"].items()],

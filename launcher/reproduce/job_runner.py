@@ -142,6 +142,7 @@ class Runner:
         self._run(f"eval-{run.name}",
                   [str(self.layout.run_dir(run.pretrain)), "--data", str(self.data_dir(pretrain.data)),
                    "--seq-lens", ",".join(map(str, run.seq_lens)), "--tokens", str(run.tokens), *tag,
+                   "--attention", run.attention,
                    "--out", str(self.layout.eval_report(run))], module="launcher.reproduce.checkpoint_mlm")
 
     def finetune_all(self, runs: list[FinetuneRun]) -> None:

@@ -13,12 +13,13 @@ from pathlib import Path
 import yaml
 
 from launcher.common.io import read_mapping
-from launcher.reproduce import from_bert_part, retrieval_part
+from launcher.reproduce import documents_part, from_bert_part, retrieval_part
+from launcher.reproduce.documents_part import DocumentsPart
 from launcher.reproduce.from_bert_part import FromBert
 from launcher.reproduce.retrieval_part import RetrievalProtocol
 from launcher.run_dir.layout import tag_for_step
 
-PARTS = ("encodings", "linear", "lengths", "downstream", "extension", "recipes", "retrieval", "from-bert")
+PARTS = ("encodings", "linear", "lengths", "downstream", "extension", "recipes", "retrieval", "from-bert", "documents")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -81,10 +82,13 @@ class EvalRun:
     seq_lens: tuple[int, ...]
     tokens: int
     part: str = "extension"
+    attention: str = "sequence"
+    """How packed documents are seen: "sequence" (as packed) or "document" (each alone; documents part)."""
 
     @property
     def name(self) -> str:
-        return f"{self.part}-{self.variant}-s{self.seed}"
+        view = "" if self.attention == "sequence" else f"-{self.attention}-view"
+        return f"{self.part}-{self.variant}-s{self.seed}{view}"
 
 
 @dataclass(frozen=True)
@@ -208,7 +212,8 @@ class Preset:
 
     def exported(self, parts: tuple[str, ...]) -> set[str]:
         """exported_runs, plus the from-bert part's (its learned runs' BERTs and its variants) when it runs."""
-        return self.exported_runs | (from_bert_part.exported_runs(self) if "from-bert" in parts else set())
+        return (self.exported_runs | (from_bert_part.exported_runs(self) if "from-bert" in parts else set())
+                | (documents_part.exported_runs(self) if "documents" in parts else set()))
 
     @property
     def ablation_schedule(self) -> Path:
@@ -222,6 +227,8 @@ class Preset:
     """The retrieval part's protocol (None: the preset has none)."""
     from_bert: FromBert | None = None
     """The from-bert part's sizes (None: the preset has none)."""
+    documents: DocumentsPart | None = None
+    """The documents part's sizes (None: the preset has none)."""
     default_parts: tuple[str, ...] = PARTS
     """The parts run without --parts."""
 
@@ -283,6 +290,8 @@ class Preset:
             runs += self._recipe_ablation_runs({run.name for run in runs})
         if "from-bert" in parts and self.from_bert is not None:
             runs += from_bert_part.pretrain_runs(self, PretrainRun, {run.name for run in runs})
+        if "documents" in parts and self.documents is not None:
+            runs += documents_part.pretrain_runs(self, PretrainRun, {run.name for run in runs})
         if self.compares_recipe(parts):
             runs.append(PretrainRun(name=self.recipe_comparison.name, config=self.recipe_comparison.config,
                                     group=self.recipe_comparison.name, seed=0, overrides=(*self.overrides, "seed=0"),
@@ -309,6 +318,8 @@ class Preset:
         """Checkpoint evaluations: the from-bert part's (launcher/reproduce/from_bert_part.py) and the extension
         part's: (a), (b) at their last checkpoint, (c) = (a) before its extension stage."""
         runs = from_bert_part.eval_runs(self, EvalRun) if "from-bert" in parts and self.from_bert else []
+        if "documents" in parts and self.documents is not None:
+            runs += documents_part.eval_runs(self, EvalRun)
         ext = self.extension
         if "extension" not in parts or ext is None:
             return runs
@@ -340,6 +351,8 @@ class Preset:
         runs += self.recipe_comparison_finetunes(parts)
         if "from-bert" in parts and self.from_bert is not None:
             runs += from_bert_part.finetune_runs(self, FinetuneRun)
+        if "documents" in parts and self.documents is not None:
+            runs += documents_part.finetune_runs(self, FinetuneRun)
         return list({run.name: run for run in runs}.values())  # the comparison's recipe fine-tunes are downstream's
 
     def recipe_comparison_finetunes(self, parts: tuple[str, ...]) -> list[FinetuneRun]:
@@ -401,6 +414,8 @@ def full_preset() -> Preset:
                            continue_overrides=("logging.valid_every=10",)),
         # lr 1e-3 (of 1e-4, 3e-4, 1e-3) and 3 epochs: the best dev nDCG@10 on the demo export, 1000 pairs.
         retrieval=RetrievalProtocol(64, (0, 1000), ("--epochs", "3", "--lr", "1e-3", "--batch-size", "32")),
+        # The ablation schedule's shortest and longest lengths; the downstream part's protocols at 1000 labels.
+        documents=DocumentsPart(seeds=(0, 1, 2), eval_lens=(128, 512), budget=1000),
     )
 
 
@@ -444,7 +459,9 @@ def quick_preset() -> Preset:
                            seeds=(0,), eval_lens=(32, 128), budget=32, eval_tokens=512, max_length=32,
                            finetune_args=("--epochs", "1", "--max-eval-examples", "32"),
                            continue_overrides=("logging.valid_every=1",)),
-        default_parts=tuple(part for part in PARTS if part != "from-bert"),
+        # 8 more pretraining runs and their jobs: run only when asked for (`--quick --parts documents`).
+        documents=DocumentsPart(seeds=(0,), eval_lens=(32, 64), budget=32, eval_tokens=512),
+        default_parts=tuple(part for part in PARTS if part not in ("from-bert", "documents")),
     )
 
 

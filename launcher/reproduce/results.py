@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from launcher.reproduce.documents_results import documents_table
 from launcher.reproduce.from_bert_results import from_bert_table
 from launcher.reproduce.job_runner import Layout
 from launcher.reproduce.reproduction_plan import EvalRun, Preset, PretrainRun
@@ -67,6 +68,9 @@ def collect(preset: Preset, layout: Layout, parts: tuple[str, ...]) -> dict:
     if "from-bert" in parts and preset.from_bert is not None:
         results["from-bert"] = from_bert_table(preset, layout, pretrain, [r for r in finetune if r.part == "from-bert"],
                                                [r for r in preset.eval_runs(parts) if r.part == "from-bert"])
+    if "documents" in parts and preset.documents is not None:
+        results["documents"] = documents_table(preset, layout, pretrain, [r for r in finetune if r.part == "documents"],
+                                               [r for r in preset.eval_runs(parts) if r.part == "documents"])
     return results
 
 
@@ -138,13 +142,15 @@ def _has_data(part: str, value) -> bool:
         return bool(value.get("tasks"))
     if part == "from-bert":
         return bool(value.get("variants") or value.get("recovery") or value.get("finetune"))
+    if part == "documents":
+        return bool(value.get("variants"))
     return bool(value)
 
 
 GROUP_ORDER = ("rope", "learned", "sinusoidal", "sinusoidal_unscaled",
                "linear+rope", "linear+sinusoidal", "linear+sinusoidal_unscaled", RECIPE_BASELINE, "wsd", "mask-annealed")
 MERGED_PARTS = ("encodings", "linear", "recipe", "recipe_runs", "lengths", "downstream", "extension", "recipes",
-                "recipe_comparison", "retrieval", "from-bert")
+                "recipe_comparison", "retrieval", "from-bert", "documents")
 
 
 def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
@@ -173,6 +179,6 @@ def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
         else:
             sources[part], merged[part] = candidates[0]
     merged["parts"] = [p for p in ("encodings", "linear", "lengths", "downstream", "extension", "recipes", "retrieval",
-                                   "from-bert") if p in merged]
+                                   "from-bert", "documents") if p in merged]
     merged["sources"] = sources
     return merged

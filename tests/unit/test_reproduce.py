@@ -28,7 +28,7 @@ def test_full_preset_compares_every_variant_over_at_least_three_seeds():
     assert set(groups) == {"rope", "sinusoidal", "learned", "linear+rope", "linear+sinusoidal", "recipe",
                            "extension-same-theta", "extension-larger-theta", "wsd", "mask-annealed",
                            "recipe-three-phase", "from-bert-converted", "from-bert-continued-bert",
-                           "from-bert-rope-scratch"}
+                           "from-bert-rope-scratch", "documents-document", "documents-document-positions"}
     assert all(len(seeds) >= 3 for group, seeds in groups.items() if "recipe" not in group and "extension" not in group)
     # Same config and schedule for every ablation variant: only encoding, attention, table and seed differ.
     ablation = [r for r in runs if "recipe" not in r.group and r.schedule is None]
@@ -456,3 +456,64 @@ def test_the_extension_table_takes_only_the_extension_parts_evaluations(tmp_path
     results = collect(preset, layout, ("extension", "from-bert"))
     assert results["extension"]["variants"] == {}
     assert results["from-bert"]["variants"]
+
+
+def test_the_documents_part_trains_each_view_on_the_rope_ablation_run():
+    """Per seed: the encodings part's RoPE run (planned once when both parts run) and the same run with document
+    attention, positions running on or restarting; every export fine-tuned on both tasks at 1000 labels with
+    every fine-tuning seed; each checkpoint scored with each document alone and as packed; not in --quick's
+    default parts."""
+    preset = PRESETS["full"]()
+    runs = {r.name: r for r in preset.pretrain_runs(("encodings", "documents"))}
+    assert len(runs) == len(preset.pretrain_runs(("encodings", "documents")))  # rope-s<seed> planned once
+    for seed in (0, 1, 2):
+        rope, doc, restart = runs[f"rope-s{seed}"], runs[f"doc-attention-s{seed}"], runs[f"doc-positions-s{seed}"]
+        assert set(doc.overrides) - set(rope.overrides) == {"data.attention=document"}
+        assert set(restart.overrides) - set(rope.overrides) == {"data.attention=document", "data.positions=document"}
+        assert rope.config == doc.config == restart.config == preset.ablation_config
+        assert rope.schedule is doc.schedule is restart.schedule is None  # equal tokens: one schedule
+    assert {f"rope-s{s}" for s in (0, 1, 2)} <= preset.exported(("documents",))
+    evals = preset.eval_runs(("documents",))
+    assert {(e.attention, e.seq_lens) for e in evals} == {("document", (128, 512)), ("sequence", (128, 512))}
+    assert len({e.name for e in evals}) == len(evals) == 18
+    finetunes = [f for f in preset.finetune_runs(("documents",)) if f.part == "documents"]
+    assert {(f.task, f.budget) for f in finetunes} == {("inews", 1000), ("movie-reviews", 1000)}
+    assert len({f.name for f in finetunes}) == len(finetunes) == 3 * 3 * 2 * 3
+    assert "documents" not in PRESETS["quick"]().default_parts and "documents" in preset.default_parts
+
+
+def test_the_documents_report_compares_each_view_over_seeds(tmp_path):
+    """From written evaluation and fine-tune reports: the loss per view and length over seeds, the fine-tunes
+    per task and variant, whether document beats sequence beyond the seed spread, and the plot."""
+    import json
+
+    from launcher.reproduce.claims_report import write_report
+    from launcher.reproduce.job_runner import Layout
+    from launcher.reproduce.results import collect
+
+    preset, layout = PRESETS["full"](), Layout(tmp_path)
+    loss = {"sequence": 6.0, "document": 5.5, "document-positions": 5.5}
+    for run in preset.eval_runs(("documents",)):
+        path = layout.eval_report(run)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        value = loss[run.variant] + 0.01 * run.seed + (0.3 if run.attention == "sequence" else 0.0)
+        path.write_text(json.dumps({"results": [{"seq_len": n, "loss": value, "accuracy": 0.1}
+                                                for n in run.seq_lens]}), encoding="utf-8")
+    for run in preset.finetune_runs(("documents",)):
+        path = layout.finetune_report(run)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        accuracy = 0.6 + 0.01 * run.seed + (0.0 if run.pretrain.startswith("rope") else 0.005)
+        path.write_text(json.dumps({"test": {"accuracy": accuracy, "macro_f1": accuracy}, "dev": {"accuracy": 0.5},
+                                    "majority_baseline": {"test": {"accuracy": 0.4}}, "train_examples": 1000,
+                                    "truncated_share": {}, "seconds": 1.0}), encoding="utf-8")
+    results = collect(preset, layout, ("documents",))
+    table = results["documents"]
+    assert table["variants"]["document"]["loss"]["document"]["512"] == pytest.approx(
+        {"mean": 5.51, "min": 5.5, "max": 5.52, "n": 3})
+    assert table["finetune"]["inews"]["sequence"]["accuracy"]["n"] == 9  # 3 pretraining x 3 fine-tuning seeds
+    assert len(table["unfinished"]) == 9  # no run directory: none finished
+    report = write_report(results, tmp_path / "report", ["header"]).read_text(encoding="utf-8")
+    assert "- loss scored per document at 128: document 5.510 vs sequence 6.010; document lower: yes, beyond " \
+           "the seed spread." in report
+    assert "- inews test accuracy: document 0.615 vs sequence 0.610; document higher: on the mean only" in report
+    assert (tmp_path / "report" / "documents.png").read_bytes()[:8] == PNG_MAGIC
