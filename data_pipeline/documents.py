@@ -41,4 +41,16 @@ def document_positions(document_ids: np.ndarray) -> np.ndarray:
     return index - np.maximum.accumulate(np.where(starts, index, 0), axis=1)
 
 
-__all__ = ["DOCUMENT_VIEWS", "DocumentView", "document_positions"]
+def document_offsets(document_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:
+    """(B, T) document ids (and padding mask, 1 = real) -> (N+1,) int32 offsets of the batch's N documents (each
+    maximal run of one id and one mask value in a row: padding is a run of its own) in its B*T tokens flattened
+    row by row: FlashAttention's variable-length `cu_seqlens`, worked out on the host so that the device never
+    has to report where documents end."""
+    starts = np.ones(document_ids.shape, dtype=bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    if attention_mask is not None:
+        starts[:, 1:] |= attention_mask[:, 1:] != attention_mask[:, :-1]
+    return np.append(np.flatnonzero(starts), document_ids.size).astype(np.int32)
+
+
+__all__ = ["DOCUMENT_VIEWS", "DocumentView", "document_positions", "document_offsets"]

@@ -1,10 +1,12 @@
-"""Multi-head self-attention with RoPE: softmax (SDPA) and the paper's linear attention (eq. 19)."""
+"""Multi-head self-attention with RoPE: softmax (SDPA, or FlashAttention's variable-length kernel over packed
+documents) and the paper's linear attention (eq. 19)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.varlen import varlen_attn
 
 from .config import RoFormerConfig
 from .cpu_kernels import scaled_dot_product_attention
@@ -32,6 +34,36 @@ def document_mask(document_ids: torch.Tensor, attention_mask: torch.Tensor | Non
     if attention_mask is not None:
         keep = keep & attention_mask[:, None, :].to(torch.bool)
     return keep[:, None]  # (B, 1, T, T)
+
+
+def varlen_usable(query: torch.Tensor, dropout_p: float) -> bool:
+    """Whether FlashAttention's variable-length kernel can run this attention: a CUDA tensor in fp16/bf16, head
+    size <= 256, and no attention dropout (torch's `varlen_attn` has none)."""
+    return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] <= 256 and not dropout_p
+
+
+def flatten_tokens(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, D) -> (B*T, H, D): the batch's rows one after another, varlen's token layout."""
+    batch, heads, length, size = x.shape
+    return x.transpose(1, 2).reshape(batch * length, heads, size)
+
+
+def unflatten_tokens(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """(B*T, H, D) -> (B, H, T, D), the inverse of flatten_tokens."""
+    tokens, heads, size = x.shape
+    return x.view(batch, tokens // batch, heads, size).transpose(1, 2)
+
+
+def document_varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                              cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Softmax attention inside each document, as one variable-length FlashAttention call over the flattened batch
+    (no (B, 1, T, T) mask, no padded document). query/key/value (B, H, T, D); cu_seqlens (N+1,) int32: offsets of the
+    batch's N documents (padding's runs included) in its B*T tokens (data_pipeline.documents.document_offsets).
+    The longest document is given as T, an upper bound known without reading the device (and one compiled shape)."""
+    batch, _, length, _ = query.shape
+    context = varlen_attn(flatten_tokens(query), flatten_tokens(key), flatten_tokens(value), cu_seqlens, cu_seqlens,
+                          length, length)  # (B*T, H, D)
+    return unflatten_tokens(context, batch)  # (B, H, T, D)
 
 
 def feature_map(x: torch.Tensor) -> torch.Tensor:
@@ -84,9 +116,10 @@ class SelfAttention(nn.Module):
         return x.view(batch, length, self.num_heads, self.head_size).transpose(1, 2)  # (B, H, T, D)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
-                rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+                rotary: tuple[torch.Tensor, torch.Tensor] | None, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """hidden (B, T, hidden); attention_mask (B, T) 1 = real, or a (B, 1, T, T) `document_mask`, or None;
-        rotary = (cos, sin) each (T, D) or (B, 1, T, D) (positions per token), or None."""
+        rotary = (cos, sin) each (T, D) or (B, 1, T, D) (positions per token), or None; cu_seqlens: the documents'
+        offsets (document_varlen_attention), used instead of the document mask where `varlen_usable`."""
         query = self._split_heads(self.query(hidden))  # (B, H, T, D)
         key = self._split_heads(self.key(hidden))
         value = self._split_heads(self.value(hidden))
@@ -105,14 +138,18 @@ class SelfAttention(nn.Module):
                 query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
                 if self.rotary_value:
                     value = apply_rotary(value, cos, sin)
-            # (B, 1, 1, T) or (B, 1, T, T) additive, or None
-            mask = None if attention_mask is None else additive_padding_mask(attention_mask, query.dtype)
             dropout_p = self.dropout_prob if self.training else 0.0
-            context = scaled_dot_product_attention(query, key, value, mask, dropout_p)  # (B, H, T, D)
+            if cu_seqlens is not None and varlen_usable(query, dropout_p):
+                context = document_varlen_attention(query, key, value, cu_seqlens)  # (B, H, T, D)
+            else:
+                # (B, 1, 1, T) or (B, 1, T, T) additive, or None
+                mask = None if attention_mask is None else additive_padding_mask(attention_mask, query.dtype)
+                context = scaled_dot_product_attention(query, key, value, mask, dropout_p)  # (B, H, T, D)
 
         batch, _, length, _ = context.shape
         context = context.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_size)  # (B, T, hidden)
         return self.output(context)
 
 
-__all__ = ["SelfAttention", "linear_attention", "feature_map", "additive_padding_mask", "document_mask"]
+__all__ = ["SelfAttention", "linear_attention", "feature_map", "additive_padding_mask", "document_mask",
+           "document_varlen_attention", "varlen_usable", "flatten_tokens", "unflatten_tokens"]

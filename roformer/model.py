@@ -125,8 +125,8 @@ class Block(nn.Module):
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
-                rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        attended = self.attention(hidden, attention_mask, rotary)  # (B, T, H)
+                rotary: tuple[torch.Tensor, torch.Tensor] | None, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        attended = self.attention(hidden, attention_mask, rotary, cu_seqlens)  # (B, T, H)
         hidden = self.attention_norm(self.dropout(attended, residual=hidden))  # (B, T, H)
         transformed = feed_forward(hidden, self.ffn_in, self.activation, self.ffn_out)  # (B, T, I) -> (B, T, H)
         return self.ffn_norm(self.dropout(transformed, residual=hidden))  # (B, T, H)
@@ -148,12 +148,16 @@ class RoFormerModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+                position_ids: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """document_ids (B, T): a token attends only to tokens of its own document (None: to the whole
         sequence); position_ids (B, T), each < T: per-token positions (None: 0 .. T-1). The data pipeline
-        reads both off the packed sequence's [SEP]s (data_pipeline/documents.py)."""
+        reads both off the packed sequence's [SEP]s (data_pipeline/documents.py). cu_seqlens (N+1,) int32, with
+        document_ids: the same documents as offsets in the flattened batch, which lets CUDA run one
+        variable-length FlashAttention call instead of a masked one (roformer/attention.py)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
+        if cu_seqlens is not None and document_ids is None:
+            raise ValueError("cu_seqlens: the documents' offsets come with their document_ids")
         hidden = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
         document_ids = drop_single_document(document_ids)  # (B, T); None when each row is one document on CPU
         if document_ids is None:
@@ -168,9 +172,9 @@ class RoFormerModel(nn.Module):
                 rotary = tuple(F.embedding(position_ids, table)[:, None] for table in rotary)
         for layer in self.layers:
             if self.gradient_checkpointing and self.training:
-                hidden = checkpoint(layer, hidden, attention_mask, rotary, use_reentrant=False)  # (B, T, H)
+                hidden = checkpoint(layer, hidden, attention_mask, rotary, cu_seqlens, use_reentrant=False)  # (B, T, H)
             else:
-                hidden = layer(hidden, attention_mask, rotary)  # (B, T, H)
+                hidden = layer(hidden, attention_mask, rotary, cu_seqlens)  # (B, T, H)
         return hidden
 
 
@@ -267,11 +271,12 @@ class RoFormerForMaskedLM(PreTrainedBase):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 masked_positions: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> MaskedLMOutput:
+                position_ids: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None) -> MaskedLMOutput:
         """labels (B, T), -100 = not scored; masked_positions (B, K): the labelled positions of each row
-        ascending, padded with -1 (the data pipeline's; None = derived from labels); document_ids and
-        position_ids: see RoFormerModel.forward."""
-        hidden = self.roformer(input_ids, attention_mask, token_type_ids, document_ids, position_ids)  # (B, T, H)
+        ascending, padded with -1 (the data pipeline's; None = derived from labels); document_ids,
+        position_ids and cu_seqlens: see RoFormerModel.forward."""
+        hidden = self.roformer(input_ids, attention_mask, token_type_ids, document_ids, position_ids,
+                               cu_seqlens)  # (B, T, H)
         # (V, E), the tied decoder weight. Read here, outside its owning module: ZeRO-3 detects such
         # external accesses during the engine's forward and gathers the partitioned weight.
         word_embeddings = self.roformer.embeddings.word.weight

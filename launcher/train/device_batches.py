@@ -2,13 +2,16 @@
 
 On an accelerator: token counts are read from the host tensors before the copy (on the device each read
 is a host sync); the copy is from pinned memory with non_blocking=True (a DMA that overlaps the host's
-work); a mask without padding is not sent, so SDPA gets no mask and may pick the flash kernel. On the CPU
-the batch is used as it is.
+work); a mask without padding is not sent, so SDPA gets no mask and may pick the flash kernel; a batch with
+`document_ids` also gets its documents' offsets `cu_seqlens`, worked out here on the host, with which the model
+runs one variable-length FlashAttention call where the device has it (roformer/attention.py). On the CPU the
+batch is used as it is.
 """
 from __future__ import annotations
 
 import torch
 
+from data_pipeline.documents import document_offsets
 from data_pipeline.masking import IGNORE_INDEX
 
 
@@ -26,6 +29,9 @@ def to_device(batch: dict, device) -> dict:
 
     accelerator = get_accelerator()
     moved = {}
+    if "document_ids" in batch:
+        offsets = document_offsets(batch["document_ids"].numpy(), batch["attention_mask"].numpy())
+        batch = {**batch, "cu_seqlens": torch.from_numpy(offsets)}
     for key, tensor in batch.items():
         if key == "attention_mask" and bool(tensor.all()):
             continue  # no padding: no mask (flash-eligible), see the module docstring
