@@ -59,7 +59,7 @@ def document_varlen_attention(query: torch.Tensor, key: torch.Tensor, value: tor
     """Softmax attention inside each document, as one variable-length FlashAttention call over the flattened batch
     (no (B, 1, T, T) mask, no padded document). query/key/value (B, H, T, D); cu_seqlens (N+1,) int32: offsets of the
     batch's N documents (padding's runs included) in its B*T tokens (data_pipeline.documents.document_offsets).
-    The longest document is given as T, an upper bound known without reading the device (and one compiled shape)."""
+    The longest document is given as T, an upper bound known without reading the device (and no compiled graph per longest length)."""
     batch, _, length, _ = query.shape
     context = varlen_attn(flatten_tokens(query), flatten_tokens(key), flatten_tokens(value), cu_seqlens, cu_seqlens,
                           length, length)  # (B*T, H, D)
