@@ -41,6 +41,7 @@ from launcher.tracking.open_sinks import TrackedRun, tracked_run
 from launcher.tracking.remote import final_files
 from launcher.train.metrics import Metrics, MetricsOptions
 from launcher.train.phase_timer import PhaseTimer
+from launcher.train.read_ahead import ReadAhead
 from launcher.train.stop_signals import THIS_RANK, StopAnnouncer, StopSignals
 from launcher.train.trainer import Trainer, TrainerHooks, TrainParts, TrainState
 from launcher.stage_evals.start import stage_end_callback
@@ -182,10 +183,11 @@ def build_components(setup: RankSetup, plan: ResumePlan, heartbeats: HeartbeatWr
     timer.phase("engine")
     shape = setup.run.shape  # the engine's: plan.ds_config is one of setup.run's
     state = TrainState()
+    train_batches = ReadAhead(setup.train_batches)  # the trainer reads a step ahead; checkpoints the state before it
     checkpointer = Checkpointer(CheckpointedRun(run_dir, rank, shape, cfg.model, cfg.schedule.total_steps,
                                                 cfg.checkpoint.keep_last,
                                                 setup.train_batches.corpus.tokenizer_sha256),
-                                engine, state, setup.train_batches)
+                                engine, state, train_batches)
     if plan.source is not None:
         heartbeats.start_up("checkpoint load")
         checkpointer.load(plan.source, cfg.seed, plan.universal_folder(run_dir))
@@ -198,7 +200,7 @@ def build_components(setup: RankSetup, plan: ResumePlan, heartbeats: HeartbeatWr
     metrics.report_start(timer, plan, setup.world_size, scale, skipped, shape.precision, cfg.logging.peak_tflops)
     signals = THIS_RANK
     guard = GuardActions.for_engine(cfg, engine, shape, run_dir, metrics, rank, heartbeats)
-    trainer = Trainer(cfg, setup.run.stages, setup.train_batches, setup.valid_batches,
+    trainer = Trainer(cfg, setup.run.stages, train_batches, setup.valid_batches,
                       TrainParts(engine, state, checkpointer, metrics, guard),
                       TrainerHooks(on_stage_end, heartbeats, stop_requested=lambda: signals.requested is not None))
     return StartedRank(trainer, metrics, heartbeats, plots, run_dir, signals)

@@ -22,6 +22,7 @@ from launcher.train.device_batches import host_counts, to_device
 from launcher.train.guard_actions import GuardActions, Rewind, Stop
 from launcher.train.heartbeats import HeartbeatWriter
 from launcher.train.metrics import Metrics
+from launcher.train.read_ahead import ReadAhead
 from launcher.common.mfu import step_model_flops
 from roformer.rope import set_rope_theta
 
@@ -51,6 +52,19 @@ class TrainState:
 
 
 @dataclass(frozen=True)
+class DeviceBatches:
+    """One optimizer step's micro-batches on the rank's device, with what the host counted before the copy."""
+
+    micro: list[dict]
+    masked: int
+    """Masked tokens of this rank's micro-batches."""
+    real: int
+    """Non-padding tokens of this rank's micro-batches."""
+    flops: float
+    """Model FLOPs of this rank's micro-batches (launcher/common/mfu.py)."""
+
+
+@dataclass(frozen=True)
 class TrainerHooks:
     """What the loop calls out to besides its own parts."""
 
@@ -75,8 +89,10 @@ class TrainParts:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, stages: list[ResolvedStage], batches, valid_batches, parts: TrainParts,
-                 hooks: TrainerHooks = TrainerHooks()):
+    def __init__(self, cfg: RunConfig, stages: list[ResolvedStage], batches: ReadAhead, valid_batches,
+                 parts: TrainParts, hooks: TrainerHooks = TrainerHooks()):
+        """batches: the training reader, read one step ahead (the checkpointer's data state is the same object);
+        valid_batches: the validation reader."""
         self.cfg, self.stages, self.batches, self.valid_batches = cfg, stages, batches, valid_batches
         self.engine, self.state, self.checkpointer = parts.engine, parts.state, parts.checkpointer
         self.metrics, self.guard = parts.metrics, parts.guard
@@ -202,27 +218,26 @@ class Trainer:
         lr = self.cfg.learning_rate(self.state.step, stage.lr_scale)
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
-        host, tokens_by_source = self.batches.next_batches(stage.max_seq_len, stage.micro_batch_size,
-                                                           stage.grad_accum_steps)  # by source: all ranks, host
-        # Counted on the host, then copied (launcher/train/device_batches.py: no device sync per micro-batch).
-        masked, real = zip(*(host_counts(b) for b in host))
-        micro = [self._to_device(b) for b in host]
-        flops = step_model_flops(self.cfg.model, [(*b["input_ids"].shape, m) for b, m in zip(host, masked)])
+        # Read ahead during the previous step where it trained the same shape (launcher/train/read_ahead.py).
+        read = self.batches.step_batches(stage.max_seq_len, stage.micro_batch_size, stage.grad_accum_steps,
+                                         self._prepare)
+        batches, tokens_by_source = read.prepared, read.tokens_by_source  # tokens by source: all ranks
         # One all-reduce before backward: masked tokens (the loss denominator), real tokens, stop flag,
         # model FLOPs (for the per-rank mean TFLOP/s and MFU).
-        counts = torch.tensor([sum(masked), sum(real), float(self.stop_requested()), flops], dtype=torch.float64,
-                              device=self.engine.device)
+        counts = torch.tensor([batches.masked, batches.real, float(self.stop_requested()), batches.flops],
+                              dtype=torch.float64, device=self.engine.device)
         dist.all_reduce(counts)
         global_masked, global_tokens, stops, global_flops = counts.tolist()
         self.stop_agreed = stops > 0
         scale = self.world_size / max(global_masked, 1.0)
         sums = torch.zeros(2, dtype=torch.float64, device=self.engine.device)  # loss_sum, correct
-        for i, batch in enumerate(micro):
-            self.engine.set_gradient_accumulation_boundary(i == len(micro) - 1)
+        for i, batch in enumerate(batches.micro):
+            self.engine.set_gradient_accumulation_boundary(i == len(batches.micro) - 1)
             out = self.engine(**batch)
             self.engine.backward(out.loss_sum * scale, scale_wrt_gas=False)
             self.engine.step()
             sums += torch.stack([out.loss_sum.detach().double(), out.num_correct.double()])
+        self._read_ahead(stage)  # the host reads the next step while the device runs this one
         dist.all_reduce(sums)
         loss_sum, correct = sums.tolist()  # waits for the device: the clock is read after the step's kernels
         seconds = time.perf_counter() - start
@@ -279,6 +294,19 @@ class Trainer:
 
     def _to_device(self, batch: dict) -> dict:
         return to_device(batch, self.engine.device)
+
+    def _prepare(self, host: list[dict]) -> DeviceBatches:
+        """A step's host micro-batches counted on the host, then copied (device_batches.py: no device sync)."""
+        masked, real = zip(*(host_counts(b) for b in host))
+        flops = step_model_flops(self.cfg.model, [(*b["input_ids"].shape, m) for b, m in zip(host, masked)])
+        return DeviceBatches([self._to_device(b) for b in host], sum(masked), sum(real), flops)
+
+    def _read_ahead(self, stage: ResolvedStage) -> None:
+        """The next step's batches, when it trains this stage (or ramp piece) with nothing in between that moves
+        the reader; a checkpoint at this step still records the reader before them (ReadAhead.state_dict)."""
+        step = self.state.step + 1
+        if step < self.cfg.schedule.total_steps and entry_at(self.stages, step) is stage and not self.stop_agreed:
+            self.batches.read_ahead(stage.max_seq_len, stage.micro_batch_size, stage.grad_accum_steps, self._prepare)
 
 
 def _every(interval: int, step: int) -> bool:

@@ -79,6 +79,12 @@ class HostBatches:
     def set_document_view(self, view) -> None:
         self.view = view
 
+    def state_dict(self) -> dict:  # the position, as PretrainBatches' (the trainer reads a step ahead)
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = state["calls"]
+
     def next_batches(self, seq_len: int, micro_batch_size: int, grad_accum_steps: int):
         from data_pipeline.masking import IGNORE_INDEX, masked_positions, masked_slots
 
@@ -116,6 +122,7 @@ def main(config_path: str, compiled: bool, cpu_kernels: bool) -> None:
     from launcher.config.run_config import load_run_config
     from launcher.config.stages import resolve_stages
     from launcher.train.engine import build_engine
+    from launcher.train.read_ahead import ReadAhead
     from launcher.train.trainer import Trainer, TrainParts, TrainState
 
     if not cpu_kernels:
@@ -137,7 +144,7 @@ def main(config_path: str, compiled: bool, cpu_kernels: bool) -> None:
     for recorder in ([None] if compiled else []) + [HostWaitRecorder()]:  # compiled: a first step compiles
         wrapped = RecordedEngine(engine, recorder)
         parts = TrainParts(engine=wrapped, state=TrainState(), checkpointer=None, metrics=None, guard=NoGuard())
-        trainer = Trainer(cfg, stages, batches, batches, parts)
+        trainer = Trainer(cfg, stages, ReadAhead(batches), batches, parts)
         record = trainer.train_step(stage)
         losses.append(record["loss"])
     print(json.dumps({"waits": recorder.waits, "ops": recorder.count, "losses": losses, "micro_losses": wrapped.losses,

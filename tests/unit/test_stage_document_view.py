@@ -88,6 +88,7 @@ class _Recorder:
 
 def _trainer(monkeypatch, cfg, stages, step=0):
     import launcher.train.trainer as trainer_module
+    from launcher.train.read_ahead import ReadAhead
     from launcher.train.trainer import Trainer, TrainParts, TrainState
 
     monkeypatch.setattr(trainer_module.dist, "get_rank", lambda: 0)
@@ -95,7 +96,7 @@ def _trainer(monkeypatch, cfg, stages, step=0):
     monkeypatch.setattr(trainer_module, "set_rope_theta", lambda module, theta: None)  # no model here
     engine, train, valid, metrics, guard = (_Recorder() for _ in range(5))
     parts = TrainParts(engine=engine, state=TrainState(step=step), checkpointer=None, metrics=metrics, guard=guard)
-    return Trainer(cfg, stages, train, valid, parts), train, valid, metrics
+    return Trainer(cfg, stages, ReadAhead(train), valid, parts), train, valid, metrics
 
 
 def test_the_trainer_applies_each_stages_view_at_its_switch_and_on_a_resume_mid_stage(tmp_path, monkeypatch):
