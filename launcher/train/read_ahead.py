@@ -2,7 +2,7 @@
 device while the device still runs the current step.
 
 Reading a step's batches (packing, masking, document ids: 6-25 ms per 8,192 tokens on one core) used to happen
-after the previous step's results were read back, with the device idle; a GPU step of that size takes 15-40 ms.
+after the previous step's results were read back, with the device idle (docs/gpu.md).
 The trainer now queues step N's kernels, then reads step N+1's batches, then waits for step N's sums.
 
 The reader's position is what checkpoints record, so `state_dict` is the position *before* the batches read

@@ -222,14 +222,13 @@ class Trainer:
         read = self.batches.step_batches(stage.max_seq_len, stage.micro_batch_size, stage.grad_accum_steps,
                                          self._prepare)
         batches, tokens_by_source = read.prepared, read.tokens_by_source  # tokens by source: all ranks
-        # One all-reduce before backward: masked tokens (the loss denominator), real tokens, stop flag,
-        # model FLOPs (for the per-rank mean TFLOP/s and MFU).
+        # One all-reduce before the forward: masked tokens (the loss denominator), real tokens, stop flag, model
+        # FLOPs (for the per-rank mean TFLOP/s and MFU). Read back with the step's sums: the device is read once
+        # per step, and the denominator stays on the device (the same fp32 value as a host float would give).
         counts = torch.tensor([batches.masked, batches.real, float(self.stop_requested()), batches.flops],
                               dtype=torch.float64, device=self.engine.device)
         dist.all_reduce(counts)
-        global_masked, global_tokens, stops, global_flops = counts.tolist()
-        self.stop_agreed = stops > 0
-        scale = self.world_size / max(global_masked, 1.0)
+        scale = (self.world_size / counts[0].clamp_min(1.0)).float()
         sums = torch.zeros(2, dtype=torch.float64, device=self.engine.device)  # loss_sum, correct
         for i, batch in enumerate(batches.micro):
             self.engine.set_gradient_accumulation_boundary(i == len(batches.micro) - 1)
@@ -237,9 +236,11 @@ class Trainer:
             self.engine.backward(out.loss_sum * scale, scale_wrt_gas=False)
             self.engine.step()
             sums += torch.stack([out.loss_sum.detach().double(), out.num_correct.double()])
-        self._read_ahead(stage)  # the host reads the next step while the device runs this one
         dist.all_reduce(sums)
-        loss_sum, correct = sums.tolist()  # waits for the device: the clock is read after the step's kernels
+        self._read_ahead(stage)  # the host reads the next step while the device runs this one
+        # The step's one device read; it waits for the step's kernels, so the clock is read after them.
+        global_masked, global_tokens, stops, global_flops, loss_sum, correct = torch.cat([counts, sums]).tolist()
+        self.stop_agreed = stops > 0
         seconds = time.perf_counter() - start
         samples = stage.global_batch_size
         self.state.consumed_samples += samples
@@ -305,7 +306,7 @@ class Trainer:
         """The next step's batches, when it trains this stage (or ramp piece) with nothing in between that moves
         the reader; a checkpoint at this step still records the reader before them (ReadAhead.state_dict)."""
         step = self.state.step + 1
-        if step < self.cfg.schedule.total_steps and entry_at(self.stages, step) is stage and not self.stop_agreed:
+        if step < self.cfg.schedule.total_steps and entry_at(self.stages, step) is stage:
             self.batches.read_ahead(stage.max_seq_len, stage.micro_batch_size, stage.grad_accum_steps, self._prepare)
 
 

@@ -10,7 +10,8 @@ call `engine(**batch)` to the return of `engine.backward(...)`. Each op that mak
 (HOST_WAITS) is printed with where it was called. --compiled: `model.compile: true` with the aot_eager backend (what
 build_engine compiles, traced and decomposed as inductor would see it, without inductor's C++ build), one step to
 compile first. --cpu-kernels: the CPU path as it runs here (which reads the device: the recorder's control).
-Prints one JSON line: {"waits": {op: [call site, ...]}, "ops": n, "losses": [...], "compiled": bool}.
+Prints one JSON line: {"waits": {op: [call site, ...]}, "ops": n, "losses": [...], "compiled": bool,
+"trainer_reads": the trainer's own tensor reads (tolist / item) in the whole step}.
 """
 from __future__ import annotations
 
@@ -44,6 +45,31 @@ class HostWaitRecorder(TorchDispatchMode):
             self.waits.setdefault("boolean index" if is_boolean_index else name, []).append(
                 " <- ".join(reversed(frames[-3:])))
         return func(*args, **(kwargs or {}))
+
+
+class TrainerReads:
+    """Counts the trainer's own reads of tensor values (`tolist`, `item`) while active: on a GPU each is a wait for
+    the device (issue 48: one per optimizer step)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __enter__(self):
+        self.originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "item")}
+        for name, original in self.originals.items():
+            setattr(torch.Tensor, name, self._counting(original))
+        return self
+
+    def _counting(self, original):
+        def read(tensor, *args, **kwargs):
+            if sys._getframe(1).f_code.co_filename.endswith("launcher/train/trainer.py"):
+                self.count += 1
+            return original(tensor, *args, **kwargs)
+        return read
+
+    def __exit__(self, *exc):
+        for name, original in self.originals.items():
+            setattr(torch.Tensor, name, original)
 
 
 class RecordedEngine:
@@ -145,10 +171,11 @@ def main(config_path: str, compiled: bool, cpu_kernels: bool) -> None:
         wrapped = RecordedEngine(engine, recorder)
         parts = TrainParts(engine=wrapped, state=TrainState(), checkpointer=None, metrics=None, guard=NoGuard())
         trainer = Trainer(cfg, stages, ReadAhead(batches), batches, parts)
-        record = trainer.train_step(stage)
+        with TrainerReads() as reads:
+            record = trainer.train_step(stage)
         losses.append(record["loss"])
     print(json.dumps({"waits": recorder.waits, "ops": recorder.count, "losses": losses, "micro_losses": wrapped.losses,
-                      "compiled": layers_compiled}), flush=True)
+                      "compiled": layers_compiled, "trainer_reads": reads.count}), flush=True)
 
 
 if __name__ == "__main__":

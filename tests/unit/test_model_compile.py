@@ -204,6 +204,7 @@ def probe(config: str, *flags: str) -> dict:
 def test_a_trainer_step_queues_forward_and_backward_without_waiting_for_the_device(probe_config):
     eager = probe(probe_config)
     assert eager["waits"] == {} and eager["ops"] > 1000 and not eager["compiled"]  # CPU: not compiled by default
+    assert eager["trainer_reads"] == 1  # the counts and the sums, read back together once per optimizer step
     compiled = probe(probe_config, "--compiled")
     assert compiled["waits"] == {} and compiled["compiled"]
     # the same first step, dropout included (aot_eager draws the masks as eager does)
