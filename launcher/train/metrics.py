@@ -41,18 +41,20 @@ class MetricsOptions:
     """Steps between plain progress lines (launcher/train/progress_line.py)."""
     preemption_grace: float | None = None
     """restarts.preemption_grace_seconds, for the stop-time line (launcher/train/stop_time.py)."""
-    total_tokens: int = 0
-    """Token slots of the whole schedule when it is written in tokens (the progress line then says tokens done of
-    these); 0 for a schedule in steps."""
     tokens_before: Callable[[int], int] | None = None
-    """Token slots of the first N steps, for a schedule in tokens (TensorBoard's tokens axis); None in steps."""
+    """Token slots of the first N steps, for a schedule in tokens (TensorBoard's tokens axis, the progress line's
+    tokens done of the whole schedule's); None in steps."""
+
+    @property
+    def total_tokens(self) -> int:
+        """Token slots of the whole schedule written in tokens; 0 for a schedule in steps."""
+        return 0 if self.tokens_before is None else self.tokens_before(self.total_steps)
 
     @classmethod
     def of_run_config(cls, cfg: RunConfig) -> "MetricsOptions":
         total, in_tokens = cfg.schedule.total_steps, cfg.schedule.in_tokens
         return cls(total, cfg.logging.log_every, cfg.logging.progress_bar,
                    progress_every(cfg.logging.progress_every, total), cfg.restarts.preemption_grace_seconds,
-                   cfg.schedule.tokens_before(total) if in_tokens else 0,
                    cfg.schedule.tokens_before if in_tokens else None)
 
 
