@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.varlen import varlen_attn
 
 from .config import RoFormerConfig
 from .cpu_kernels import scaled_dot_product_attention
@@ -60,6 +59,10 @@ def document_varlen_attention(query: torch.Tensor, key: torch.Tensor, value: tor
     (no (B, 1, T, T) mask, no padded document). query/key/value (B, H, T, D); cu_seqlens (N+1,) int32: offsets of the
     batch's N documents (padding's runs included) in its B*T tokens (data_pipeline.documents.document_offsets).
     The longest document is given as T, an upper bound known without reading the device (and no compiled graph per longest length)."""
+    # Imported here, where CUDA runs it: importing torch.nn.attention.varlen loads torch._dynamo (2.4 s on a CPU),
+    # which every model import (export, eval, fine-tuning on the CPU) would otherwise pay.
+    from torch.nn.attention.varlen import varlen_attn
+
     batch, _, length, _ = query.shape
     context = varlen_attn(flatten_tokens(query), flatten_tokens(key), flatten_tokens(value), cu_seqlens, cu_seqlens,
                           length, length)  # (B*T, H, D)

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-import roformer.attention as attention_module
+import torch.nn.attention.varlen as varlen_module
 from launcher.train.device_batches import to_device
 from roformer import RoFormerConfig, RoFormerForMaskedLM
 from tests.unit.test_model_compile import NO_DROPOUT, batch
@@ -22,8 +22,8 @@ CONFIG = RoFormerConfig(vocab_size=120, hidden_size=64, num_hidden_layers=2, num
 @pytest.mark.parametrize("training", [False, True])
 def test_the_varlen_kernel_gives_the_masked_paths_losses_and_gradients(monkeypatch, training):
     calls = []
-    kernel = attention_module.varlen_attn
-    monkeypatch.setattr(attention_module, "varlen_attn", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    kernel = varlen_module.varlen_attn
+    monkeypatch.setattr(varlen_module, "varlen_attn", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     torch.manual_seed(0)
     varlen = RoFormerForMaskedLM(CONFIG).train(training).to(DEVICE, torch.bfloat16)
     masked = copy.deepcopy(varlen)

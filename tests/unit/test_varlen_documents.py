@@ -4,6 +4,9 @@ documents' offsets worked out on the host, the flattened token layout they index
 the masked path: tests/gpu/test_varlen_cuda.py, where a GPU is lent."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +19,7 @@ from roformer import RoFormerConfig, RoFormerForMaskedLM
 from roformer.attention import (additive_padding_mask, document_mask, document_varlen_attention, flatten_tokens,
                                 unflatten_tokens, varlen_usable)
 from tests.support.corpus_files import prepared_dir
+from tests.support.helpers import REPO
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +115,15 @@ def test_the_model_with_offsets_on_the_cpu_equals_the_masked_model(packed_batch)
     with torch.no_grad():
         plain, with_offsets = model(**batch), model(**batch, cu_seqlens=cu_seqlens)
     assert torch.equal(plain.loss_sum, with_offsets.loss_sum)
+
+
+def test_the_model_is_imported_and_run_without_loading_torch_dynamo():
+    """Exports, evaluations and CPU fine-tunes import the model: torch.nn.attention.varlen would bring torch._dynamo
+    (2.4 s here) with it, so only the CUDA path that runs the kernel imports it."""
+    code = ("import sys, torch; from roformer import RoFormerConfig, RoFormerForMaskedLM; "
+            "model = RoFormerForMaskedLM(RoFormerConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, "
+            "num_attention_heads=2, intermediate_size=32)); model(torch.ones(1, 4, dtype=torch.long)); "
+            "print(sorted(m for m in ('torch._dynamo', 'torch.nn.attention.varlen') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
