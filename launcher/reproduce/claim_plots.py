@@ -156,9 +156,9 @@ def documents(table: dict, path: Path) -> Path:
     for offset, (variant, cell) in zip((-0.1, 0.0, 0.1), table["variants"].items()):
         losses = cell["loss"].get("document", {})
         xs = sorted(int(n) for n in losses if losses[n].get("n"))
-        if xs:
-            _mean_with_range(loss_ax, xs, [losses[str(x)] for x in xs], marker="o", linewidth=2,
-                             color=COLOURS.get(variant), label=f"{variant} (n={losses[str(xs[0])]['n']})")
+        if xs:  # nudged apart on the log axis: identical variants (positions under RoPE) stay visible
+            _mean_with_range(loss_ax, [x * (1 + offset / 3) for x in xs], [losses[str(x)] for x in xs], marker="o",
+                             linewidth=2, color=COLOURS.get(variant), label=f"{variant} (n={losses[str(xs[0])]['n']})")
         stats = [table["finetune"][task].get(variant, {}).get("accuracy", {"n": 0}) for task in tasks]
         keep = [i for i, stat in enumerate(stats) if stat["n"]]
         if keep:
