@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.common.io import read_mapping
@@ -75,13 +76,28 @@ def resolve_ds_config(run_config: RunConfig, stage: ResolvedStage, world_size: i
     return config
 
 
-def resolve_stage_configs(run_config: RunConfig, stages: list[ResolvedStage],
-                          world_size: int) -> tuple[list[dict], RunShape, str]:
-    """Every stage's DeepSpeed config from the JSON read once (read_ds_json): batch sizes of the stage (the engine
-    starts with its first stage's and is switched at later boundaries without being rebuilt), the peak LR; the
-    shape they train in (the same for every stage); and the JSON as errors name it (ds_config_source)."""
+@dataclass(frozen=True)
+class DeepSpeedJson:
+    """A run's DeepSpeed JSON, read and checked once (read_ds_json): what `micro_batch_size: auto`'s memory plan and
+    every stage's config start from."""
+
+    config: dict
+    """The JSON with the run config's deepspeed.overrides merged, before any stage's batch sizes."""
+    precision: str
+
+    @classmethod
+    def of(cls, run_config: RunConfig) -> "DeepSpeedJson":
+        return cls(*read_ds_json(run_config.deepspeed.config, run_config.deepspeed.overrides))
+
+
+def resolve_stage_configs(run_config: RunConfig, stages: list[ResolvedStage], world_size: int,
+                          ds_json: DeepSpeedJson | None = None) -> tuple[list[dict], RunShape, str]:
+    """Every stage's DeepSpeed config from the JSON read once (`ds_json`, else read here): batch sizes of the stage
+    (the engine starts with its first stage's and is switched at later boundaries without being rebuilt), the peak
+    LR; the shape they train in (the same for every stage); and the JSON as errors name it (ds_config_source)."""
     source = ds_config_source(run_config)
-    base, precision = read_ds_json(run_config.deepspeed.config, run_config.deepspeed.overrides)
+    ds_json = ds_json or DeepSpeedJson.of(run_config)
+    base, precision = ds_json.config, ds_json.precision
     configs = []
     for stage in stages:
         config = copy.deepcopy(base)

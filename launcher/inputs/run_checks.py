@@ -26,7 +26,7 @@ from pathlib import Path
 
 from data_pipeline import DataError, PretrainBatches, open_corpus
 from launcher.checkpoint.resume import BranchPoint, check_branch, find_branch_point
-from launcher.config.deepspeed_json import resolve_stage_configs
+from launcher.config.deepspeed_json import DeepSpeedJson, resolve_stage_configs
 from launcher.config.run_config import RunConfig
 from launcher.config.run_shape import RunShape
 from launcher.config.stages import ResolvedStage
@@ -62,12 +62,14 @@ class RunSetup:
 
 
 def resolve_setup(cfg: RunConfig, init: InitSource | None, stages: list[ResolvedStage], world_size: int,
-                  accelerator_is_the_ranks: bool = True) -> tuple[RunSetup, list[str]]:
-    """The setup and the notes of check 1: the DeepSpeed JSON read once, every stage's config through DeepSpeed's
-    own parser, its precision against the accelerator."""
+                  accelerator_is_the_ranks: bool = True,
+                  ds_json: DeepSpeedJson | None = None) -> tuple[RunSetup, list[str]]:
+    """The setup and the notes of check 1: the DeepSpeed JSON read once (`ds_json`, when the caller has read it
+    already), every stage's config through DeepSpeed's own parser, its precision against the accelerator."""
     if bool(cfg.init_from) != (init is not None):
         raise ValueError(f"{cfg.source}: init_from and its InitSource come together (init_from.load_config_and_init)")
-    configs, shape, source, notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks)
+    configs, shape, source, notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks,
+                                                            ds_json)
     return RunSetup(cfg, stages, world_size, configs, source, shape, init), notes
 
 
@@ -184,12 +186,13 @@ def check_mixtures(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainB
 
 
 def check_deepspeed_configs(cfg: RunConfig, stages: list[ResolvedStage], world_size: int,
-                            accelerator_is_the_ranks: bool = True) -> tuple[list[dict], RunShape, str, list[str]]:
-    """Every stage's DeepSpeed config (the JSON read once) through DeepSpeedConfig, then precision vs
-    accelerator: (the configs, the shape they train in, the JSON as errors name it, the notes)."""
+                            accelerator_is_the_ranks: bool = True,
+                            ds_json: DeepSpeedJson | None = None) -> tuple[list[dict], RunShape, str, list[str]]:
+    """Every stage's DeepSpeed config (the JSON read once: `ds_json`, else here) through DeepSpeedConfig, then
+    precision vs accelerator: (the configs, the shape they train in, the JSON as errors name it, the notes)."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    configs, shape, source = resolve_stage_configs(cfg, stages, world_size)
+    configs, shape, source = resolve_stage_configs(cfg, stages, world_size, ds_json)
     for stage, config in zip(stages, configs):
         # The per-rank view: before a process group exists DeepSpeedConfig takes world size 1 (our
         # stage arithmetic, micro x accum x world = global, is checked in launcher/config/stages.py).

@@ -31,13 +31,14 @@ class SetupPlan:
         return estimate_memory(self.setup, micro_batch, seq_len).total
 
 
-def micro_batch_target(cfg: RunConfig, world_size: int) -> MicroBatchTarget | None:
-    """The target of `micro_batch_size: auto` (see the module docstring); None when no stage says auto."""
+def micro_batch_target(cfg: RunConfig, world_size: int, ds_json=None) -> MicroBatchTarget | None:
+    """The target of `micro_batch_size: auto` (see the module docstring); None when no stage says auto.
+    ds_json: the run's DeepSpeed JSON when the caller has read it (launcher/config/deepspeed_json.py DeepSpeedJson)."""
     if not any(stage.micro_batch_size == AUTO_MICRO for stage in cfg.schedule.stages):
         return None
     if cfg.hardware.device:
         label = f"{cfg.hardware.memory_bytes / 2 ** 30:.0f} GiB {cfg.hardware.name} (hardware.device)"
-        return declared_target(cfg, world_size, label, cfg.hardware.memory_bytes)
+        return declared_target(cfg, world_size, label, cfg.hardware.memory_bytes, ds_json)
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
@@ -45,16 +46,18 @@ def micro_batch_target(cfg: RunConfig, world_size: int) -> MicroBatchTarget | No
     if kind == "cpu":
         return MicroBatchTarget(f"this machine: {kind}")
     memory = int(accelerator.total_memory())
-    return declared_target(cfg, world_size, f"{memory / 2 ** 30:.0f} GiB {kind} (this machine)", memory)
+    return declared_target(cfg, world_size, f"{memory / 2 ** 30:.0f} GiB {kind} (this machine)", memory, ds_json)
 
 
-def declared_target(cfg: RunConfig, world_size: int, label: str, device_bytes: int) -> MicroBatchTarget:
+def declared_target(cfg: RunConfig, world_size: int, label: str, device_bytes: int,
+                    ds_json=None) -> MicroBatchTarget:
     """A target of `device_bytes` per accelerator rank, planned with the run's model and DeepSpeed JSON (its ZeRO
-    stage, precision, buckets and optimizer: none of them depends on the micro-batch)."""
-    from launcher.config.deepspeed_json import read_ds_json
+    stage, precision, buckets and optimizer: none of them depends on the micro-batch); read here unless given."""
+    from launcher.config.deepspeed_json import DeepSpeedJson
 
-    ds_json, _ = read_ds_json(cfg.deepspeed.config, cfg.deepspeed.overrides)
-    setup = setup_from_configs(cfg.model, ds_json, world_size, cfg.schedule.activation_checkpointing, cpu_ranks=False)
+    ds_json = ds_json or DeepSpeedJson.of(cfg)
+    setup = setup_from_configs(cfg.model, ds_json.config, world_size, cfg.schedule.activation_checkpointing,
+                               cpu_ranks=False)
     return MicroBatchTarget(label, device_bytes, SetupPlan(setup))
 
 

@@ -21,6 +21,7 @@ from data_pipeline import PretrainBatches
 from launcher.checkpoint import resume
 from launcher.checkpoint.checkpointer import CheckpointedRun, Checkpointer
 from launcher.checkpoint.resume import BranchPoint, ResumePlan
+from launcher.config.deepspeed_json import DeepSpeedJson
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import resolve_stages
 from launcher.pricing.micro_target import micro_batch_target
@@ -110,8 +111,9 @@ def check_inputs(argv: list[str] | None) -> RankSetup:
     rank, world_size = rank_and_world_size()
     run_dir = check_run_dir(Path(args.run_dir))
     cfg, init = load_config_and_init(args.config, args.overrides)
-    stages = resolve_stages(cfg, world_size, micro_batch_target(cfg, world_size))  # auto: this rank's accelerator
-    setup, _ = resolve_setup(cfg, init, stages, world_size)
+    ds_json = DeepSpeedJson.of(cfg)  # read once: micro_batch_size auto's memory plan and every stage's config
+    stages = resolve_stages(cfg, world_size, micro_batch_target(cfg, world_size, ds_json))  # auto: this rank's device
+    setup, _ = resolve_setup(cfg, init, stages, world_size, ds_json=ds_json)
     train, valid = open_streams(cfg, rank, world_size, verify=cfg.data.verify and rank == 0)  # this rank's, kept
     findings = check_data(setup, train, run_dir.root)
     return RankSetup(setup, rank, run_dir, train, valid, findings.branch)

@@ -31,7 +31,7 @@ from launcher.train.engine import build_model
 from launcher.train.init_weights import InitialWeights
 from roformer.hf_interop import to_hf_state_dict
 from tests.support.corpus_files import english_paragraphs, write_jsonl
-from tests.support.helpers import init_from_config, run_config_dict, write_yaml
+from tests.support.helpers import init_from_config, run_config_dict, write_schedule, write_yaml
 from tests.support.hf_dirs import SPECIALS, plain_transformers_dir, wordpiece_tokenizer
 
 
@@ -225,17 +225,26 @@ def _count_opens(event: str, args: tuple) -> None:
 sys.addaudithook(_count_opens)
 
 
-def test_a_ranks_start_up_reads_the_init_directory_and_the_deepspeed_json_once(tmp_path, hf_dir, hf_data, monkeypatch):
+@pytest.mark.parametrize("micro_batch", [None, "auto"], ids=["micro-batch from max_tokens", "micro-batch auto"])
+def test_a_ranks_start_up_reads_the_init_directory_and_the_deepspeed_json_once(tmp_path, hf_dir, hf_data, monkeypatch,
+                                                                              micro_batch):
     """A rank's step 1 (check_inputs: the run config with DIR, the stages' DeepSpeed configs, the data and the
     tokenizer check), rank 0's resume decision and the initial weights read DIR's config.json and the DeepSpeed
     JSON once each (the sys.addaudithook 'open' events): the later steps take what step 1 resolved (RankSetup).
-    `roformer plan` and --dry-run (check_run) resolve the same configs and shape."""
+    With `micro_batch_size: auto` on a declared device its memory plan reads no JSON of its own. `roformer plan`
+    and --dry-run (check_run) resolve the same configs and shape."""
     from launcher.checkpoint import resume
     from launcher.config.stages import resolve_stages
     from launcher.inputs.run_checks import check_run
+    from launcher.pricing.micro_target import micro_batch_target
     from launcher.train.rank import check_inputs
 
-    config = init_from_config(tmp_path, hf_dir, data_dir=hf_data)
+    sections = {}
+    if micro_batch == "auto":
+        schedule = write_schedule(tmp_path / "schedule.yaml", [
+            {"name": "one", "max_seq_len": 32, "global_batch_size": 4, "steps": 2, "micro_batch_size": "auto"}])
+        sections = {"schedule_file": schedule, "hardware": {"device": "V100-16GB"}}
+    config = init_from_config(tmp_path, hf_dir, data_dir=hf_data, **sections)
     ds_json = yaml.safe_load(config.read_text())["deepspeed"]["config"]
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
@@ -251,6 +260,9 @@ def test_a_ranks_start_up_reads_the_init_directory_and_the_deepspeed_json_once(t
     assert counts == dict.fromkeys(watched, 1)
     assert plan.init_from == hf_dir and plan.ds_config == setup.run.ds_config(0) and initial.new_head is False
     assert initial.record()["tokenizer_sha256"] == setup.train_batches.corpus.tokenizer_sha256
-    planned = check_run(setup.cfg, resolve_stages(setup.cfg, 1), 1, init=setup.run.init).setup
+    if micro_batch == "auto":
+        assert setup.run.stages[0].micro_batch_size == 4 and "V100" in setup.run.stages[0].micro_batch_note
+    stages = resolve_stages(setup.cfg, 1, micro_batch_target(setup.cfg, 1))
+    planned = check_run(setup.cfg, stages, 1, init=setup.run.init).setup
     assert (planned.ds_configs, planned.shape) == (setup.run.ds_configs, setup.run.shape)
 
