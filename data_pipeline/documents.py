@@ -32,13 +32,18 @@ class DocumentView:
                 raise DataError(f"data.{name}: {getattr(self, name)!r} is not one of {', '.join(DOCUMENT_VIEWS)}")
 
 
+def run_starts(values: np.ndarray) -> np.ndarray:
+    """(B, T) -> (B, T) bool: True where a row's run of equal values begins (each row's first token included)."""
+    starts = np.ones(values.shape, dtype=bool)
+    starts[:, 1:] = values[:, 1:] != values[:, :-1]
+    return starts
+
+
 def document_positions(document_ids: np.ndarray) -> np.ndarray:
     """(B, T) document ids -> (B, T) int64 positions counted from each document's first token."""
     length = document_ids.shape[1]
     index = np.broadcast_to(np.arange(length, dtype=np.int64), document_ids.shape)
-    starts = np.concatenate([np.ones_like(document_ids[:, :1], dtype=bool),
-                             document_ids[:, 1:] != document_ids[:, :-1]], axis=1)
-    return index - np.maximum.accumulate(np.where(starts, index, 0), axis=1)
+    return index - np.maximum.accumulate(np.where(run_starts(document_ids), index, 0), axis=1)
 
 
 def document_offsets(document_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:
@@ -46,10 +51,9 @@ def document_offsets(document_ids: np.ndarray, attention_mask: np.ndarray | None
     maximal run of one id and one mask value in a row: padding is a run of its own) in its B*T tokens flattened
     row by row: FlashAttention's variable-length `cu_seqlens`, worked out on the host so that the device never
     has to report where documents end."""
-    starts = np.ones(document_ids.shape, dtype=bool)
-    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    starts = run_starts(document_ids)
     if attention_mask is not None:
-        starts[:, 1:] |= attention_mask[:, 1:] != attention_mask[:, :-1]
+        starts |= run_starts(attention_mask)
     return np.append(np.flatnonzero(starts), document_ids.size).astype(np.int32)
 
 

@@ -13,7 +13,7 @@ import json
 from launcher.reproduce.documents_results import documents_table
 from launcher.reproduce.from_bert_results import from_bert_table
 from launcher.reproduce.job_runner import Layout
-from launcher.reproduce.reproduction_plan import EvalRun, Preset, PretrainRun
+from launcher.reproduce.reproduction_plan import PARTS, EvalRun, Preset, PretrainRun
 from launcher.reproduce.retrieval_part import retrieval_table
 from launcher.reproduce.run_tables import comparison, finetune_table, pretrain_summary
 from launcher.reproduce.seed_spread import spread
@@ -178,7 +178,6 @@ def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:
             merged[part] = dict(sorted(groups.items(), key=lambda item: order.get(item[0], len(order))))
         else:
             sources[part], merged[part] = candidates[0]
-    merged["parts"] = [p for p in ("encodings", "linear", "lengths", "downstream", "extension", "recipes", "retrieval",
-                                   "from-bert", "documents") if p in merged]
+    merged["parts"] = [p for p in PARTS if p in merged]
     merged["sources"] = sources
     return merged
