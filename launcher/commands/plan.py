@@ -83,13 +83,14 @@ def _swap_stream(handler: logging.StreamHandler, stream):
 
 def plan(args: argparse.Namespace) -> int:
     # Imported here: the run config imports torch (through roformer), `roformer plan --help` must not wait.
-    from launcher.config.deepspeed_json import resolve_ds_config
+    from launcher.config.deepspeed_json import DeepSpeedJson, resolve_ds_config
     from launcher.config.stages import format_plan, resolve_stages
     from launcher.inputs.init_from import load_config_and_init
     from launcher.pricing.micro_target import micro_batch_target
 
     cfg, init = load_config_and_init(args.config, args.overrides)
     check_eval_specs(cfg.logging.stage_end_evals, where=f"{cfg.source}: logging.stage_end_evals")
+    ds_json = DeepSpeedJson.of(cfg)  # read once: the auto micro-batch's memory plan, the checks, the estimate
     if args.exclude_nodes and not args.hostfile:
         raise UserError("--exclude-nodes needs --hostfile (with --world-size, give the smaller world size itself)")
     if args.hostfile:
@@ -105,15 +106,15 @@ def plan(args: argparse.Namespace) -> int:
                 raise UserError(f"--exclude-nodes: no host of {args.hostfile} left")
             print(f"roformer plan: without {', '.join(dropped)}: world size {args.world_size}", file=sys.stderr)
     try:
-        stages = resolve_stages(cfg, args.world_size, micro_batch_target(cfg, args.world_size))
+        stages = resolve_stages(cfg, args.world_size, micro_batch_target(cfg, args.world_size, ds_json))
     except UserError as err:
         if not args.exclude_nodes:
             raise
         raise UserError(f"without {args.exclude_nodes}: world size {args.world_size} does not fit the schedule "
                         f"(a restart with --exclude-failed-nodes would be refused): {err}") from None
-    for note in plan_checks(cfg, init, stages, args.world_size):
+    for note in plan_checks(cfg, init, stages, args.world_size, ds_json):
         print(f"roformer plan: note: {note}", file=sys.stderr)
-    ds_config = resolve_ds_config(cfg, stages[0], args.world_size)
+    ds_config = resolve_ds_config(cfg, stages[0], args.world_size, ds_json=ds_json)
     estimates = plan_estimates(args, cfg, ds_config, stages)
     sources = plan_sources(cfg, stages)
     if args.json:
@@ -164,7 +165,7 @@ class PlanEstimates:
                 "stages": [stage.to_dict() for stage in self.stages]}
 
 
-def plan_checks(cfg, init, stages, world_size: int) -> list[str]:
+def plan_checks(cfg, init, stages, world_size: int, ds_json) -> list[str]:
     """The ranks' own start-up checks (launcher/inputs/run_checks.py; DS_ACCELERATOR set here is what
     the ranks get: forwarded), as notes. Sizing a cluster comes before preparing its corpus: without
     data.data_dir the model, schedule and DeepSpeed configs are checked and a note says the data was not."""
@@ -174,10 +175,10 @@ def plan_checks(cfg, init, stages, world_size: int) -> list[str]:
 
     here = "DS_ACCELERATOR" in os.environ
     if not cfg.data.is_remote and not Path(cfg.data.data_dir).is_dir():
-        return [*check_deepspeed_configs(cfg, stages, world_size, here)[3],
+        return [*check_deepspeed_configs(cfg, stages, world_size, here, ds_json)[3],
                 f"data.data_dir {cfg.data.data_dir} does not exist (yet): the data was not checked (its tokenizer "
                 f"against model.vocab_size, one global batch per stage); roformer pretrain checks it before starting"]
-    return check_run(cfg, stages, world_size, init=init, accelerator_is_the_ranks=here).notes
+    return check_run(cfg, stages, world_size, init=init, accelerator_is_the_ranks=here, ds_json=ds_json).notes
 
 
 def plan_sources(cfg, stages):

@@ -159,7 +159,7 @@ def plan_and_launch(args: argparse.Namespace, plan) -> int:
 
         print(describe_plan(plan))
         # Memory and time per rank on the run's target (hardware.device), as `roformer plan` prices it.
-        print(dry_run_estimate(plan.run_config, plan.stages, plan.world_size))
+        print(dry_run_estimate(plan.run_config, plan.stages, plan.world_size, plan.ds_json))
         return 0
 
     from launcher.launch.restart_loop import RestartPolicy, run_with_restarts
@@ -251,4 +251,4 @@ def check_inputs(plan) -> list[str]:
 
     here = is_local_only(plan.resources) or "DS_ACCELERATOR" in plan.env
     return check_run(plan.run_config, plan.stages, plan.world_size, init=plan.init, accelerator_is_the_ranks=here,
-                     run_dir=plan.run_dir).notes
+                     run_dir=plan.run_dir, ds_json=plan.ds_json).notes

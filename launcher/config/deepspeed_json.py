@@ -66,11 +66,11 @@ def ds_config_source(cfg: RunConfig) -> str:
 
 
 def resolve_ds_config(run_config: RunConfig, stage: ResolvedStage, world_size: int,
-                      load_universal: bool = False) -> dict:
+                      load_universal: bool = False, ds_json: DeepSpeedJson | None = None) -> dict:
     """The DeepSpeed config the engine starts with in `stage` (resolve_stage_configs), with universal loading
-    when the shape changed. Reads the JSON; a rank's start-up reads it once for all stages
-    (launcher/inputs/run_checks.py RunSetup)."""
-    config = resolve_stage_configs(run_config, [stage], world_size)[0][0]
+    when the shape changed, from `ds_json` when the caller has read it (else read here); a rank's start-up
+    reads it once for all stages (launcher/inputs/run_checks.py RunSetup)."""
+    config = resolve_stage_configs(run_config, [stage], world_size, ds_json)[0][0]
     if load_universal:
         config.setdefault("checkpoint", {})["load_universal"] = True
     return config

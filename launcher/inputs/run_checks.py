@@ -88,7 +88,7 @@ class Findings:
 
 def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, init: InitSource | None = None,
               verify_data: bool = False, accelerator_is_the_ranks: bool = True,
-              run_dir: Path | None = None) -> Findings:
+              run_dir: Path | None = None, ds_json: DeepSpeedJson | None = None) -> Findings:
     """All checks above, on rank 0's view of the data (the launching side: `roformer plan`, `pretrain`);
     UserError / DataError (one line) on the first failure.
 
@@ -99,8 +99,9 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, i
     a login node without GPUs may plan a GPU run.
     run_dir: the run directory, when there is one (a branch that has started keeps its recorded branch point,
     and one with checkpoints of its own resumes from those: branch_from.find_branch_point).
+    ds_json: the DeepSpeed JSON when the caller has read it (else read here).
     """
-    setup, notes = resolve_setup(cfg, init, stages, world_size, accelerator_is_the_ranks)
+    setup, notes = resolve_setup(cfg, init, stages, world_size, accelerator_is_the_ranks, ds_json)
     notes += [note] if (note := warmup_note(cfg)) else []
     train, valid = open_streams(cfg, 0, world_size, verify_data)
     findings = check_data(setup, train, run_dir)

@@ -32,6 +32,7 @@ from launcher.run_dir.layout import RunDir
 from launcher.stage_evals.specs import check_eval_specs
 
 if TYPE_CHECKING:  # the run config imports torch (through roformer): not needed for `roformer pretrain --help`
+    from launcher.config.deepspeed_json import DeepSpeedJson
     from launcher.config.run_config import RunConfig
     from launcher.config.stages import ResolvedStage
     from launcher.inputs.init_from import InitSource
@@ -62,6 +63,7 @@ class LaunchPlan:
     config_path: Path  # absolute run config (YAML)
     run_config: RunConfig  # that file with `overrides`, parsed once here; every rank parses it again itself
     init: InitSource | None  # run_config's init_from directory as its load read it (None without init_from)
+    ds_json: DeepSpeedJson  # run_config's DeepSpeed JSON, read once here (the checks, --dry-run's estimate)
     run_dir: Path  # absolute run directory, shared by every node
     overrides: list[str]  # `--set section.key=value` items, passed to every rank unchanged
     hostfile: Hostfile | None  # None: local run on this machine
@@ -274,7 +276,8 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None,
 
     config_path = Path(args.config).resolve()
     run_dir = Path(args.run_dir).resolve()
-    run_config, init, stages = check_stages(config_path, list(args.overrides), world_size, resources, hostfile)
+    run_config, init, ds_json, stages = check_stages(config_path, list(args.overrides), world_size, resources,
+                                                     hostfile)
 
     ranks_per_node = max(len(slots) for slots in resources.values())
     # Other nodes get only what they need; each computes its own PATH, op cache and thread count.
@@ -286,7 +289,7 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str] | None = None,
         # DeepSpeed's MPI discovery sets MASTER_PORT itself; ranks read this one (see docs/multinode.md).
         env["MASTER_PORT"] = str(master_port)
     plan = LaunchPlan(
-        config_path=config_path, run_config=run_config, init=init, run_dir=run_dir, overrides=list(args.overrides), hostfile=hostfile,
+        config_path=config_path, run_config=run_config, init=init, ds_json=ds_json, run_dir=run_dir, overrides=list(args.overrides), hostfile=hostfile,
         resources=resources, world_size=world_size, stages=stages, launcher=launcher,
         force_multi=multi_node and (len(resources) == 1 or args.force_multi), master_addr=master_addr,
         master_port=master_port, launcher_args=args.launcher_args,
@@ -339,18 +342,21 @@ def _local_device_count() -> int:
 
 
 def check_stages(config_path: Path, overrides: list[str], world_size: int, resources,
-                 hostfile) -> tuple[RunConfig, InitSource | None, list[ResolvedStage]]:
-    """Load the run config (the launch's one parse of it, with its init_from directory read) and resolve every
-    stage's batch arithmetic at this world size."""
+                 hostfile) -> tuple[RunConfig, InitSource | None, DeepSpeedJson, list[ResolvedStage]]:
+    """Load the run config (the launch's one parse of it, with its init_from directory and DeepSpeed JSON read)
+    and resolve every stage's batch arithmetic at this world size."""
+    from launcher.config.deepspeed_json import DeepSpeedJson
     from launcher.config.stages import resolve_stages
     from launcher.inputs.init_from import load_config_and_init
     from launcher.pricing.micro_target import micro_batch_target
 
     run_config, init = load_config_and_init(config_path, overrides)
     check_eval_specs(run_config.logging.stage_end_evals, where=f"{run_config.source}: logging.stage_end_evals")
+    ds_json = DeepSpeedJson.of(run_config)
     try:
         # micro_batch_size auto: hardware.device, as on the ranks; else this machine's (the ranks size their own)
-        return run_config, init, resolve_stages(run_config, world_size, micro_batch_target(run_config, world_size))
+        target = micro_batch_target(run_config, world_size, ds_json)
+        return run_config, init, ds_json, resolve_stages(run_config, world_size, target)
     except UserError as err:
         where = f"{hostfile.path}" if hostfile else "--num_gpus"
         hosts = ", ".join(f"{h} x{len(s)}" for h, s in resources.items())

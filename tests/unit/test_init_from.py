@@ -266,3 +266,29 @@ def test_a_ranks_start_up_reads_the_init_directory_and_the_deepspeed_json_once(t
     planned = check_run(setup.cfg, stages, 1, init=setup.run.init).setup
     assert (planned.ds_configs, planned.shape) == (setup.run.ds_configs, setup.run.shape)
 
+
+
+@pytest.mark.parametrize("command", [["plan", "--world-size", "1"], ["pretrain", "--dry-run", "--num_gpus", "1"]],
+                         ids=["roformer plan", "roformer pretrain --dry-run"])
+def test_the_launching_side_reads_the_init_directory_and_the_deepspeed_json_once(tmp_path, hf_dir, hf_data, capsys,
+                                                                                 command):
+    """`roformer plan` and `pretrain --dry-run` (the launch plan, every start-up check of the ranks, the memory and
+    time estimate) with `micro_batch_size: auto`: DIR's config.json and the DeepSpeed JSON are each opened once;
+    the stages, checks and estimate take the DeepSpeedJson the load read (LaunchPlan.ds_json)."""
+    schedule = write_schedule(tmp_path / "schedule.yaml", [
+        {"name": "one", "max_seq_len": 32, "global_batch_size": 4, "steps": 2, "micro_batch_size": "auto"}])
+    config = init_from_config(tmp_path, hf_dir, data_dir=hf_data, schedule_file=schedule,
+                              hardware={"device": "V100-16GB"})
+    ds_json = yaml.safe_load(config.read_text())["deepspeed"]["config"]
+    watched = [os.path.realpath(hf_dir / "config.json"), os.path.realpath(ds_json)]
+    OPENED.update(dict.fromkeys(watched, 0))
+    try:
+        code = cli_main([command[0], "--config", str(config), *command[1:],
+                         *(["--run-dir", str(tmp_path / "run")] if command[0] == "pretrain" else [])])
+        counts = dict(OPENED)
+    finally:
+        OPENED.clear()
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert counts == dict.fromkeys(watched, 1)
+    assert "V100" in out  # the estimate ran, on the declared device
