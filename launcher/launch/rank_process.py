@@ -148,11 +148,32 @@ def main(argv: list[str] | None = None) -> int:
     if os.getppid() != parent:  # the parent died before prctl took effect
         return 1
 
+    stops: list[int] = []  # the stop signals received
+    orphan_deadline: float | None = None
+    child: subprocess.Popen | None = None
+
+    def on_stop_signal(signum, _frame):
+        # Every stop path (DeepSpeed's launcher, our pkill, a process-group signal) signals the rank
+        # itself too; forwarding would make it a second signal, which the trainer takes as "stop now,
+        # skip the checkpoint". Only when our parent is gone (PR_SET_PDEATHSIG) is nobody else
+        # signalling the rank, so then we pass it on and give it ORPHAN_STOP_SECONDS.
+        nonlocal orphan_deadline
+        stops.append(signum)
+        if child is not None and os.getppid() != parent and orphan_deadline is None:
+            child.send_signal(signum)
+            orphan_deadline = time.monotonic() + ORPHAN_STOP_SECONDS
+
+    # From the start, before the rank exists: a stop sent meanwhile (the whole process tree gets one) would
+    # otherwise kill this wrapper by the default action, and the job would report a rank killed by a signal.
+    signal.signal(signal.SIGTERM, on_stop_signal)
+    signal.signal(signal.SIGINT, on_stop_signal)
     try:
         env = {**os.environ, **mpi_environment(), **slurm_environment()}
     except RuntimeError as err:
         print(f"rank_process: error: {err}", file=sys.stderr, flush=True)
         return BAD_INPUT_EXIT_CODE
+    if stops or os.getppid() != parent:  # stopped, or our parent gone, before the rank exists: start none
+        return 128 + stops[0] if stops else 1
     start = _start_rank_entry if argv[0] == RANK_ENTRY_MODULE else _die_with_parent
     child = subprocess.Popen([sys.executable, "-u", "-m", *argv], env=env, preexec_fn=start)
     identity = _rank_identity(env)
@@ -160,22 +181,6 @@ def main(argv: list[str] | None = None) -> int:
                                  report=write_line)
     if watchdog is not None:
         watchdog.start()
-    stopping = False
-    orphan_deadline: float | None = None
-
-    def on_stop_signal(signum, _frame):
-        # Every stop path (DeepSpeed's launcher, our pkill, a process-group signal) signals the rank
-        # itself too; forwarding would make it a second signal, which the trainer takes as "stop now,
-        # skip the checkpoint". Only when our parent is gone (PR_SET_PDEATHSIG) is nobody else
-        # signalling the rank, so then we pass it on and give it ORPHAN_STOP_SECONDS.
-        nonlocal stopping, orphan_deadline
-        stopping = True
-        if os.getppid() != parent and orphan_deadline is None:
-            child.send_signal(signum)
-            orphan_deadline = time.monotonic() + ORPHAN_STOP_SECONDS
-
-    signal.signal(signal.SIGTERM, on_stop_signal)
-    signal.signal(signal.SIGINT, on_stop_signal)
     while child.poll() is None:
         time.sleep(0.2)
         if orphan_deadline is not None and time.monotonic() > orphan_deadline:
@@ -185,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         watchdog.stop()
         if watchdog.verdict is not None:  # we killed it: the watchdog line said why
             return HUNG_EXIT_CODE
-    if returncode not in (0, ORDERLY_STOP_EXIT_CODE) and not stopping:
+    if returncode not in (0, ORDERLY_STOP_EXIT_CODE) and not stops:
         write_line(exit_line(identity, child.pid, returncode))
     # A signal death becomes 128+N, as a shell reports it; DeepSpeed's launcher only checks != 0.
     return returncode if returncode >= 0 else 128 - returncode
