@@ -1,5 +1,5 @@
 """DeepSpeed's runner and per-node launcher as `roformer pretrain` starts them: DeepSpeed's own `main`s,
-imported without MLflow.
+imported without MLflow, the launcher looking at its ranks more often.
 
 DeepSpeed's autotuner imports MLflow whenever it is installed (the `track` extra: 1.5 s of pandas and
 friends in every such process), and `roformer pretrain` never autotunes.
@@ -8,19 +8,67 @@ friends in every such process), and `roformer pretrain` never autotunes.
 """
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
 import sys
+import time
+import types
 
 from launcher.deepspeed_env.lean_imports import import_deepspeed
 
 MODULES = {"runner": "deepspeed.launcher.runner", "launch": "deepspeed.launcher.launch"}
+LAUNCH_LOOK_SECONDS = 0.1
+"""Between the per-node launcher's looks at its ranks. DeepSpeed's sleeps 1 s after each look, the last one
+included, so every job (and every restart) ended up to 2 s after its ranks had: 2.5 s of a 14 s tiny run
+(docs/training.md, "Start-up and exit")."""
+
+
+class LauncherClock(types.ModuleType):
+    """The `time` module as DeepSpeed's launch.py sees it: `sleep` (only its loop over the ranks sleeps) at most
+    LAUNCH_LOOK_SECONDS; everything else is the real module's."""
+
+    def __init__(self):
+        super().__init__("time", "time, with sleep() capped at LAUNCH_LOOK_SECONDS (launcher.launch.deepspeed_processes)")
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(min(seconds, LAUNCH_LOOK_SECONDS))
+
+
+def deepspeed_main(which: str):
+    """DeepSpeed's `main` of `which` ("runner" or "launch"), its package imported lean."""
+    import_deepspeed()  # the autotuner's MLflow import happens in DeepSpeed's package import
+    module = importlib.import_module(MODULES[which])
+    if which == "launch":
+        module.time = LauncherClock()
+    return module.main
 
 
 def main(which: str, args: list[str]) -> None:
     sys.argv = [MODULES[which], *args]  # DeepSpeed's launch reads its arguments from sys.argv
-    import_deepspeed()  # the autotuner's MLflow import happens in DeepSpeed's package import
-    importlib.import_module(MODULES[which]).main()
+    deepspeed_main(which)()
+
+
+def exit_without_finalizing(run) -> None:
+    """run(), then the process's end as sys.exit would make it (the atexit handlers, the exit code of a
+    SystemExit) without the interpreter's finalization: with torch loaded that is half a second at the end of
+    every job, spent tearing down modules of a process about to exit."""
+    try:
+        run()
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) or stop.code is None else 1
+        if code == 1 and not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)  # sys.exit("message"), as the interpreter prints it
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    exit_without_finalizing(lambda: main(sys.argv[1], sys.argv[2:]))

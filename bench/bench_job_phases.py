@@ -1,0 +1,159 @@
+"""Where a short `roformer pretrain` job's wall time goes, this checkout beside an earlier revision.
+
+    DS_ACCELERATOR=cpu .venv/bin/python bench/bench_job_phases.py [--before REV] [--rounds 3] [--steps 8]
+
+A tiny 2-rank run (the tests' model and corpus shape: tests/support/helpers.tiny_run_config on a prepared
+tiny corpus made here) is launched as the real command, once per round for each code (`before`: REV's tree from
+`git archive`, run from there; `after`: this checkout), alternating. Its process tree is watched every 20 ms
+(psutil), and the console lines are timed, giving seconds from the command's start to:
+  launch        `roformer pretrain` printed its launch line (its imports and every start-up check done)
+  ranks_start   the rank processes exist (DeepSpeed's per-node launcher has imported and spawned them)
+  first_step    the console's `step 1/N` line (the ranks' start-up: imports, rendezvous, engine)
+  finished      `finished at step N`
+  ranks_exit    the last rank process is gone
+  launcher_exit DeepSpeed's per-node launcher is gone
+  exit          the command returned
+Medians per code in `summary`; every run in `runs`; the load average before each run. Writes
+bench/results/job_phases.json. The suite's multi-rank tests start ~150 such jobs (most through the launcher
+directly, tests/support/helpers.launch_command), so a second per job is minutes of CI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support.helpers import free_port, roformer_env, tiny_run_config  # noqa: E402
+
+MARKS = ("launch", "ranks_start", "first_step", "finished", "ranks_exit", "launcher_exit", "exit")
+
+
+def checkout(revision: str, workdir: Path) -> Path:
+    """REV's tracked tree under workdir (git archive), to run the command from."""
+    archive, tree = workdir / f"{revision}.tar", workdir / revision
+    subprocess.run(["git", "-C", str(REPO), "archive", "-o", str(archive), revision], check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+def timed_job(code_dir: Path, config: Path, run_dir: Path) -> dict:
+    """One `roformer pretrain` of `config` run from `code_dir`: seconds from its start to each of MARKS."""
+    env = {**roformer_env(), "PYTHONPATH": str(code_dir)}
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "pretrain", "--num_gpus", "2", "--master_port",
+                             str(free_port()), "--config", str(config), "--run-dir", str(run_dir), "--report-to",
+                             "none"], cwd=code_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    marks: dict[str, float] = {}
+    lifetimes: dict[int, list] = {}  # pid -> [first seen, gone, kind]
+
+    def watch() -> None:
+        while proc.poll() is None:
+            now = time.monotonic() - start
+            try:
+                children = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                return
+            alive = set()
+            for child in children:
+                try:
+                    if child.status() == psutil.STATUS_ZOMBIE:
+                        continue
+                    cmdline = " ".join(child.cmdline())
+                except psutil.NoSuchProcess:
+                    continue
+                kind = ("rank" if "launcher.train.rank_entry" in cmdline and "rank_process" not in cmdline else
+                        "launcher" if "deepspeed_processes launch" in cmdline else None)
+                if kind:
+                    alive.add(child.pid)
+                    lifetimes.setdefault(child.pid, [now, None, kind])
+            for pid, record in lifetimes.items():
+                if record[1] is None and pid not in alive:
+                    record[1] = now
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    for line in proc.stdout:
+        now = time.monotonic() - start
+        if line.startswith("roformer pretrain: world size"):
+            marks.setdefault("launch", now)
+        elif line.startswith("step 1/"):
+            marks.setdefault("first_step", now)
+        elif line.startswith("finished at step"):
+            marks.setdefault("finished", now)
+    proc.wait()
+    marks["exit"] = time.monotonic() - start
+    watcher.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the job failed (exit code {proc.returncode}): {run_dir}")
+    ranks = [v for v in lifetimes.values() if v[2] == "rank"]
+    launchers = [v for v in lifetimes.values() if v[2] == "launcher"]
+    marks["ranks_start"] = max(v[0] for v in ranks)
+    marks["ranks_exit"] = max(v[1] or marks["exit"] for v in ranks)
+    marks["launcher_exit"] = max(v[1] or marks["exit"] for v in launchers)
+    return {mark: round(marks[mark], 3) for mark in MARKS}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", default="aef1b4e", help="the earlier revision (git)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "job_phases.json")
+    args = parser.parse_args()
+    from tests.support.corpus_files import prepared_dir
+
+    with tempfile.TemporaryDirectory(prefix="job-phases-") as tmp:
+        workdir = Path(tmp)
+        codes = {"before": checkout(args.before, workdir), "after": REPO}
+        data = prepared_dir(_Factory(workdir))
+        config = tiny_run_config(workdir / "config", data, stages=[
+            {"name": "one", "max_seq_len": 16, "global_batch_size": 4, "steps": args.steps}],
+            checkpoint={"every_steps": 0}, logging={"valid_every": 0, "plots": False})
+        runs = []
+        for round_index in range(args.rounds):
+            for code, code_dir in codes.items():
+                load = os.getloadavg()[0]
+                marks = timed_job(code_dir, config, workdir / f"run-{code}-{round_index}")
+                runs.append({"code": code, "round": round_index, "load_avg_1m": round(load, 2), **marks})
+                print(json.dumps(runs[-1]), flush=True)
+    summary = {code: {mark: statistics.median(r[mark] for r in runs if r["code"] == code) for mark in MARKS}
+               for code in codes}
+    for figures in summary.values():
+        figures["after_finished"] = round(figures["exit"] - figures["finished"], 3)
+    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+              "before": args.before, "steps": args.steps, "summary": summary, "runs": runs}
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+
+
+class _Factory:
+    """tmp_path_factory's one method prepared_dir uses, under `root`."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def mktemp(self, name: str) -> Path:
+        path = self.root / name
+        path.mkdir()
+        return path
+
+
+if __name__ == "__main__":
+    main()
