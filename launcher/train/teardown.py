@@ -10,12 +10,12 @@ finalizes. The crash as it was seen: docs/training.md, "Exit codes of every comm
 """
 from __future__ import annotations
 
-import atexit
 import os
 import sys
 from typing import Callable, NoReturn
 
 from launcher.common.io import flush_console, write_line
+from launcher.common.process_exit import exit_without_finalizing
 
 
 def end_rank() -> None:
@@ -34,19 +34,6 @@ def end_rank() -> None:
 
 
 def exit_rank_process(main: Callable[[], int | None]) -> NoReturn:
-    """Run the rank's `main` and end the process with its exit code as `sys.exit(main())` would (an
-    unexpected error: its traceback and 1), but with os._exit after the atexit handlers (logging, weakref
-    finalizers), so no gloo worker thread can outlive the interpreter."""
-    try:
-        code = main()
-    except SystemExit as stop:
-        code = stop.code
-    except BaseException:  # noqa: BLE001  printed as the interpreter would, then exit code 1
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    if code is not None and not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    atexit._run_exitfuncs()  # what the interpreter would run first at its exit; finalization itself is skipped
-    flush_console()
-    os._exit(code or 0)
+    """Run the rank's `main` and end the process with its exit code, never through the interpreter's
+    finalization, so no gloo worker thread can outlive the interpreter (the module docstring)."""
+    exit_without_finalizing(main)

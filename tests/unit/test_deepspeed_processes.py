@@ -1,6 +1,7 @@
 """DeepSpeed's per-node launcher as `roformer pretrain` runs it (launcher/launch/deepspeed_processes.py): it looks at
 its ranks every LAUNCH_LOOK_SECONDS, not every second (DeepSpeed's sleep after each look, the last included, ended
-every job up to 2 s after its ranks), and it ends as sys.exit would, without the interpreter's finalization."""
+every job up to 2 s after its ranks), and it ends as sys.exit would, without the interpreter's finalization
+(launcher/common/process_exit.py, which the ranks' end uses too)."""
 from __future__ import annotations
 
 import subprocess
@@ -30,7 +31,7 @@ def test_the_runner_keeps_its_own_clock():
 
 ENDS = """
 import atexit, sys
-from launcher.launch.deepspeed_processes import exit_without_finalizing
+from launcher.common.process_exit import exit_without_finalizing
 
 atexit.register(lambda: print("atexit ran", flush=True))
 class Finalized:
