@@ -158,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         # skip the checkpoint". Only when our parent is gone (PR_SET_PDEATHSIG) is nobody else
         # signalling the rank, so then we pass it on and give it ORPHAN_STOP_SECONDS.
         nonlocal orphan_deadline
+        if child is not None and child.poll() is not None:
+            return  # the rank had ended first (killed, failed): its end is reported as it was, not as this stop's
         stops.append(signum)
         if child is not None and os.getppid() != parent and orphan_deadline is None:
             child.send_signal(signum)
