@@ -590,3 +590,29 @@ def test_output_monitor_maps_mpi_ranks_to_hosts_and_ignores_orderly_stops():
     assert monitor.first() is None
     monitor.feed("[roformer-rank-exit] rank=5 local_rank=1 node_rank=? host=x pid=3 status=exit code 2\n")
     assert (monitor.first().rank, monitor.first().host) == (5, "node2")
+
+
+def test_a_rank_killed_before_its_wrapper_is_stopped_is_still_reported(tmp_path):
+    """DeepSpeed's launcher SIGTERMs every wrapper as soon as one rank's failure reaches it: a wrapper whose own rank
+    had been killed just before must still report that kill (the job names it as the cause), not take it as
+    the stop's doing (CI: the restart named the rank that had only lost its peer)."""
+    import psutil
+
+    (tmp_path / "killed_rank.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    guard = subprocess.Popen([sys.executable, "-m", "launcher.launch.rank_process", "killed_rank"], cwd=tmp_path,
+                             env={**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}", "RANK": "1", "LOCAL_RANK": "1"},
+                             stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the rank is dead (a zombie until its wrapper's next look): stop the wrapper
+        children = psutil.Process(guard.pid).children() if guard.poll() is None else []
+        if guard.poll() is not None or any(c.status() == psutil.STATUS_ZOMBIE for c in children):
+            break
+        time.sleep(0.005)
+    try:
+        guard.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        pass  # it had already looked and reported
+    out, err = guard.communicate(timeout=30)
+    assert "[roformer-rank-exit] rank=1 local_rank=1" in out + err and "status=killed by SIGKILL" in out + err, \
+        (out, err)
+    assert guard.returncode == 128 + signal.SIGKILL
