@@ -12,12 +12,12 @@ import argparse
 import importlib
 import signal
 import sys
-from contextlib import contextmanager
 
 from launcher.common.defaults import BAD_INPUT_EXIT_CODE, BROKEN_PIPE_EXIT_CODE
 from launcher.common.errors import UserError, user_errors
 from launcher.flag_types import make_floats_finite
 from launcher.common.io import reader_gone
+from launcher.common.stop_mask import stops_held
 
 # name -> (module, one-line help). The names are part of the public interface: docs and scripts
 # rely on them.
@@ -114,22 +114,8 @@ def raise_if_stopped() -> None:
 
 # Commands that use DeepSpeed import it first, without the parts they never run (launcher/deepspeed_env/lean_imports.py).
 USE_DEEPSPEED = ("plan", "pretrain", "export", "gpu-check")
-# Commands that compute with torch import it first too, with stops held (`stops_held`).
+# Commands that compute with torch import it first too, with stops held (launcher/common/stop_mask.py).
 USE_TORCH = USE_DEEPSPEED + ("eval-mlm", "finetune")
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextmanager
-def stops_held():
-    """A stop arriving in this block is held by the signal mask and raised when the block ends. For torch's
-    import: its C++ calls Python there (pybind11), and the exception a stop raises inside such a call
-    aborts the process ("terminate called after throwing ... error_already_set", SIGABRT) instead of
-    ending the command with 128 + the signal."""
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a held stop is delivered here, to the handler
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,7 +114,7 @@ def plan(args: argparse.Namespace) -> int:
                         f"(a restart with --exclude-failed-nodes would be refused): {err}") from None
     for note in plan_checks(cfg, init, stages, args.world_size, ds_json):
         print(f"roformer plan: note: {note}", file=sys.stderr)
-    ds_config = resolve_ds_config(cfg, stages[0], args.world_size, ds_json=ds_json)
+    ds_config = resolve_ds_config(cfg, stages[0], args.world_size, ds_json)
     estimates = plan_estimates(args, cfg, ds_config, stages)
     sources = plan_sources(cfg, stages)
     if args.json:
@@ -175,7 +175,7 @@ def plan_checks(cfg, init, stages, world_size: int, ds_json) -> list[str]:
 
     here = "DS_ACCELERATOR" in os.environ
     if not cfg.data.is_remote and not Path(cfg.data.data_dir).is_dir():
-        return [*check_deepspeed_configs(cfg, stages, world_size, here, ds_json)[3],
+        return [*check_deepspeed_configs(cfg, stages, world_size, ds_json, here)[3],
                 f"data.data_dir {cfg.data.data_dir} does not exist (yet): the data was not checked (its tokenizer "
                 f"against model.vocab_size, one global batch per stage); roformer pretrain checks it before starting"]
     return check_run(cfg, stages, world_size, init=init, accelerator_is_the_ranks=here, ds_json=ds_json).notes

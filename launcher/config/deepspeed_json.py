@@ -65,11 +65,11 @@ def ds_config_source(cfg: RunConfig) -> str:
     return cfg.deepspeed.config
 
 
-def resolve_ds_config(run_config: RunConfig, stage: ResolvedStage, world_size: int,
-                      load_universal: bool = False, ds_json: DeepSpeedJson | None = None) -> dict:
+def resolve_ds_config(run_config: RunConfig, stage: ResolvedStage, world_size: int, ds_json: DeepSpeedJson,
+                      load_universal: bool = False) -> dict:
     """The DeepSpeed config the engine starts with in `stage` (resolve_stage_configs), with universal loading
-    when the shape changed, from `ds_json` when the caller has read it (else read here); a rank's start-up
-    reads it once for all stages (launcher/inputs/run_checks.py RunSetup)."""
+    when the shape changed, from the JSON the caller read (DeepSpeedJson.of, once per command or rank; a rank's
+    start-up resolves every stage's at once: launcher/inputs/run_checks.py RunSetup)."""
     config = resolve_stage_configs(run_config, [stage], world_size, ds_json)[0][0]
     if load_universal:
         config.setdefault("checkpoint", {})["load_universal"] = True
@@ -91,12 +91,11 @@ class DeepSpeedJson:
 
 
 def resolve_stage_configs(run_config: RunConfig, stages: list[ResolvedStage], world_size: int,
-                          ds_json: DeepSpeedJson | None = None) -> tuple[list[dict], RunShape, str]:
-    """Every stage's DeepSpeed config from the JSON read once (`ds_json`, else read here): batch sizes of the stage
+                          ds_json: DeepSpeedJson) -> tuple[list[dict], RunShape, str]:
+    """Every stage's DeepSpeed config from the JSON read once (`ds_json`): batch sizes of the stage
     (the engine starts with its first stage's and is switched at later boundaries without being rebuilt), the peak
     LR; the shape they train in (the same for every stage); and the JSON as errors name it (ds_config_source)."""
     source = ds_config_source(run_config)
-    ds_json = ds_json or DeepSpeedJson.of(run_config)
     base, precision = ds_json.config, ds_json.precision
     configs = []
     for stage in stages:

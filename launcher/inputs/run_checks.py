@@ -62,14 +62,12 @@ class RunSetup:
 
 
 def resolve_setup(cfg: RunConfig, init: InitSource | None, stages: list[ResolvedStage], world_size: int,
-                  accelerator_is_the_ranks: bool = True,
-                  ds_json: DeepSpeedJson | None = None) -> tuple[RunSetup, list[str]]:
-    """The setup and the notes of check 1: the DeepSpeed JSON read once (`ds_json`, when the caller has read it
-    already), every stage's config through DeepSpeed's own parser, its precision against the accelerator."""
+                  ds_json: DeepSpeedJson, accelerator_is_the_ranks: bool = True) -> tuple[RunSetup, list[str]]:
+    """The setup and the notes of check 1: from the DeepSpeed JSON the caller read once (`ds_json`), every stage's config through DeepSpeed's own parser, its precision against the accelerator."""
     if bool(cfg.init_from) != (init is not None):
         raise ValueError(f"{cfg.source}: init_from and its InitSource come together (init_from.load_config_and_init)")
-    configs, shape, source, notes = check_deepspeed_configs(cfg, stages, world_size, accelerator_is_the_ranks,
-                                                            ds_json)
+    configs, shape, source, notes = check_deepspeed_configs(cfg, stages, world_size, ds_json,
+                                                            accelerator_is_the_ranks)
     return RunSetup(cfg, stages, world_size, configs, source, shape, init), notes
 
 
@@ -86,9 +84,9 @@ class Findings:
     """What check_run resolved (the ranks resolve the same: launcher/train/rank.py check_inputs)."""
 
 
-def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, init: InitSource | None = None,
-              verify_data: bool = False, accelerator_is_the_ranks: bool = True,
-              run_dir: Path | None = None, ds_json: DeepSpeedJson | None = None) -> Findings:
+def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, ds_json: DeepSpeedJson,
+              init: InitSource | None = None, verify_data: bool = False, accelerator_is_the_ranks: bool = True,
+              run_dir: Path | None = None) -> Findings:
     """All checks above, on rank 0's view of the data (the launching side: `roformer plan`, `pretrain`);
     UserError / DataError (one line) on the first failure.
 
@@ -99,9 +97,9 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, i
     a login node without GPUs may plan a GPU run.
     run_dir: the run directory, when there is one (a branch that has started keeps its recorded branch point,
     and one with checkpoints of its own resumes from those: branch_from.find_branch_point).
-    ds_json: the DeepSpeed JSON when the caller has read it (else read here).
+    ds_json: the run's DeepSpeed JSON as the caller read it, once (DeepSpeedJson.of).
     """
-    setup, notes = resolve_setup(cfg, init, stages, world_size, accelerator_is_the_ranks, ds_json)
+    setup, notes = resolve_setup(cfg, init, stages, world_size, ds_json, accelerator_is_the_ranks)
     notes += [note] if (note := warmup_note(cfg)) else []
     train, valid = open_streams(cfg, 0, world_size, verify_data)
     findings = check_data(setup, train, run_dir)
@@ -186,10 +184,9 @@ def check_mixtures(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainB
     train.set_mixture(None)  # the trainer sets each stage's at its switch
 
 
-def check_deepspeed_configs(cfg: RunConfig, stages: list[ResolvedStage], world_size: int,
-                            accelerator_is_the_ranks: bool = True,
-                            ds_json: DeepSpeedJson | None = None) -> tuple[list[dict], RunShape, str, list[str]]:
-    """Every stage's DeepSpeed config (the JSON read once: `ds_json`, else here) through DeepSpeedConfig, then
+def check_deepspeed_configs(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, ds_json: DeepSpeedJson,
+                            accelerator_is_the_ranks: bool = True) -> tuple[list[dict], RunShape, str, list[str]]:
+    """Every stage's DeepSpeed config (from the JSON read once: `ds_json`) through DeepSpeedConfig, then
     precision vs accelerator: (the configs, the shape they train in, the JSON as errors name it, the notes)."""
     from deepspeed.runtime.config import DeepSpeedConfig
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.config.deepspeed_json import DeepSpeedJson
 from launcher.config.run_config import RunConfig
 from launcher.config.schedule import AUTO_MICRO
 from launcher.config.stages import MicroBatchTarget
@@ -31,9 +32,9 @@ class SetupPlan:
         return estimate_memory(self.setup, micro_batch, seq_len).total
 
 
-def micro_batch_target(cfg: RunConfig, world_size: int, ds_json=None) -> MicroBatchTarget | None:
+def micro_batch_target(cfg: RunConfig, world_size: int, ds_json: DeepSpeedJson) -> MicroBatchTarget | None:
     """The target of `micro_batch_size: auto` (see the module docstring); None when no stage says auto.
-    ds_json: the run's DeepSpeed JSON when the caller has read it (launcher/config/deepspeed_json.py DeepSpeedJson)."""
+    ds_json: the run's DeepSpeed JSON as the caller read it (launcher/config/deepspeed_json.py DeepSpeedJson)."""
     if not any(stage.micro_batch_size == AUTO_MICRO for stage in cfg.schedule.stages):
         return None
     if cfg.hardware.device:
@@ -50,12 +51,9 @@ def micro_batch_target(cfg: RunConfig, world_size: int, ds_json=None) -> MicroBa
 
 
 def declared_target(cfg: RunConfig, world_size: int, label: str, device_bytes: int,
-                    ds_json=None) -> MicroBatchTarget:
+                    ds_json: DeepSpeedJson) -> MicroBatchTarget:
     """A target of `device_bytes` per accelerator rank, planned with the run's model and DeepSpeed JSON (its ZeRO
-    stage, precision, buckets and optimizer: none of them depends on the micro-batch); read here unless given."""
-    from launcher.config.deepspeed_json import DeepSpeedJson
-
-    ds_json = ds_json or DeepSpeedJson.of(cfg)
+    stage, precision, buckets and optimizer: none of them depends on the micro-batch)."""
     setup = setup_from_configs(cfg.model, ds_json.config, world_size, cfg.schedule.activation_checkpointing,
                                cpu_ranks=False)
     return MicroBatchTarget(label, device_bytes, SetupPlan(setup))

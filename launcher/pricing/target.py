@@ -103,7 +103,7 @@ def _this_machine(cfg, precision: str, memory: int | None, peak_tflops: float | 
     return Target(f"this machine: {device}", device_bytes, peak, source, cpu_ranks=kind == "cpu")
 
 
-def dry_run_estimate(cfg, stages, world_size: int, ds_json=None, mfu: float = 0.4) -> str:
+def dry_run_estimate(cfg, stages, world_size: int, ds_json, mfu: float = 0.4) -> str:
     """The memory / time table `roformer pretrain --dry-run` prints (on the run's target by default, at
     `roformer plan`'s default MFU), or the note saying why there is none. `cfg`, `ds_json`: the launch plan's
     RunConfig and DeepSpeed JSON."""
@@ -111,7 +111,7 @@ def dry_run_estimate(cfg, stages, world_size: int, ds_json=None, mfu: float = 0.
     from launcher.pricing.estimate import estimate_stages, format_estimates, setup_from_configs
     from launcher.config.precision import train_precision
 
-    ds_config = resolve_ds_config(cfg, stages[0], world_size, ds_json=ds_json)
+    ds_config = resolve_ds_config(cfg, stages[0], world_size, ds_json)
 
     precision = train_precision(ds_config, cfg.deepspeed.config)
     target = resolve_target(cfg, precision)

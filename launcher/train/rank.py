@@ -28,6 +28,7 @@ from launcher.pricing.micro_target import micro_batch_target
 from launcher.common.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.engine_facts import loss_scale
 from launcher.common.errors import UserError
+from launcher.common.stop_mask import stops_held
 from launcher.inputs.init_from import load_config_and_init
 from launcher.inputs.run_checks import RunSetup, check_data, open_streams, resolve_setup
 from launcher.report.hook import PlotHook
@@ -158,7 +159,7 @@ def agree_on_resume(setup: RankSetup, heartbeats: HeartbeatWriter, timer: PhaseT
         decided = resume.decide(setup.run_dir, setup.run, setup.train_batches, setup.branch_point)
     timer.phase("checks_and_data")
     heartbeats.start_up("rendezvous (init_distributed)")
-    with THIS_RANK.held():  # a stop now is taken at the first step, as at any moment of the start-up
+    with stops_held():  # a stop now is taken at the first step, as at any moment of the start-up
         init_distributed()
     timer.phase("init_distributed")
     plan = resume.share(decided)

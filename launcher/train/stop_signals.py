@@ -10,13 +10,12 @@ imported before the environment torch needs is set.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 from launcher.common.defaults import RANK_STOP_SIGNALS
 from launcher.common.io import write_line
@@ -61,17 +60,6 @@ class StopSignals:
         for signum in RANK_STOP_SIGNALS:
             signal.signal(signum, self._on_signal)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, RANK_STOP_SIGNALS)
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """A stop that arrives in this block is held by the signal mask and recorded when it ends. For the
-        rendezvous: a signal there interrupts the sleep between torch's TCPStore connection attempts, which
-        prints a C++ warning with a stack trace (then retries); held, it changes nothing either way."""
-        before = signal.pthread_sigmask(signal.SIG_BLOCK, RANK_STOP_SIGNALS)
-        try:
-            yield
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
     def arm(self, announcer: StopAnnouncer) -> None:
         """The trainer is ready: a request from now on, or one recorded during start-up, is announced and

@@ -144,7 +144,7 @@ def main(config_path: str, compiled: bool, cpu_kernels: bool) -> None:
     from deepspeed.accelerator import get_accelerator
 
     import roformer.cpu_kernels
-    from launcher.config.deepspeed_json import resolve_stage_configs
+    from launcher.config.deepspeed_json import DeepSpeedJson, resolve_stage_configs
     from launcher.config.run_config import load_run_config
     from launcher.config.stages import resolve_stages
     from launcher.train.engine import build_engine
@@ -161,7 +161,7 @@ def main(config_path: str, compiled: bool, cpu_kernels: bool) -> None:
     deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
     stages = resolve_stages(cfg, world_size=1)
     stage = next(s for s in stages if s.grad_accum_steps > 1)  # two micro-batches: the boundary and the one before
-    ds_config = resolve_stage_configs(cfg, [stage], 1)[0][0]
+    ds_config = resolve_stage_configs(cfg, [stage], 1, DeepSpeedJson.of(cfg))[0][0]
     answer_not_muon(str(ds_config.get("optimizer", {}).get("type", "")))
     engine = build_engine(cfg, ds_config, rank=0)
     layers_compiled = all(layer._compiled_call_impl is not None for layer in engine.module.roformer.layers)

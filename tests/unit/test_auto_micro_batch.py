@@ -11,6 +11,7 @@ from launcher.config.run_config import load_run_config
 from launcher.config.schedule import AUTO_MICRO, load_schedule
 from launcher.config.stages import AUTO_MICRO_HEADROOM, MicroBatchTarget, format_plan, resolve_stages
 from launcher.pricing.estimate import largest_fitting_micro_batch, setup_from_configs
+from launcher.config.deepspeed_json import DeepSpeedJson
 from launcher.pricing.micro_target import micro_batch_target
 from tests.support.cpu_precision import pin_cpu_accelerator
 from tests.support.helpers import run_config_dict, write_schedule, write_yaml
@@ -47,7 +48,7 @@ def test_auto_picks_the_formulas_largest_divisor_on_a_declared_device(tmp_path, 
                "micro_batch_size": 4}]
     cfg = _cfg(tmp_path, stages, device=device, ds_config=ds_config)
     assert AUTO_MICRO_HEADROOM == 0.85
-    target = micro_batch_target(cfg, WORLD)
+    target = micro_batch_target(cfg, WORLD, DeepSpeedJson.of(cfg))
     assert target.device_bytes == cfg.hardware.memory_bytes and "(hardware.device)" in target.label
     short, long, fixed = resolve_stages(cfg, WORLD, target)
     for resolved, per_rank in ((short, 3000), (long, 960)):
@@ -70,8 +71,8 @@ def test_auto_picks_the_formulas_largest_divisor_on_a_declared_device(tmp_path, 
 def test_a_larger_device_fits_more(tmp_path):
     stages = [{"name": "long", "max_seq_len": 512, "global_batch_size": WORLD * 1024, "steps": 2,
                "micro_batch_size": "auto"}]
-    small = resolve_stages(cfg := _cfg(tmp_path, stages, "V100-16GB"), WORLD, micro_batch_target(cfg, WORLD))[0]
-    large = resolve_stages(cfg := _cfg(tmp_path, stages, "V100-32GB"), WORLD, micro_batch_target(cfg, WORLD))[0]
+    small = resolve_stages(cfg := _cfg(tmp_path, stages, "V100-16GB"), WORLD, micro_batch_target(cfg, WORLD, DeepSpeedJson.of(cfg)))[0]
+    large = resolve_stages(cfg := _cfg(tmp_path, stages, "V100-32GB"), WORLD, micro_batch_target(cfg, WORLD, DeepSpeedJson.of(cfg)))[0]
     assert large.micro_batch_size > small.micro_batch_size
 
 
@@ -81,7 +82,7 @@ def test_nothing_fits_is_refused_in_one_line_naming_the_stage(tmp_path):
     stages = [{"name": "long", "max_seq_len": 512, "global_batch_size": WORLD, "steps": 2, "micro_batch_size": "auto"}]
     cfg = _cfg(tmp_path, stages, "V100-16GB", model=huge)
     with pytest.raises(UserError) as err:
-        resolve_stages(cfg, WORLD, micro_batch_target(cfg, WORLD))
+        resolve_stages(cfg, WORLD, micro_batch_target(cfg, WORLD, DeepSpeedJson.of(cfg)))
     message = str(err.value)
     assert "\n" not in message
     assert "sched.yaml: stage 1 (long): micro_batch_size auto: not even one sequence of max_seq_len 512 fits 85% of " \
@@ -91,7 +92,7 @@ def test_nothing_fits_is_refused_in_one_line_naming_the_stage(tmp_path):
 def test_a_cpu_target_falls_back_to_the_token_budget_and_says_so(tmp_path):
     stages = [{"name": "s", "max_seq_len": 32, "global_batch_size": 16, "steps": 2, "micro_batch_size": "auto"}]
     cfg = _cfg(tmp_path, stages, device="", ds_config="cpu_fp32_zero2.json", model={}, max_tokens_per_micro_batch=128)
-    target = micro_batch_target(cfg, 2)  # this machine: DeepSpeed's CPU accelerator here
+    target = micro_batch_target(cfg, 2, DeepSpeedJson.of(cfg))  # this machine: DeepSpeed's CPU accelerator here
     assert target == MicroBatchTarget("this machine: cpu") and target.plan is None
     resolved = resolve_stages(cfg, 2, target)[0]
     assert resolved.micro_batch_size == 4  # 4 x 32 = 128 tokens, a divisor of 8 per rank
@@ -109,8 +110,8 @@ def test_auto_without_a_target_is_a_programming_error(tmp_path):
     cfg = _cfg(tmp_path, stages, device="", ds_config="cpu_fp32_zero2.json", model={})
     with pytest.raises(ValueError, match="pass micro_target"):
         resolve_stages(cfg, 2)
-    assert micro_batch_target(_cfg(tmp_path, [{**stages[0], "micro_batch_size": 2}], device="", model={},
-                                   ds_config="cpu_fp32_zero2.json"), 2) is None  # nothing read without auto
+    fixed = _cfg(tmp_path, [{**stages[0], "micro_batch_size": 2}], device="", model={}, ds_config="cpu_fp32_zero2.json")
+    assert micro_batch_target(fixed, 2, DeepSpeedJson.of(fixed)) is None  # no target without auto
 
 
 def test_auto_parses_and_a_bad_string_names_file_and_stage(tmp_path):
@@ -135,7 +136,7 @@ def test_plan_prints_the_choice(tmp_path, capsys, monkeypatch):
     cfg = _cfg(tmp_path, stages)
     assert cli_main(["plan", "--config", str(cfg.source), "--world-size", str(WORLD)]) == 0
     out = capsys.readouterr().out
-    chosen = resolve_stages(cfg, WORLD, micro_batch_target(cfg, WORLD))[0]
+    chosen = resolve_stages(cfg, WORLD, micro_batch_target(cfg, WORLD, DeepSpeedJson.of(cfg)))[0]
     assert f"stage 'long': micro {chosen.micro_batch_size} (auto: largest fitting 85% of 16 GiB V100 " \
            f"(hardware.device): " in out
     assert f"{chosen.micro_batch_size} x 512" in out  # the memory table prices the chosen micro-batch

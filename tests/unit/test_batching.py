@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.config.deepspeed_json import resolve_ds_config
+from launcher.config.deepspeed_json import DeepSpeedJson, resolve_ds_config
 from launcher.config.run_config import load_run_config
 from launcher.config.stages import resolve_stages
 from launcher.common.errors import UserError
@@ -73,7 +73,7 @@ def test_resolved_ds_config_carries_the_stage_arithmetic(tmp_path):
                   deepspeed={"config": str(REPO / "ds_configs/v100_fp16_zero2.json"),
                              "overrides": {"fp16": {"initial_scale_power": 8}}})
     stage = resolve_stages(cfg, 3)[0]
-    ds = resolve_ds_config(cfg, stage, 3, load_universal=True)
+    ds = resolve_ds_config(cfg, stage, 3, DeepSpeedJson.of(cfg), load_universal=True)
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == \
         (12, 4, 1)
     assert ds["fp16"]["initial_scale_power"] == 8 and ds["fp16"]["enabled"] is True
@@ -95,5 +95,5 @@ def test_bad_deepspeed_json(tmp_path, content, message):
     cfg = _config(tmp_path, [{"max_seq_len": 8, "global_batch_size": 4, "steps": 1}],
                   deepspeed={"config": str(tmp_path / "ds.json")})
     with pytest.raises(UserError) as info:
-        resolve_ds_config(cfg, resolve_stages(cfg, 1)[0], 1)
+        resolve_ds_config(cfg, resolve_stages(cfg, 1)[0], 1, DeepSpeedJson.of(cfg))
     assert message in str(info.value)

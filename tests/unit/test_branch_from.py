@@ -199,13 +199,14 @@ def test_rank_zero_verifies_the_branch_point_and_refuses_a_damaged_one(source, t
     tests/multirank/test_branch.py); a damaged source checkpoint is refused naming the file, and nothing
     is written in either run directory."""
     from launcher.checkpoint import resume
+    from launcher.config.deepspeed_json import DeepSpeedJson
     from launcher.inputs.run_checks import check_run, open_streams
 
     cfg = load_run_config(stored_run_resume_config(source), [f"branch_from={source}"])
     stages = resolve_stages(cfg, 2)
     new = RunDir(tmp_path / "new")
     new.root.mkdir()
-    checked = check_run(cfg, stages, 2, run_dir=new.root)
+    checked = check_run(cfg, stages, 2, ds_json=DeepSpeedJson.of(cfg), run_dir=new.root)
     assert checked.branch.tag == TAG and not checked.branch.entry.verified
     (source / "checkpoints" / TAG / "mp_rank_00_model_states.pt").unlink()  # the stored run's format-1 sidecar:
     before = {p: p.read_bytes() for p in source.rglob("*") if p.is_file()}  # every rank's files must be there

@@ -32,10 +32,11 @@ def test_a_ctrl_c_inside_an_exec_of_a_string_does_not_mark_the_interpreter_as_ki
 CTRL_C_DURING_TORCHS_IMPORT = """
 import os, signal
 from launcher import cli
+from launcher.common.stop_mask import stops_held
 
 signal.signal(signal.SIGINT, cli._on_stop_signal)
 try:
-    with cli.stops_held():
+    with stops_held():
         os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C in the first second of `roformer pretrain`
         import torch  # its C++ calls Python here: a KeyboardInterrupt raised inside such a call aborted
         print("imported", torch.nn.Linear.__name__, flush=True)

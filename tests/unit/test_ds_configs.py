@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.config.deepspeed_json import (
+    DeepSpeedJson,
     deepspeed_top_level_keys,
     load_ds_json,
     resolve_ds_config,
@@ -45,10 +46,11 @@ def parsed(tmp_path_factory):
                                               schedule_file=REPO / "launcher/schedules/table4_v100.yaml",
                                               schedule={"max_tokens_per_micro_batch": 8192}))
             cfg = load_run_config(path)
+            ds_json = DeepSpeedJson.of(cfg)
             for world in WORLD_SIZES:
                 for stage in resolve_stages(cfg, world)[:2]:  # two stages: a batch/length change
                     key = f"{name}|{world}|{stage.index}"
-                    config = resolve_ds_config(cfg, stage, world, load_universal=world == 2)
+                    config = resolve_ds_config(cfg, stage, world, ds_json, load_universal=world == 2)
                     cases[key] = (config, world)
                     try:
                         c = DeepSpeedConfig(config, mpu=DataParallelOnly(world))

@@ -87,7 +87,7 @@ def test_plan_and_report_see_bf16_in_a_bfloat16_config(stored_run, copy_of, tmp_
     """The same config through two readers that each had their own expression before (the resume's
     reading, on a real run: tests/multirank/test_resume_shapes.py)."""
     from launcher.cli import main as cli_main
-    from launcher.config.deepspeed_json import resolve_ds_config
+    from launcher.config.deepspeed_json import DeepSpeedJson, resolve_ds_config
     from launcher.config.run_config import load_run_config
     from launcher.config.stages import resolve_stages
     from launcher.report.curves import records_in_effect
@@ -119,7 +119,7 @@ def test_plan_and_report_see_bf16_in_a_bfloat16_config(stored_run, copy_of, tmp_
 
     # report: a run whose recorded DeepSpeed config is that one (its checkpoints' sidecars say fp32)
     cfg = load_run_config(config_path)
-    recorded = resolve_ds_config(cfg, resolve_stages(cfg, 2)[0], 2)
+    recorded = resolve_ds_config(cfg, resolve_stages(cfg, 2)[0], 2, DeepSpeedJson.of(cfg))
     assert "bfloat16" in recorded and "bf16" not in recorded
     records_in_effect(RunDir(run))["ds_config"].write_text(json.dumps(recorded))
     assert cli_main(["report", str(run), "--out", str(tmp_path / "report")]) == 0
