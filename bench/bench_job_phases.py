@@ -13,8 +13,12 @@ tiny corpus made here) is launched as the real command, once per round for each 
   ranks_exit    the last rank process is gone
   launcher_exit DeepSpeed's per-node launcher is gone
   exit          the command returned
-Medians per code in `summary`; every run in `runs`; the load average before each run. Writes
-bench/results/job_phases.json. The suite's multi-rank tests start ~150 such jobs (most through the launcher
+and the CPU seconds (user + system) each kind of process spent: `cpu_command` (`roformer pretrain` itself),
+`cpu_launcher` (DeepSpeed's per-node launcher), `cpu_wrappers` (launcher/launch/rank_process.py, one per rank),
+`cpu_ranks` (all ranks), as last seen by the watcher, and `cpu_total`, the whole tree's exact figure
+(getrusage of the reaped children). On a machine the suite keeps busy (2 cores: CI), CPU seconds, not wall
+time, are what a job costs the suite. Medians per code in `summary`; every run in `runs`; the load average
+before each run. Writes bench/results/job_phases.json. The suite's multi-rank tests start ~150 such jobs (most through the launcher
 directly, tests/support/helpers.launch_command), so a second per job is minutes of CI.
 """
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -40,6 +45,19 @@ sys.path.insert(0, str(REPO))
 from tests.support.helpers import free_port, roformer_env, tiny_run_config  # noqa: E402
 
 MARKS = ("launch", "ranks_start", "first_step", "finished", "ranks_exit", "launcher_exit", "exit")
+CPU_KINDS = ("command", "launcher", "wrappers", "ranks")
+FIGURES = MARKS + tuple(f"cpu_{kind}" for kind in CPU_KINDS) + ("cpu_total",)
+
+
+MODULE_KINDS = {"launcher.launch.deepspeed_processes": "launcher", "launcher.launch.rank_process": "wrappers",
+                "launcher.train.rank_entry": "ranks"}
+
+
+def process_kind(argv: list[str]) -> str | None:
+    """Which part of a job a process of its tree is (CPU_KINDS, by the module it runs: `python -u -m MODULE ...`),
+    None for anything else."""
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    return MODULE_KINDS.get(module)
 
 
 def checkout(revision: str, workdir: Path) -> Path:
@@ -54,6 +72,7 @@ def checkout(revision: str, workdir: Path) -> Path:
 def timed_job(code_dir: Path, config: Path, run_dir: Path) -> dict:
     """One `roformer pretrain` of `config` run from `code_dir`: seconds from its start to each of MARKS."""
     env = {**roformer_env(), "PYTHONPATH": str(code_dir)}
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "launcher", "pretrain", "--num_gpus", "2", "--master_port",
                              str(free_port()), "--config", str(config), "--run-dir", str(run_dir), "--report-to",
@@ -61,12 +80,16 @@ def timed_job(code_dir: Path, config: Path, run_dir: Path) -> dict:
                             text=True)
     marks: dict[str, float] = {}
     lifetimes: dict[int, list] = {}  # pid -> [first seen, gone, kind]
+    cpu_seen: dict[int, tuple[str, float]] = {}  # pid -> (kind, CPU seconds when last seen)
 
     def watch() -> None:
         while proc.poll() is None:
             now = time.monotonic() - start
             try:
-                children = psutil.Process(proc.pid).children(recursive=True)
+                command = psutil.Process(proc.pid)
+                children = command.children(recursive=True)
+                times = command.cpu_times()
+                cpu_seen[proc.pid] = ("command", times.user + times.system)
             except psutil.NoSuchProcess:
                 return
             alive = set()
@@ -74,12 +97,14 @@ def timed_job(code_dir: Path, config: Path, run_dir: Path) -> dict:
                 try:
                     if child.status() == psutil.STATUS_ZOMBIE:
                         continue
-                    cmdline = " ".join(child.cmdline())
+                    argv = child.cmdline()
+                    times = child.cpu_times()
                 except psutil.NoSuchProcess:
                     continue
-                kind = ("rank" if "launcher.train.rank_entry" in cmdline and "rank_process" not in cmdline else
-                        "launcher" if "deepspeed_processes launch" in cmdline else None)
+                kind = process_kind(argv)
                 if kind:
+                    cpu_seen[child.pid] = (kind, times.user + times.system)
+                if kind in ("ranks", "launcher"):
                     alive.add(child.pid)
                     lifetimes.setdefault(child.pid, [now, None, kind])
             for pid, record in lifetimes.items():
@@ -99,15 +124,20 @@ def timed_job(code_dir: Path, config: Path, run_dir: Path) -> dict:
             marks.setdefault("finished", now)
     proc.wait()
     marks["exit"] = time.monotonic() - start
+    children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     watcher.join()
     if proc.returncode != 0:
         raise RuntimeError(f"the job failed (exit code {proc.returncode}): {run_dir}")
-    ranks = [v for v in lifetimes.values() if v[2] == "rank"]
+    ranks = [v for v in lifetimes.values() if v[2] == "ranks"]
     launchers = [v for v in lifetimes.values() if v[2] == "launcher"]
     marks["ranks_start"] = max(v[0] for v in ranks)
     marks["ranks_exit"] = max(v[1] or marks["exit"] for v in ranks)
     marks["launcher_exit"] = max(v[1] or marks["exit"] for v in launchers)
-    return {mark: round(marks[mark], 3) for mark in MARKS}
+    for kind in CPU_KINDS:
+        marks[f"cpu_{kind}"] = sum(cpu for seen_kind, cpu in cpu_seen.values() if seen_kind == kind)
+    marks["cpu_total"] = sum(getattr(children_after, field) - getattr(children_before, field)
+                             for field in ("ru_utime", "ru_stime"))
+    return {figure: round(marks[figure], 3) for figure in FIGURES}
 
 
 def main() -> None:
@@ -133,7 +163,7 @@ def main() -> None:
                 marks = timed_job(code_dir, config, workdir / f"run-{code}-{round_index}")
                 runs.append({"code": code, "round": round_index, "load_avg_1m": round(load, 2), **marks})
                 print(json.dumps(runs[-1]), flush=True)
-    summary = {code: {mark: statistics.median(r[mark] for r in runs if r["code"] == code) for mark in MARKS}
+    summary = {code: {figure: statistics.median(r[figure] for r in runs if r["code"] == code) for figure in FIGURES}
                for code in codes}
     for figures in summary.values():
         figures["after_finished"] = round(figures["exit"] - figures["finished"], 3)
