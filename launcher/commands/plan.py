@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 from launcher.common.errors import UserError
 from launcher.flag_types import positive_float
 from launcher.launch.hostfile import read_hostfile
-from launcher.config.precision import train_precision
 from launcher.stage_evals.specs import check_eval_specs
 
 if TYPE_CHECKING:  # the estimator imports torch (through roformer): not at `roformer plan --help`
@@ -115,7 +114,7 @@ def plan(args: argparse.Namespace) -> int:
     for note in plan_checks(cfg, init, stages, args.world_size, ds_json):
         print(f"roformer plan: note: {note}", file=sys.stderr)
     ds_config = resolve_ds_config(cfg, stages[0], args.world_size, ds_json)
-    estimates = plan_estimates(args, cfg, ds_config, stages)
+    estimates = plan_estimates(args, cfg, ds_config, ds_json.precision, stages)
     sources = plan_sources(cfg, stages)
     if args.json:
         print(json.dumps({"world_size": args.world_size, "stages": [s.to_dict() for s in stages],
@@ -129,7 +128,7 @@ def plan(args: argparse.Namespace) -> int:
     print(estimates.table() if isinstance(estimates, PlanEstimates) else f"memory and time: not estimated: {estimates}")
     print(f"deepspeed config: {cfg.deepspeed.config} (ZeRO stage "
           f"{ds_config.get('zero_optimization', {}).get('stage', 0)}, "
-          f"{train_precision(ds_config)})")
+          f"{ds_json.precision})")
     return 0
 
 
@@ -200,15 +199,15 @@ def plan_sources(cfg, stages):
     return source_plan(stages, manifest_sources(read_manifest(data_dir)))
 
 
-def plan_estimates(args: argparse.Namespace, cfg, ds_config: dict, stages) -> PlanEstimates | str:
+def plan_estimates(args: argparse.Namespace, cfg, ds_config: dict, precision: str, stages) -> PlanEstimates | str:
     """The estimates of every stage on the flags' device, else the run config's target (hardware.device),
-    else this machine's (launcher/pricing/target.py); a note (str) when there is nothing to price on."""
+    else this machine's (launcher/pricing/target.py), for `precision` (the DeepSpeed JSON's, as read once:
+    DeepSpeedJson); a note (str) when there is nothing to price on."""
     from launcher.pricing.estimate import estimate_stages, setup_from_configs
     from launcher.pricing.target import NoTarget, resolve_target
 
     if not 0 < args.mfu <= 1:
         raise UserError(f"--mfu: must be in (0, 1], got {args.mfu}")
-    precision = train_precision(ds_config, cfg.deepspeed.config)
     target = resolve_target(cfg, precision, device_name=args.device_name, device_memory=args.device_memory,
                             peak_tflops=args.peak_tflops)
     if isinstance(target, NoTarget):

@@ -109,12 +109,9 @@ def dry_run_estimate(cfg, stages, world_size: int, ds_json, mfu: float = 0.4) ->
     RunConfig and DeepSpeed JSON."""
     from launcher.config.deepspeed_json import resolve_ds_config
     from launcher.pricing.estimate import estimate_stages, format_estimates, setup_from_configs
-    from launcher.config.precision import train_precision
 
     ds_config = resolve_ds_config(cfg, stages[0], world_size, ds_json)
-
-    precision = train_precision(ds_config, cfg.deepspeed.config)
-    target = resolve_target(cfg, precision)
+    target = resolve_target(cfg, ds_json.precision)
     if isinstance(target, NoTarget):
         return f"memory and time: not estimated: {target.note}"
     setup = setup_from_configs(cfg.model, ds_config, world_size, cfg.schedule.activation_checkpointing,
