@@ -20,6 +20,7 @@ _EXPORTS = {
     "mask_tokens": "data_pipeline.masking",
     "Corpus": "data_pipeline.shards",
     "open_corpus": "data_pipeline.shards",
+    "open_corpora": "data_pipeline.shards",
     "read_manifest": "data_pipeline.manifest",
     "SpecialIds": "data_pipeline.special_ids",
     "copy_hf_tokenizer_files": "data_pipeline.tokenizer",

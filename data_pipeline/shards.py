@@ -216,14 +216,23 @@ def open_corpus(data_dir: Path | str, split: str = "train", verify: bool = True,
     `remote_options` a RemoteOptions): manifest, tokenizer and .idx files now, each shard's tokens when
     first read, every object checked against the manifest's sha256 whatever `verify` says.
     """
+    (corpus,) = open_corpora(data_dir, (split,), verify, expected_tokenizer_sha256, remote_options)
+    return corpus
+
+
+def open_corpora(data_dir: Path | str, splits: tuple[str, ...] = ("train", "valid"), verify: bool = True,
+                 expected_tokenizer_sha256: str | None = None, remote_options=None) -> tuple[Corpus, ...]:
+    """Several splits of one prepared directory (open_corpus's checks), its manifest read and its tokenizer
+    hashed once for all of them: a rank opens train and valid at every start."""
     location, remote = str(data_dir), None
     if is_remote(data_dir):
         remote = open_remote(data_dir, remote_options)
         data_dir, location = remote.root, str(remote.location)
     data_dir = Path(data_dir)
     manifest = read_manifest(data_dir)
-    if split not in manifest["splits"]:
-        raise DataError(f"{data_dir / MANIFEST}: no split {split!r} (has {sorted(manifest['splits'])})")
+    for split in splits:
+        if split not in manifest["splits"]:
+            raise DataError(f"{data_dir / MANIFEST}: no split {split!r} (has {sorted(manifest['splits'])})")
     tok = manifest["tokenizer"]
     model_path = resolve_model_path(data_dir / "tokenizer")
     actual = tokenizer_hash(model_path)
@@ -235,6 +244,11 @@ def open_corpus(data_dir: Path | str, split: str = "train", verify: bool = True,
                         f"the run uses {expected_tokenizer_sha256[:12]}")
     SpecialIds.from_manifest(manifest, str(data_dir / MANIFEST)).check_vocabulary(
         tok["vocab_size"], str(data_dir / MANIFEST))
+    return tuple(_open_split(data_dir, split, manifest, remote, location, verify) for split in splits)
+
+
+def _open_split(data_dir: Path, split: str, manifest: dict, remote, location: str, verify: bool) -> Corpus:
+    """One split of a directory whose manifest and tokenizer open_corpora checked."""
     dtype = np.dtype(manifest["dtype"])
     shards = []
     for entry in manifest["splits"][split]["shards"]:
@@ -250,6 +264,7 @@ def open_corpus(data_dir: Path | str, split: str = "train", verify: bool = True,
                             f"pretraining validates on it: prepare the data again with --valid-fraction > 0 "
                             f"(default 0.01)")
         raise DataError(f"{data_dir / split}: split {split!r} has no shards (corpus too small for it?)")
+    tok = manifest["tokenizer"]
     return Corpus(data_dir, split, shards, tok["vocab_size"], tok["sha256"], manifest, location)
 
 

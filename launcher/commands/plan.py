@@ -111,11 +111,12 @@ def plan(args: argparse.Namespace) -> int:
             raise
         raise UserError(f"without {args.exclude_nodes}: world size {args.world_size} does not fit the schedule "
                         f"(a restart with --exclude-failed-nodes would be refused): {err}") from None
-    for note in plan_checks(cfg, init, stages, args.world_size, ds_json):
+    notes, manifest = plan_checks(cfg, init, stages, args.world_size, ds_json)
+    for note in notes:
         print(f"roformer plan: note: {note}", file=sys.stderr)
     ds_config = resolve_ds_config(cfg, stages[0], args.world_size, ds_json)
     estimates = plan_estimates(args, cfg, ds_config, ds_json.precision, stages)
-    sources = plan_sources(cfg, stages)
+    sources = plan_sources(stages, manifest)
     if args.json:
         print(json.dumps({"world_size": args.world_size, "stages": [s.to_dict() for s in stages],
                           "deepspeed": ds_config, "data_sources": sources.to_dict() if sources else None,
@@ -164,10 +165,11 @@ class PlanEstimates:
                 "stages": [stage.to_dict() for stage in self.stages]}
 
 
-def plan_checks(cfg, init, stages, world_size: int, ds_json) -> list[str]:
+def plan_checks(cfg, init, stages, world_size: int, ds_json) -> tuple[list[str], dict | None]:
     """The ranks' own start-up checks (launcher/inputs/run_checks.py; DS_ACCELERATOR set here is what
-    the ranks get: forwarded), as notes. Sizing a cluster comes before preparing its corpus: without
-    data.data_dir the model, schedule and DeepSpeed configs are checked and a note says the data was not."""
+    the ranks get: forwarded): (their notes, the data's manifest as they read it). Sizing a cluster comes before
+    preparing its corpus: without data.data_dir the model, schedule and DeepSpeed configs are checked, a note
+    says the data was not, and there is no manifest."""
     from pathlib import Path
 
     from launcher.inputs.run_checks import check_deepspeed_configs, check_run
@@ -176,27 +178,19 @@ def plan_checks(cfg, init, stages, world_size: int, ds_json) -> list[str]:
     if not cfg.data.is_remote and not Path(cfg.data.data_dir).is_dir():
         return [*check_deepspeed_configs(cfg, stages, world_size, ds_json, here)[3],
                 f"data.data_dir {cfg.data.data_dir} does not exist (yet): the data was not checked (its tokenizer "
-                f"against model.vocab_size, one global batch per stage); roformer pretrain checks it before starting"]
-    return check_run(cfg, stages, world_size, init=init, accelerator_is_the_ranks=here, ds_json=ds_json).notes
+                f"against model.vocab_size, one global batch per stage); roformer pretrain checks it before starting"
+                ], None
+    findings = check_run(cfg, stages, world_size, init=init, accelerator_is_the_ranks=here, ds_json=ds_json)
+    return findings.notes, findings.manifest
 
 
-def plan_sources(cfg, stages):
-    """Tokens per stage and source and the passes over each source (launcher/config/source_plan.py);
-    None when the data is not there yet (plan_checks said so)."""
-    from pathlib import Path
-
-    from data_pipeline import read_manifest
+def plan_sources(stages, manifest: dict | None):
+    """Tokens per stage and source and the passes over each source (launcher/config/source_plan.py), from the
+    manifest the checks read; None when the data is not there yet (plan_checks said so)."""
     from data_pipeline.manifest import manifest_sources
     from launcher.config.source_plan import source_plan
 
-    data_dir = Path(cfg.data.data_dir)
-    if cfg.data.is_remote:  # opened (manifest in the cache) by plan_checks before
-        from data_pipeline.remote.dataset import open_remote
-
-        data_dir = open_remote(cfg.data.data_dir, cfg.data.remote_options()).root
-    if not (data_dir / "manifest.json").is_file():
-        return None
-    return source_plan(stages, manifest_sources(read_manifest(data_dir)))
+    return None if manifest is None else source_plan(stages, manifest_sources(manifest))
 
 
 def plan_estimates(args: argparse.Namespace, cfg, ds_config: dict, precision: str, stages) -> PlanEstimates | str:

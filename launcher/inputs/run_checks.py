@@ -6,7 +6,7 @@ opens its own (open_streams, from launcher/train/rank.py) and hands it to check_
   1. the DeepSpeed config of every stage, parsed by DeepSpeed's own `DeepSpeedConfig` (its pydantic
      models reject e.g. `zero_optimization.stage: 7`), and its precision against the accelerator
      (`get_accelerator().is_fp16_supported()` / `is_bf16_supported()`);
-  2. the prepared data: manifest, both splits and the tokenizer (`data_pipeline.open_corpus`);
+  2. the prepared data: manifest, both splits and the tokenizer, each read once (`data_pipeline.open_corpora`);
      `model.vocab_size` must equal the tokenizer's vocabulary, `model.pad_token_id` its pad id (manifest);
   3. one epoch of the train split holds at least one global batch of every stage;
   4. every stage's `mixture` names sources of the prepared data (and only ones with train documents);
@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_pipeline import DataError, PretrainBatches, open_corpus
+from data_pipeline import DataError, PretrainBatches, open_corpora
 from launcher.checkpoint.resume import BranchPoint, check_branch, find_branch_point
 from launcher.config.deepspeed_json import DeepSpeedJson, resolve_stage_configs
 from launcher.config.run_config import RunConfig
@@ -82,6 +82,8 @@ class Findings:
     its files at start-up (launcher/checkpoint/resume.py)."""
     setup: RunSetup | None = None
     """What check_run resolved (the ranks resolve the same: launcher/train/rank.py check_inputs)."""
+    manifest: dict | None = None
+    """The prepared data's manifest.json as check_run read it (`roformer plan`'s tokens per source)."""
 
 
 def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, ds_json: DeepSpeedJson,
@@ -105,7 +107,7 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, d
     findings = check_data(setup, train, run_dir)
     notes += [line] if (line := cache_line(cfg, train.corpus, valid.corpus)) else []
     findings.notes[:0] = notes
-    findings.setup = setup
+    findings.setup, findings.manifest = setup, train.corpus.manifest
     return findings
 
 
@@ -237,8 +239,7 @@ def open_data(cfg: RunConfig, verify: bool):
         raise UserError(f"{cfg.source}: data.data_dir: {data_dir} is not a directory "
                         f"(make it with `roformer data prepare --out {data_dir}`)")
     options = cfg.data.remote_options() if cfg.data.is_remote else None
-    train, valid = (open_corpus(data_dir, split=split, verify=verify, remote_options=options)
-                    for split in ("train", "valid"))
+    train, valid = open_corpora(data_dir, ("train", "valid"), verify=verify, remote_options=options)
     check_vocab_size(cfg, train)
     check_pad_id(cfg, train)
     check_cache_limit(cfg, train, valid)

@@ -6,12 +6,15 @@ where the run started, `data prepare --tokenizer` with a plain transformers toke
 transformers / tokenizers (tests/support/hf_dirs.py), not by this project."""
 from __future__ import annotations
 
+import collections
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -31,7 +34,7 @@ from launcher.train.engine import build_model
 from launcher.train.init_weights import InitialWeights
 from roformer.hf_interop import to_hf_state_dict
 from tests.support.corpus_files import english_paragraphs, write_jsonl
-from tests.support.helpers import init_from_config, run_config_dict, write_schedule, write_yaml
+from tests.support.helpers import REPO, init_from_config, run_config_dict, write_schedule, write_yaml
 from tests.support.hf_dirs import SPECIALS, plain_transformers_dir, wordpiece_tokenizer
 
 
@@ -211,26 +214,41 @@ def test_pretrain_refuses_data_of_another_tokenizer(capsys, tmp_path, hf_dir, hf
     assert cli_main(argv) == 0
 
 
-OPENED: dict[str, int] = {}
-"""Watched path -> opens, while a test counts (the audit hook below stays installed for the process)."""
+OPENED: collections.Counter = collections.Counter()
+"""Real path -> opens, while a test counts (`counting_opens`; the audit hook below stays installed for the process)."""
+_COUNTING: list[bool] = []
 
 
 def _count_opens(event: str, args: tuple) -> None:
-    if event == "open" and OPENED and isinstance(args[0], (str, bytes, os.PathLike)):
-        path = os.path.realpath(os.fsdecode(args[0]))
-        if path in OPENED:
-            OPENED[path] += 1
+    if event == "open" and _COUNTING and isinstance(args[0], (str, bytes, os.PathLike)):
+        OPENED[os.path.realpath(os.fsdecode(args[0]))] += 1
 
 
 sys.addaudithook(_count_opens)
+
+
+@contextlib.contextmanager
+def counting_opens(*roots: Path) -> Iterator[dict[str, int]]:
+    """The opens of files under `roots` in the block: real path -> count, filled in when the block ends."""
+    opened: dict[str, int] = {}
+    OPENED.clear()
+    _COUNTING.append(True)
+    try:
+        yield opened
+    finally:
+        _COUNTING.clear()
+        prefixes = tuple(os.path.realpath(root) + os.sep for root in roots)
+        opened.update((path, n) for path, n in OPENED.items() if path.startswith(prefixes))
+        OPENED.clear()
 
 
 @pytest.mark.parametrize("micro_batch", [None, "auto"], ids=["micro-batch from max_tokens", "micro-batch auto"])
 def test_a_ranks_start_up_reads_the_init_directory_and_the_deepspeed_json_once(tmp_path, hf_dir, hf_data, monkeypatch,
                                                                               micro_batch):
     """A rank's step 1 (check_inputs: the run config with DIR, the stages' DeepSpeed configs, the data and the
-    tokenizer check), rank 0's resume decision and the initial weights read DIR's config.json and the DeepSpeed
-    JSON once each (the sys.addaudithook 'open' events): the later steps take what step 1 resolved (RankSetup).
+    tokenizer check), rank 0's resume decision and the initial weights open every input file at most once (the
+    sys.addaudithook 'open' events): DIR's config.json and the DeepSpeed JSON once each, the data's manifest and
+    tokenizer once for both splits; the later steps take what step 1 resolved (RankSetup).
     With `micro_batch_size: auto` on a declared device its memory plan reads no JSON of its own. `roformer plan`
     and --dry-run (check_run) resolve the same configs and shape."""
     from launcher.checkpoint import resume
@@ -250,15 +268,13 @@ def test_a_ranks_start_up_reads_the_init_directory_and_the_deepspeed_json_once(t
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     watched = [os.path.realpath(hf_dir / "config.json"), os.path.realpath(ds_json)]
-    OPENED.update(dict.fromkeys(watched, 0))
-    try:
+    with counting_opens(tmp_path, hf_dir, hf_data, REPO / "ds_configs", REPO / "launcher" / "schedules") as opened:
         setup = check_inputs(["--config", str(config), "--run-dir", str(tmp_path / "run")])
         plan = resume.decide(setup.run_dir, setup.run, setup.train_batches, setup.branch_point)
         initial = InitialWeights.read(setup.run.init, setup.cfg.model)
-        counts = dict(OPENED)
-    finally:
-        OPENED.clear()
-    assert counts == dict.fromkeys(watched, 1)
+    assert [opened.get(path) for path in watched] == [1, 1]
+    assert {path: n for path, n in opened.items() if n > 1} == {}, opened
+    assert os.path.realpath(hf_data / "manifest.json") in opened  # the data was read (here, once)
     assert plan.init_from == hf_dir and plan.ds_config == setup.run.ds_config(0) and initial.new_head is False
     assert initial.record()["tokenizer_sha256"] == setup.train_batches.corpus.tokenizer_sha256
     if micro_batch == "auto":
@@ -275,22 +291,20 @@ def test_a_ranks_start_up_reads_the_init_directory_and_the_deepspeed_json_once(t
 def test_the_launching_side_reads_the_init_directory_and_the_deepspeed_json_once(tmp_path, hf_dir, hf_data, capsys,
                                                                                  command):
     """`roformer plan` and `pretrain --dry-run` (the launch plan, every start-up check of the ranks, the memory and
-    time estimate) with `micro_batch_size: auto`: DIR's config.json and the DeepSpeed JSON are each opened once;
-    the stages, checks and estimate take the DeepSpeedJson the load read (LaunchPlan.ds_json)."""
+    time estimate) with `micro_batch_size: auto`: every input file is opened at most once, DIR's config.json and
+    the DeepSpeed JSON once each; the stages, checks and estimate take the DeepSpeedJson the load read
+    (LaunchPlan.ds_json), `roformer plan`'s tokens per source the manifest the checks read."""
     schedule = write_schedule(tmp_path / "schedule.yaml", [
         {"name": "one", "max_seq_len": 32, "global_batch_size": 4, "steps": 2, "micro_batch_size": "auto"}])
     config = init_from_config(tmp_path, hf_dir, data_dir=hf_data, schedule_file=schedule,
                               hardware={"device": "V100-16GB"})
     ds_json = yaml.safe_load(config.read_text())["deepspeed"]["config"]
     watched = [os.path.realpath(hf_dir / "config.json"), os.path.realpath(ds_json)]
-    OPENED.update(dict.fromkeys(watched, 0))
-    try:
+    with counting_opens(tmp_path, hf_dir, hf_data, REPO / "ds_configs") as opened:
         code = cli_main([command[0], "--config", str(config), *command[1:],
                          *(["--run-dir", str(tmp_path / "run")] if command[0] == "pretrain" else [])])
-        counts = dict(OPENED)
-    finally:
-        OPENED.clear()
     out = capsys.readouterr().out
     assert code == 0, out
-    assert counts == dict.fromkeys(watched, 1)
+    assert [opened.get(path) for path in watched] == [1, 1]
+    assert {path: n for path, n in opened.items() if n > 1} == {}, opened  # the manifest too (plan's sources)
     assert "V100" in out  # the estimate ran, on the declared device
