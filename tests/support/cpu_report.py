@@ -1,0 +1,51 @@
+"""`pytest --cpu-report DIR`: the CPU seconds (user + system) each test cost, one JSON file per pytest process
+(DIR/cpu-<pid>.json, most expensive first). On the 2-core reference machine the suite is CPU-bound (both lanes
+keep the cores ~90-95% busy), so a test's CPU seconds, not its wall time, are what it costs the suite.
+
+A test's figure is its own process's CPU during its setup, call and teardown plus that of every child process
+that ended and was waited for meanwhile: the jobs it ran, their launchers, wrappers and ranks (each waits for its
+own children, so their CPU reaches the test). A session fixture is counted in the first test that uses it; a
+server a fixture keeps running is counted when it is stopped. Loaded by setup.cfg's addopts."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+import pytest
+
+_records: list[dict] = []
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--cpu-report", metavar="DIR", default=None,
+                     help="write the CPU seconds of every test to DIR/cpu-<pid>.json (tests/support/cpu_report.py)")
+
+
+def cpu_seconds() -> float:
+    """This process's CPU seconds and its waited-for children's, user + system."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not item.config.getoption("cpu_report"):
+        yield
+        return
+    cpu, wall = cpu_seconds(), time.monotonic()
+    yield
+    _records.append({"test": item.nodeid, "cpu_s": round(cpu_seconds() - cpu, 2),
+                     "wall_s": round(time.monotonic() - wall, 2)})
+
+
+def pytest_sessionfinish(session) -> None:
+    directory = session.config.getoption("cpu_report")
+    if not directory:
+        return
+    path = Path(directory) / f"cpu-{os.getpid()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tests = sorted(_records, key=lambda record: -record["cpu_s"])
+    path.write_text(json.dumps({"cpu_s": round(sum(r["cpu_s"] for r in tests), 1), "tests": tests}, indent=1) + "\n")
