@@ -61,7 +61,7 @@ def check_speed(device: torch.device, lengths=(128, 512), iters: int = 10) -> li
 def init_single_rank(device: torch.device) -> None:
     """A process group of this process alone, on `device` (DeepSpeed's engine needs one): NCCL on a GPU, gloo
     on a CPU (the parts' logic tested there)."""
-    import deepspeed
+    from launcher.deepspeed_env.process_group import init_distributed
 
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(key, value)
@@ -70,8 +70,7 @@ def init_single_rank(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
-                                   auto_mpi_discovery=False)
+        init_distributed("nccl" if device.type == "cuda" else "gloo", auto_mpi_discovery=False)
 
 
 def check_memory(device: torch.device, micro_batch: int = 16, seq_len: int = 512, steps: int = 3) -> Check:

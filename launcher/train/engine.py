@@ -1,9 +1,7 @@
-"""The DeepSpeed engine of a rank: the process group it runs in, the engine built from the run config, and what
-what it is and how it stands (shape, loss scale and its floor, seeding) in launcher/engine_facts."""
+"""The DeepSpeed engine of a rank, built from the run config. Its process group:
+launcher/deepspeed_env/process_group.py; what it is and how it stands (shape, loss scale and its floor,
+seeding): launcher/engine_facts."""
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 import deepspeed
 from deepspeed.accelerator import get_accelerator
@@ -64,29 +62,3 @@ def build_engine(cfg: RunConfig, ds_config: dict, rank: int, initial: InitialWei
     answer_not_muon(str(ds_config.get("optimizer", {}).get("type", "")))
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config)
     return engine
-
-
-# DeepSpeed's CPU shared-memory all-reduce (ops/csrc/cpu/comm/shm.cpp, used when every rank is on one
-# node) creates /dev/shm/<prefix>_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank> (~66 MB each) and never
-# removes it: /dev/shm is RAM, and each run would leave world-size such files behind.
-SHM_ALLREDUCE_PREFIX = "deepspeed_allreduce_buffer"
-
-
-def init_distributed() -> None:
-    deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
-    _unlink_shm_allreduce_buffer()
-
-
-def shm_allreduce_buffer(rank: int) -> Path:
-    """Where DeepSpeed's CPU all-reduce keeps rank `rank`'s buffer of this job."""
-    name = f"{SHM_ALLREDUCE_PREFIX}_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_{os.environ.get('MASTER_PORT', '')}"
-    return Path("/dev/shm") / f"{name}_{rank}"
-
-
-def _unlink_shm_allreduce_buffer() -> None:
-    """Remove this rank's buffer NAME once every rank has mapped every peer's buffer (each rank's
-    initialisation opens all peers before it returns; the barrier waits for all of them). The
-    mappings stay valid until the processes exit, and the memory is freed with the last one, even
-    when a rank is killed."""
-    deepspeed.comm.barrier()  # on every rank: whether a buffer exists is not a collective decision
-    shm_allreduce_buffer(deepspeed.comm.get_rank()).unlink(missing_ok=True)

@@ -34,7 +34,8 @@ from launcher.inputs.run_checks import RunSetup, check_data, open_streams, resol
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import write_init_record
-from launcher.train.engine import build_engine, init_distributed
+from launcher.deepspeed_env.process_group import init_distributed
+from launcher.train.engine import build_engine
 from launcher.train.guard_actions import GuardActions
 from launcher.train.heartbeats import HeartbeatWriter
 from launcher.train.init_weights import InitialWeights

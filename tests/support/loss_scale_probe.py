@@ -19,13 +19,13 @@ LR = 1 / 16
 def main(zero_stage: int, steps: int) -> None:
     import deepspeed
     import torch
-    from deepspeed.accelerator import get_accelerator
 
+    from launcher.deepspeed_env.process_group import init_distributed
     from launcher.engine_facts import loss_scale
     from tests.support.fp16_cpu import enable_fp16_on_cpu
 
     enable_fp16_on_cpu()
-    deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
+    init_distributed()
     model = torch.nn.Linear(4, 1, bias=False)
     torch.nn.init.zeros_(model.weight)
     config = {"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,

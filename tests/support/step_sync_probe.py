@@ -140,13 +140,13 @@ def main(config_path: str, compiled: bool, cpu_kernels: bool) -> None:
     from launcher.deepspeed_env.lean_imports import answer_not_muon, import_deepspeed
 
     import_deepspeed()
-    import deepspeed
     from deepspeed.accelerator import get_accelerator
 
     import roformer.cpu_kernels
     from launcher.config.deepspeed_json import DeepSpeedJson, resolve_stage_configs
     from launcher.config.run_config import load_run_config
     from launcher.config.stages import resolve_stages
+    from launcher.deepspeed_env.process_group import init_distributed
     from launcher.train.engine import build_engine
     from launcher.train.read_ahead import ReadAhead
     from launcher.train.trainer import Trainer, TrainParts, TrainState
@@ -158,7 +158,7 @@ def main(config_path: str, compiled: bool, cpu_kernels: bool) -> None:
     accelerator = get_accelerator()
     if compiled:  # inductor on a CPU builds C++ for minutes; aot_eager traces and decomposes the same graph
         accelerator.get_compile_backend = lambda: "aot_eager"
-    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
+    init_distributed()
     stages = resolve_stages(cfg, world_size=1)
     stage = next(s for s in stages if s.grad_accum_steps > 1)  # two micro-batches: the boundary and the one before
     ds_config = resolve_stage_configs(cfg, [stage], 1, DeepSpeedJson.of(cfg))[0][0]

@@ -4,7 +4,7 @@
 
 What one repetition is: two ranks, each the real rank entry (launcher.train.rank_entry.main: its error
 line, its teardown, then its exit: teardown.exit_rank_process) around a `start` that only does what
-ends such a rank: the real rendezvous (engine.init_distributed: DeepSpeed's gloo process group) and
+ends such a rank: the real rendezvous (process_group.init_distributed: DeepSpeed's gloo process group) and
 then, by SCENARIO,
   save   the end of a save that failed on a full disk: rank 1's write fails with ENOSPC, all ranks
          agree on it (Checkpointer._agree: all_gather_object), rank 0 removes the partial checkpoint,
@@ -56,13 +56,13 @@ def failing_start(scenarios: list[str]):
 
         from launcher.common.errors import UserError
         from launcher.checkpoint.checkpointer import write_failure
-        from launcher.train import engine
+        from launcher.deepspeed_env.process_group import init_distributed
         from launcher.checkpoint.checkpointer import CheckpointedRun, Checkpointer
         from launcher.config.run_shape import RunShape
 
         rank = int(os.environ["RANK"])
         with gloo_threads_behind(rank):
-            engine.init_distributed()
+            init_distributed()
         world_size = dist.get_world_size()
         scenario = scenarios[int(inputs.run_dir.root.name.removeprefix("run"))]
         if scenario == "done":  # a rank that ends well while its process group is still referenced, as the
