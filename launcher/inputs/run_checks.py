@@ -63,7 +63,8 @@ class RunSetup:
 
 def resolve_setup(cfg: RunConfig, init: InitSource | None, stages: list[ResolvedStage], world_size: int,
                   ds_json: DeepSpeedJson, accelerator_is_the_ranks: bool = True) -> tuple[RunSetup, list[str]]:
-    """The setup and the notes of check 1: from the DeepSpeed JSON the caller read once (`ds_json`), every stage's config through DeepSpeed's own parser, its precision against the accelerator."""
+    """The setup and the notes of check 1: from the DeepSpeed JSON the caller read once (`ds_json`), every stage's
+    config through DeepSpeed's own parser, its precision against the accelerator."""
     if bool(cfg.init_from) != (init is not None):
         raise ValueError(f"{cfg.source}: init_from and its InitSource come together (init_from.load_config_and_init)")
     configs, shape, source, notes = check_deepspeed_configs(cfg, stages, world_size, ds_json,
