@@ -18,8 +18,8 @@ and the CPU seconds (user + system) each kind of process spent: `cpu_command` (`
 `cpu_ranks` (all ranks), as last seen by the watcher, and `cpu_total`, the whole tree's exact figure
 (getrusage of the reaped children). On a machine the suite keeps busy (2 cores: CI), CPU seconds, not wall
 time, are what a job costs the suite. Medians per code in `summary`; every run in `runs`; the load average
-before each run. Writes bench/results/job_phases.json. The suite's multi-rank tests start ~150 such jobs (most through the launcher
-directly, tests/support/helpers.launch_command), so a second per job is minutes of CI.
+before each run. Writes bench/results/job_phases.json. The suite's multi-rank tests start ~150 such jobs (most
+through the launcher directly, tests/support/helpers.launch_command), so a second per job is minutes of CI.
 """
 from __future__ import annotations
 
