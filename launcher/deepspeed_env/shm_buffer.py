@@ -3,9 +3,10 @@ wrapper, launcher/launch/rank_process.py, imports it without torch).
 
 DeepSpeed's CPU shared-memory all-reduce (ops/csrc/cpu/comm/shm.cpp, used when every rank of the job is on one
 node: LOCAL_SIZE == world size) creates /dev/shm/<prefix>_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank> (~66 MB each)
-at the process group's start and never removes it: /dev/shm is RAM. The rank removes its name once every peer
-has mapped it (launcher/deepspeed_env/process_group.py); a rank that dies before that (killed, or its peer gone
-during the rendezvous) leaves it, and its wrapper removes it when the rank has ended."""
+at the process group's start and never removes it: /dev/shm is RAM. A process that starts the group through
+launcher/deepspeed_env/process_group.py removes its name once every peer has mapped it (two test probes that
+called DeepSpeed directly left 2 per suite run); a rank that dies before that (killed, or its peer gone during
+the rendezvous) leaves it, and its wrapper removes it when the rank has ended."""
 from __future__ import annotations
 
 import os
