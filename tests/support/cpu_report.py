@@ -5,9 +5,13 @@ keep the cores ~90-95% busy), so a test's CPU seconds, not its wall time, are wh
 A test's figure is its own process's CPU during its setup, call and teardown plus that of every child process
 that ended and was waited for meanwhile: the jobs it ran, their launchers, wrappers and ranks (each waits for its
 own children, so their CPU reaches the test). A session fixture is counted in the first test that uses it; a
-server a fixture keeps running is counted when it is stopped. Loaded by setup.cfg's addopts."""
+server a fixture keeps running is counted when it is stopped. Loaded by setup.cfg's addopts.
+
+    python -m tests.support.cpu_report DIR [--top N]   # each file's total, then the N most expensive tests
+"""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -49,3 +53,25 @@ def pytest_sessionfinish(session) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tests = sorted(_records, key=lambda record: -record["cpu_s"])
     path.write_text(json.dumps({"cpu_s": round(sum(r["cpu_s"] for r in tests), 1), "tests": tests}, indent=1) + "\n")
+
+
+def summary(directory: Path, top: int = 15) -> str:
+    """The report files of DIR: each one's total CPU and wall seconds, then the `top` most expensive tests."""
+    lines, tests = [], []
+    for path in sorted(directory.glob("cpu-*.json")):
+        report = json.loads(path.read_text())
+        wall = sum(test["wall_s"] for test in report["tests"])
+        lines.append(f"{path.name}: {report['cpu_s']:,.0f} CPU-s in {len(report['tests'])} tests ({wall:,.0f} s of tests)")
+        tests += report["tests"]
+    lines.append(f"the {top} most expensive tests (CPU-s, wall s):")
+    lines += [f"  {test['cpu_s']:7.1f} {test['wall_s']:7.1f}  {test['test']}"
+              for test in sorted(tests, key=lambda test: -test["cpu_s"])[:top]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="the CPU seconds of a suite run's tests (pytest --cpu-report DIR)")
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    print(summary(args.directory, args.top))

@@ -32,3 +32,7 @@ def test_each_test_is_charged_the_cpu_of_the_processes_it_waited_for(tmp_path):
     tests = {record["test"].split("::")[-1]: record for record in json.loads(written.read_text())["tests"]}
     assert tests["test_spins_a_child_for_half_a_cpu_second"]["cpu_s"] >= 0.5  # the child's, not this process's
     assert tests["test_sleeps"]["wall_s"] >= 0.3 and tests["test_sleeps"]["cpu_s"] < 0.2
+    summary = subprocess.run([sys.executable, "-m", "tests.support.cpu_report", str(report), "--top", "1"], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 0, summary.stderr
+    assert summary.stdout.splitlines()[-1].endswith("::test_spins_a_child_for_half_a_cpu_second")  # the one on top
