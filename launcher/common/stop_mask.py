@@ -15,14 +15,11 @@ from typing import Iterator
 
 from launcher.common.defaults import RANK_STOP_SIGNALS
 
-STOP_SIGNALS = RANK_STOP_SIGNALS
-"""What every command and rank takes as a stop request."""
-
 
 @contextmanager
 def stops_held() -> Iterator[None]:
     """SIGTERM and SIGINT held by the signal mask in this block, delivered when it ends."""
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, RANK_STOP_SIGNALS)
     try:
         yield
     finally:

@@ -1,6 +1,6 @@
 """A process's DeepSpeed process group, without the shared memory DeepSpeed's CPU all-reduce leaves behind
-(launcher/deepspeed_env/shm_buffer.py). Every process group of the launcher starts here: the ranks
-(launcher/train/engine.py's callers) and `roformer gpu-check`'s in-process rank (launcher/gpu_check/speed_memory.py).
+(launcher/deepspeed_env/shm_buffer.py). Every process group of the launcher starts here: the ranks'
+(launcher/train/rank.py) and `roformer gpu-check`'s in-process rank's (launcher/gpu_check/speed_memory.py).
 """
 from __future__ import annotations
 
