@@ -15,10 +15,8 @@ import json
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 
-from launcher.deepspeed_env import ops_cache
 from launcher.cli import raise_if_stopped
 from launcher.common.defaults import DEFAULT_MASTER_PORT, PROGRESS_ENV
 from launcher.common.errors import UserError
@@ -213,34 +211,10 @@ def launch_once(plan, grace_seconds: float):
         console.note(f"roformer pretrain: world size {plan.world_size} on {', '.join(plan.resources)} "
                      f"({plan.launcher}); run dir {plan.run_dir}; all output also in {log}", stream=console.out)
         console.log_only("roformer pretrain: " + shlex.join(plan.command()))
-        announce_op_build(plan, console)
         raise_if_stopped()  # a stop whose exception was swallowed (an import it interrupted): nothing is launched
         return supervise_job(plan, runner_env, console, grace_seconds=grace_seconds)
     finally:
         console.close()
-
-
-def announce_op_build(plan, console) -> None:
-    """On CPU the ranks compile DeepSpeed's communication op on their first start in a Python
-    environment, printing nothing for about a minute: say so before it happens (launcher/deepspeed_env/ops_cache.py)."""
-    accelerator = plan.env.get("DS_ACCELERATOR")
-    if accelerator is None and is_local_only(plan.resources):
-        from deepspeed.accelerator import get_accelerator  # already imported to count the local devices
-
-        accelerator = get_accelerator().device_name()
-    directory = Path(plan.env.get(ops_cache.ENV_VAR) or ops_cache.extensions_dir())
-    if accelerator != "cpu" or ops_cache.op_built(directory):
-        return
-    console.note(f"roformer pretrain: first start in this Python environment: before training, DeepSpeed compiles "
-                 f"its CPU communication op ({ops_cache.CPU_COMM_OP}) into {directory}"
-                 f"{' on each node' if plan.multi_node else ''}, {ops_cache.CPU_COMM_OP_BUILD}, with nothing "
-                 f"printed; later starts reuse it", stream=console.out)
-    lock = ops_cache.build_lock(directory)
-    if lock is not None:
-        since = time.strftime("%H:%M", time.localtime(lock.stat().st_mtime))
-        console.note(f"roformer pretrain: note: {lock} exists since {since}: the ranks wait until the process "
-                     f"compiling the op removes it. If none is compiling any more (a killed build leaves it behind "
-                     f"and every start waits forever), delete it", stream=console.out)
 
 
 def check_inputs(plan) -> list[str]:

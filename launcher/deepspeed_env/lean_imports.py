@@ -1,6 +1,7 @@
-"""DeepSpeed without the parts a rank never runs, whose imports cost seconds at every start."""
+"""DeepSpeed without the parts a rank never runs, whose imports or builds cost seconds at every start."""
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 from contextlib import contextmanager
@@ -9,6 +10,9 @@ from contextlib import contextmanager
 # reduction); they compile their kernels at import (torch._inductor: 1-1.5 s of every rank's start).
 MUON_OPTIMIZER = "deepspeed.runtime.zero.muon.muon_optimizer"
 MUON_KERNELS = "deepspeed.runtime.zero.muon.original_muon"
+# DeepSpeed's process group builds its CPU shared-memory all-reduce op at every start (deepspeed.comm.torch:
+# TorchBackend), though only its tensor-parallel inference layers call it (inference_all_reduce).
+DEEPSPEED_TORCH_BACKEND = "deepspeed.comm.torch"
 
 
 @contextmanager
@@ -29,6 +33,19 @@ def import_deepspeed() -> None:
     extra: a second or more of pandas and scipy); a run that reports to MLflow imports it later."""
     with unimportable("mlflow"):
         import deepspeed  # noqa: F401
+
+
+def skip_inference_all_reduce_op() -> None:
+    """Process groups start without DeepSpeed's CPU shared-memory all-reduce op. Building it was a JIT compile
+    of C++ on the first start in every Python environment (about a minute, 2-6 min under load, with nothing
+    printed), a compiler probe and 66 MB of /dev/shm in every rank at every start, for a call that training
+    never makes: ZeRO and the engine reduce through torch.distributed. DeepSpeed's inference_all_reduce
+    falls back to torch.distributed's all_reduce without the op (deepspeed/comm/torch.py)."""
+    importlib.import_module(DEEPSPEED_TORCH_BACKEND).build_shm_op = _no_shm_op
+
+
+def _no_shm_op() -> None:
+    return None
 
 
 def answer_not_muon(optimizer_type: str) -> None:

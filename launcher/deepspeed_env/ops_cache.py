@@ -14,9 +14,6 @@ import sys
 from pathlib import Path
 
 ENV_VAR = "TORCH_EXTENSIONS_DIR"
-CPU_COMM_OP = "deepspeed_shm_comm"  # deepspeed/ops/op_builder/cpu/comm.py: ShareMemCommBuilder.NAME
-# What the user is told to expect (the build times measured: docs/training.md).
-CPU_COMM_OP_BUILD = "about a minute on an idle machine, several under heavy load"
 
 
 def cache_root(environ=None) -> Path:
@@ -72,19 +69,6 @@ def prepare_arch_list(environ=None) -> None:
     environ = os.environ if environ is None else environ
     if environ.get(ARCH_LIST_VAR):
         environ[ARCH_LIST_VAR] = deepspeed_arch_list(environ[ARCH_LIST_VAR])
-
-
-def op_built(directory: Path, name: str = CPU_COMM_OP) -> bool:
-    """Whether torch has a built `name` op in `directory` (its loader reuses it without compiling)."""
-    return (directory / name / f"{name}.so").is_file()
-
-
-def build_lock(directory: Path, name: str = CPU_COMM_OP) -> Path | None:
-    """torch's lock file of a build of `name` that has not finished: another process is compiling,
-    or one was killed while compiling. torch waits for the file to go away, forever: a killed
-    build's lock must be deleted by hand."""
-    lock = directory / name / "lock"
-    return lock if lock.exists() and not op_built(directory, name) else None
 
 
 if __name__ == "__main__":

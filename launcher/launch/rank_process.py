@@ -21,7 +21,6 @@ import time
 from launcher.common.defaults import (BAD_INPUT_EXIT_CODE, DEFAULT_MASTER_PORT, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE,
                                RANK_STOP_SIGNALS)
 from launcher.common.io import write_line
-from launcher.deepspeed_env.shm_buffer import remove_ended_ranks_buffer
 from launcher.launch.launch_plan import RANK_ENTRY_MODULE
 from launcher.launch.watchdog import Watchdog
 
@@ -189,7 +188,6 @@ def main(argv: list[str] | None = None) -> int:
         if orphan_deadline is not None and time.monotonic() > orphan_deadline:
             child.kill()
     returncode = child.returncode
-    remove_ended_ranks_buffer(env)  # left by a rank that died before it removed it: ~66 MB of RAM each
     if watchdog is not None:
         watchdog.stop()
         if watchdog.verdict is not None:  # we killed it: the watchdog line said why

@@ -7,9 +7,7 @@ from __future__ import annotations
 import re
 import signal
 import time
-from pathlib import Path
 
-from launcher.deepspeed_env import ops_cache
 from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import free_port, metrics_steps, newest_checkpoint, roformer, roformer_env, \
@@ -24,7 +22,6 @@ def test_a_stop_at_any_moment_of_the_start_ends_the_run_at_its_first_step_bounda
     stages = [{"name": "only", "max_seq_len": 16, "global_batch_size": 4, "steps": TOTAL_STEPS}]
     config = tiny_run_config(tmp_path / "config", tiny_data, stages=stages, checkpoint={"every_steps": 0},
                              logging={"valid_every": 0, "plots": False})
-    build_the_op_first(tiny_data, tmp_path / "warm-up")
     landed = []
     for delay, signum in STOPS:
         run_dir, log = tmp_path / f"run-{delay:g}", tmp_path / f"pretrain-{delay:g}.out"
@@ -70,15 +67,3 @@ def test_a_stop_at_any_moment_of_the_start_ends_the_run_at_its_first_step_bounda
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert metrics_steps(run_dir) == list(range(1, TOTAL_STEPS + 1))
 
-
-def build_the_op_first(tiny_data, work: Path) -> None:
-    """The first start in a Python environment compiles DeepSpeed's CPU communication op (minutes under load,
-    launcher/deepspeed_env/ops_cache.py), which no stop shortens: done here first, by one step of a run, when it is not built."""
-    env = roformer_env()
-    if ops_cache.op_built(Path(env[ops_cache.ENV_VAR])):
-        return
-    config = tiny_run_config(work, tiny_data, stages=[{"name": "one", "max_seq_len": 16, "global_batch_size": 4,
-                                                       "steps": 1}])
-    result = roformer("pretrain", "--num_gpus", "2", "--master_port", str(free_port()), "--config", str(config),
-                      "--run-dir", str(work / "run"), "--report-to", "none", timeout=900)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

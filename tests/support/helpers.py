@@ -122,7 +122,7 @@ def roformer_env(**extra: str) -> dict[str, str]:
     from launcher.deepspeed_env.ops_cache import ENV_VAR, extensions_dir
 
     env = dict(os.environ, DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    # This environment's op cache (as every rank uses), so DeepSpeed's CPU shm-comm op compiles once.
+    # This environment's op cache, as every rank uses (launcher/deepspeed_env/ops_cache.py).
     env[ENV_VAR] = str(extensions_dir(env))
     env.update(extra)
     return env

@@ -112,10 +112,7 @@ def main(argv: list[str]) -> int:
     from launcher.train import rank_entry
     from launcher.train.teardown import exit_rank_process
 
-    from deepspeed.comm.torch import build_shm_op
-
     rank_module.check_inputs, rank_module.start = checked_inputs, failing_start(scenarios)
-    build_shm_op()  # DeepSpeed's CPU all-reduce op, loaded (its JIT build checked) once, not in every rank
     # All repetitions at once: ranks competing for the cores is when a gloo worker thread falls behind its
     # rank's main thread (the race this test is about).
     children, envs = {}, {}

@@ -6,9 +6,6 @@ from __future__ import annotations
 import io
 import sys
 from pathlib import Path
-from types import SimpleNamespace
-
-import pytest
 
 from launcher.deepspeed_env import ops_cache
 from launcher.common.defaults import STATUS_MARKER
@@ -104,31 +101,3 @@ def test_each_python_environment_gets_its_own_op_cache(tmp_path):
     forwarded = forwarded_environment({**env, "TORCH_EXTENSIONS_DIR": str(root)}, ranks_per_node=2,
                                       python="/work/b/.venv/bin/python")
     assert "TORCH_EXTENSIONS_DIR" not in forwarded
-
-
-@pytest.mark.parametrize("built", [False, True])
-def test_pretrain_says_when_the_cpu_op_will_be_compiled(tmp_path, built, capsys):
-    from launcher.commands.pretrain import announce_op_build
-
-    cache = tmp_path / "ops"
-    if built:
-        (cache / ops_cache.CPU_COMM_OP).mkdir(parents=True)
-        (cache / ops_cache.CPU_COMM_OP / f"{ops_cache.CPU_COMM_OP}.so").write_bytes(b"\x7fELF")
-    plan = SimpleNamespace(env={"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(cache)},
-                           resources={"localhost": [0, 1]}, multi_node=False)
-    out = io.StringIO()
-    announce_op_build(plan, Console(out, None, status=False))
-    if built:
-        assert out.getvalue() == ""
-        return
-    assert out.getvalue().splitlines() == [
-        "roformer pretrain: first start in this Python environment: before training, DeepSpeed compiles its CPU "
-        f"communication op ({ops_cache.CPU_COMM_OP}) into {cache}, {ops_cache.CPU_COMM_OP_BUILD}, with nothing "
-        "printed; later starts reuse it"]
-    # A build killed half-way leaves torch's lock behind, and every later start would wait for ever.
-    (cache / ops_cache.CPU_COMM_OP).mkdir(parents=True)
-    (cache / ops_cache.CPU_COMM_OP / "lock").touch()
-    out = io.StringIO()
-    announce_op_build(plan, Console(out, None, status=False))
-    assert f"{cache / ops_cache.CPU_COMM_OP / 'lock'} exists since " in out.getvalue()
-    assert "delete it" in out.getvalue()

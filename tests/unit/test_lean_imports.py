@@ -1,5 +1,6 @@
 """A rank imports and builds DeepSpeed without the parts it never runs (launcher/deepspeed_env/lean_imports.py): not MLflow,
-not the Muon modules with their compiled kernels; a run that uses them still gets the real ones."""
+not the Muon modules with their compiled kernels (a run that uses them still gets the real ones), not the CPU
+shared-memory all-reduce op (its process group: launcher/deepspeed_env/process_group.py)."""
 import json
 import subprocess
 import sys
@@ -15,7 +16,8 @@ import_deepspeed()
 import deepspeed, torch
 optimizer = sys.argv[1]
 answer_not_muon(optimizer)
-deepspeed.init_distributed(dist_backend="gloo")
+from launcher.deepspeed_env.process_group import init_distributed
+init_distributed("gloo", auto_mpi_discovery=False)
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
 config = {"train_micro_batch_size_per_gpu": 2,
           "optimizer": {"type": optimizer, "params": {"lr": 1e-3, "torch_adam": True}},
@@ -25,22 +27,28 @@ loss = engine(torch.randn(2, 8)).pow(2).mean()
 engine.backward(loss)
 engine.step()
 names = ("mlflow", "torch._inductor.compile_fx", "deepspeed.runtime.zero.muon.original_muon")
-print(json.dumps({name: name in sys.modules and sys.modules[name] is not None and
-                  hasattr(sys.modules[name], "__file__") for name in names}))
+imported = {name: name in sys.modules and sys.modules[name] is not None and hasattr(sys.modules[name], "__file__")
+            for name in names}
+print(json.dumps({**imported, "shm_comm_op": deepspeed.comm.comm.cdb.shm_comm_op is not None}))
 """
 
 
-def _imported_after_one_step(optimizer: str) -> dict:
-    env = rank_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+def _imported_after_one_step(optimizer: str, ops_dir) -> dict:
+    env = rank_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                   TORCH_EXTENSIONS_DIR=str(ops_dir))
     out = subprocess.run([sys.executable, "-c", ENGINE_STEP, optimizer], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_an_adamw_rank_trains_without_mlflow_or_the_compiled_muon_modules():
-    assert _imported_after_one_step("AdamW") == {"mlflow": False, "torch._inductor.compile_fx": False,
-                                                 "deepspeed.runtime.zero.muon.original_muon": False}
+def test_an_adamw_rank_trains_without_mlflow_the_compiled_muon_modules_or_the_shm_all_reduce_op(tmp_path):
+    # A fresh op cache: DeepSpeed's process group used to compile its CPU all-reduce op into it (about a minute).
+    ops_dir = tmp_path / "torch_extensions"
+    assert _imported_after_one_step("AdamW", ops_dir) == {
+        "mlflow": False, "torch._inductor.compile_fx": False, "deepspeed.runtime.zero.muon.original_muon": False,
+        "shm_comm_op": False}
+    assert not ops_dir.exists() or not any(ops_dir.iterdir())
 
 
 def test_mlflow_is_importable_after_deepspeed_and_muon_is_left_to_a_muon_run(monkeypatch):
