@@ -83,9 +83,9 @@ def _swap_stream(handler: logging.StreamHandler, stream):
 def plan(args: argparse.Namespace) -> int:
     # Imported here: the run config imports torch (through roformer), `roformer plan --help` must not wait.
     from launcher.config.deepspeed_json import DeepSpeedJson, resolve_ds_config
-    from launcher.config.stages import format_plan, resolve_stages
+    from launcher.config.stages import format_plan
     from launcher.inputs.init_from import load_config_and_init
-    from launcher.pricing.micro_target import micro_batch_target
+    from launcher.pricing.micro_target import stages_at
 
     cfg, init = load_config_and_init(args.config, args.overrides)
     check_eval_specs(cfg.logging.stage_end_evals, where=f"{cfg.source}: logging.stage_end_evals")
@@ -105,7 +105,7 @@ def plan(args: argparse.Namespace) -> int:
                 raise UserError(f"--exclude-nodes: no host of {args.hostfile} left")
             print(f"roformer plan: without {', '.join(dropped)}: world size {args.world_size}", file=sys.stderr)
     try:
-        stages = resolve_stages(cfg, args.world_size, micro_batch_target(cfg, args.world_size, ds_json))
+        stages = stages_at(cfg, args.world_size, ds_json)
     except UserError as err:
         if not args.exclude_nodes:
             raise

@@ -346,17 +346,15 @@ def check_stages(config_path: Path, overrides: list[str], world_size: int, resou
     """Load the run config (the launch's one parse of it, with its init_from directory and DeepSpeed JSON read)
     and resolve every stage's batch arithmetic at this world size."""
     from launcher.config.deepspeed_json import DeepSpeedJson
-    from launcher.config.stages import resolve_stages
     from launcher.inputs.init_from import load_config_and_init
-    from launcher.pricing.micro_target import micro_batch_target
+    from launcher.pricing.micro_target import stages_at
 
     run_config, init = load_config_and_init(config_path, overrides)
     check_eval_specs(run_config.logging.stage_end_evals, where=f"{run_config.source}: logging.stage_end_evals")
     ds_json = DeepSpeedJson.of(run_config)
     try:
         # micro_batch_size auto: hardware.device, as on the ranks; else this machine's (the ranks size their own)
-        target = micro_batch_target(run_config, world_size, ds_json)
-        return run_config, init, ds_json, resolve_stages(run_config, world_size, target)
+        return run_config, init, ds_json, stages_at(run_config, world_size, ds_json)
     except UserError as err:
         where = f"{hostfile.path}" if hostfile else "--num_gpus"
         hosts = ", ".join(f"{h} x{len(s)}" for h, s in resources.items())

@@ -6,7 +6,8 @@ memory plan (launcher/pricing/estimate.py):
 2. otherwise the accelerator of the machine resolving it (a rank's own: DeepSpeed's get_accelerator(), its
    total_memory()); a CPU has none: the stage falls back to schedule.max_tokens_per_micro_batch's rule.
 
-Returns None when no stage says auto (nothing is read then).
+Returns None when no stage says auto (nothing is read then). `stages_at` resolves the stages with it: the one
+resolution the ranks, `roformer plan` and `roformer pretrain`'s launch plan share.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from launcher.config.deepspeed_json import DeepSpeedJson
 from launcher.config.run_config import RunConfig
 from launcher.config.schedule import AUTO_MICRO
-from launcher.config.stages import MicroBatchTarget
+from launcher.config.stages import MicroBatchTarget, ResolvedStage, resolve_stages
 from launcher.pricing.estimate import TrainingSetup, estimate_memory, largest_fitting_micro_batch, setup_from_configs
 
 
@@ -30,6 +31,13 @@ class SetupPlan:
 
     def planned_bytes(self, micro_batch: int, seq_len: int) -> int:
         return estimate_memory(self.setup, micro_batch, seq_len).total
+
+
+def stages_at(cfg: RunConfig, world_size: int, ds_json: DeepSpeedJson) -> list[ResolvedStage]:
+    """Every stage of the schedule at `world_size` ranks, `micro_batch_size: auto` sized against
+    micro_batch_target; UserError (one line) when the schedule does not fit."""
+    target = micro_batch_target(cfg, world_size, ds_json)
+    return resolve_stages(cfg, world_size, target)
 
 
 def micro_batch_target(cfg: RunConfig, world_size: int, ds_json: DeepSpeedJson) -> MicroBatchTarget | None:
@@ -59,4 +67,4 @@ def declared_target(cfg: RunConfig, world_size: int, label: str, device_bytes: i
     return MicroBatchTarget(label, device_bytes, SetupPlan(setup))
 
 
-__all__ = ["SetupPlan", "micro_batch_target", "declared_target"]
+__all__ = ["SetupPlan", "stages_at", "micro_batch_target", "declared_target"]

@@ -23,8 +23,7 @@ from launcher.checkpoint.checkpointer import CheckpointedRun, Checkpointer
 from launcher.checkpoint.resume import BranchPoint, ResumePlan
 from launcher.config.deepspeed_json import DeepSpeedJson
 from launcher.config.run_config import RunConfig
-from launcher.config.stages import resolve_stages
-from launcher.pricing.micro_target import micro_batch_target
+from launcher.pricing.micro_target import stages_at
 from launcher.common.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.engine_facts import loss_scale
 from launcher.common.errors import UserError
@@ -114,7 +113,7 @@ def check_inputs(argv: list[str] | None) -> RankSetup:
     run_dir = check_run_dir(Path(args.run_dir))
     cfg, init = load_config_and_init(args.config, args.overrides)
     ds_json = DeepSpeedJson.of(cfg)  # read once: micro_batch_size auto's memory plan and every stage's config
-    stages = resolve_stages(cfg, world_size, micro_batch_target(cfg, world_size, ds_json))  # auto: this rank's device
+    stages = stages_at(cfg, world_size, ds_json)  # micro_batch_size auto: this rank's device
     setup, _ = resolve_setup(cfg, init, stages, world_size, ds_json=ds_json)
     train, valid = open_streams(cfg, rank, world_size, verify=cfg.data.verify and rank == 0)  # this rank's, kept
     findings = check_data(setup, train, run_dir.root)

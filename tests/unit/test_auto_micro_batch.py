@@ -12,7 +12,7 @@ from launcher.config.schedule import AUTO_MICRO, load_schedule
 from launcher.config.stages import AUTO_MICRO_HEADROOM, MicroBatchTarget, format_plan, resolve_stages
 from launcher.pricing.estimate import largest_fitting_micro_batch, setup_from_configs
 from launcher.config.deepspeed_json import DeepSpeedJson
-from launcher.pricing.micro_target import micro_batch_target
+from launcher.pricing.micro_target import micro_batch_target, stages_at
 from tests.support.cpu_precision import pin_cpu_accelerator
 from tests.support.helpers import run_config_dict, write_schedule, write_yaml
 
@@ -71,8 +71,8 @@ def test_auto_picks_the_formulas_largest_divisor_on_a_declared_device(tmp_path, 
 def test_a_larger_device_fits_more(tmp_path):
     stages = [{"name": "long", "max_seq_len": 512, "global_batch_size": WORLD * 1024, "steps": 2,
                "micro_batch_size": "auto"}]
-    small = resolve_stages(cfg := _cfg(tmp_path, stages, "V100-16GB"), WORLD, micro_batch_target(cfg, WORLD, DeepSpeedJson.of(cfg)))[0]
-    large = resolve_stages(cfg := _cfg(tmp_path, stages, "V100-32GB"), WORLD, micro_batch_target(cfg, WORLD, DeepSpeedJson.of(cfg)))[0]
+    small = stages_at(cfg := _cfg(tmp_path, stages, "V100-16GB"), WORLD, DeepSpeedJson.of(cfg))[0]
+    large = stages_at(cfg := _cfg(tmp_path, stages, "V100-32GB"), WORLD, DeepSpeedJson.of(cfg))[0]
     assert large.micro_batch_size > small.micro_batch_size
 
 
@@ -82,7 +82,7 @@ def test_nothing_fits_is_refused_in_one_line_naming_the_stage(tmp_path):
     stages = [{"name": "long", "max_seq_len": 512, "global_batch_size": WORLD, "steps": 2, "micro_batch_size": "auto"}]
     cfg = _cfg(tmp_path, stages, "V100-16GB", model=huge)
     with pytest.raises(UserError) as err:
-        resolve_stages(cfg, WORLD, micro_batch_target(cfg, WORLD, DeepSpeedJson.of(cfg)))
+        stages_at(cfg, WORLD, DeepSpeedJson.of(cfg))
     message = str(err.value)
     assert "\n" not in message
     assert "sched.yaml: stage 1 (long): micro_batch_size auto: not even one sequence of max_seq_len 512 fits 85% of " \
@@ -136,7 +136,7 @@ def test_plan_prints_the_choice(tmp_path, capsys, monkeypatch):
     cfg = _cfg(tmp_path, stages)
     assert cli_main(["plan", "--config", str(cfg.source), "--world-size", str(WORLD)]) == 0
     out = capsys.readouterr().out
-    chosen = resolve_stages(cfg, WORLD, micro_batch_target(cfg, WORLD, DeepSpeedJson.of(cfg)))[0]
+    chosen = stages_at(cfg, WORLD, DeepSpeedJson.of(cfg))[0]
     assert f"stage 'long': micro {chosen.micro_batch_size} (auto: largest fitting 85% of 16 GiB V100 " \
            f"(hardware.device): " in out
     assert f"{chosen.micro_batch_size} x 512" in out  # the memory table prices the chosen micro-batch

@@ -253,9 +253,8 @@ def test_a_ranks_start_up_reads_the_init_directory_and_the_deepspeed_json_once(t
     and --dry-run (check_run) resolve the same configs and shape."""
     from launcher.checkpoint import resume
     from launcher.config.deepspeed_json import DeepSpeedJson
-    from launcher.config.stages import resolve_stages
     from launcher.inputs.run_checks import check_run
-    from launcher.pricing.micro_target import micro_batch_target
+    from launcher.pricing.micro_target import stages_at
     from launcher.train.rank import check_inputs
 
     sections = {}
@@ -280,7 +279,7 @@ def test_a_ranks_start_up_reads_the_init_directory_and_the_deepspeed_json_once(t
     if micro_batch == "auto":
         assert setup.run.stages[0].micro_batch_size == 4 and "V100" in setup.run.stages[0].micro_batch_note
     read_again = DeepSpeedJson.of(setup.cfg)
-    stages = resolve_stages(setup.cfg, 1, micro_batch_target(setup.cfg, 1, read_again))
+    stages = stages_at(setup.cfg, 1, read_again)
     planned = check_run(setup.cfg, stages, 1, ds_json=read_again, init=setup.run.init).setup
     assert (planned.ds_configs, planned.shape) == (setup.run.ds_configs, setup.run.shape)
 
