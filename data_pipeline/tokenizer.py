@@ -34,6 +34,7 @@ from data_pipeline.fast_tokenizer import special_ids as fast_special_ids
 from data_pipeline.special_ids import DEFAULT, SpecialIds
 from data_pipeline.transformers_tokenizer import (JIEBA_CLASSES, VOCAB_TXT, TransformersTokenizer,
                                                   tokenizer_class)
+from data_pipeline.progress import sentencepiece_log
 
 SPM_FILE = "spm.model"
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -62,8 +63,6 @@ def train_sentencepiece(sample_files: list[Path], out_dir: Path, cfg: TokenizerC
     (hard_vocab_limit=False); `log` then gets a one-line warning with the size made. With a `log`,
     training reports its progress there (data_pipeline/progress.py reads SentencePiece's own log)."""
     import sentencepiece as spm
-
-    from data_pipeline.progress import sentencepiece_log
 
     files = [str(p) for p in sample_files if p.stat().st_size > 0]
     if not files:

@@ -48,6 +48,7 @@ from typing import Iterable
 from launcher.common.errors import UserError
 from launcher.common.io import atomic_write_json, file_sha256, fsync_dir, fsync_file
 from launcher.run_dir.layout import DAMAGED_DIR, SIDECAR_NAME, RunDir, sidecar_path, step_of_tag
+from roformer.config import RoFormerConfig
 
 SIDECAR_FORMAT = 2
 COMPLETE, PARTIAL, DAMAGED, NEWER = "complete", "partial", "damaged", "newer"
@@ -170,8 +171,6 @@ def saved_model_config(checkpoint_dir: Path, sidecar: CheckpointSidecar):
     """The RoFormerConfig the checkpoint was saved with: roformer.config.ConfigError naming this sidecar.json's
     model_config field when it is not one of this project's models (imported here: the catalogue, which reads
     sidecars for the report, stays free of torch)."""
-    from roformer.config import RoFormerConfig
-
     return RoFormerConfig.from_dict(sidecar.model_config, source=f"{sidecar_path(checkpoint_dir)}: model_config")
 
 

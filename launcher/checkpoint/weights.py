@@ -22,6 +22,7 @@ from launcher.common.errors import UserError
 from launcher.common.io import file_sha256
 from launcher.run_dir.layout import RunDir, sidecar_path
 from launcher.run_dir.records import files_in_effect
+from roformer.config import ConfigError
 
 if TYPE_CHECKING:  # torch is imported where weights are read: `roformer export --help` answers without it
     import torch
@@ -224,8 +225,6 @@ def _newest_complete(layout: RunDir, count: int) -> list[str]:
 def check_same_model(refs: list[CheckpointRef]) -> None:
     """Averaging mixes weights element by element: only checkpoints of one architecture, trained with one
     tokenizer (the same token ids) and at one RoPE base, mean something together."""
-    from roformer.config import ConfigError
-
     first = refs[0]
     try:
         base = saved_model_config(first.path, first.sidecar)

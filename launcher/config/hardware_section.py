@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from launcher.common.mfu import PEAK_TFLOPS_TABLE
+
 DEVICE_RE = re.compile(r"(?P<name>.+?)-(?P<memory>[0-9]*\.?[0-9]+\s*[KMGT]?I?B)", re.IGNORECASE)
 
 
@@ -44,7 +46,6 @@ class HardwareSection:
         """fail(field, message) for a device that is not NAME-MEMORY or not in the peak table."""
         if not self.device:
             return
-        from launcher.common.mfu import PEAK_TFLOPS_TABLE
 
         known = sorted({key.upper() for key, _ in PEAK_TFLOPS_TABLE})
         if not DEVICE_RE.fullmatch(self.device.strip()):

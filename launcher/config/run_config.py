@@ -39,6 +39,8 @@ from launcher.config.watchdog_section import WatchdogSection
 from launcher.common.errors import UserError
 from launcher.common.io import atomic_write_text
 from roformer.config import ConfigError, RoFormerConfig, require_finite
+from data_pipeline.remote.url import SCHEME, is_remote, parse_location
+from launcher.outputs.output_paths import refuse_url
 
 InitModelReader = Callable[[str, str, "dict | None"], tuple[dict, Path, tuple[str, ...]]]
 """How a config with `init_from` gets DIR's model section: (init_dir, source, the config's model keys) ->
@@ -229,9 +231,6 @@ def _build_section(name: str, cls: type, values: Any, source: str, base_dir: Pat
             continue
         kwargs[key] = _check_type(f"{name}.{key}", value, default, source)
         if (name, key) in PATH_FIELDS and kwargs[key]:
-            from data_pipeline.remote.url import SCHEME, is_remote, parse_location
-            from launcher.outputs.output_paths import refuse_url
-
             if (name, key) == ("data", "data_dir") and is_remote(kwargs[key]):
                 try:
                     kwargs[key] = SCHEME + str(parse_location(kwargs[key], f"{name}.{key}"))[len(SCHEME):]

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from data_pipeline.documents import DocumentView
 from data_pipeline.masking import MaskingConfig
 from launcher.config.schedule import Piece, Stage, piece_at, stage_index_at, tokens_before
+from data_pipeline.remote.client import RemoteOptions
+from data_pipeline.remote.url import is_remote, parse_size
 
 
 DECAY_KINDS = ("linear", "cosine", "constant", "wsd")
@@ -51,20 +53,14 @@ class DataSection:
 
     @property
     def is_remote(self) -> bool:
-        from data_pipeline.remote.url import is_remote
-
         return is_remote(self.data_dir)
 
     @property
     def cache_limit_bytes(self) -> int:
-        from data_pipeline.remote.url import parse_size
-
         return parse_size(self.cache_limit or 0, "data.cache_limit")
 
     def remote_options(self):
         """The data_pipeline.remote.client.RemoteOptions of these settings."""
-        from data_pipeline.remote.client import RemoteOptions
-
         return RemoteOptions(cache_dir=self.cache_dir, cache_limit=self.cache_limit_bytes,
                              retries=self.remote_retries, timeout=self.remote_timeout)
 

@@ -17,6 +17,12 @@ from pathlib import Path
 from launcher.downstream.task_spec import TaskSpec
 from launcher.downstream.training_loop import optimizer_and_schedule, optimizer_step, training_rows
 from launcher.common.errors import UserError
+from data_pipeline.progress import progress_bar
+from launcher.downstream.finetune_report import build_report
+from launcher.downstream.labelled_files import load_task
+from launcher.downstream.retrieval import run_retrieval
+from launcher.downstream.task_metrics import better, check_select_metric, scores
+from launcher.export.export_reader import check_export_dir, load_auto_tokenizer, load_classifier
 
 
 @dataclass
@@ -108,17 +114,12 @@ def run_finetune(cfg: FinetuneConfig, log=lambda msg: print(msg, file=sys.stderr
                  progress: bool = True):
     """(report, the selected seed's SeedResult (best dev value of the selection metric), the task's
     TaskData, the tokenizer, the scored dev/test splits)."""
-    from launcher.export.export_reader import check_export_dir, load_auto_tokenizer
-    from launcher.downstream.finetune_report import build_report
-    from launcher.downstream.labelled_files import load_task
-    from launcher.downstream.task_metrics import better, check_select_metric
     import torch  # here, not at import: `roformer finetune --help` must not wait for torch
 
     started = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.task.task_type == "retrieval":  # an embedding model, not a classifier: its own module
-        from launcher.downstream.retrieval import run_retrieval
 
         report, chosen, data, evals = run_retrieval(cfg, log, progress)
         return report, chosen, data, None, evals
@@ -157,10 +158,6 @@ def _run_seed(cfg: FinetuneConfig, seed: int, data, train: dict, encoded: dict, 
               progress: bool) -> SeedResult:
     """One seed's fine-tune on `train` (its encoded training rows); `encoded` holds dev (and test)."""
     import torch
-
-    from data_pipeline.progress import progress_bar
-    from launcher.export.export_reader import load_classifier
-    from launcher.downstream.task_metrics import better, scores
 
     started = time.perf_counter()
     torch.manual_seed(seed)

@@ -18,14 +18,14 @@ import tempfile
 from pathlib import Path
 
 from launcher.common.errors import UserError
+from launcher.common.io import atomic_write_text
+from launcher.downstream.task_metrics import METRICS, baseline_prediction, scores, spread
 
 PREDICTION_FORMATS = (".csv", ".tsv", ".jsonl")
 
 
 def build_report(cfg, data, encoded: dict, evals: dict, seed_reports: list[dict], select: str, chosen_seed: int,
                  seconds: float) -> dict:
-    from launcher.downstream.task_metrics import METRICS, baseline_prediction, scores, spread
-
     train_labels = seed_reports[0]["train_labels"]
     runs = [{k: v for k, v in r.items() if k != "train_labels"} for r in seed_reports]
     metrics = list(METRICS[data.task_type])
@@ -81,8 +81,6 @@ def config_entry(cfg) -> dict:
 def console_table(report: dict) -> str:
     """A few lines for the terminal: every metric on the held-out split (mean [min, max] over the seeds)
     for the export, its random-init twin when compared, and the baseline."""
-    from launcher.downstream.task_metrics import METRICS
-
     split = report["held_out"]
     metrics = list(METRICS[report["task_type"]])
     n = len(report["seeds"])
@@ -178,8 +176,6 @@ def write_table(path: Path, rows: list[dict], fields: list[str]) -> None:
     """`rows` as .csv / .tsv (a header line) or .jsonl by `path`'s extension, written atomically."""
     import csv
     import io
-
-    from launcher.common.io import atomic_write_text
 
     path = Path(path)
     if path.suffix.lower() == ".jsonl":

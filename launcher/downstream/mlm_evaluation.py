@@ -16,6 +16,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from launcher.common.errors import UserError
+from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig
+from data_pipeline.errors import DataError
+from data_pipeline.remote.url import is_remote
+from launcher.common.size_checks import check_attention
+from launcher.export.export_reader import load_masked_lm, trained_max_seq_len
 
 
 @dataclass
@@ -56,8 +61,6 @@ class MLMEvalConfig:
 def evaluate_mlm(cfg: MLMEvalConfig) -> dict:
     import torch  # here, not at import: `roformer eval-mlm --help` must not wait for torch
 
-    from launcher.export.export_reader import load_masked_lm
-
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     model = load_masked_lm(cfg.export_dir, random_init=cfg.random_init)
@@ -73,7 +76,6 @@ def evaluate_mlm(cfg: MLMEvalConfig) -> dict:
 
 def _prepare_inputs(cfg: MLMEvalConfig, out: Path) -> Path:
     """The user's files as a prepared directory, tokenized with the export's tokenizer."""
-    from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig
     from data_pipeline.prepare import prepare
 
     reading = {"text_field": cfg.text_column} if cfg.text_column else {}
@@ -86,10 +88,7 @@ def _prepare_inputs(cfg: MLMEvalConfig, out: Path) -> Path:
 
 def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
     from data_pipeline import DocumentView, MaskingConfig, open_corpus, tokenizer_hash
-    from data_pipeline.errors import DataError
     from data_pipeline.tokenizer import resolve_model_path
-
-    from launcher.export.export_reader import trained_max_seq_len
 
     try:
         tokenizer = resolve_model_path(Path(cfg.export_dir))
@@ -120,8 +119,6 @@ def _evaluate(cfg: MLMEvalConfig, model, data_dir: Path, split: str) -> dict:
 def check_lengths(cfg: MLMEvalConfig, config, corpus) -> None:
     """Each length against the text (a sequence longer than all of it would repeat it) and against memory."""
     from data_pipeline import PretrainBatches
-
-    from launcher.common.size_checks import check_attention
 
     available = PretrainBatches(corpus, rank=0, world_size=1, seed=cfg.seed).stream.epoch_length
     for seq_len in cfg.seq_lens:
@@ -188,8 +185,6 @@ def _masked_lm_figures(model, batches) -> dict:
 
 def _resolve_data(path: Path, split: str) -> tuple[Path, str]:
     """A data dir, or a split dir inside one (DATA/valid) which then names the split."""
-    from data_pipeline.remote.url import is_remote
-
     if is_remote(path):  # a run's s3:// data (stage-end evals): read through the node-local cache
         return path, split
     path = Path(path)

@@ -17,6 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.common.errors import UserError
+from data_pipeline.progress import progress_bar
+from launcher.downstream.finetune_report import staged_directory, write_table
+from launcher.downstream.retrieval_data import load_retrieval_task
+from launcher.downstream.retrieval_report import build_retrieval_report, truncation
+from launcher.downstream.task_metrics import better, check_select_metric
+from launcher.downstream.training_loop import optimizer_and_schedule, optimizer_step, training_rows
+from launcher.export.export_reader import check_export_dir, load_auto_tokenizer
 
 # our report's name -> the evaluator's metric key (cosine similarity), for one split named <split>_...
 METRIC_KEYS = {"ndcg@10": "cosine_ndcg@10", "mrr@10": "cosine_mrr@10", "recall@1": "cosine_recall@1",
@@ -116,12 +123,6 @@ def _read_rankings(out: Path, passages: dict[str, str]) -> list[dict]:
 def run_retrieval(cfg, log, progress: bool):
     """Every seed of `cfg` (a FinetuneConfig of a retrieval task): (report, the chosen seed's
     RetrievalSeedResult, the RetrievalData, the scored dev/test splits) -- run_finetune's shape."""
-    from launcher.export.export_reader import check_export_dir, load_auto_tokenizer
-    from launcher.downstream.training_loop import training_rows
-    from launcher.downstream.retrieval_data import load_retrieval_task
-    from launcher.downstream.retrieval_report import build_retrieval_report, truncation
-    from launcher.downstream.task_metrics import better, check_select_metric
-
     started = time.perf_counter()
     check_export_dir(cfg.export_dir)
     data = load_retrieval_task(cfg.task)
@@ -146,10 +147,6 @@ def run_retrieval(cfg, log, progress: bool):
 
 def _run_seed(cfg, seed: int, data, train, evals: dict, select: str, log, progress: bool) -> RetrievalSeedResult:
     import torch
-
-    from data_pipeline.progress import progress_bar
-    from launcher.downstream.training_loop import optimizer_and_schedule
-    from launcher.downstream.task_metrics import better
 
     started = time.perf_counter()
     torch.manual_seed(seed)
@@ -218,8 +215,6 @@ def _training_setup(model, train, batch_size: int, seed: int):
 
 
 def _train_epoch(model, loss_fn, columns: dict, sampler, epoch: int, optimizer, scheduler, bar) -> tuple[float, int]:
-    from launcher.downstream.training_loop import optimizer_step
-
     model.train()
     sampler.set_epoch(epoch)
     total, count, steps = 0.0, 0, 0
@@ -241,8 +236,6 @@ def save_sentence_model(cfg, chosen: RetrievalSeedResult, out_dir: Path) -> Path
     """The chosen seed's best model as a sentence-transformers directory (SentenceTransformer.save: the
     transformers files, modules.json, pooling config, max_seq_length = --max-length), built beside
     `out_dir` and renamed into place; an existing `out_dir` is never replaced."""
-    from launcher.downstream.finetune_report import staged_directory
-
     model = load_sentence_model(cfg.export_dir, cfg.max_length, random_init=cfg.init == "random", dropout=cfg.dropout)
     model.load_state_dict(chosen.best_state)
     with staged_directory(out_dir) as staging:
@@ -254,8 +247,6 @@ def write_rankings(path: Path, split, ranked: list[dict]) -> None:
     """--predictions: the top-10 passages of every held-out query, one line per (query, rank): the query's
     first row in its file, the query, rank, passage, cosine score and whether it is a relevant passage;
     .csv / .tsv / .jsonl by extension, written atomically."""
-    from launcher.downstream.finetune_report import write_table
-
     first_row: dict[str, int] = {}
     relevant: dict[str, set[str]] = {}
     for row, query, passage in zip(split.rows, split.queries, split.passages):

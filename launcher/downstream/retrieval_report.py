@@ -13,12 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.downstream.finetune_report import run_entries
+from launcher.downstream.task_metrics import METRICS, spread
 
 
 def build_retrieval_report(cfg, data, evals: dict, runs: list[dict], select: str, chosen_seed: int,
                            truncated: dict, seconds: float) -> dict:
-    from launcher.downstream.task_metrics import METRICS, spread
-
     metrics = list(METRICS["retrieval"])
 
     def summary(pick) -> tuple[dict, dict]:

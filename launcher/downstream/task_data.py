@@ -22,6 +22,7 @@ from pathlib import Path
 from launcher.downstream.tasks import SPLITS, TASKS, BundledTask
 from launcher.common.errors import UserError
 from launcher.common.io import file_sha256
+from data_pipeline.wordnet import WORDNET_ROOT, read_synsets, sense_queries
 
 # Bumped when the conversion changes, so an old cache is rebuilt rather than silently reused.
 FORMAT_VERSION = 3
@@ -51,8 +52,6 @@ def prepare_task_data(out_dir: Path) -> None:
 
 def _prepare_wordnet_senses(out_dir: Path) -> None:
     """The retrieval task from the installed WordNet files (no download); skipped, saying so, without them."""
-    from data_pipeline.wordnet import WORDNET_ROOT, read_synsets, sense_queries
-
     task = TASKS["wordnet-senses"]
     if _is_complete(out_dir / task.name, task):
         return

@@ -12,6 +12,8 @@ import math
 import warnings
 from collections import Counter
 
+from launcher.common.errors import UserError
+
 # metric -> True when higher is better (model selection and the console table read this)
 METRICS = {"classification": {"accuracy": True, "macro_f1": True, "mcc": True},
            "regression": {"pearson": True, "spearman": True, "mse": False, "mae": False},
@@ -22,8 +24,6 @@ DEFAULT_SELECT = {"classification": "macro_f1", "regression": "pearson", "retrie
 
 def check_select_metric(task_type: str, name: str | None) -> str:
     """The model-selection metric (default per task type); a name of the other task type is refused."""
-    from launcher.common.errors import UserError
-
     if name is None:
         return DEFAULT_SELECT[task_type]
     if name not in METRICS[task_type]:

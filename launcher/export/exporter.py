@@ -30,11 +30,19 @@ from launcher.common.io import file_sha256, fsync_dir
 from launcher.outputs.output_paths import EXPORT, check_replaceable, remove_dead_leftovers
 from launcher.run_dir.layout import SIDECAR_NAME, RunDir, sidecar_path
 from launcher.run_dir.records import describe_start, files_in_effect
+from data_pipeline.errors import DataError
+from data_pipeline.manifest import MANIFEST
+from data_pipeline.remote.client import RemoteOptions
+from data_pipeline.remote.url import is_remote
+from launcher.checkpoint.catalogue import effective_rope_theta, saved_model_config
+from launcher.checkpoint.weights import (AveragedCheckpoint, averaged_fp32, consolidate_fp32, resolve_checkpoint,
+                                         select_checkpoints)
+from launcher.common.size_checks import check_rope_table
 
 if TYPE_CHECKING:  # torch is imported where it is used: `roformer export --help` must not wait for it
     import torch
 
-    from launcher.checkpoint.weights import AverageRequest, AveragedCheckpoint, CheckpointRef
+    from launcher.checkpoint.weights import AverageRequest, CheckpointRef
 
 # transformers' RoPE table is at least this long (its RoFormer default; the paper's longest stage).
 MIN_MAX_POSITIONS = 1536
@@ -49,10 +57,6 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
     `max_positions`: transformers' RoPE table size (None: see default_max_positions). `average`: export
     the mean of those checkpoints' weights instead (launcher/checkpoint/weights.py); the newest
     of them stands for the training state, stages and tokenizer in the card."""
-    from launcher.checkpoint.catalogue import saved_model_config
-    from launcher.checkpoint.weights import (AveragedCheckpoint, averaged_fp32, consolidate_fp32, resolve_checkpoint,
-                                             select_checkpoints)
-    from launcher.common.size_checks import check_rope_table
     from roformer import RoFormerForMaskedLM
 
     run_dir, out = Path(run_dir), Path(out)
@@ -126,8 +130,6 @@ def check_stage_rope_theta(ref: CheckpointRef) -> None:
     transformers' RoFormer has no such setting (its sinusoidal table always uses base 10000), so a
     checkpoint trained last at another base is refused here rather than exported into a directory
     that transformers would silently run with the wrong rotation."""
-    from launcher.checkpoint.catalogue import effective_rope_theta
-
     theta = effective_rope_theta(ref.sidecar)
     if theta is not None and theta != 10000.0 and ref.sidecar.rope_theta is not None:
         raise UserError(f"{ref.path}/{SIDECAR_NAME}: rope_theta {theta:g} (stage '{ref.sidecar.stage_name}'): "
@@ -180,8 +182,6 @@ def check_transformers_parity(export_dir: Path, model: torch.nn.Module) -> float
 
 
 def _tokenizer_source(ref: CheckpointRef, override: Path | None) -> Path:
-    from data_pipeline.remote.url import is_remote
-
     if override is not None:
         source = Path(override)
         origin = "--tokenizer-from"
@@ -193,7 +193,6 @@ def _tokenizer_source(ref: CheckpointRef, override: Path | None) -> Path:
             raise UserError(f"{config}: no data.data_dir recorded; pass --tokenizer-from DATA_DIR")
         source, origin = Path(data_dir), f"data.data_dir of {config}"
         if is_remote(data_dir):  # the tokenizer files of the node's cached copy (fetched if missing)
-            from data_pipeline.remote.client import RemoteOptions
             from data_pipeline.remote.dataset import open_remote
 
             source = open_remote(data_dir, RemoteOptions.from_data_section(data)).root
@@ -206,8 +205,6 @@ def _tokenizer_source(ref: CheckpointRef, override: Path | None) -> Path:
 def _check_trained_tokenizer(ref: CheckpointRef, source: Path, origin: str) -> None:
     """Refuse a tokenizer other than the one the checkpoint was trained with (see module docstring)."""
     from data_pipeline import open_corpus
-    from data_pipeline.errors import DataError
-    from data_pipeline.manifest import MANIFEST
     from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
 
     # The file copy_hf_tokenizer_files packs: spm.model, else tokenizer.json, else vocab.txt (the fingerprint).
@@ -239,7 +236,6 @@ def _check_trained_tokenizer(ref: CheckpointRef, source: Path, origin: str) -> N
 def _copy_tokenizer(source: Path, dest: Path) -> None:
     """From a prepared data dir or a tokenizer dir (spm.model + transformers files, e.g. an export)."""
     from data_pipeline import copy_hf_tokenizer_files
-    from data_pipeline.errors import DataError
 
     try:
         copy_hf_tokenizer_files(source, dest)

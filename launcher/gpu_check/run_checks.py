@@ -6,6 +6,7 @@ import traceback
 from pathlib import Path
 
 from launcher.gpu_check.check_report import GpuCheckReport
+from launcher.gpu_check.pretraining import check_pretraining
 
 PARTS = ("numerics", "pretraining", "speed", "memory", "profile")
 
@@ -35,8 +36,6 @@ def run_parts(parts: list[str], work: Path, iters: int, say=print) -> GpuCheckRe
 
                 report.checks += check_numerics(device)
             elif part == "pretraining":
-                from launcher.gpu_check.pretraining import check_pretraining
-
                 report.checks += check_pretraining(work / "pretraining", torch.cuda.device_count())
             elif part == "speed":
                 from launcher.gpu_check.speed_memory import check_speed

@@ -22,6 +22,7 @@ from launcher.launch.ports import claim_default_port
 from launcher.common.mfu import table_peak_tflops
 from roformer import IGNORE_INDEX, RoFormerConfig, RoFormerForMaskedLM, save_pretrained
 from roformer.flops import training_flops
+from launcher.pricing.estimate import estimate_memory, setup_from_configs
 
 # BERT-base sized, as configs/reference_v100.yaml (dropout as in training).
 REFERENCE_MODEL = RoFormerConfig(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -76,8 +77,6 @@ def init_single_rank(device: torch.device) -> None:
 def check_memory(device: torch.device, micro_batch: int = 16, seq_len: int = 512, steps: int = 3) -> Check:
     """Part (d): one rank, fp16 ZeRO-2 (the reference DeepSpeed config), the reference model at micro x len."""
     import deepspeed
-
-    from launcher.pricing.estimate import estimate_memory, setup_from_configs
 
     ds_config = json.loads((REPO / "ds_configs" / "v100_fp16_zero2.json").read_text())
     ds_config.update(train_batch_size=micro_batch, train_micro_batch_size_per_gpu=micro_batch,

@@ -24,6 +24,8 @@ from launcher.common.mfu import table_peak_tflops
 from launcher.gpu_check.side_by_side import adamw, make_batch, medians, round_robin, training_step
 from roformer import IGNORE_INDEX, RoFormerConfig, RoFormerForMaskedLM, save_pretrained
 from roformer.flops import training_flops
+from launcher.gpu_check.speed_memory import half_precision, init_single_rank
+from launcher.pricing.estimate import largest_fitting_micro_batch, setup_from_configs
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_TOKENS = 8192
@@ -66,8 +68,6 @@ def profile_steps(device: torch.device, model_config: RoFormerConfig, lengths=(1
                   iters: int = 10, ds_json: str = "v100_fp16_zero2.json", reference_tokens: int = REFERENCE_TOKENS,
                   say=print) -> list[StepRow]:
     """Every (precision, length, micro-batch) row; see the module docstring."""
-    from launcher.gpu_check.speed_memory import half_precision, init_single_rank
-
     if precisions is None:
         precisions = [half_precision()[0]] + (["fp16"] if half_precision()[0] == "bf16" else [])
     init_single_rank(device)
@@ -81,8 +81,6 @@ def profile_steps(device: torch.device, model_config: RoFormerConfig, lengths=(1
 
 
 def _micro_batches(device, model_config, precision, seq_len, ds_json, tokens) -> list[tuple[int, str]]:
-    from launcher.pricing.estimate import largest_fitting_micro_batch, setup_from_configs
-
     reference = (max(1, tokens // seq_len), f"reference {tokens:,} tokens")
     if device.type != "cuda":
         return [reference]

@@ -32,6 +32,8 @@ from launcher.config.run_shape import RunShape
 from launcher.config.stages import ResolvedStage
 from launcher.common.errors import UserError
 from launcher.inputs.init_from import InitSource
+from data_pipeline.remote.url import format_size
+from data_pipeline.stream import window_cache_need
 
 @dataclass(frozen=True)
 class RunSetup:
@@ -251,7 +253,6 @@ def cache_line(cfg: RunConfig, train, valid) -> str | None:
     """`roformer plan`'s line on remote data: the corpus against the cache limit, and the order that needs."""
     if not cfg.data.is_remote:
         return None
-    from data_pipeline.remote.url import format_size
 
     corpus, limit = train.token_bytes + valid.token_bytes, cfg.data.cache_limit_bytes
     fits = not limit or corpus <= limit
@@ -265,8 +266,6 @@ def cache_line(cfg: RunConfig, train, valid) -> str | None:
 def check_cache_limit(cfg: RunConfig, train, valid) -> None:
     """Remote data in global order touches every shard every few steps: the cache must hold the whole corpus;
     in shard_window order it holds two windows per stream at once (data_pipeline.stream.window_cache_need)."""
-    from data_pipeline.stream import window_cache_need
-
     limit = cfg.data.cache_limit_bytes
     if not cfg.data.is_remote or not limit:
         return

@@ -18,6 +18,7 @@ from launcher.deepspeed_env import ops_cache
 from launcher.common.errors import UserError
 from launcher.common.io import atomic_write_text
 from launcher.run_dir.layout import RunDir
+import launcher
 
 
 FORWARDED_NAMES = (
@@ -63,8 +64,6 @@ _UNSAFE_VALUE_CHARS = frozenset('"$`\\%\n\r')
 
 def project_root() -> Path:
     """The directory holding the `launcher` package: ranks run `python -m launcher...` from it."""
-    import launcher
-
     return Path(launcher.__file__).resolve().parent.parent
 
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.common.errors import UserError
+from launcher.common.mfu import resolve_peak, table_peak_tflops
+from launcher.config.hardware_section import parse_memory
+from launcher.pricing.estimate import estimate_stages, format_estimates, setup_from_configs
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,6 @@ class NoTarget:
 def resolve_target(cfg, precision: str, *, device_name: str | None = None, device_memory: str | None = None,
                    peak_tflops: float | None = None) -> Target | NoTarget:
     """The device of the estimates (see the module docstring); UserError naming the flag or field."""
-    from launcher.config.hardware_section import parse_memory
-
     declared = cfg.hardware
     memory = None
     if device_memory:
@@ -64,8 +65,6 @@ def resolve_target(cfg, precision: str, *, device_name: str | None = None, devic
 
 
 def _declared_peak(cfg, name: str, precision: str, where: str, peak_tflops: float | None) -> tuple[float, str]:
-    from launcher.common.mfu import table_peak_tflops
-
     if peak_tflops:
         return peak_tflops, "--peak-tflops"
     if cfg.logging.peak_tflops > 0:
@@ -80,8 +79,6 @@ def _declared_peak(cfg, name: str, precision: str, where: str, peak_tflops: floa
 
 def _this_machine(cfg, precision: str, memory: int | None, peak_tflops: float | None) -> Target | NoTarget:
     from deepspeed.accelerator import get_accelerator
-
-    from launcher.common.mfu import resolve_peak
 
     accelerator = get_accelerator()
     kind = accelerator.device_name()
@@ -108,7 +105,6 @@ def dry_run_estimate(cfg, stages, world_size: int, ds_json, mfu: float = 0.4) ->
     `roformer plan`'s default MFU), or the note saying why there is none. `cfg`, `ds_json`: the launch plan's
     RunConfig and DeepSpeed JSON."""
     from launcher.config.deepspeed_json import resolve_ds_config
-    from launcher.pricing.estimate import estimate_stages, format_estimates, setup_from_configs
 
     ds_config = resolve_ds_config(cfg, stages[0], world_size, ds_json)
     target = resolve_target(cfg, ds_json.precision)

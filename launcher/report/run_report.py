@@ -15,6 +15,8 @@ import numpy as np
 from launcher.outputs.output_paths import REPORT_TITLES
 from launcher.report.curves import Curves
 from launcher.report.run_summary import RunSummary, finetune_rows
+from data_pipeline import DataError, read_manifest
+from data_pipeline.manifest import manifest_sources
 
 MAX_CHECKPOINT_ROWS = 8
 EVAL_PLOTS = ("eval_mlm.png", "finetune.png")
@@ -173,9 +175,6 @@ def mixture_section(curves: Curves, data_dir: str | None) -> str:
 
 def _size_shares(data_dir: str | None) -> dict[str, float] | None:
     """{source: share of the train tokens} from the data's manifest, None when it cannot be read."""
-    from data_pipeline import DataError, read_manifest
-    from data_pipeline.manifest import manifest_sources
-
     if not data_dir:
         return None
     try:

@@ -16,6 +16,11 @@ import sys
 from pathlib import Path
 
 from launcher.common.errors import UserError
+from launcher.checkpoint.catalogue import effective_rope_theta, saved_model_config
+from launcher.checkpoint.weights import consolidate_fp32, resolve_checkpoint
+from launcher.common.io import atomic_write_json
+from launcher.downstream.mlm_evaluation import figures_per_length
+from launcher.export.model_card import run_stages, trained_length
 
 
 def evaluate_checkpoint(run_dir: Path, data_dir: Path, seq_lens: list[int], tokens: int = 32768,
@@ -24,13 +29,6 @@ def evaluate_checkpoint(run_dir: Path, data_dir: Path, seq_lens: list[int], toke
     """attention: "document" scores each packed document alone (its own attention and positions), as
     `roformer eval-mlm --attention document` does; "sequence" as packed."""
     from data_pipeline import DocumentView, MaskingConfig, open_corpus
-    from launcher.checkpoint.weights import (
-        consolidate_fp32,
-        resolve_checkpoint,
-    )
-    from launcher.downstream.mlm_evaluation import figures_per_length
-    from launcher.export.model_card import run_stages, trained_length
-    from launcher.checkpoint.catalogue import effective_rope_theta, saved_model_config
     from roformer import RoFormerForMaskedLM
 
     if not seq_lens or min(seq_lens) < 2:
@@ -55,8 +53,6 @@ def evaluate_checkpoint(run_dir: Path, data_dir: Path, seq_lens: list[int], toke
 
 
 def main(argv: list[str] | None = None) -> int:
-    from launcher.common.io import atomic_write_json
-
     parser = argparse.ArgumentParser(prog="python -m launcher.reproduce.checkpoint_mlm", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--data", type=Path, required=True, help="prepared data dir the run trained on")

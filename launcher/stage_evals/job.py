@@ -20,6 +20,16 @@ from launcher.common.defaults import BAD_INPUT_EXIT_CODE
 from launcher.common.errors import UserError
 from launcher.common.io import atomic_write_json
 from launcher.run_dir.layout import RunDir
+from data_pipeline.remote.client import RemoteOptions
+from launcher.downstream.fine_tuning import FinetuneConfig, finetune
+from launcher.downstream.labelled_files import load_task
+from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
+from launcher.downstream.retrieval_data import load_retrieval_task
+from launcher.downstream.task_metrics import METRICS
+from launcher.downstream.task_spec import load_task_spec
+from launcher.downstream.tasks import TASKS, bundled_spec
+from launcher.export.export_reader import trained_max_seq_len
+from launcher.export.exporter import export_checkpoint, run_data_section
 
 MLM_EVAL = "mlm"
 # A stage-end fine-tune is a progress signal, not the final number: small and bounded in time.
@@ -27,8 +37,6 @@ QUICK_FINETUNE = dict(max_train_examples=2000, epochs=2, max_eval_examples=500, 
 
 
 def known_evals() -> list[str]:
-    from launcher.downstream.tasks import TASKS
-
     return [MLM_EVAL, *TASKS]
 
 
@@ -43,8 +51,6 @@ def is_spec_file(name: str) -> bool:
 def parse_eval(spec: str, where: str = "logging.stage_end_evals") -> tuple[str, dict]:
     """`name[:field=value...]` -> (name, fine-tune overrides); errors name the entry and the field.
     `name` is `mlm`, a bundled task or a task spec file (.yaml / .yml)."""
-    from launcher.downstream.fine_tuning import FinetuneConfig
-
     name, *options = spec.split(":")
     if name not in known_evals() and not is_spec_file(name):
         raise UserError(f"{where}: unknown eval {name!r} (known: {', '.join(known_evals())}, or a task spec "
@@ -67,9 +73,6 @@ def parse_eval(spec: str, where: str = "logging.stage_end_evals") -> tuple[str, 
 def validate_eval_names(names: list[str], where: str = "logging.stage_end_evals") -> None:
     """Every entry a known eval with valid options, and every task spec file with readable, consistent
     labelled files; errors name `where` and the entry."""
-    from launcher.downstream.labelled_files import load_task
-    from launcher.downstream.retrieval_data import load_retrieval_task
-
     for spec in names:
         name, _ = parse_eval(spec, where)
         if is_spec_file(name):
@@ -81,9 +84,6 @@ def validate_eval_names(names: list[str], where: str = "logging.stage_end_evals"
 
 
 def _task_spec(name: str):
-    from launcher.downstream.task_spec import load_task_spec
-    from launcher.downstream.tasks import bundled_spec
-
     return load_task_spec(Path(name)) if is_spec_file(name) else bundled_spec(name)
 
 
@@ -99,8 +99,6 @@ def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str], snaps
                     ) -> dict[str, Path]:
     """Export `tag` (from `snapshot` when given, see launcher.checkpoint.weights.snapshot_checkpoint), run each eval, write JSON +
     TensorBoard; one failing eval does not stop the rest. The snapshot is removed at the end."""
-    from launcher.export.exporter import export_checkpoint, run_data_section
-
     layout = RunDir(Path(run_dir))
     evals_dir = layout.evals
     evals_dir.mkdir(parents=True, exist_ok=True)
@@ -134,19 +132,13 @@ def run_stage_evals(run_dir: Path, tag: str, stage: str, specs: list[str], snaps
 
 def _run_one(name: str, overrides: dict, export_dir: Path, data: dict) -> dict:
     """One eval; `data` is the run config's data section (the held-out split and, for s3://, the run's cache)."""
-    from launcher.export.export_reader import trained_max_seq_len
-
     if name == MLM_EVAL:
-        from data_pipeline.remote.client import RemoteOptions
-        from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
-
         if not data.get("data_dir"):
             raise UserError("config.yaml: no data.data_dir, so there is no held-out split to evaluate on")
         trained = trained_max_seq_len(export_dir) or 128
         return evaluate_mlm(MLMEvalConfig(export_dir=export_dir, data_dir=Path(data["data_dir"]),
                                           seq_lens=[trained, 2 * trained], tokens=16384,
                                           remote_options=RemoteOptions.from_data_section(data)))
-    from launcher.downstream.fine_tuning import FinetuneConfig, finetune
 
     task = _task_spec(name)
     options = {**QUICK_FINETUNE, **task.settings, **overrides}
@@ -166,8 +158,6 @@ def _to_tensorboard(tb_dir: Path, name: str, report: dict, step: int) -> None:
                 for metric in ("loss", "accuracy", "perplexity"):
                     writer.add_scalar(f"eval/mlm/{metric}_len{row['seq_len']}", row[metric], step)
         else:
-            from launcher.downstream.task_metrics import METRICS
-
             held_out, metrics = report["held_out"], METRICS[report["task_type"]]  # not the example counts
             for split in ("dev", "test"):
                 for metric, value in (report[split] or {}).items():

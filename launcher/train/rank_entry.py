@@ -14,6 +14,17 @@ from __future__ import annotations
 import os
 import time
 
+from launcher.common.defaults import BAD_INPUT_EXIT_CODE, RANK_ERROR_PREFIX
+from launcher.common.errors import user_errors
+from launcher.common.io import keep_console, write_line
+from launcher.deepspeed_env.lean_imports import import_deepspeed
+from launcher.deepspeed_env.ops_cache import ENV_VAR, extensions_dir, prepare_arch_list
+from launcher.launch.env_forwarding import RANKS_PER_NODE_VAR, append_venv_bin
+from launcher.run_dir.lock import held_run_dir
+from launcher.train.peer_errors import rank_stop_line
+from launcher.train.stop_signals import THIS_RANK
+from launcher.train.teardown import end_rank
+
 PROCESS_START = time.time()  # for the start-up timing event
 
 
@@ -26,9 +37,6 @@ def prepare_process_environment(environ: dict[str, str] = os.environ) -> None:
     would be oversubscribed. TORCH_EXTENSIONS_DIR: this Python environment's op cache, keyed by this
     node's torch (a CPU torch on the login node and a CUDA torch here must not share one:
     launcher/deepspeed_env/ops_cache.py). PATH: the node's own, with the venv's bin appended (its tools, e.g. ninja)."""
-    from launcher.launch.env_forwarding import RANKS_PER_NODE_VAR, append_venv_bin
-    from launcher.deepspeed_env.ops_cache import ENV_VAR, extensions_dir, prepare_arch_list
-
     if "OMP_NUM_THREADS" not in environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         # DeepSpeed's launcher sets LOCAL_SIZE; under mpirun / srun the plan's ranks per node stand in.
@@ -43,21 +51,13 @@ def prepare_process_environment(environ: dict[str, str] = os.environ) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The rank: its environment, its inputs checked, then, holding the run directory, the resume agreed,
     the components built and training run (launcher/train/rank.py)."""
-    from launcher.train.stop_signals import THIS_RANK
-
     THIS_RANK.install()  # first: a stop during start-up is honoured at the first step boundary
     prepare_process_environment()
-    from launcher.common.io import keep_console, write_line
 
     keep_console()  # before DeepSpeed's logger takes sys.stdout: a console gone ends nothing (launcher/common/io.py)
-    from launcher.deepspeed_env.lean_imports import import_deepspeed
 
     import_deepspeed()
-    from launcher.common.defaults import BAD_INPUT_EXIT_CODE, RANK_ERROR_PREFIX
-    from launcher.common.errors import user_errors
-    from launcher.run_dir.lock import held_run_dir
     from launcher.train import rank  # torch and DeepSpeed: after the environment above
-    from launcher.train.teardown import end_rank
 
     timer = rank.PhaseTimer(PROCESS_START)
     try:
@@ -70,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
         write_line(RANK_ERROR_PREFIX.format(rank=os.environ.get("RANK", "?")) + str(err))
         return BAD_INPUT_EXIT_CODE
     except (RuntimeError, KeyboardInterrupt) as err:
-        from launcher.train.peer_errors import rank_stop_line
-
         stop = rank_stop_line(err, os.environ.get("RANK", "?"))
         if stop is None:
             raise

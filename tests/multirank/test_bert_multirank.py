@@ -20,7 +20,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launcher.export.exporter import export_checkpoint
 from tests.support.corpus_files import english_paragraphs, write_jsonl
 from tests.support.helpers import (NO_DROPOUT, TINY_MODEL, hf_isolated_logits, report_of, roformer, run_to_end,
                                    tiny_run_config, train_losses)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from launcher.cli import main as cli_main
-from tests.support.bad_inputs import refused, snapshot
+from tests.support.bad_inputs import refused
 from tests.support.corpus_files import chinese_paragraphs, english_paragraphs
 from tests.support.helpers import run_config_dict, write_schedule, write_yaml
 
