@@ -14,7 +14,7 @@ import signal
 import sys
 
 from launcher.common.defaults import BAD_INPUT_EXIT_CODE, BROKEN_PIPE_EXIT_CODE
-from launcher.common.errors import USER_ERRORS, UserError
+from launcher.common.errors import UserError, user_errors
 from launcher.flag_types import make_floats_finite
 from launcher.common.io import reader_gone
 from launcher.common.stop_mask import stops_held
@@ -151,10 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of stdout is gone: no second error at the interpreter's final flush
         reader_gone(sys.stdout)
         return BROKEN_PIPE_EXIT_CODE
-    except Exception as err:  # noqa: BLE001 - after a stop, whatever it interrupted raised is the stop
+    except Exception as err:  # noqa: BLE001 - user_errors() imports the model config (torch): only on an error
         if _stops_received:  # raised after a stop, by what the stop interrupted (a module half-imported): the stop
             return _stopped(command, _stops_received[0])
-        if not isinstance(err, USER_ERRORS):
+        if not isinstance(err, user_errors()):
             raise
         print(f"{_prog(command)}: error: {err}", file=sys.stderr)  # bad input: one line, no traceback
         return BAD_INPUT_EXIT_CODE

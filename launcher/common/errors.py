@@ -9,5 +9,6 @@ class UserError(ValueError):
     """Bad input: a flag, a config field, a hostfile line, a run directory. The message names it."""
 
 
-USER_ERRORS: tuple[type[Exception], ...] = (UserError, DataError, ConfigError)
-"""Every bad-input error of the project (launcher, data pipeline, model config): one line, exit code 2."""
+def user_errors() -> tuple[type[Exception], ...]:
+    """Every bad-input error of the project (launcher, data pipeline, model config): one line, exit code 2."""
+    return (UserError, DataError, ConfigError)

@@ -15,7 +15,7 @@ import os
 import time
 
 from launcher.common.defaults import BAD_INPUT_EXIT_CODE, RANK_ERROR_PREFIX
-from launcher.common.errors import USER_ERRORS
+from launcher.common.errors import user_errors
 from launcher.common.io import keep_console, write_line
 from launcher.deepspeed_env.lean_imports import import_deepspeed
 from launcher.deepspeed_env.ops_cache import ENV_VAR, extensions_dir, prepare_arch_list
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         with held_run_dir(inputs.run_dir.root, inputs.rank):  # created when new; rank 0: its lock
             started = rank.start(inputs, timer)
             return rank.run(started) if started is not None else 0
-    except USER_ERRORS as err:
+    except user_errors() as err:
         write_line(RANK_ERROR_PREFIX.format(rank=os.environ.get("RANK", "?")) + str(err))
         return BAD_INPUT_EXIT_CODE
     except (RuntimeError, KeyboardInterrupt) as err:
