@@ -18,7 +18,6 @@ from launcher.common.errors import UserError, user_errors
 from launcher.flag_types import make_floats_finite
 from launcher.common.io import reader_gone
 from launcher.common.stop_mask import stops_held
-from launcher.deepspeed_env.lean_imports import import_deepspeed
 
 # name -> (module, one-line help). The names are part of the public interface: docs and scripts
 # rely on them.
@@ -137,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(SUBCOMMANDS[command][0])
         with stops_held():
             if command in USE_DEEPSPEED:
+                from launcher.deepspeed_env.lean_imports import import_deepspeed
+
                 import_deepspeed()
             elif command in USE_TORCH:
                 import torch  # noqa: F401

@@ -12,13 +12,6 @@ from launcher.cli import raise_if_stopped
 from launcher.common.errors import UserError
 from launcher.flag_types import non_negative_int, positive_float
 from launcher.outputs.output_paths import DATA, check_output_dir, check_paths, check_replaceable, publishing
-from data_pipeline.config import (CleaningConfig, InputConfig, PrepareConfig, SourceSpec, TokenizerConfig as T,
-                                  TokenizerConfig, check_source_name)
-from data_pipeline.errors import DataError
-from data_pipeline.inputs import file_format, resolve_inputs
-from data_pipeline.remote.upload import remote_manifest_exists, upload_directory
-from data_pipeline.remote.url import is_remote, parse_location
-from data_pipeline.sources import default_corpus_files, default_data_cache
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -103,6 +96,8 @@ TRAINING_OPTIONS = {"--vocab-size": ("vocab_size", int), "--model-type": ("model
 
 
 def _tokenizer_args(p: argparse.ArgumentParser) -> None:
+    from data_pipeline.config import TokenizerConfig as T
+
     p.add_argument("--vocab-size", type=int, default=None,
                    help=f"pieces including the 5 special tokens (default: {T.vocab_size})")
     p.add_argument("--model-type", default=None, choices=["bpe", "unigram"],
@@ -115,7 +110,9 @@ def _tokenizer_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from data_pipeline.config import InputConfig, TokenizerConfig
     from data_pipeline.prepare import prepare, train_tokenizer_only
+    from data_pipeline.remote.url import is_remote
 
     if args.data_command == "upload":
         return _upload(args)
@@ -157,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
 def _named_by_flag(args: argparse.Namespace, build):
     """build() of a data config from the flags; its DataError names the config field (`workers: -2 must be
     >= 1`), which the user gave as a flag: the line names the flag (`--workers: -2 must be >= 1`)."""
+    from data_pipeline.errors import DataError
+
     try:
         return build()
     except DataError as err:
@@ -168,6 +167,8 @@ def _named_by_flag(args: argparse.Namespace, build):
 
 
 def _prepare_config(args: argparse.Namespace, input_cfg, tok_cfg, out_dir: Path):
+    from data_pipeline.config import CleaningConfig, PrepareConfig
+
     return PrepareConfig(
         input=input_cfg, out_dir=out_dir, tokenizer=tok_cfg, existing_tokenizer=args.tokenizer,
         cleaning=CleaningConfig(nfkc=args.nfkc, strip_control=not args.keep_control_chars,
@@ -178,6 +179,9 @@ def _prepare_config(args: argparse.Namespace, input_cfg, tok_cfg, out_dir: Path)
 
 def _check_remote_out(args: argparse.Namespace) -> None:
     """--out s3://...: the location parses, the bucket answers, and prepared data there needs --overwrite."""
+    from data_pipeline.remote.upload import remote_manifest_exists
+    from data_pipeline.remote.url import parse_location
+
     parse_location(args.out, "--out")
     if remote_manifest_exists(args.out, args.remote_retries, args.remote_timeout) and not args.overwrite:
         raise UserError(f"--out {args.out}: already holds prepared data (a manifest.json); use --overwrite to "
@@ -190,6 +194,7 @@ def _prepare_to_bucket(args: argparse.Namespace, input_cfg, tok_cfg) -> int:
     import tempfile
 
     from data_pipeline.prepare import prepare
+    from data_pipeline.remote.upload import upload_directory
 
     work = Path(tempfile.mkdtemp(prefix="roformer-prepare-"))
     try:
@@ -205,6 +210,9 @@ def _prepare_to_bucket(args: argparse.Namespace, input_cfg, tok_cfg) -> int:
 
 
 def _upload(args: argparse.Namespace) -> int:
+    from data_pipeline.remote.upload import upload_directory
+    from data_pipeline.remote.url import is_remote
+
     if not is_remote(args.destination):
         raise UserError(f"DESTINATION {args.destination}: expected s3://BUCKET/PREFIX")
     if not args.data_dir.is_dir():
@@ -223,6 +231,8 @@ def check_data_paths(args: argparse.Namespace, input_cfg) -> None:
     """--out against every input (launcher/outputs/output_paths.py): never one of them, inside or around one."""
     import glob
 
+    from data_pipeline.inputs import resolve_inputs
+
     specs = input_cfg.all_inputs()
     inputs = {"--input": [s for s in specs if not glob.has_magic(s) or Path(s).exists()]
               + [f for s in specs if glob.has_magic(s) and not Path(s).exists() for f in resolve_inputs([s])],
@@ -237,6 +247,8 @@ def check_data_paths(args: argparse.Namespace, input_cfg) -> None:
 def _sources(args: argparse.Namespace) -> list:
     """Named sources: each --source NAME=PATH[,PATH...], then each --default-corpus name (plain --input
     files are the source 'default', added by InputConfig); empty -> InputConfig names the missing field."""
+    from data_pipeline.config import SourceSpec, check_source_name
+
     sources = []
     for value in args.source:
         name, sep, paths = value.partition("=")
@@ -245,6 +257,8 @@ def _sources(args: argparse.Namespace) -> list:
         check_source_name(name.strip(), f"--source {value}")
         sources.append(SourceSpec(name.strip(), [p for p in (x.strip() for x in paths.split(",")) if p]))
     if args.default_corpus:
+        from data_pipeline.sources import default_corpus_files, default_data_cache
+
         cache = args.data_cache or default_data_cache()
         for name in (x.strip() for x in args.default_corpus.split(",") if x.strip()):
             sources.append(SourceSpec(name, [str(p) for p in default_corpus_files(cache, (name,))]))
@@ -264,6 +278,8 @@ def _check_reading_options(args: argparse.Namespace, input_cfg) -> None:
     """--text-field applies to JSONL/parquet input, --txt-mode to text files: given for input that has
     none of them, it would be silently ignored (e.g. `--format txt --text-field body` on JSONL reads
     every line, JSON and all, as a document)."""
+    from data_pipeline.inputs import file_format, resolve_inputs
+
     if args.text_field is None and args.txt_mode is None:
         return
     formats = {file_format(path, input_cfg.text_format): path for path in resolve_inputs(input_cfg.all_inputs())}

@@ -12,7 +12,6 @@ from launcher.export.export_reader import EXPORT_INFO
 from launcher.export.exporter import (MAX_POSITIONS_PER_TRAINED_LENGTH, MIN_MAX_POSITIONS, export_checkpoint,
                                       run_data_section)
 from launcher.outputs.output_paths import EXPORT, check_paths, publishing
-from launcher.tracking.attach import sync_run
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         what = f"the mean of {', '.join(a['tag'] for a in info['averaged'])} (newest at {where})"
     print(f"exported {what} -> {args.out}; transformers' RoFormer accepts inputs of up to {info['max_positions']:,} "
           f"tokens (--max-positions)")
+    from launcher.tracking.attach import sync_run
 
     sync_run(args.run_dir, [(out / "README.md", f"exports/{out.name}"), (out / EXPORT_INFO, f"exports/{out.name}")])
     return 0

@@ -13,16 +13,6 @@ import sys
 from pathlib import Path
 
 from launcher.common.errors import UserError
-from launcher.common.io import atomic_write_json
-from launcher.config.report_to import parse_report_to
-from launcher.downstream.fine_tuning import FinetuneConfig, INITS, _HELP, run_finetune
-from launcher.downstream.finetune_report import check_outputs, console_table, save_model, write_predictions
-from launcher.downstream.retrieval import save_sentence_model, write_rankings
-from launcher.downstream.task_spec import TaskSpec, load_task_spec
-from launcher.downstream.tasks import TASKS, bundled_spec, get_task
-from launcher.export.export_reader import load_classifier
-from launcher.outputs.output_paths import check_output_dir, check_output_file, check_paths, writer_locks
-from launcher.tracking.finetune_run import report_finetune
 
 # FinetuneConfig fields a task spec may set: their command-line default is None ("not given").
 SPEC_SETTINGS = ("max_length", "epochs", "lr", "batch_size", "select_metric")
@@ -31,6 +21,9 @@ OWN_FILE_FLAGS = ("dev", "test", "dev_fraction", "text_column", "text_pair_colum
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from launcher.downstream.fine_tuning import _HELP, INITS, FinetuneConfig
+    from launcher.downstream.tasks import TASKS
+
     parser.add_argument("export_dir", type=Path, help="export directory (roformer export --out) or any "
                                                       "transformers RoFormer directory with a tokenizer")
     task = parser.add_argument_group("the task (one of --task, --task-spec, --train)")
@@ -95,6 +88,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def task_spec_from_args(args: argparse.Namespace):
     """The TaskSpec the flags describe; errors name the flag."""
+    from launcher.downstream.task_spec import TaskSpec, load_task_spec
+    from launcher.downstream.tasks import bundled_spec, get_task
+
     chosen = [flag for flag, value in (("--task", args.task), ("--task-spec", args.task_spec), ("--train", args.train))
               if value is not None]
     if len(chosen) != 1:
@@ -126,6 +122,8 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 
 
 def config_from_args(args: argparse.Namespace):
+    from launcher.downstream.fine_tuning import FinetuneConfig
+
     spec = task_spec_from_args(args)
     fields = {k: getattr(args, k) for k in FinetuneConfig.__dataclass_fields__
               if hasattr(args, k) and k not in ("task", "seeds")}
@@ -139,6 +137,8 @@ def config_from_args(args: argparse.Namespace):
 
 
 def _report_to(value: str) -> tuple[str, ...]:
+    from launcher.config.report_to import parse_report_to
+
     try:
         names = parse_report_to(value, "--report-to")
     except UserError as err:
@@ -150,6 +150,9 @@ def _report_to(value: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from launcher.downstream.finetune_report import check_outputs
+    from launcher.outputs.output_paths import writer_locks
+
     cfg = config_from_args(args)
     if args.compare_random_init and cfg.init != "pretrained":
         raise UserError("--compare-random-init compares the pretrained export with its twin: drop --init random")
@@ -162,6 +165,10 @@ def run(args: argparse.Namespace) -> int:
 
 def finetune_and_write(args: argparse.Namespace, cfg) -> int:
     """Fine-tune (every seed, and the random-init twin if asked), then write the table and the outputs."""
+    from launcher.downstream.fine_tuning import run_finetune
+    from launcher.downstream.finetune_report import console_table, save_model, write_predictions
+    from launcher.common.io import atomic_write_json
+
     report, chosen, data, tokenizer, evals = run_finetune(cfg)
     same = same_file_note(cfg.task)
     if same:
@@ -176,12 +183,16 @@ def finetune_and_write(args: argparse.Namespace, cfg) -> int:
         write_predictions(args.predictions, data, evals[held_out], chosen.held_out_predictions)
         print(f"finetune: {held_out} predictions of seed {chosen.report['seed']} -> {args.predictions}", file=sys.stderr)
     if args.save_model is not None and cfg.task.task_type != "retrieval":
+        from launcher.export.export_reader import load_classifier
+
         model = load_classifier(cfg.export_dir, data.num_labels, random_init=cfg.init == "random", dropout=cfg.dropout)
         model.load_state_dict(chosen.best_state)
         save_model(model, cfg.export_dir, tokenizer, data, args.save_model)
         print(f"finetune: model of seed {chosen.report['seed']} (epoch {chosen.report['best_epoch']}) -> "
               f"{args.save_model}", file=sys.stderr)
     if args.report_to:
+        from launcher.tracking.finetune_run import report_finetune
+
         options = {k: str(v) for k, v in vars(args).items() if v is not None and k not in ("func", "report_to")}
         report["trackers"] = report_finetune(args.report_to, cfg.export_dir, options, report, [])
     if args.out is not None:
@@ -194,6 +205,8 @@ def finetune_and_write(args: argparse.Namespace, cfg) -> int:
 
 def check_finetune_paths(args: argparse.Namespace, spec) -> None:
     """Every output against the export, the task's files and the other outputs (launcher/outputs/output_paths.py)."""
+    from launcher.outputs.output_paths import check_output_dir, check_output_file, check_paths
+
     check_paths({"EXPORT": args.export_dir, "--task-spec": args.task_spec, "--train": spec.train, "--dev": spec.dev,
                  "--test": spec.test, "--corpus": spec.corpus},
                 {"--out": args.out, "--predictions": args.predictions, "--save-model": args.save_model})
@@ -213,6 +226,8 @@ def same_file_note(spec) -> str | None:
 
 
 def _retrieval_outputs(args: argparse.Namespace, cfg, chosen, held_out_split, held_out: str) -> None:
+    from launcher.downstream.retrieval import save_sentence_model, write_rankings
+
     seed = chosen.report["seed"]
     if args.predictions is not None:
         write_rankings(args.predictions, held_out_split, chosen.held_out_predictions)

@@ -12,10 +12,7 @@ import sys
 from pathlib import Path
 
 from launcher.common.errors import UserError
-from launcher.gpu_check.run_checks import PARTS, run_parts
-from launcher.common.io import atomic_write_json
-from launcher.deepspeed_env.ops_cache import prepare_arch_list
-from launcher.gpu_check.check_report import no_cuda_line
+from launcher.gpu_check.run_checks import PARTS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +35,8 @@ def cuda_refusal() -> str | None:
     """The one line to print where no CUDA device is usable, else None."""
     import torch
 
+    from launcher.gpu_check.check_report import no_cuda_line
+
     return None if torch.cuda.is_available() else no_cuda_line(torch.__version__, torch.version.cuda)
 
 
@@ -49,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
     if refusal:
         print(refusal, file=sys.stderr)
         return 2
+    from launcher.gpu_check.run_checks import run_parts
+    from launcher.common.io import atomic_write_json
+    from launcher.deepspeed_env.ops_cache import prepare_arch_list
 
     prepare_arch_list()  # the memory part builds FusedAdam in this process
     args.out = args.out.resolve()  # the run configs written under it name their schedule file by path

@@ -21,10 +21,6 @@ from launcher.common.errors import UserError
 from launcher.flag_types import positive_float
 from launcher.launch.hostfile import read_hostfile
 from launcher.stage_evals.specs import check_eval_specs
-from data_pipeline.manifest import manifest_sources
-from launcher.config.source_plan import source_plan
-from launcher.pricing.estimate import estimate_stages, format_estimates, setup_from_configs
-from launcher.pricing.target import NoTarget, resolve_target
 
 if TYPE_CHECKING:  # the estimator imports torch (through roformer): not at `roformer plan --help`
     from launcher.pricing.estimate import StageEstimate, TrainingSetup
@@ -153,6 +149,8 @@ class PlanEstimates:
     """The device priced on and where it came from (launcher/pricing/target.py), e.g. 'V100 16 GiB (hardware.device)'."""
 
     def table(self) -> str:
+        from launcher.pricing.estimate import format_estimates
+
         return f"on {self.device}: " + format_estimates(self.stages, self.setup, self.device_bytes, self.peak_tflops, self.peak_source,
                                 self.mfu)
 
@@ -189,6 +187,9 @@ def plan_checks(cfg, init, stages, world_size: int, ds_json) -> tuple[list[str],
 def plan_sources(stages, manifest: dict | None):
     """Tokens per stage and source and the passes over each source (launcher/config/source_plan.py), from the
     manifest the checks read; None when the data is not there yet (plan_checks said so)."""
+    from data_pipeline.manifest import manifest_sources
+    from launcher.config.source_plan import source_plan
+
     return None if manifest is None else source_plan(stages, manifest_sources(manifest))
 
 
@@ -196,6 +197,9 @@ def plan_estimates(args: argparse.Namespace, cfg, ds_config: dict, precision: st
     """The estimates of every stage on the flags' device, else the run config's target (hardware.device),
     else this machine's (launcher/pricing/target.py), for `precision` (the DeepSpeed JSON's, as read once:
     DeepSpeedJson); a note (str) when there is nothing to price on."""
+    from launcher.pricing.estimate import estimate_stages, setup_from_configs
+    from launcher.pricing.target import NoTarget, resolve_target
+
     if not 0 < args.mfu <= 1:
         raise UserError(f"--mfu: must be in (0, 1], got {args.mfu}")
     target = resolve_target(cfg, precision, device_name=args.device_name, device_memory=args.device_memory,

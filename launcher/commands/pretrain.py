@@ -20,20 +20,12 @@ from pathlib import Path
 from launcher.cli import raise_if_stopped
 from launcher.common.defaults import DEFAULT_MASTER_PORT, PROGRESS_ENV
 from launcher.common.errors import UserError
-from launcher.run_dir.lock import LOCK_ID_ENV, acquire
+from launcher.run_dir.lock import LOCK_ID_ENV
 from launcher.common.io import atomic_write_text, keep_console, write_line
-from launcher.launch import env_forwarding, preflight
+from launcher.launch import env_forwarding
 from launcher.launch.hostfile import is_local_only
 from launcher.launch.launch_plan import add_launch_arguments, build_plan
 from launcher.launch.ports import check_port_free
-from launcher.config.branch_from import BranchFrom, check_branch_target
-from launcher.config.report_to import parse_report_to
-from launcher.launch.console import Console
-from launcher.launch.restart_loop import RestartPolicy, run_with_restarts
-from launcher.launch.supervise import supervise_job
-from launcher.outputs.output_paths import check_paths, check_run_dir_target
-from launcher.pricing.target import dry_run_estimate
-from launcher.run_dir.layout import RunDir
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +60,8 @@ class ReportToAction(argparse.Action):
     """--report-to mlflow,wandb is the run config's `logging.report_to`, checked here (one line, exit 2)."""
 
     def __call__(self, parser, namespace, value, option_string=None):
+        from launcher.config.report_to import parse_report_to
+
         names = list(parse_report_to(value, "--report-to")) or ["none"]
         setattr(namespace, self.dest, value)
         namespace.overrides = [*(getattr(namespace, "overrides", None) or []), f"logging.report_to={json.dumps(names)}"]
@@ -78,12 +72,16 @@ class BranchFromAction(argparse.Action):
     --init-from)."""
 
     def __call__(self, parser, namespace, value, option_string=None):
+        from launcher.config.branch_from import BranchFrom
+
         setattr(namespace, self.dest, value)
         item = f"branch_from={json.dumps(str(BranchFrom.parse(value, '--branch-from')))}"
         namespace.overrides = [*(getattr(namespace, "overrides", None) or []), item]
 
 
 def run(args: argparse.Namespace) -> int:
+    from launcher.outputs.output_paths import check_run_dir_target
+
     check_run_dir_target("--run-dir", args.run_dir)
     if args.max_restarts is not None and args.max_restarts < 0:
         raise UserError(f"--max-restarts {args.max_restarts}: must be >= 0")
@@ -121,12 +119,17 @@ def tell(notes: list[str], warnings: list[str]) -> None:
 
 def refuse_branch_into_its_source(plan) -> None:
     """A branch's source is only read: refused as --run-dir before the lock would write into it."""
+    from launcher.config.branch_from import check_branch_target
+
     check_branch_target(plan.run_config, plan.run_dir)
 
 
 def refuse_run_dir_inside_inputs(plan) -> None:
     """The run's records never go into (or around) what it reads: its prepared data, the model it starts
     from, the run it branches from (launcher/outputs/output_paths.py)."""
+    from launcher.config.branch_from import BranchFrom
+    from launcher.outputs.output_paths import check_paths
+
     cfg = plan.run_config
     branch = BranchFrom.parse(cfg.branch_from, cfg.source).run_dir if cfg.branch_from else None
     check_paths({"data.data_dir": None if cfg.data.is_remote else cfg.data.data_dir,
@@ -138,6 +141,8 @@ def claim_run_dir(run_dir: Path):
     naming the holder, before anything is written. Held for the whole job, across restarts of its
     ranks; its id reaches the ranks (rank 0 checks it) in the plan's environment, and through this
     process's environment in every plan built again for a restart (ROFORMER_* variables are forwarded)."""
+    from launcher.run_dir.lock import acquire
+
     lock = acquire(run_dir, command="roformer pretrain",
                    note=lambda text: print(f"roformer pretrain: note: {text}", file=sys.stderr, flush=True))
     os.environ[LOCK_ID_ENV] = lock.holder.lock_id
@@ -147,12 +152,15 @@ def claim_run_dir(run_dir: Path):
 def plan_and_launch(args: argparse.Namespace, plan) -> int:
     """The dry run's description, or the job (its inputs checked already)."""
     if args.dry_run:
+        from launcher.pricing.target import dry_run_estimate
         from launcher.launch.node_commands import describe_plan
 
         print(describe_plan(plan))
         # Memory and time per rank on the run's target (hardware.device), as `roformer plan` prices it.
         print(dry_run_estimate(plan.run_config, plan.stages, plan.world_size, plan.ds_json))
         return 0
+
+    from launcher.launch.restart_loop import RestartPolicy, run_with_restarts
 
     section = plan.run_config.restarts
     policy = RestartPolicy.from_args(args, section)
@@ -167,6 +175,8 @@ def plan_and_launch(args: argparse.Namespace, plan) -> int:
 
 def say(plan, text: str) -> None:
     """A line of the restart loop: on the console and in RUN_DIR/logs/launcher.log, as the job's own notes."""
+    from launcher.run_dir.layout import RunDir
+
     write_line(text, sys.stdout)  # a console gone between two launches ends nothing (launcher/common/io.py)
     log = RunDir(plan.run_dir).launcher_log
     try:
@@ -179,6 +189,11 @@ def say(plan, text: str) -> None:
 
 def launch_once(plan, grace_seconds: float):
     """Pre-flight, the files the ranks read, then one launch supervised to its end (a JobOutcome)."""
+    from launcher.launch import preflight
+    from launcher.launch.console import Console
+    from launcher.launch.supervise import supervise_job
+    from launcher.run_dir.layout import RunDir
+
     master_addr = preflight.run_preflight(plan)
     # Rank 0 draws a status line only for a terminal (launcher/train/progress_line.py); a pipe or a file
     # gets plain progress lines, each once.

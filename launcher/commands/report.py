@@ -14,11 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.common.errors import UserError
-from launcher.common.io import atomic_write_text
-from launcher.outputs.output_paths import REPORT, check_paths, is_run_dir, publishing, refuse_url, resolved_output
-from launcher.report.hook import render_lock
-from launcher.run_dir.layout import RunDir
-from launcher.tracking.attach import sync_run
 
 
 @dataclass(frozen=True)
@@ -44,6 +39,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from launcher.outputs.output_paths import REPORT, check_paths, publishing, refuse_url, resolved_output
+
     refuse_url("RUN_DIR", args.run_dir)
     layout = check_run_dir(args.run_dir)
     out = args.out
@@ -63,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"report: {len(written.plots)} plots of step {written.steps_done} ({written.state}) -> {where}",
           file=sys.stderr)
     if written.report is not None:  # the run's trackers get the page and the plots (and what they missed)
+        from launcher.tracking.attach import sync_run
 
         sync_run(args.run_dir, [(written.report, ""), *((p, "plots") for p in written.plots)])
     return 0
@@ -71,10 +69,13 @@ def run(args: argparse.Namespace) -> int:
 def make_report(run_dir: Path, out: Path | None = None, plots_only: bool = False) -> ReportFiles:
     """Render the plots (and report.md unless plots_only) from the records as they are now. Holds
     the output's render lock throughout, so concurrent renders (training's, a user's) take turns."""
+    from launcher.common.io import atomic_write_text
     from launcher.report.curves import load_curves
+    from launcher.report.hook import render_lock
     from launcher.report.plots import render_all
     from launcher.report.run_report import write_report_text
     from launcher.report.run_summary import load_summary
+    from launcher.run_dir.layout import RunDir
 
     layout = check_run_dir(run_dir)
     target = RunDir(Path(out).expanduser().resolve()) if out is not None else layout
@@ -96,6 +97,9 @@ def make_report(run_dir: Path, out: Path | None = None, plots_only: bool = False
 def check_run_dir(run_dir: Path):
     """A run directory of `roformer pretrain`, known by its own records (launcher/outputs/output_paths.py): a
     folder with a config.yaml or metrics.jsonl of its own is not one."""
+    from launcher.outputs.output_paths import is_run_dir
+    from launcher.run_dir.layout import RunDir
+
     layout = RunDir(Path(run_dir).expanduser().resolve())
     if not layout.root.is_dir():
         raise UserError(f"{layout.root}: no such run directory")

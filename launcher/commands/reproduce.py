@@ -15,9 +15,8 @@ from pathlib import Path
 
 from launcher.common.errors import UserError
 from launcher.common.io import atomic_write_json
-from launcher.outputs.output_paths import (DATA, REPORT, REPRODUCTION, REPRODUCTION_RECORD, check_paths,
-                                           check_replaceable, publishing)
-from launcher.reproduce.job_runner import Layout, Runner
+from launcher.outputs.output_paths import REPRODUCTION_RECORD
+from launcher.reproduce.job_runner import Layout
 from launcher.reproduce.reproduction_plan import PARTS, PRESETS, PROJECT_ROOT
 
 
@@ -64,6 +63,8 @@ def select_groups(runs: list, text: str) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
+    from launcher.outputs.output_paths import DATA, REPORT, REPRODUCTION, check_paths, check_replaceable, publishing
+
     preset = PRESETS["quick" if args.quick else "full"]()
     parts = parse_parts(args.parts if args.parts is not None else ",".join(preset.default_parts))
     if args.data is not None and not DATA.recognise(args.data):
@@ -86,6 +87,7 @@ def _reproduce(args: argparse.Namespace, preset, parts: tuple[str, ...], layout,
     """Run what is missing (unless --report-only), then write the report; returns report.md's path."""
     from launcher.reproduce.claims_report import write_report
     from launcher.reproduce.results import collect, merge
+    from launcher.reproduce.job_runner import Runner
 
     started = time.time()
     if not args.report_only:

@@ -9,15 +9,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from data_pipeline.sources import install_corpus_sources, install_task_text
-from launcher.downstream.task_data import prepare_task_data
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="data cache directory")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+
+    from data_pipeline.sources import install_corpus_sources, install_task_text
+    from launcher.downstream.task_data import prepare_task_data
 
     install_corpus_sources(args.out / "corpora")
     prepare_task_data(args.out / "tasks")
