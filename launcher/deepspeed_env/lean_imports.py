@@ -1,6 +1,8 @@
-"""DeepSpeed without the parts a rank never runs, whose imports or builds cost seconds at every start."""
+"""DeepSpeed and torch's optimizers without the parts a rank never runs, whose imports or builds cost seconds at every
+start (the fine-tuning loops' optimizers too: launcher/downstream/training_loop.py)."""
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 import types
@@ -13,6 +15,9 @@ MUON_KERNELS = "deepspeed.runtime.zero.muon.original_muon"
 # DeepSpeed's process group builds its CPU shared-memory all-reduce op at every start (deepspeed.comm.torch:
 # TorchBackend), though only its tensor-parallel inference layers call it (inference_all_reduce).
 DEEPSPEED_TORCH_BACKEND = "deepspeed.comm.torch"
+# torch.optim imports all of Dynamo (sympy, its tracer: 1.2-1.3 CPU-s of every rank's start) at an optimizer's first
+# add_param_group / zero_grad / state_dict and at every step, to mark graph breaks that only matter while compiling.
+DYNAMO = "torch._dynamo"
 
 
 @contextmanager
@@ -63,3 +68,61 @@ def answer_not_muon(optimizer_type: str) -> None:
 def _no_muon_update(*args, **kwargs):
     raise RuntimeError("DeepSpeed called Muon's update in a run whose optimizer is not Muon "
                        "(launcher/deepspeed_env/lean_imports.py answers DeepSpeed's Muon questions for such runs)")
+
+
+def optimizers_without_dynamo() -> None:
+    """torch's optimizers stop importing Dynamo while nothing has imported it: the methods torch wraps in
+    `torch._disable_dynamo` (add_param_group, zero_grad, state_dict, load_state_dict) and the steps it wraps in
+    `_use_grad_for_differentiable` (a graph break on each side) call through until Dynamo is imported (a compiled
+    model imports it first: launcher/train/engine.py), then do exactly what torch's do. Outside a compiled region
+    `torch._dynamo.disable` is a plain call and a graph break nothing, so results are the same; a torch whose
+    wrappers look otherwise is left as it is (tests/unit/test_lean_imports.py notices)."""
+    import torch
+    import torch.optim.optimizer as optim
+
+    disable_code = torch._compile._disable_dynamo(lambda: None).__code__
+    for method in vars(torch.optim.Optimizer).values():
+        if getattr(method, "__code__", None) is disable_code:
+            _call_through_until_dynamo(method)
+    use_grad_code = optim._use_grad_for_differentiable(lambda: None).__code__
+    for cls in vars(torch.optim).values():
+        step = vars(cls).get("step") if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) else None
+        if getattr(step, "__code__", None) is use_grad_code and hasattr(step, "__wrapped__"):
+            cls.step = _step_without_dynamo(step)
+
+
+def _call_through_until_dynamo(wrapper) -> None:
+    """A `torch._disable_dynamo` wrapper: torch keeps what it calls as the wrapped function's `__dynamo_disable`,
+    made at the first call with `torch._dynamo.disable` (importing Dynamo); this stand-in is the plain function
+    until Dynamo is imported, and then puts torch's own in its place."""
+    cells = dict(zip(wrapper.__code__.co_freevars, (cell.cell_contents for cell in wrapper.__closure__)))
+    fn, recursive = cells["fn"], cells["recursive"]
+    if getattr(fn, "__dynamo_disable", None) is not None:  # called already: torch's own is in place
+        return
+
+    def call(*args, **kwargs):
+        dynamo = sys.modules.get(DYNAMO)
+        if dynamo is None:
+            return fn(*args, **kwargs)
+        disabled = dynamo.disable(fn, recursive, wrapping=False)
+        setattr(fn, "__dynamo_disable", disabled)
+        return disabled(*args, **kwargs)
+
+    setattr(fn, "__dynamo_disable", call)
+
+
+def _step_without_dynamo(use_grad_step):
+    """An optimizer's step as `_use_grad_for_differentiable` runs it (grad mode as the `differentiable` default says,
+    restored after) without its graph breaks until Dynamo is imported, then torch's own."""
+    import torch
+
+    step = use_grad_step.__wrapped__
+
+    @functools.wraps(use_grad_step)
+    def step_without_dynamo(self, *args, **kwargs):
+        if DYNAMO in sys.modules:
+            return use_grad_step(self, *args, **kwargs)
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return step(self, *args, **kwargs)
+
+    return step_without_dynamo

@@ -2,6 +2,8 @@
 on, AdamW with linear warmup/decay, and one update step."""
 from __future__ import annotations
 
+from launcher.deepspeed_env.lean_imports import optimizers_without_dynamo
+
 
 def training_rows(size: int, max_examples: int | None, seed: int) -> list[int]:
     """The train split's rows one seed trains on, in file order: all, or a seeded random subset."""
@@ -21,6 +23,7 @@ def optimizer_and_schedule(model, cfg, total_steps: int):
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         (no_decay if param.ndim < 2 else decay).append(param)  # biases and LayerNorm weights
+    optimizers_without_dynamo()
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
     warmup = max(1, int(cfg.warmup_ratio * total_steps))
