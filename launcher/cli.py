@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of stdout is gone: no second error at the interpreter's final flush
         reader_gone(sys.stdout)
         return BROKEN_PIPE_EXIT_CODE
-    except Exception as err:  # noqa: BLE001 - user_errors() imports the model config (torch): only on an error
+    # user_errors() imports the model config (dataclasses, inspect: ~20 ms of every --help), so only on an error.
+    except Exception as err:  # noqa: BLE001
         if _stops_received:  # raised after a stop, by what the stop interrupted (a module half-imported): the stop
             return _stopped(command, _stops_received[0])
         if not isinstance(err, user_errors()):
