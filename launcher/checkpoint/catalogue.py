@@ -169,8 +169,8 @@ def effective_rope_theta(sidecar: CheckpointSidecar) -> float | None:
 
 def saved_model_config(checkpoint_dir: Path, sidecar: CheckpointSidecar):
     """The RoFormerConfig the checkpoint was saved with: roformer.config.ConfigError naming this sidecar.json's
-    model_config field when it is not one of this project's models (imported here: the catalogue, which reads
-    sidecars for the report, stays free of torch)."""
+    model_config field when it is not one of this project's models (parsed here, when a resume asks, not when a
+    sidecar is read: the report lists checkpoints whose model config this version may not know)."""
     return RoFormerConfig.from_dict(sidecar.model_config, source=f"{sidecar_path(checkpoint_dir)}: model_config")
 
 
