@@ -29,6 +29,7 @@ import torch
 
 from launcher.common.io import fsync_dir, fsync_tree
 from launcher.checkpoint.catalogue import CheckpointEntry
+from launcher.checkpoint.deepspeed_files import load_deepspeed_file
 from launcher.run_dir.layout import RunDir
 
 MODEL_STATES_NAMES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
@@ -66,7 +67,7 @@ def complete_for_every_stage(folder: Path) -> None:
     """Add to the universal folder what the other ZeRO stages' loaders need (idempotent)."""
     _model_states_under_both_names(folder)
     zero = folder / "zero"
-    state = _load(zero / "optimizer_state.pt")
+    state = load_deepspeed_file(zero / "optimizer_state.pt")
     step = _optimizer_step(state, zero)
     changed = False
     if "ds_version" not in state:
@@ -105,13 +106,13 @@ def _optimizer_step(state: dict, zero: Path) -> object:
         return next(iter(inner.values()))["step"]
     for parameter in sorted(p for p in zero.iterdir() if p.is_dir()):
         if (parameter / "step.pt").is_file():
-            return _load(parameter / "step.pt")
+            return load_deepspeed_file(parameter / "step.pt")
     raise RuntimeError(f"{zero}: the universal checkpoint records no optimizer step")
 
 
 def _param_shapes(folder: Path) -> dict[str, torch.Size]:
     """Every trained parameter's shape, as the checkpoint's model-states file records it."""
-    states = _load(folder / MODEL_STATES_NAMES[0])
+    states = load_deepspeed_file(folder / MODEL_STATES_NAMES[0])
     shapes = {}
     for group in states["param_shapes"]:  # one mapping per optimizer parameter group
         shapes.update(group)
@@ -122,20 +123,11 @@ def _complete_parameter(directory: Path, shape: torch.Size, step: object) -> Non
     numel = math.prod(shape)
     for key in MOMENTS:
         path = directory / f"{key}.pt"
-        value = _load(path)
+        value = load_deepspeed_file(path)
         if torch.is_tensor(value):  # ZeRO-3's flat form (possibly with the partition padding at the end)
             _save({"param": value.reshape(-1)[:numel].reshape(shape).clone()}, path)
     if not (directory / "step.pt").is_file():
         _save(step, directory / "step.pt")
-
-
-def _load(path: Path):
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-
-    # weights_only: only tensors, containers and the few DeepSpeed classes its optimizer state holds.
-    with torch.serialization.safe_globals([LossScaler, DynamicLossScaler, ZeroStageEnum]):
-        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _save(value, path: Path) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.checkpoint.deepspeed_files import load_deepspeed_file
 from launcher.checkpoint.catalogue import (CheckpointCatalogue, CheckpointSidecar, DamagedCheckpoint,
                                            effective_rope_theta, read_sidecar, saved_model_config)
 from launcher.common.errors import UserError
@@ -99,26 +100,23 @@ def consolidate_fp32(ref: CheckpointRef) -> dict[str, torch.Tensor]:
 
 
 def _read_universal(zero_dir: Path) -> dict[str, torch.Tensor]:
-    import torch
-
     state = {}
     for fp32_file in sorted(zero_dir.rglob("fp32.pt")):
         name = fp32_file.parent.relative_to(zero_dir).as_posix()
         # ds_to_universal saves {"param": tensor} (a missing key is reported by consolidate_fp32).
-        state[name] = torch.load(fp32_file, map_location="cpu", weights_only=True)["param"]
+        state[name] = load_deepspeed_file(fp32_file)["param"]
     if not state:
         raise UserError(f"{zero_dir}: universal checkpoint without any */fp32.pt parameter file")
     return state
 
 
 def _read_unpartitioned(tag_dir: Path) -> dict[str, torch.Tensor]:
-    import torch
     from deepspeed.utils.zero_to_fp32 import get_model_state_file
 
     path = get_model_state_file(str(tag_dir), zero_stage=0)
-    # A ZeRO-0 model state file also holds DeepSpeed objects (hence weights_only=False), and its
-    # weights are in the training dtype: fp32 master weights exist only with ZeRO >= 1.
-    return torch.load(path, map_location="cpu", weights_only=False)["module"]
+    # A ZeRO-0 model state file also holds the optimizer's state (with DeepSpeed's loss scaler), and its weights are in
+    # the training dtype: fp32 master weights exist only with ZeRO >= 1.
+    return load_deepspeed_file(Path(path))["module"]
 
 
 def snapshot_checkpoint(run_dir: RunDir, tag: str) -> Path:
