@@ -1,5 +1,5 @@
-"""DeepSpeed and torch's optimizers without the parts a rank never runs, whose imports or builds cost seconds at every
-start (the fine-tuning loops' optimizers too: launcher/downstream/training_loop.py)."""
+"""DeepSpeed, torch's optimizers and TensorBoard's writer without the parts a rank never runs, whose imports or builds
+cost seconds at every start (the fine-tuning loops' optimizers too: launcher/downstream/training_loop.py)."""
 from __future__ import annotations
 
 import functools
@@ -18,6 +18,9 @@ DEEPSPEED_TORCH_BACKEND = "deepspeed.comm.torch"
 # torch.optim imports all of Dynamo (sympy, its tracer: 1.2-1.3 CPU-s of every rank's start) at an optimizer's first
 # add_param_group / zero_grad / state_dict and at every step, to mark graph breaks that only matter while compiling.
 DYNAMO = "torch._dynamo"
+# TensorBoard's file layer imports the AWS client for s3:// log directories (0.2-0.3 CPU-s of rank 0's start, measured:
+# docs/training.md "Start-up and exit"); a run's are local (RUN_DIR/tb).
+AWS_CLIENT = ("botocore", "boto3")
 
 
 @contextmanager
@@ -38,6 +41,14 @@ def import_deepspeed() -> None:
     extra: a second or more of pandas and scipy); a run that reports to MLflow imports it later."""
     with unimportable("mlflow"):
         import deepspeed  # noqa: F401
+
+
+def summary_writer_class() -> type:
+    """torch's SummaryWriter, TensorBoard's file layer imported without the AWS client (its S3 log directories only):
+    boto3 stays importable for everything else (remote data imports it when it opens a store, before this)."""
+    with unimportable(AWS_CLIENT[0]), unimportable(AWS_CLIENT[1]):
+        from torch.utils.tensorboard import SummaryWriter
+    return SummaryWriter
 
 
 def skip_inference_all_reduce_op() -> None:

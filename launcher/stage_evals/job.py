@@ -19,6 +19,7 @@ from launcher.checkpoint.catalogue import read_sidecar
 from launcher.common.defaults import BAD_INPUT_EXIT_CODE
 from launcher.common.errors import UserError
 from launcher.common.io import atomic_write_json
+from launcher.deepspeed_env.lean_imports import summary_writer_class
 from launcher.run_dir.layout import RunDir
 from data_pipeline.remote.client import RemoteOptions
 from launcher.downstream.fine_tuning import FinetuneConfig, finetune
@@ -147,9 +148,7 @@ def _run_one(name: str, overrides: dict, export_dir: Path, data: dict) -> dict:
 
 
 def _to_tensorboard(tb_dir: Path, name: str, report: dict, step: int) -> None:
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(log_dir=str(tb_dir))
+    writer = summary_writer_class()(log_dir=str(tb_dir))
     try:
         if "error" in report:
             writer.add_text(f"eval/{name}/error", report["error"], step)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from launcher.deepspeed_env.lean_imports import summary_writer_class
 from launcher.tracking.sink import Sink
 
 # TensorBoard tag of each train-record field.
@@ -75,6 +76,4 @@ class TensorBoardSink(Sink):
 
 def _writer(log_dir: Path, purge_step: int | None):
     """A SummaryWriter of `log_dir` that drops what it held from x = purge_step on (a resume's or rewind's)."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(str(log_dir), purge_step=purge_step)
+    return summary_writer_class()(str(log_dir), purge_step=purge_step)

@@ -1,7 +1,8 @@
 """A rank imports and builds DeepSpeed without the parts it never runs (launcher/deepspeed_env/lean_imports.py): not MLflow,
 not the Muon modules with their compiled kernels (a run that uses them still gets the real ones), not the CPU
 shared-memory all-reduce op (its process group: launcher/deepspeed_env/process_group.py), not Dynamo for an
-optimizer while nothing is compiled (the same steps as torch's; torch's own once Dynamo is imported)."""
+optimizer while nothing is compiled (the same steps as torch's; torch's own once Dynamo is imported), not the AWS client
+for TensorBoard's writer (its S3 log directories)."""
 import json
 import subprocess
 import sys
@@ -117,3 +118,31 @@ def test_optimizers_step_as_torchs_without_importing_dynamo_and_hand_over_to_it_
     # Imported, Dynamo is torch's again: a graph break on each side of the step, zero_grad through its disable.
     assert ours["graph_breaks_once_imported"] == torchs["graph_breaks_once_imported"] == 2
     assert ours["zero_grad_disabled_by_dynamo"] and torchs["zero_grad_disabled_by_dynamo"]
+
+
+# Rank 0's TensorBoard sink in a fresh process: its scalars, and whether the AWS client was imported for them.
+TENSORBOARD_SINK = """
+import json, sys
+from pathlib import Path
+from launcher.tracking.tensorboard import TensorBoardSink
+sink = TensorBoardSink(Path(sys.argv[1]), start_step=0, log_every=1, total_steps=2)
+sink.record({"kind": "train", "step": 1, "loss": 2.5})
+sink.record({"kind": "valid", "step": 2, "loss": 2.25, "mlm_accuracy": 0.5})
+sink.close()
+aws = {name: name in sys.modules for name in ("boto3", "botocore")}
+import boto3  # still importable by what needs it (remote data)
+print(json.dumps(aws))
+"""
+
+
+def test_tensorboard_scalars_are_written_without_importing_the_aws_client(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = subprocess.run([sys.executable, "-c", TENSORBOARD_SINK, str(tmp_path / "tb")], cwd=REPO, env=rank_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"boto3": False, "botocore": False}
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 2.5)]
+    assert [(e.step, e.value) for e in events.Scalars("valid/loss")] == [(2, 2.25)]
