@@ -1,6 +1,11 @@
 """Where a short `roformer pretrain` job's wall time goes, this checkout beside an earlier revision.
 
     DS_ACCELERATOR=cpu .venv/bin/python bench/bench_job_phases.py [--before REV] [--rounds 3] [--steps 8]
+    DS_ACCELERATOR=cpu .venv/bin/python bench/bench_job_phases.py --before-python OTHER_VENV/bin/python
+
+The second form compares interpreters instead of revisions: `before` is this checkout run by another Python
+environment's interpreter (the same packages; DeepSpeed's launcher and the ranks inherit it), written to
+bench/results/job_phases_python.json.
 
 A tiny 2-rank run (the tests' model and corpus shape: tests/support/helpers.tiny_run_config on a prepared
 tiny corpus made here) is launched as the real command, once per round for each code (`before`: REV's tree from
@@ -69,12 +74,12 @@ def checkout(revision: str, workdir: Path) -> Path:
     return tree
 
 
-def timed_job(code_dir: Path, config: Path, run_dir: Path) -> dict:
-    """One `roformer pretrain` of `config` run from `code_dir`: seconds from its start to each of MARKS."""
+def timed_job(code_dir: Path, config: Path, run_dir: Path, python: str = sys.executable) -> dict:
+    """One `roformer pretrain` of `config` run from `code_dir` by `python`: seconds from its start to each of MARKS."""
     env = {**roformer_env(), "PYTHONPATH": str(code_dir)}
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", "pretrain", "--num_gpus", "2", "--master_port",
+    proc = subprocess.Popen([python, "-m", "launcher", "pretrain", "--num_gpus", "2", "--master_port",
                              str(free_port()), "--config", str(config), "--run-dir", str(run_dir), "--report-to",
                              "none"], cwd=code_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -143,15 +148,21 @@ def timed_job(code_dir: Path, config: Path, run_dir: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default="aef1b4e", help="the earlier revision (git)")
+    parser.add_argument("--before-python", metavar="PYTHON", default=None,
+                        help="compare interpreters: `before` is this checkout run by PYTHON (another venv's)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "job_phases.json")
+    parser.add_argument("--out", type=Path, default=None, help="default: bench/results/job_phases.json, "
+                        "job_phases_python.json with --before-python")
     args = parser.parse_args()
+    name = "job_phases_python.json" if args.before_python else "job_phases.json"
+    out = args.out or REPO / "bench" / "results" / name
     from tests.support.corpus_files import prepared_dir
 
     with tempfile.TemporaryDirectory(prefix="job-phases-") as tmp:
         workdir = Path(tmp)
-        codes = {"before": checkout(args.before, workdir), "after": REPO}
+        codes = {"before": REPO if args.before_python else checkout(args.before, workdir), "after": REPO}
+        pythons = {"before": args.before_python or sys.executable, "after": sys.executable}
         data = prepared_dir(_Factory(workdir))
         config = tiny_run_config(workdir / "config", data, stages=[
             {"name": "one", "max_seq_len": 16, "global_batch_size": 4, "steps": args.steps}],
@@ -160,7 +171,7 @@ def main() -> None:
         for round_index in range(args.rounds):
             for code, code_dir in codes.items():
                 load = os.getloadavg()[0]
-                marks = timed_job(code_dir, config, workdir / f"run-{code}-{round_index}")
+                marks = timed_job(code_dir, config, workdir / f"run-{code}-{round_index}", pythons[code])
                 runs.append({"code": code, "round": round_index, "load_avg_1m": round(load, 2), **marks})
                 print(json.dumps(runs[-1]), flush=True)
     summary = {code: {figure: statistics.median(r[figure] for r in runs if r["code"] == code) for figure in FIGURES}
@@ -168,9 +179,19 @@ def main() -> None:
     for figures in summary.values():
         figures["after_finished"] = round(figures["exit"] - figures["finished"], 3)
     result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-              "before": args.before, "steps": args.steps, "summary": summary, "runs": runs}
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+              "before": {"python": python_build(pythons["before"])} if args.before_python else args.before,
+              "after_python": python_build(sys.executable), "steps": args.steps, "summary": summary, "runs": runs}
+    out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
+
+
+def python_build(python: str) -> dict:
+    """Which interpreter `python` is: its version, the executable it resolves to, and whether that executable loads
+    libpython as a shared library (a position-independent build: slower than a static one)."""
+    probe = ("import json, os, sys; print(json.dumps({'version': sys.version.split()[0], 'executable': "
+             "os.path.realpath(sys.executable), 'shared_libpython': any('libpython' in line for line in "
+             "open('/proc/self/maps'))}))")
+    return json.loads(subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout)
 
 
 class _Factory:
