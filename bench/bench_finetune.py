@@ -25,7 +25,6 @@ import os
 import platform
 import statistics
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -45,10 +44,10 @@ def demo_shaped_export(out: Path) -> Path:
     from launcher.export.sentence_transformers_files import write_sentence_transformers_files
     from roformer import RoFormerConfig, RoFormerForMaskedLM
     from roformer.hf_interop import write_pretrained_files
+    from tests.support.helpers import extract_archive
 
     stored = out / "stored"
-    with tarfile.open(ROOT / "tests" / "fixtures" / "old_run_dir.tar.xz") as archive:
-        archive.extractall(stored, filter="data")
+    extract_archive(ROOT / "tests" / "fixtures" / "old_run_dir.tar.xz", stored)
     run_dir = stored / "old_run" / "run"
     config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     config["data"]["data_dir"] = str(run_dir.parent / "data")

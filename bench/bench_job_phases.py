@@ -36,7 +36,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -47,7 +46,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.helpers import free_port, roformer_env, tiny_run_config  # noqa: E402
+from tests.support.helpers import extract_archive, free_port, roformer_env, tiny_run_config  # noqa: E402
 
 MARKS = ("launch", "ranks_start", "first_step", "finished", "ranks_exit", "launcher_exit", "exit")
 CPU_KINDS = ("command", "launcher", "wrappers", "ranks")
@@ -69,8 +68,7 @@ def checkout(revision: str, workdir: Path) -> Path:
     """REV's tracked tree under workdir (git archive), to run the command from."""
     archive, tree = workdir / f"{revision}.tar", workdir / revision
     subprocess.run(["git", "-C", str(REPO), "archive", "-o", str(archive), revision], check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(tree, filter="data")
+    extract_archive(archive, tree)
     return tree
 
 

@@ -27,7 +27,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -41,6 +40,7 @@ import transformers  # noqa: E402
 from roformer import IGNORE_INDEX, RoFormerConfig, RoFormerForMaskedLM, save_pretrained  # noqa: E402
 from roformer.flops import forward_flops, training_flops  # noqa: E402
 from roformer.rope import RotaryEmbedding  # noqa: E402
+from tests.support.helpers import extract_archive  # noqa: E402
 from launcher.gpu_check.side_by_side import (MASK_RATE, adamw, make_batch, medians, round_robin,  # noqa: E402
                                              training_step)
 
@@ -116,8 +116,7 @@ def load_baseline_package(revision: str, workdir: Path):
     archive = workdir / "baseline.tar"
     with archive.open("wb") as out:
         subprocess.run(["git", "archive", "--format=tar", revision, "roformer"], cwd=ROOT, stdout=out, check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(workdir / "baseline", filter="data")
+    extract_archive(archive, workdir / "baseline")
     package = workdir / "baseline" / "roformer"
     spec = importlib.util.spec_from_file_location("roformer_baseline", package / "__init__.py",
                                                   submodule_search_locations=[str(package)])

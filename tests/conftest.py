@@ -14,7 +14,6 @@ Folders say what a test needs, and set its markers (setup.cfg) here, never by ha
 from __future__ import annotations
 
 import shutil
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import yaml
 from tests.support.helpers import (
     NO_DROPOUT,
     TEST_RANK_ENTRY,
+    extract_archive,
     free_port,
     run_to_end,
     tiny_data_dir,
@@ -139,8 +139,7 @@ def release_run(tmp_path_factory, stored_run) -> Path:
 
 def _unpacked_run(root: Path, archive_name: str, folder: str) -> Path:
     """FOLDER/run of a stored archive, unpacked under root, its config.yaml's data.data_dir at FOLDER/data."""
-    with tarfile.open(FIXTURES / archive_name) as archive:
-        archive.extractall(root, filter="data")
+    extract_archive(FIXTURES / archive_name, root)
     run_dir = root / folder / "run"
     config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     config["data"]["data_dir"] = str(run_dir.parent / "data")
