@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.checkpoint.deepspeed_files import load_deepspeed_file
 from launcher.checkpoint.catalogue import (CheckpointCatalogue, CheckpointSidecar, DamagedCheckpoint,
                                            effective_rope_theta, read_sidecar, saved_model_config)
+from launcher.checkpoint.deepspeed_files import load_deepspeed_file
 from launcher.common.errors import UserError
 from launcher.common.io import file_sha256
 from launcher.run_dir.layout import RunDir, sidecar_path
@@ -114,8 +114,8 @@ def _read_unpartitioned(tag_dir: Path) -> dict[str, torch.Tensor]:
     from deepspeed.utils.zero_to_fp32 import get_model_state_file
 
     path = get_model_state_file(str(tag_dir), zero_stage=0)
-    # A ZeRO-0 model state file also holds the optimizer's state (with DeepSpeed's loss scaler), and its weights are in
-    # the training dtype: fp32 master weights exist only with ZeRO >= 1.
+    # A ZeRO-0 model state file also holds the optimizer's state (in fp16, DeepSpeed's loss scaler too), and its weights
+    # are in the training dtype: fp32 master weights exist only with ZeRO >= 1.
     return load_deepspeed_file(Path(path))["module"]
 
 
