@@ -344,8 +344,9 @@ def bfloat16_copy(directory: Path) -> Path:
 
 
 def extract_archive(path: Path, root: Path) -> None:
-    """The tar archive at `path` unpacked under `root`: plain files and directories inside it only. Python's "data"
-    filter where it has one (3.11.4 on); Debian 12's 3.11.2 has none, so the same refusal is checked here first."""
+    """The tar archive at `path` unpacked under `root`, nothing landing outside it: Python's "data" filter where it has
+    one (3.11.4 on); Debian 12's 3.11.2 has none, so there plain files and directories under `root` only (stricter:
+    no links at all), checked before anything is written."""
     with tarfile.open(path) as archive:
         if hasattr(tarfile, "data_filter"):
             archive.extractall(root, filter="data")
