@@ -5,6 +5,7 @@ data_pipeline/prepare.py drives the passes; this module only knows sources, file
 """
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from data_pipeline.config import SourceSpec
@@ -28,16 +29,33 @@ def resolve_sources(specs: list[SourceSpec]) -> list[list[Path]]:
     return resolved
 
 
-def check_sources(specs: list[SourceSpec], files: list[tuple[int, int, int, int]]) -> None:
+def check_sources(specs: list[SourceSpec], files: list[tuple]) -> None:
     """Every source must give the train split documents, or a stage could never draw from it.
 
-    files: per scanned file (source index, documents read, kept for train, dropped)."""
+    files: per scanned file (source index, documents read, kept for train, dropped, and, from --lenient, the
+    skipped lines by reason (a Counter) and examples 'file:line: reason')."""
     for index, spec in enumerate(specs):
         mine = [f for f in files if f[0] == index]
         if not sum(f[2] for f in mine):
             raise DataError(f"--source {spec.name} ({', '.join(spec.inputs)}): no documents for the train split "
                             f"({sum(f[1] for f in mine)} read, {sum(f[3] for f in mine)} dropped as duplicates "
-                            f"or over the cap)")
+                            f"or over the cap{_lenient_skips(mine)})")
+
+
+def _lenient_skips(files: list[tuple]) -> str:
+    """What --lenient skipped in `files`, for the line above: '0 read' alone hides that every line was
+    skipped (a Latin-1 file is invalid UTF-8 line by line)."""
+    reasons = Counter()
+    for f in files:
+        reasons.update({k: v for k, v in (f[4] if len(f) > 4 else {}).items() if k != "empty file"})
+    if not reasons:
+        return ""
+    example = next((e for f in files if len(f) > 5 for e in f[5] if not e.endswith(": empty file")), "")
+    hint = "; input is read as UTF-8: convert the file, e.g. `iconv -f latin1 -t utf-8`" \
+        if "invalid UTF-8" in reasons else ""
+    return (f"; --lenient skipped {sum(reasons.values())} line(s): "
+            + ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
+            + (f", e.g. {example}" if example else "") + hint)
 
 
 def source_entries(specs: list[SourceSpec], files: list[tuple[int, Path, int]], splits: dict) -> list[dict]:

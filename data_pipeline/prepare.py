@@ -123,8 +123,8 @@ def prepare(cfg: PrepareConfig, log=None, before_publish: Callable[[], None] = l
             mark = time.perf_counter()
             scans, total_bytes = _scan_all(cfg, source_files, formats, pool, partial / "samples", log, counter)
             assignments, dedup_stats = _assign_documents(scans, cfg)
-            check_sources(specs, [(s.source, s.documents, int((a == TRAIN).sum()), int((a == DROP).sum()))
-                                  for s, a in zip(scans, assignments)])
+            check_sources(specs, [(s.source, s.documents, int((a == TRAIN).sum()), int((a == DROP).sum()),
+                                   s.skipped, s.examples) for s, a in zip(scans, assignments)])
             _check_splits(scans, assignments, cfg)
             phases["scan_seconds"], mark = time.perf_counter() - mark, time.perf_counter()
             model_path = _make_tokenizer(cfg, partial, pool_threads=cfg.workers, log=log)

@@ -25,6 +25,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def open_fraction(text: str) -> float:
+    """A share strictly between 0 and 1 (finetune --dev-fraction: 0 holds out nothing, 1 leaves nothing to train)."""
+    value = finite_float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number between 0 and 1 (exclusive), got {text!r}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -32,6 +40,21 @@ def non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
+MAX_SEED = 2**32 - 1
+"""numpy's seeds are 32-bit (a run config's seeds are held to the same range: launcher/config/run_config.py)."""
+
+
+def seed_int(text: str) -> int:
+    """A seed flag's value, in [0, 2**32-1]: numpy refuses others with a traceback after the model is loaded."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, {MAX_SEED:,}], got {text!r}")
     return value
 
 

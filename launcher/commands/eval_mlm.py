@@ -8,7 +8,7 @@ from pathlib import Path
 
 from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
 from launcher.common.errors import UserError
-from launcher.flag_types import non_negative_int
+from launcher.flag_types import non_negative_int, seed_int
 from launcher.common.io import atomic_write_json
 from launcher.outputs.output_paths import check_output_file, check_paths, writer_locks
 
@@ -35,7 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "every length; 0 = all of it")
     parser.add_argument("--tokens-per-batch", type=int, default=8192,
                         help="tokens per forward pass (micro-batch = this // length sequences); bounds memory")
-    parser.add_argument("--seed", type=int, default=0, help="masking seed (which tokens are masked, and how)")
+    parser.add_argument("--seed", type=seed_int, default=0, help="masking seed (which tokens are masked, and how)")
     parser.add_argument("--mask-prob", type=float, default=0.15,
                         help="share of tokens predicted (80%% [MASK], 10%% random, 10%% kept)")
     parser.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")
@@ -54,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
         seq_lens = [int(x) for x in args.seq_lens.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"--seq-lens: {args.seq_lens!r} is not a comma-separated list of integers") from None
+    repeated = sorted({n for n in seq_lens if seq_lens.count(n) > 1})
+    if repeated:  # each length would be evaluated (and reported) twice, on the same tokens and masks
+        raise UserError(f"--seq-lens: {args.seq_lens!r} gives {', '.join(map(str, repeated))} more than once")
     check_paths({"EXPORT": args.export_dir, "--data": args.data, "--input": list(args.input)}, {"--out": args.out})
     check_output_file("--out", args.out)
     if args.text_column is not None and not args.input:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from launcher.common.errors import UserError
+from launcher.flag_types import MAX_SEED, open_fraction, seed_int
 
 # FinetuneConfig fields a task spec may set: their command-line default is None ("not given").
 SPEC_SETTINGS = ("max_length", "epochs", "lr", "batch_size", "select_metric")
@@ -35,7 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     task.add_argument("--train", type=Path, help="your labelled training file: .csv, .tsv, .jsonl/.json or .parquet (default: none)")
     task.add_argument("--dev", type=Path, help="your dev file (model selection; default: none, then give --dev-fraction)")
     task.add_argument("--test", type=Path, help="your test file (default: none; dev is then the held-out split)")
-    task.add_argument("--dev-fraction", type=float, help="hold out this share of --train as dev, instead of a --dev file (default: none)")
+    task.add_argument("--dev-fraction", type=open_fraction, help="hold out this share of --train as dev, instead of a --dev file (default: none)")
     task.add_argument("--text-column", default=None, help="text column of your files (default: text)")
     task.add_argument("--text-pair-column", default=None, help="second text column: a text-pair task; retrieval: "
                                                                "the relevant passage (default: none, single texts)")
@@ -63,7 +64,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     seeds = parser.add_mutually_exclusive_group()
     seeds.add_argument("--seeds", default=None, help="comma-separated seeds, one fine-tune each; the report gives "
                                                     "mean, min, max and n of every metric (default: 0)")
-    seeds.add_argument("--seed", type=int, default=None, help="one seed, the same as --seeds N (default: 0)")
+    seeds.add_argument("--seed", type=seed_int, default=None, help="one seed, the same as --seeds N (default: 0)")
     parser.add_argument("--init", choices=INITS, default="pretrained",
                         help="encoder weights: the export's (pretrained) or its random-init twin: same architecture "
                              "and tokenizer, freshly initialised (default: pretrained)")
@@ -118,6 +119,8 @@ def parse_seeds(text: str) -> tuple[int, ...]:
         raise UserError(f"--seeds: expected comma-separated integers, got {text!r}") from None
     if len(set(seeds)) != len(seeds):
         raise UserError(f"--seeds: {text!r} repeats a seed")
+    if any(not 0 <= seed <= MAX_SEED for seed in seeds):
+        raise UserError(f"--seeds: {text!r}: each seed must be an integer in [0, {MAX_SEED:,}]")
     return seeds
 
 

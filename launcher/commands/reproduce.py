@@ -73,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
     check_paths({"--data": args.data, "--merge": args.merge}, {"--report-dir": args.report_dir})
     check_replaceable("--report-dir", args.report_dir, REPORT)
     priors = [read_prior(path) for path in args.merge]  # before any compute: a bad file fails at once
+    select_groups(preset.pretrain_runs(parts), args.groups)  # an unknown group is refused before --out is made
+    if args.groups and args.report_only:
+        raise UserError("--groups: chooses the runs to start; --report-only starts none (the report covers every "
+                        "run present): drop one of them")
     with publishing("--out", args.out, REPRODUCTION, "roformer reproduce") as out:
         record = out / REPRODUCTION_RECORD
         if not record.is_file():  # marks the folder as ours: a later run resumes in it

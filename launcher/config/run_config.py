@@ -38,6 +38,7 @@ from launcher.config.restarts_section import RestartsSection
 from launcher.config.watchdog_section import WatchdogSection
 from launcher.common.errors import UserError
 from launcher.common.io import atomic_write_text
+from launcher.flag_types import MAX_SEED  # numpy's seeds are 32-bit; torch's and Python's take any of these too
 from roformer.config import ConfigError, RoFormerConfig, require_finite
 from data_pipeline.remote.url import SCHEME, is_remote, parse_location
 from launcher.outputs.output_paths import refuse_url
@@ -309,8 +310,6 @@ def _model_compile(value: Any, source: str) -> bool | str:
     return value
 
 
-MAX_SEED = 2**32 - 1
-"""numpy's seeds are 32-bit; torch's and Python's take any of these too."""
 
 
 def _check_seed(where: str, seed: Any, source: str) -> int:
