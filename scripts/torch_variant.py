@@ -16,7 +16,9 @@ The rules (docs/gpu.md, "Set-up"):
   multi-GB CUDA build), from the configured indexes first, then https://download.pytorch.org/whl/cpu.
 - cuda: `torch==VERSION+<tag>` from https://download.pytorch.org/whl/<tag>, the tag from the
   driver's CUDA version (the "CUDA Version" nvidia-smi prints: the newest runtime the driver runs)
-  and the GPUs' compute capability, see cuda_tag(); TORCH_CUDA_TAG=cuXYZ overrides it.
+  and the GPUs' compute capability, from TORCH_CUDA_MATRIX (the lines the pinned torch is published for and
+  the architectures each carries), see cuda_tag(); TORCH_CUDA_TAG=cuXYZ overrides it with a published line
+  that carries every GPU present.
 - arch_list: the GPUs' compute capabilities as TORCH_CUDA_ARCH_LIST spells them ("7.0;9.0"),
   for compiling DeepSpeed's ops for exactly the GPUs present.
 """
@@ -33,14 +35,54 @@ from dataclasses import dataclass
 TORCH_VERSION = "2.13.0"
 VARIANTS = ("auto", "cpu", "cuda")
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
-# Driver CUDA version -> wheel tag: the newest CUDA line PyTorch publishes this torch for that the
-# driver can run. Within one major version a newer runtime also runs on an older driver (CUDA's minor
-# version compatibility), so 12.0-12.7 drivers get cu126 too. Checked newest first.
-CUDA_TAGS = ((13, 0, "cu130"), (12, 8, "cu128"), (12, 0, "cu126"))
-# CUDA 13 no longer compiles for Volta (sm_70, V100) and earlier; such GPUs stay on the 12.6 line,
-# whose wheels include sm_70 kernels.
-OLDEST_CC_FOR_CUDA13 = (7, 5)
-VOLTA_TAG = "cu126"
+# The CUDA wheels PyTorch publishes for TORCH_VERSION and the architectures each carries: data, kept here beside
+# the pin so that a torch bump updates both (docs/gpu.md prints this table). Sources: PyTorch's release
+# compatibility matrix (RELEASE.md) for 2.12/2.13 (CUDA 12.6, 13.0, 13.2 experimental; cu128 gone:
+# pytorch/pytorch#187075, RFC #178665), the build arch lists of pytorch/test-infra
+# (tools/pkg-helpers/pytorch_pkg_helpers/cuda.py), and RFC #172352 / PR #175253 (since 2.11 only the 12.6
+# line keeps sm_70, Volta). "+PTX" also runs on newer architectures through the driver's JIT.
+TORCH_CUDA_MATRIX: dict[str, dict] = {
+    "cu126": {"cuda": (12, 6), "archs": ("5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "9.0"), "experimental": False},
+    "cu130": {"cuda": (13, 0), "archs": ("7.5", "8.0", "8.6", "9.0", "10.0", "12.0+PTX"), "experimental": False},
+    "cu132": {"cuda": (13, 2), "archs": ("7.5", "8.0", "8.6", "9.0", "10.0", "12.0+PTX"), "experimental": True},
+}
+MATRIX_SOURCE = ("PyTorch release compatibility matrix (pytorch/pytorch RELEASE.md), pytorch/pytorch#187075, "
+                 "RFC #178665, RFC #172352 / PR #175253; arch lists: pytorch/test-infra pytorch_pkg_helpers/cuda.py")
+# Preferred line per driver major version: any 12.x driver runs cu126 (CUDA's minor-version compatibility), a
+# 13.x driver cu130; the experimental line only when asked for by TORCH_CUDA_TAG.
+DEFAULT_TAG_BY_DRIVER_MAJOR = {12: "cu126", 13: "cu130"}
+FIX_HINT = "TORCH_CUDA_TAG={tag} make setup"
+
+
+def _cc(text: str) -> tuple[int, int]:
+    major, minor = text.removesuffix("+PTX").split(".")
+    return int(major), int(minor)
+
+
+def covers(archs, capability: tuple[int, int]) -> bool:
+    """Whether a build for `archs` ('7.0', '9.0+PTX', or torch's 'sm_70' / 'compute_90') runs on a GPU of this
+    compute capability: a cubin of the same major and a minor not above it, or PTX of an architecture not above it."""
+    for arch in archs:
+        ptx = arch.endswith("+PTX") or arch.startswith("compute_")
+        if arch.startswith(("sm_", "compute_")):
+            digits = arch.split("_", 1)[1].rstrip("af")
+            built = (int(digits[:-1]), int(digits[-1]))
+        else:
+            built = _cc(arch)
+        if (ptx and built <= capability) or (built[0] == capability[0] and built[1] <= capability[1]):
+            return True
+    return False
+
+
+def tag_for(capabilities, driver_cuda: tuple[int, int] | None) -> str | None:
+    """The published line a driver of `driver_cuda` runs that covers every GPU present (None: none does)."""
+    major = driver_cuda[0] if driver_cuda else 12
+    preferred = [DEFAULT_TAG_BY_DRIVER_MAJOR[m] for m in sorted(DEFAULT_TAG_BY_DRIVER_MAJOR, reverse=True)
+                 if m <= major]
+    for tag in preferred:
+        if all(covers(TORCH_CUDA_MATRIX[tag]["archs"], cc) for cc in capabilities):
+            return tag
+    return None
 
 
 class Refused(Exception):
@@ -99,26 +141,53 @@ def query_gpus(smi: str | None = None) -> Gpus:
     return Gpus(tuple(names), tuple(caps), (int(version.group(1)), int(version.group(2))) if version else None)
 
 
+def _gpu_lacking(tag: str, gpus: Gpus) -> str | None:
+    """The first GPU present whose architecture the line's wheels lack, as 'NAME (compute capability X.Y)'."""
+    for name, cc in zip(gpus.names, gpus.capabilities):
+        if not covers(TORCH_CUDA_MATRIX[tag]["archs"], cc):
+            return f"{name} (compute capability {cc[0]}.{cc[1]})"
+    return None
+
+
 def cuda_tag(gpus: Gpus, environ: dict[str, str]) -> tuple[str, str]:
-    """(wheel tag, why) for the driver and GPUs seen (see CUDA_TAGS)."""
+    """(wheel tag, why) for the driver and GPUs seen, from TORCH_CUDA_MATRIX; TORCH_CUDA_TAG overrides, but only
+    with a line TORCH_VERSION is published for, carrying every GPU present, that the driver runs."""
+    published = ", ".join(TORCH_CUDA_MATRIX)
     override = environ.get("TORCH_CUDA_TAG", "")
     if override:
         if not re.fullmatch(r"cu\d{3}", override):
-            raise Refused(f"TORCH_CUDA_TAG={override!r}: expected a PyTorch wheel tag such as cu126")
-        return override, f"TORCH_CUDA_TAG={override}"
+            raise Refused(f"TORCH_CUDA_TAG={override!r}: expected a PyTorch wheel tag such as cu126 "
+                          f"(torch {TORCH_VERSION} is published for {published})")
+        if override not in TORCH_CUDA_MATRIX:
+            raise Refused(f"TORCH_CUDA_TAG={override}: torch {TORCH_VERSION} is not published for {override} "
+                          f"(its CUDA lines: {published})")
+        lacking = _gpu_lacking(override, gpus)
+        if lacking:
+            fix = tag_for(gpus.capabilities, gpus.driver_cuda)
+            raise Refused(f"TORCH_CUDA_TAG={override}: torch {TORCH_VERSION}+{override} has no kernels for the "
+                          f"{lacking} here" + (f"; use {FIX_HINT.format(tag=fix)}" if fix else ""))
+        line = TORCH_CUDA_MATRIX[override]["cuda"]
+        if gpus.driver_cuda is not None and gpus.driver_cuda[0] < line[0]:
+            raise Refused(f"TORCH_CUDA_TAG={override}: CUDA {line[0]}.{line[1]} needs a CUDA {line[0]} driver; this "
+                          f"one runs CUDA {gpus.driver_cuda[0]}.{gpus.driver_cuda[1]}")
+        return override, f"TORCH_CUDA_TAG={override}" + (" (experimental line)" if TORCH_CUDA_MATRIX[override]["experimental"] else "")
+    default = DEFAULT_TAG_BY_DRIVER_MAJOR[12]
     if gpus.driver_cuda is None:
-        return VOLTA_TAG, f"no driver visible here, {VOLTA_TAG} runs on every CUDA 12 driver (TORCH_CUDA_TAG overrides)"
+        return default, f"no driver visible here, {default} runs on every CUDA 12 driver (TORCH_CUDA_TAG overrides)"
     major, minor = gpus.driver_cuda
     if major < 12:
         raise Refused(f"the driver supports CUDA {major}.{minor}; torch {TORCH_VERSION} needs a CUDA 12 driver or newer "
                       "(update the driver, or install a torch of your own into .venv first: it is kept)")
-    for tag_major, tag_minor, tag in CUDA_TAGS:
-        if (major, minor) >= (tag_major, tag_minor):
-            if tag_major >= 13 and gpus.capabilities and min(gpus.capabilities) < OLDEST_CC_FOR_CUDA13:
-                cc = "%d.%d" % min(gpus.capabilities)
-                return VOLTA_TAG, f"driver CUDA {major}.{minor}, but CUDA 13 builds lack compute capability {cc}"
-            return tag, f"driver CUDA {major}.{minor}"
-    raise AssertionError("CUDA_TAGS covers every 12.x driver")
+    tag = tag_for(gpus.capabilities, gpus.driver_cuda)
+    if tag is None:
+        newest = DEFAULT_TAG_BY_DRIVER_MAJOR[max(m for m in DEFAULT_TAG_BY_DRIVER_MAJOR if m <= major)]
+        raise Refused(f"no CUDA wheel of torch {TORCH_VERSION} ({published}) that a CUDA {major}.{minor} driver runs "
+                      f"has kernels for the {_gpu_lacking(newest, gpus)} here")
+    preferred = DEFAULT_TAG_BY_DRIVER_MAJOR[min(major, max(DEFAULT_TAG_BY_DRIVER_MAJOR))]
+    if tag != preferred:
+        lacking = _gpu_lacking(preferred, gpus)
+        return tag, f"driver CUDA {major}.{minor}, but the {preferred} wheels lack the {lacking}"
+    return tag, f"driver CUDA {major}.{minor}"
 
 
 def installed_variant(version: str) -> str:

@@ -52,11 +52,14 @@ def test_auto_without_nvidia_smi_installs_the_cpu_wheel(no_smi_on_path):
 
 
 @pytest.mark.parametrize("driver, gpus, tag", [
-    ("12.4", [("Tesla V100-SXM2-32GB", "7.0")] * 4, "cu126"),     # V100 box, CUDA 12.4 driver
-    ("12.8", [("NVIDIA H100 80GB HBM3", "9.0")] * 8, "cu128"),
+    ("12.2", [("Tesla V100-SXM2-32GB", "7.0")] * 4, "cu126"),     # V100 box, CUDA 12.2 driver
+    ("12.8", [("Tesla V100-SXM2-16GB", "7.0")] * 4, "cu126"),     # R570: cu128 is not published for 2.13
+    ("13.0", [("Tesla V100-SXM2-16GB", "7.0")], "cu126"),         # only the 12.6 line keeps sm_70
+    ("12.8", [("Tesla T4", "7.5")], "cu126"),
+    ("12.8", [("NVIDIA A100-SXM4-40GB", "8.0")] * 8, "cu126"),    # any 12.x driver: minor-version compatibility
     ("13.0", [("NVIDIA H100 80GB HBM3", "9.0")], "cu130"),
-    ("13.0", [("Tesla V100-SXM2-16GB", "7.0")], "cu126"),         # CUDA 13 builds have no sm_70
-    ("12.0", [("NVIDIA A100-SXM4-40GB", "8.0")], "cu126"),        # minor-version compatibility
+    ("13.0", [("Tesla T4", "7.5")], "cu130"),
+    ("12.0", [("NVIDIA A100-SXM4-40GB", "8.0")], "cu126"),
 ])
 def test_auto_with_a_gpu_installs_the_cuda_wheel_of_the_driver(tmp_path, driver, gpus, tag):
     code, fields, _ = decide(path_dirs=[fake_nvidia_smi(tmp_path / "bin", gpus, driver)])
@@ -70,7 +73,25 @@ def test_auto_with_a_gpu_installs_the_cuda_wheel_of_the_driver(tmp_path, driver,
 def test_mixed_gpus_get_every_compute_capability(tmp_path):
     smi = fake_nvidia_smi(tmp_path / "bin", [("Tesla V100-SXM2-32GB", "7.0"), ("NVIDIA H100 PCIe", "9.0")], "12.8")
     code, fields, _ = decide(path_dirs=[smi])
-    assert code == 0 and fields["arch_list"] == "7.0;9.0" and fields["spec"].endswith("+cu128")
+    assert code == 0 and fields["arch_list"] == "7.0;9.0" and fields["spec"].endswith("+cu126")
+    # On a CUDA 13 driver the line covering both: cu130 lacks the V100, so cu126, and the reason says so.
+    smi = fake_nvidia_smi(tmp_path / "bin13", [("Tesla V100-SXM2-32GB", "7.0"), ("NVIDIA A100-SXM4-80GB", "8.0")],
+                          "13.0")
+    code, fields, _ = decide(path_dirs=[smi])
+    assert code == 0 and fields["spec"].endswith("+cu126")
+    assert "the cu130 wheels lack the Tesla V100-SXM2-32GB (compute capability 7.0)" in fields["reason"]
+
+
+def test_the_matrix_is_the_published_one():
+    """The data the decision and docs/gpu.md follow: torch 2.13's CUDA lines, sm_70 on 12.6 only, no cu128."""
+    from launcher.gpu_check.wheel_matrix import torch_variant
+
+    module = torch_variant()
+    assert set(module.TORCH_CUDA_MATRIX) == {"cu126", "cu130", "cu132"}
+    assert [tag for tag, line in module.TORCH_CUDA_MATRIX.items() if module.covers(line["archs"], (7, 0))] == ["cu126"]
+    assert module.covers(("9.0",), (9, 0)) and not module.covers(("9.0",), (10, 0))
+    assert module.covers(("12.0+PTX",), (12, 1)) and module.covers(("sm_80", "sm_86"), (8, 9))
+    assert not module.covers(("sm_75", "sm_80"), (7, 0)) and module.covers(("compute_70",), (7, 5))
 
 
 def test_explicit_variants(tmp_path, no_smi_on_path):
@@ -81,18 +102,33 @@ def test_explicit_variants(tmp_path, no_smi_on_path):
     code, fields, _ = decide("--variant", "cuda")
     assert code == 0 and fields["variant"] == "cuda" and fields["spec"] == "torch==2.13.0+cu126"
     assert "no driver visible here" in fields["reason"]
-    code, fields, _ = decide(env={"TORCH_VARIANT": "cuda", "TORCH_CUDA_TAG": "cu128"})
-    assert fields["spec"] == "torch==2.13.0+cu128" and "TORCH_CUDA_TAG=cu128" in fields["reason"]
+    code, fields, _ = decide(env={"TORCH_VARIANT": "cuda", "TORCH_CUDA_TAG": "cu130"})
+    assert fields["spec"] == "torch==2.13.0+cu130" and "TORCH_CUDA_TAG=cu130" in fields["reason"]
 
 
 @pytest.mark.parametrize("env, message", [
     ({"TORCH_VARIANT": "gpu"}, "TORCH_VARIANT='gpu': expected one of auto, cpu, cuda"),
     ({"TORCH_VARIANT": "cuda", "TORCH_CUDA_TAG": "12.4"}, "TORCH_CUDA_TAG='12.4': expected a PyTorch wheel tag"),
+    ({"TORCH_VARIANT": "cuda", "TORCH_CUDA_TAG": "cu128"},
+     "TORCH_CUDA_TAG=cu128: torch 2.13.0 is not published for cu128 (its CUDA lines: cu126, cu130, cu132)"),
 ])
 def test_bad_choices_are_one_line_and_exit_2(env, message):
     code, fields, err = decide(env=env)
     assert code == 2 and fields == {} and err.startswith(f"setup: {message}")
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("tag, gpus, driver, message", [
+    ("cu130", [("Tesla V100-SXM2-16GB", "7.0")], "13.0",
+     "TORCH_CUDA_TAG=cu130: torch 2.13.0+cu130 has no kernels for the Tesla V100-SXM2-16GB (compute capability 7.0) "
+     "here; use TORCH_CUDA_TAG=cu126 make setup"),
+    ("cu130", [("NVIDIA A100-SXM4-40GB", "8.0")], "12.8",
+     "TORCH_CUDA_TAG=cu130: CUDA 13.0 needs a CUDA 13 driver; this one runs CUDA 12.8"),
+])
+def test_a_tag_lacking_a_gpu_here_is_refused_naming_it(tmp_path, tag, gpus, driver, message):
+    smi = fake_nvidia_smi(tmp_path / "bin", gpus, driver)
+    code, fields, err = decide(path_dirs=[smi], env={"TORCH_CUDA_TAG": tag})
+    assert code == 2 and fields == {} and err.strip() == f"setup: {message}"
 
 
 def test_old_driver_refused_with_the_way_out(tmp_path):
@@ -113,7 +149,7 @@ def test_an_existing_torch_is_kept(tmp_path):
         assert fields["action"] == "keep" and fields["variant"] == "cuda"
     # An explicit variant that differs replaces it.
     code, fields, _ = decide("--variant", "cuda", "--installed", "2.13.0+cpu", path_dirs=[smi])
-    assert fields["action"] == "install" and fields["spec"] == "torch==2.13.0+cu128"
+    assert fields["action"] == "install" and fields["spec"] == "torch==2.13.0+cu126"
 
 
 def test_failing_setup_step_shows_the_log_tail_and_path(tmp_path):
