@@ -202,7 +202,7 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path,
         raise UserError(str(err)) from None
     cfg = RunConfig(model=model, seed=seed, model_compile=model_compile, source=source, init_from=init_from,
                     branch_from=branch_from, **sections)
-    _validate(cfg)
+    _validate(cfg, raw)
     cfg.schedule.stages = tuple(load_schedule(cfg.schedule.file))
     cfg.schedule.pieces = tuple(schedule_pieces(cfg.schedule.stages))
     _resolve_token_fields(cfg, raw)
@@ -338,7 +338,8 @@ def _validate_data(data: DataSection, fail) -> None:
         fail("data.cache_limit", str(err).split(": ", 1)[1])
 
 
-def _validate(cfg: RunConfig) -> None:
+def _validate(cfg: RunConfig, given: dict) -> None:
+    """given: the config's sections as written (after --set), for a key whose default means 'not set'."""
     src = cfg.source
 
     def fail(where: str, message: str):
@@ -377,8 +378,11 @@ def _validate(cfg: RunConfig) -> None:
         fail("optimizer.decay_shape", f"must be one of {', '.join(DECAY_SHAPES)}, got {opt.decay_shape!r}")
     if opt.batch_scaling not in BATCH_SCALINGS:
         fail("optimizer.batch_scaling", f"must be one of {', '.join(BATCH_SCALINGS)}, got {opt.batch_scaling!r}")
-    if opt.reference_batch < 0:
+    if opt.reference_batch < 0 or (opt.reference_batch == 0 and "reference_batch" in (given.get("optimizer") or {})):
         fail("optimizer.reference_batch", f"must be a positive global batch, got {opt.reference_batch}")
+    if opt.batch_scaling == "none" and opt.reference_batch:  # as decay_steps without wsd: a setting that does nothing
+        fail("optimizer.reference_batch", "only applies with optimizer.batch_scaling linear or sqrt (it is 'none'): "
+             "drop it, or set batch_scaling")
     if opt.batch_scaling != "none" and not opt.reference_batch:
         fail("optimizer.reference_batch", f"required when optimizer.batch_scaling is {opt.batch_scaling!r} (the "
              f"global batch at which the LR is optimizer.lr)")
@@ -418,10 +422,10 @@ def _resolve_token_fields(cfg: RunConfig, raw: dict) -> None:
         where = f"{cfg.source}: {section}.{key}"
         if steps_key in (raw.get(section) or {}):
             raise UserError(f"{where}: give {section}.{steps_key} or {section}.{key}, not both")
-        tokens = parse_token_count(text, where)
+        tokens = parse_token_count(text, where, allow_zero=key != "decay_tokens")  # as warmup_steps / every_steps 0
         if key == "decay_tokens" and cfg.optimizer.decay != "wsd":
             raise UserError(f"{where}: only applies to optimizer.decay: wsd (decay is {cfg.optimizer.decay!r})")
-        if tokens > run_tokens and key != "every_tokens":
+        if tokens > run_tokens:  # every_tokens too: no checkpoint but the stage ends' would ever come of it
             raise UserError(f"{where}: {format_tokens(tokens)} tokens is longer than the run ({run_tokens:,} token "
                             f"slots in {total} steps)")
         if key == "decay_tokens":
@@ -475,6 +479,9 @@ def _apply_override(raw: dict, item: str, path: Path) -> None:
         if not isinstance(child, dict):
             raise UserError(f"--set {item!r}: {part} in {path} is not a section")
         node = child
+    if value is None:  # KEY=null (or ~) unsets KEY: its default applies, e.g. warmup_steps=null beside warmup_tokens
+        node.pop(parts[-1], None)
+        return
     node[parts[-1]] = value
 
 

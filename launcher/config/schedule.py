@@ -130,14 +130,17 @@ class Piece:
         return self.global_batch_size * self.max_seq_len
 
 
-def parse_token_count(value: object, where: str) -> int:
+def parse_token_count(value: object, where: str, allow_zero: bool = False) -> int:
     """A positive token count: an int, a float (2.5e9) or a string with an optional K/M/B/T suffix (powers of 1000:
-    "2.5B", "800M", "1.7T"), rounded to a whole token. `where` names the field in the one-line UserError."""
+    "2.5B", "800M", "1.7T"), rounded to a whole token. `where` names the field in the one-line UserError.
+    allow_zero: an exact 0 is 0 (warmup_tokens / every_tokens, as their steps twins)."""
     number = None
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
     elif isinstance(value, str) and (match := _TOKEN_COUNT.match(value)):
         number = Decimal(match.group(1)) * TOKEN_SUFFIXES[match.group(2).upper()]
+    if allow_zero and number == 0:
+        return 0
     if number is None or number <= 0 or number > Decimal(MAX_SIZE) ** 2:
         raise UserError(f"{where} must be a positive token count (a number, or a string such as \"2.5B\" or "
                         f"\"800M\" with a suffix K, M, B or T), got {value!r}")
@@ -225,6 +228,9 @@ def _parse_stage(entry: object, index: int, path: Path) -> Stage:
         per_step = (batch or ramp.start) * entry["max_seq_len"]
         raise UserError(f"{where}: tokens {entry['tokens']!r} is less than half a step ({per_step:,} tokens per "
                         f"step: global_batch_size x max_seq_len)")
+    if tokens is not None and sum(n for _, n in pieces) > MAX_SIZE:  # the limit `steps` has, for the same count
+        raise UserError(f"{where}: tokens {entry['tokens']!r} is {sum(n for _, n in pieces):,} steps, more than any "
+                        f"run (at most {MAX_SIZE:,} steps of global_batch_size x max_seq_len tokens)")
     return Stage(name=str(name), max_seq_len=entry["max_seq_len"],
                  global_batch_size=max(b for b, _ in pieces), steps=sum(n for _, n in pieces),
                  micro_batch_size=entry.get("micro_batch_size"), lr_scale=float(lr_scale),
