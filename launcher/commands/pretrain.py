@@ -51,6 +51,9 @@ class InitFromAction(argparse.Action):
     DIR made absolute here, where it was typed relative to the working directory."""
 
     def __call__(self, parser, namespace, value, option_string=None):
+        from launcher.outputs.output_paths import refuse_url
+
+        refuse_url("--init-from", value)  # before resolve() makes s3://b/m a local ./s3:/b/m
         setattr(namespace, self.dest, value)
         item = f"init_from={json.dumps(str(Path(value).expanduser().resolve()))}"  # JSON is YAML: any path
         namespace.overrides = [*(getattr(namespace, "overrides", None) or []), item]
@@ -195,11 +198,12 @@ def launch_once(plan, grace_seconds: float):
     from launcher.run_dir.layout import RunDir
 
     master_addr = preflight.run_preflight(plan)
+    node_env = preflight.check_nodes(plan)  # each node's wheel against its GPUs; FusedAdam or torch's AdamW
     # Rank 0 draws a status line only for a terminal (launcher/train/progress_line.py); a pipe or a file
     # gets plain progress lines, each once.
     status = sys.stdout.isatty()
     plan = dataclasses.replace(plan, master_addr=master_addr,
-                               env={**plan.env, PROGRESS_ENV: "status" if status else "lines"})
+                               env={**plan.env, **node_env, PROGRESS_ENV: "status" if status else "lines"})
     env_file = env_forwarding.write_env_file(plan.run_dir, plan.env)
     if plan.multi_node:
         atomic_write_text(plan.hostfile_copy, plan.hostfile.render())

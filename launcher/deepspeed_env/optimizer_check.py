@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import copy
 import inspect
+import os
 
 from launcher.common.errors import UserError
+
+TORCH_ADAM_ENV = "ROFORMER_TORCH_ADAM"
+"""1 for every rank when some node cannot build DeepSpeed's FusedAdam (launcher/gpu_check/node_check.py decides
+before launch; forwarded by the ROFORMER_ prefix)."""
 
 
 def merged_optimizer(base: dict | None, override: dict | None) -> dict | None:
@@ -74,3 +79,17 @@ def _torch_optimizer(name: str):
         raise UserError(f"optimizer.type {name!r}: neither a DeepSpeed optimizer ({', '.join(DEEPSPEED_OPTIMIZERS)}) "
                         f"nor a torch.optim class (names are case-sensitive there: SGD, RMSprop, ...)")
     return cls
+
+
+def node_optimizer(ds_config: dict, device_kind: str, environ=None) -> dict:
+    """A rank's DeepSpeed config with the job's optimizer choice (TORCH_ADAM_ENV, set by the pre-launch check):
+    torch's AdamW, its fused implementation on CUDA. Same update rule as FusedAdam's adam_w_mode
+    (tests/unit/test_node_check.py compares one step; the choice: launcher/gpu_check/node_check.py)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(TORCH_ADAM_ENV) != "1":
+        return ds_config
+    params = ds_config.setdefault("optimizer", {}).setdefault("params", {})
+    params["torch_adam"] = True
+    if device_kind == "cuda":
+        params["fused"] = True
+    return ds_config

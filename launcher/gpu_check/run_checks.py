@@ -25,6 +25,14 @@ def run_parts(parts: list[str], work: Path, iters: int, say=print) -> GpuCheckRe
     """Every part in `parts`; a part that raises is one error line of the report (and a FAILED verdict)."""
     import torch
 
+    from launcher.common.errors import UserError
+    from launcher.gpu_check.node_check import gather_facts, wheel_refusal
+
+    facts = gather_facts()  # first: a wheel without this GPU's kernels fails every part below, less clearly
+    refusal = wheel_refusal(facts)
+    if refusal:
+        raise UserError(refusal)
+    say(f"gpu-check: torch {facts.torch_version} carries {', '.join(facts.arch_list)}; FusedAdam {facts.fused_adam}")
     device = torch.device("cuda", 0)
     report = GpuCheckReport(device_info())
     for part in parts:

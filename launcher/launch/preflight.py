@@ -5,9 +5,11 @@
 3. the run directory is one directory on all nodes (a token written here, a marker by every node).
 Host names reach ssh as separate arguments; remote shell text is only constants and quoted paths.
 Local runs and Slurm runs skip 2 and 3.
+check_nodes, after them: each node's GPUs against its torch wheel and FusedAdam (launcher/gpu_check/node_check.py).
 """
 from __future__ import annotations
 
+import json
 import secrets
 import shlex
 import shutil
@@ -129,3 +131,42 @@ def run_preflight(plan) -> str:
     check_reachable(hosts, where)
     check_shared_run_dir(plan.run_dir, hosts)
     return plan.master_addr or resolve_master_addr(hosts[0])
+
+
+def node_facts(plan, host: str):
+    """One node's GPUs and software (launcher/gpu_check/node_check.py): asked here for this machine, over ssh
+    with the run's interpreter from the project's root elsewhere."""
+    from launcher.gpu_check.node_check import NodeFacts, gather_facts
+    from launcher.launch.env_forwarding import project_root
+
+    if host in LOCAL_HOSTNAMES or not plan.multi_node:
+        return gather_facts(host)
+    result = ssh(host, f"cd {shlex.quote(str(project_root()))} && {shlex.quote(plan.python)} -m "
+                       f"launcher.gpu_check.node_check {shlex.quote(host)}", timeout=120)
+    try:
+        return NodeFacts.from_dict(json.loads(result.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError, KeyError):
+        raise UserError(f"node {host}: its GPU check did not answer ({_last_line(result.stderr)})") from None
+
+
+def check_nodes(plan, ask=None) -> dict[str, str]:
+    """Every node's GPUs against its torch wheel and DeepSpeed's FusedAdam (node_check.py), before any rank
+    starts: a wheel without a GPU's kernels stops the launch in one line; a node that cannot build FusedAdam
+    switches the job to torch's fused AdamW, said in one line per node. Returns what the ranks' environment
+    gains. `ask(host) -> NodeFacts` is injectable (tests); ranks on CPUs (DS_ACCELERATOR=cpu) and Slurm
+    launches (no ssh to the nodes) are not asked."""
+    from launcher.gpu_check.node_check import TORCH_ADAM_ENV, choose_optimizer, wheel_refusal
+
+    if plan.env.get("DS_ACCELERATOR", "") not in ("", "cuda") \
+            or plan.launcher == "slurm":
+        return {}
+    ask = ask or (lambda host: node_facts(plan, host))
+    nodes = list(_parallel(list(plan.resources), ask).values())
+    for facts in nodes:
+        refusal = wheel_refusal(facts)
+        if refusal:
+            raise UserError(refusal)
+    choice = choose_optimizer(nodes, plan.ds_json.config.get("optimizer"), str(plan.run_config.deepspeed.config))
+    for line in choice.lines:
+        print(f"roformer pretrain: {line}", flush=True)
+    return {TORCH_ADAM_ENV: "1"} if choice.torch_adam else {}

@@ -9,6 +9,7 @@ from deepspeed.accelerator import get_accelerator
 from launcher.config.run_config import RunConfig
 from launcher.engine_facts import seed_everything
 from launcher.deepspeed_env.lean_imports import answer_not_muon, optimizers_without_dynamo
+from launcher.deepspeed_env.optimizer_check import node_optimizer
 from launcher.train.init_weights import InitialWeights
 from roformer import RoFormerForMaskedLM
 
@@ -59,6 +60,7 @@ def build_engine(cfg: RunConfig, ds_config: dict, rank: int, initial: InitialWei
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]  # biases and LayerNorm: no weight decay
     groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+    ds_config = node_optimizer(ds_config, accelerator.device_name())  # torch's AdamW where FusedAdam cannot build
     answer_not_muon(str(ds_config.get("optimizer", {}).get("type", "")))
     optimizers_without_dynamo()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config)
