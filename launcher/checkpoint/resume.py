@@ -147,12 +147,48 @@ class BranchPoint:
         return self.entry.sidecar
 
 
-def decide(run_dir: RunDir, setup: StartSetup, batches, branch_point: BranchPoint | None = None) -> ResumePlan:
+@dataclass(frozen=True)
+class ScannedCheckpoints:
+    """A branch's own checkpoints as the input checks scanned them (has it checkpoints of its own?), with the
+    listing they came from. The checks run before the rank holds RUN_DIR, so `decide` takes this catalogue only
+    while the listing is unchanged (a stat per checkpoint folder, no file read), else it scans again."""
+
+    catalogue: CheckpointCatalogue
+    listing: tuple
+
+    @classmethod
+    def scan(cls, run_dir: RunDir | Path) -> "ScannedCheckpoints":
+        run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
+        listing = _listing(run_dir)  # first: a change during the scan then shows as a changed listing
+        return cls(CheckpointCatalogue.scan(run_dir), listing)
+
+    def current(self, run_dir: RunDir) -> CheckpointCatalogue:
+        """The catalogue of RUN_DIR now: this one while nothing was saved, set aside or removed since."""
+        return self.catalogue if _listing(run_dir) == self.listing else CheckpointCatalogue.scan(run_dir)
+
+
+def _listing(run_dir: RunDir) -> tuple:
+    """RUN_DIR's checkpoint folders with their sidecars' identity (a save writes the sidecar last)."""
+    if not run_dir.checkpoints.is_dir():
+        return ()
+    rows = []
+    for folder in run_dir.checkpoints.iterdir():
+        try:
+            stat = sidecar_path(folder).stat()
+            rows.append((folder.name, stat.st_ino, stat.st_size, stat.st_mtime_ns))
+        except OSError:
+            rows.append((folder.name,))
+    return tuple(sorted(rows))
+
+
+def decide(run_dir: RunDir, setup: StartSetup, batches, branch_point: BranchPoint | None = None,
+           scanned: ScannedCheckpoints | None = None) -> ResumePlan:
     """Rank 0: the plan of this start of RUN_DIR (its newest intact checkpoint, else a fresh start) and every
     check on it; UserError (nothing written) on a refusal. branch_point: the one the input checks found
-    (launcher/inputs/run_checks.py), for a branch's first start."""
+    (launcher/inputs/run_checks.py), for a branch's first start; scanned: RUN_DIR's checkpoints as those checks
+    scanned them (a branch's), reused while unchanged."""
     check_foreign_checkpoints(run_dir)
-    catalogue = CheckpointCatalogue.scan(run_dir)
+    catalogue = scanned.current(run_dir) if scanned is not None else CheckpointCatalogue.scan(run_dir)
     for newer in catalogue.newer():  # not damaged: refused as it is, never set aside
         raise NewerSidecarFormat(newer.problem)
     source = catalogue.newest_intact()
@@ -173,6 +209,8 @@ def decide(run_dir: RunDir, setup: StartSetup, batches, branch_point: BranchPoin
                             f"another of its checkpoints (RUN_DIR:TAG)")
         source_run, branch = RunDir(branch_point.source.run_dir), branch_point.record
     plan = plan_start(source, source_run, setup, batches, set_aside=damaged)  # damaged: none when branching
+    if not plan.finished:
+        catalogue.refuse_foreign_ahead(plan.step)  # a folder that is not ours where a save would write
     return dataclasses.replace(plan, branch=branch) if branch is not None else plan
 
 
@@ -299,20 +337,22 @@ def shape_notes(point: CheckpointEntry, saved: RunShape, now: RunShape, universa
 # --------------------------------------------------------------------------- the branch point
 
 
-def find_branch_point(cfg, run_dir: Path | None = None) -> BranchPoint | None:
+def find_branch_point(cfg, run_dir: Path | None = None,
+                      own: ScannedCheckpoints | None = None) -> BranchPoint | None:
     """The point a start of `run_dir` branches from, read (`check_branch` compares it): None without
     `branch_from`, or once the branch has a complete checkpoint of its own (it resumes from those). A branch
     whose first start ended before its first checkpoint keeps the point it recorded in branch_from.json, even
-    when the source has a newer checkpoint by now. UserError naming what is missing."""
+    when the source has a newer checkpoint by now. own: `run_dir`'s checkpoints as the caller scanned them
+    (scanned here when None). UserError naming what is missing."""
     if not cfg.branch_from:
         return None
     branch = BranchFrom.parse(cfg.branch_from, cfg.source)
     if run_dir is not None:
         check_branch_target(cfg, run_dir)
-        own = RunDir(Path(run_dir))
-        if CheckpointCatalogue.scan(own).complete():
+        own_run = RunDir(Path(run_dir))
+        if (own or ScannedCheckpoints.scan(own_run)).catalogue.complete():
             return None
-        recorded = read_branch_record(own)
+        recorded = read_branch_record(own_run)
         if recorded:
             branch = BranchFrom(branch.run_dir, recorded["tag"])
     return _read_branch_point(branch, cfg.source, cfg.branch_from)
@@ -418,13 +458,14 @@ def share(plan: ResumePlan | None) -> ResumePlan:
     return box[0]
 
 
-def accept(plan: ResumePlan, run_dir: RunDir, setup: StartSetup, rank: int) -> ResumePlan:
+def accept(plan: ResumePlan, run_dir: RunDir, setup: StartSetup, rank: int, config: dict) -> ResumePlan:
     """All ranks, once the plan is shared: rank 0 converts for this shape, sets damaged checkpoints aside and
-    records the config, the others wait. Returns the plan with every line rank 0 said as its notes."""
+    records the config (`config`: setup.cfg.to_dict(), made once by the rank), the others wait. Returns the plan
+    with every line rank 0 said as its notes."""
     import deepspeed.comm as dist
 
     if rank == 0:
-        plan = dataclasses.replace(plan, notes=tuple(_carry_out(plan, run_dir, setup)))
+        plan = dataclasses.replace(plan, notes=tuple(_carry_out(plan, run_dir, setup, config)))
     dist.barrier()
     return plan
 
@@ -437,7 +478,7 @@ def stages_record(cfg, world_size: int, stages: list) -> dict:
             **({"schedule_unit": "tokens"} if cfg.schedule.in_tokens else {})}
 
 
-def _carry_out(plan: ResumePlan, run_dir: RunDir, setup: StartSetup) -> list[str]:
+def _carry_out(plan: ResumePlan, run_dir: RunDir, setup: StartSetup, config: dict) -> list[str]:
     """Rank 0: the plan's writes, all into RUN_DIR (a branch's source run is only read)."""
     notes = list(plan.notes)
     if plan.universal:
@@ -450,7 +491,7 @@ def _carry_out(plan: ResumePlan, run_dir: RunDir, setup: StartSetup) -> list[str
         write_branch_record(run_dir, plan.branch)
         notes.append(f"a branch of {plan.source_run.root}: starts at {plan.source.tag} (step {plan.step}); "
                      f"recorded in {run_dir.root / BRANCH_FROM_RECORD}")
-    records = {"config": setup.cfg.to_dict(), "ds_config": plan.ds_config,
+    records = {"config": config, "ds_config": plan.ds_config,
                "stages": stages_record(setup.cfg, setup.world_size, setup.stages)}
     version = record_start(run_dir, records, plan.step, plan.resumed_from(run_dir))
     if version is not None and version.version > 1:

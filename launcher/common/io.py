@@ -47,10 +47,8 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     def write(tmp: Path) -> None:
-        with open(tmp, "wb") as handle:
+        with open(tmp, "wb") as handle:  # synced once, by _atomic_write
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
 
     _atomic_write(path, write)
 

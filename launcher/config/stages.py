@@ -143,6 +143,12 @@ def entry_at(stages: list[ResolvedStage], step: int) -> ResolvedStage:
     return stages[-1]
 
 
+def stage_ends(stages: list[ResolvedStage]) -> list[int]:
+    """Each stage's end step by stage index (a ramp's pieces share their stage's): the trackers' stage ends
+    (launcher/run_dir/records.py stage_ends reads the same from a run's stages.json rows)."""
+    return list({s.index: s.stage_end_step for s in stages}.values())
+
+
 def resolve_stages(run_config: RunConfig, world_size: int,
                    micro_target: MicroBatchTarget | None = None) -> list[ResolvedStage]:
     """Validate the schedule for `world_size` ranks and fix each stage's micro-batch and grad-accum.

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_pipeline import DataError, PretrainBatches, open_corpora
-from launcher.checkpoint.resume import BranchPoint, check_branch, find_branch_point
+from launcher.checkpoint.resume import BranchPoint, ScannedCheckpoints, check_branch, find_branch_point
 from launcher.config.deepspeed_json import DeepSpeedJson, resolve_stage_configs
 from launcher.config.run_config import RunConfig
 from launcher.config.run_shape import RunShape
@@ -83,6 +83,8 @@ class Findings:
     branch: BranchPoint | None = None
     """The branch point, checked (None: no branch, or a branch with checkpoints of its own); rank 0 verifies
     its files at start-up (launcher/checkpoint/resume.py)."""
+    own_checkpoints: ScannedCheckpoints | None = None
+    """A branch's own checkpoints as scanned here (rank 0's resume decision reuses the scan while unchanged)."""
     setup: RunSetup | None = None
     """What check_run resolved (the ranks resolve the same: launcher/train/rank.py check_inputs)."""
     manifest: dict | None = None
@@ -124,12 +126,13 @@ def check_data(setup: RunSetup, train: PretrainBatches, run_dir: Path | None = N
     if setup.init is not None:  # the data must be tokenized with the starting model's tokenizer
         notes += [note] if (note := check_init_tokenizer(setup.init, train.corpus, cfg.source)) else []
         notes += [note] if (note := init_source_note(setup.init, cfg.model)) else []
-    point = find_branch_point(cfg, run_dir)  # None: no branch, or a branch with checkpoints of its own
+    own = ScannedCheckpoints.scan(run_dir) if cfg.branch_from and run_dir is not None else None
+    point = find_branch_point(cfg, run_dir, own)  # None: no branch, or a branch with checkpoints of its own
     if point is not None:  # the source's model, data and schedule up to the branch step
         check_branch(cfg, stages, train.corpus, point)
         notes.append(f"a branch of {point.source.run_dir} at {point.tag} (step {point.step:,}, stage "
                      f"'{point.sidecar.stage_name}'): the schedule agrees up to there; this run starts there")
-    return Findings(notes, point)
+    return Findings(notes, point, own_checkpoints=own)
 
 
 def check_init_tokenizer(init: InitSource, corpus, source: str) -> str | None:

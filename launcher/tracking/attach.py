@@ -23,17 +23,20 @@ def tracked(run_dir: RunDir) -> list[str]:
     return [name for name in TRACKERS if (tracking_dir(run_dir) / f"{name}.json").is_file()]
 
 
-def sync_run(run_dir, files: list[tuple[Path, str]], tracking: TrackedRun | None = None) -> None:
+def sync_run(run_dir, files: list[tuple[Path, str]], tracking: TrackedRun | None = None,
+             ends: list[int] | None = None) -> None:
     """Catch up every tracker of RUN_DIR from metrics.jsonl and its stage-end evals, then attach `files`
     ((file, artifact folder) pairs). tracking: the run's sinks, parameters and tags as its config gives them
     (launcher/tracking/open_sinks.py tracked_run), for a tracked run created here; None: only the trackers
-    the run already reports to."""
+    the run already reports to. ends: each stage's end step when the caller resolved the stages (a rank),
+    else read from RUN_DIR/stages.json."""
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
     names = tracked(run_dir) if tracking is None else [name for name in TRACKERS if name in tracking.report_to]
     if not names:
         return
     params, tags = (tracking.params, tracking.tags) if tracking is not None else (None, None)
-    ends, records = stage_ends(run_dir), read_records(run_dir.metrics)  # read once for every tracker
+    ends = stage_ends(run_dir) if ends is None else ends
+    records = read_records(run_dir.metrics)  # read once for every tracker
     for name in names:
         connection = Connection(name, run_dir, params or {}, tags or {}, ends)
         try:

@@ -15,11 +15,10 @@ from typing import Callable
 
 from launcher.config.run_config import RunConfig
 from launcher.config.schedule import format_tokens
-from launcher.config.stages import ResolvedStage, entry_at
+from launcher.config.stages import ResolvedStage, entry_at, stage_ends
 from launcher.common.io import atomic_write_text, write_line, write_line_kept
 from launcher.run_dir.metrics_format import FORMAT_EVENT, format_event, read_records
 from launcher.run_dir.layout import RunDir
-from launcher.run_dir.records import stage_ends
 from launcher.common.mfu import Peak, resolve_peak, speed_fields
 from launcher.tracking.open_sinks import TrackedRun, open_sinks
 from launcher.train.progress_line import ProgressPrinter, progress_every
@@ -81,7 +80,7 @@ class Metrics:
         self.jsonl = open(self.path, "a", encoding="utf-8")
         self.outcome: str | None = None
         self.sinks = open_sinks(tracking.report_to, run_dir, start_step, log_every, total_steps,
-                                stage_ends([s.to_dict() for s in stages]), tracking.params, tracking.tags,
+                                stage_ends(stages), tracking.params, tracking.tags,
                                 tokens_before=options.tokens_before)
         for sink in self.sinks:
             sink.start(kept, start_step)

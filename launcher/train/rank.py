@@ -20,9 +20,10 @@ from pathlib import Path
 from data_pipeline import PretrainBatches
 from launcher.checkpoint import resume
 from launcher.checkpoint.checkpointer import CheckpointedRun, Checkpointer
-from launcher.checkpoint.resume import BranchPoint, ResumePlan
+from launcher.checkpoint.resume import BranchPoint, ResumePlan, ScannedCheckpoints
 from launcher.config.deepspeed_json import DeepSpeedJson
 from launcher.config.run_config import RunConfig
+from launcher.config.stages import stage_ends
 from launcher.pricing.micro_target import stages_at
 from launcher.common.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.engine_facts import loss_scale
@@ -74,6 +75,8 @@ class RankSetup:
     valid_batches: PretrainBatches
     branch_point: BranchPoint | None = None
     """The branch point of `branch_from`, checked with the inputs (None: no branch, or one already started)."""
+    own_checkpoints: ScannedCheckpoints | None = None
+    """A branch's own checkpoints as the input checks scanned them (rank 0's `decide` reuses the scan)."""
 
     @property
     def cfg(self) -> RunConfig:
@@ -117,7 +120,7 @@ def check_inputs(argv: list[str] | None) -> RankSetup:
     setup, _ = resolve_setup(cfg, init, stages, world_size, ds_json=ds_json)
     train, valid = open_streams(cfg, rank, world_size, verify=cfg.data.verify and rank == 0)  # this rank's, kept
     findings = check_data(setup, train, run_dir.root)
-    return RankSetup(setup, rank, run_dir, train, valid, findings.branch)
+    return RankSetup(setup, rank, run_dir, train, valid, findings.branch, findings.own_checkpoints)
 
 
 def check_run_dir(path: Path) -> RunDir:
@@ -139,24 +142,26 @@ def start(setup: RankSetup, timer: PhaseTimer) -> StartedRank | None:
     the run is already at the end of its schedule."""
     heartbeats = HeartbeatWriter(setup.run_dir, setup.rank, setup.cfg.watchdog)  # for the hang watchdog
     heartbeats.start_up("resume checks")
-    plan = agree_on_resume(setup, heartbeats, timer)
-    tracking = tracked_run(setup.cfg.to_dict(), setup.run_dir, setup.cfg.data.data_dir, setup.cfg.logging.report_to)
+    config = setup.cfg.to_dict()  # once: recorded in RUN_DIR (rank 0) and the trackers' parameters
+    plan = agree_on_resume(setup, heartbeats, timer, config)
+    tracking = tracked_run(config, setup.run_dir, setup.cfg.data.data_dir, setup.cfg.logging.report_to)
     if plan.finished:
         if setup.rank == 0:  # first what its trackers missed (a server down when it finished), as promised
-            sync_run(setup.run_dir, final_files(setup.run_dir), tracking)
+            sync_run(setup.run_dir, final_files(setup.run_dir), tracking, stage_ends(setup.run.stages))
             print(f"{setup.run_dir.root}: already trained to the end of the schedule (step {plan.step}); "
                   "nothing to do", file=sys.stderr)
         return None
     return build_components(setup, plan, heartbeats, timer, tracking)
 
 
-def agree_on_resume(setup: RankSetup, heartbeats: HeartbeatWriter, timer: PhaseTimer) -> ResumePlan:
+def agree_on_resume(setup: RankSetup, heartbeats: HeartbeatWriter, timer: PhaseTimer, config: dict) -> ResumePlan:
     """Step 2: rank 0 decides where the run starts (writing nothing: a refusal leaves RUN_DIR as it was), the
     process group starts, every rank gets rank 0's plan, and (unless there is nothing left to train) rank 0
     carries out its writes: the conversion, damaged checkpoints set aside, the record files."""
     decided = None  # off rank 0: rank 0's plan arrives in `share`
     if setup.rank == 0:
-        decided = resume.decide(setup.run_dir, setup.run, setup.train_batches, setup.branch_point)
+        decided = resume.decide(setup.run_dir, setup.run, setup.train_batches, setup.branch_point,
+                                setup.own_checkpoints)
     timer.phase("checks_and_data")
     heartbeats.start_up("rendezvous (init_distributed)")
     with stops_held():  # a stop now is taken at the first step, as at any moment of the start-up
@@ -166,7 +171,7 @@ def agree_on_resume(setup: RankSetup, heartbeats: HeartbeatWriter, timer: PhaseT
     if plan.finished:
         return plan
     heartbeats.start_up("run files and conversion")
-    plan = resume.accept(plan, setup.run_dir, setup.run, setup.rank)
+    plan = resume.accept(plan, setup.run_dir, setup.run, setup.rank, config)
     timer.phase("run_files_and_conversion")
     return plan
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from data_pipeline import open_corpus
+from data_pipeline.errors import DataError
 from launcher.cli import main as cli_main
 from launcher.checkpoint.resume import check_branch, find_branch_point
 from launcher.config.branch_from import BranchFrom, lr_difference, schedule_difference
@@ -214,3 +215,33 @@ def test_rank_zero_verifies_the_branch_point_and_refuses_a_damaged_one(source, t
                                         r"no model state file .*; branch from another of its checkpoints \(RUN_DIR:TAG\)"):
         resume.decide(new, checked.setup, open_streams(cfg, 0, 2)[0], checked.branch)
     assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before and not any(new.root.iterdir())
+
+
+def test_a_branch_start_scans_its_own_checkpoints_once(source, tmp_path, monkeypatch):
+    """A branch that saved a checkpoint of its own resumes from it: rank 0's input checks (check_inputs) scan its
+    catalogue once and the resume decision reuses that scan (each file of RUN_DIR opened at most once, its sidecar
+    exactly once: the sys.addaudithook 'open' events). The checks run before the rank holds RUN_DIR, so a
+    checkpoint folder that changes in between is seen, never taken from the stale scan."""
+    from launcher.checkpoint import resume
+    from launcher.train.rank import check_inputs
+    from tests.support.open_counts import counting_opens
+
+    own = tmp_path / "own" / "run"
+    shutil.copytree(source.parent, own.parent)  # a branch of `source` that saved global_step5 of its own
+    argv = ["--config", str(stored_run_resume_config(own)), "--run-dir", str(own), "--set", f"branch_from={source}"]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with counting_opens(own) as opened:
+        setup = check_inputs(argv)
+        # The decision gets past the catalogue (scanned, the newest verified) to the checkpoint's data position:
+        # the stored run's format-1 data state, refused by this reader (its own test: test_old_run_dir.py).
+        with pytest.raises(DataError, match="data state format 1 "):
+            resume.decide(setup.run_dir, setup.run, setup.train_batches, setup.branch_point, setup.own_checkpoints)
+    assert setup.branch_point is None and setup.own_checkpoints.catalogue.entry(TAG).verified
+    assert opened.get(str((own / "checkpoints" / TAG / "sidecar.json").resolve())) == 1, opened
+    assert {path: n for path, n in opened.items() if n > 1} == {}, opened
+    assert not any(path.endswith("stages.json") for path in opened)  # the resolved stages are at hand
+    setup = check_inputs(argv)
+    (own / "checkpoints" / TAG).rename(own / TAG)  # gone before rank 0 holds RUN_DIR: scanned again, refused
+    with pytest.raises(UserError, match="its checkpoints changed during start-up; start again"):
+        resume.decide(setup.run_dir, setup.run, setup.train_batches, setup.branch_point, setup.own_checkpoints)

@@ -6,15 +6,11 @@ where the run started, `data prepare --tokenizer` with a plain transformers toke
 transformers / tokenizers (tests/support/hf_dirs.py), not by this project."""
 from __future__ import annotations
 
-import collections
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -35,6 +31,7 @@ from launcher.train.init_weights import InitialWeights
 from roformer.hf_interop import to_hf_state_dict
 from tests.support.corpus_files import english_paragraphs, write_jsonl
 from tests.support.helpers import REPO, init_from_config, run_config_dict, write_schedule, write_yaml
+from tests.support.open_counts import counting_opens
 from tests.support.hf_dirs import SPECIALS, plain_transformers_dir, wordpiece_tokenizer
 
 
@@ -212,34 +209,6 @@ def test_pretrain_refuses_data_of_another_tokenizer(capsys, tmp_path, hf_dir, hf
     raw["data"]["data_dir"] = str(hf_data)
     write_yaml(config, raw)
     assert cli_main(argv) == 0
-
-
-OPENED: collections.Counter = collections.Counter()
-"""Real path -> opens, while a test counts (`counting_opens`; the audit hook below stays installed for the process)."""
-_COUNTING: list[bool] = []
-
-
-def _count_opens(event: str, args: tuple) -> None:
-    if event == "open" and _COUNTING and isinstance(args[0], (str, bytes, os.PathLike)):
-        OPENED[os.path.realpath(os.fsdecode(args[0]))] += 1
-
-
-sys.addaudithook(_count_opens)
-
-
-@contextlib.contextmanager
-def counting_opens(*roots: Path) -> Iterator[dict[str, int]]:
-    """The opens of files under `roots` in the block: real path -> count, filled in when the block ends."""
-    opened: dict[str, int] = {}
-    OPENED.clear()
-    _COUNTING.append(True)
-    try:
-        yield opened
-    finally:
-        _COUNTING.clear()
-        prefixes = tuple(os.path.realpath(root) + os.sep for root in roots)
-        opened.update((path, n) for path, n in OPENED.items() if path.startswith(prefixes))
-        OPENED.clear()
 
 
 @pytest.mark.parametrize("micro_batch", [None, "auto"], ids=["micro-batch from max_tokens", "micro-batch auto"])

@@ -13,6 +13,7 @@ from launcher.config.run_config import load_run_config
 from launcher.config.schedule import BatchRamp, load_schedule, parse_token_count, stage_pieces
 from launcher.config.stages import format_plan, resolve_stages
 from launcher.run_dir.records import stage_ends
+from launcher.config.stages import stage_ends as resolved_stage_ends
 from launcher.common.errors import UserError
 from tests.support.helpers import REPO, run_config_dict, write_schedule, write_yaml
 
@@ -111,6 +112,7 @@ def test_a_ramps_batch_at_each_step_is_the_formula(tmp_path, ramp):
     assert len(ramp_entries) > 1 and [s.piece for s in ramp_entries] == list(range(len(ramp_entries)))
     # The stage ends once, at its last piece's end: that is where stage-end hooks run.
     assert all(s.stage_end_step == steps for s in ramp_entries) and stage_ends([s.to_dict() for s in resolved]) == [steps, steps + 10]
+    assert resolved_stage_ends(resolved) == [steps, steps + 10]  # the trackers' ends from the stages at hand
     assert [s.to_dict().get("pieces") for s in resolved] == [len(ramp_entries)] * len(ramp_entries) + [None]
 
 
