@@ -1,1 +1,1 @@
-"""The DeepSpeed a process runs with: its JIT op cache, its import without the parts a rank never runs, and the optimizer section it will build."""
+"""The DeepSpeed a process runs with: its JIT op cache, its import without the parts a rank never runs, the optimizer section it will build, and whether a node's torch wheel and FusedAdam fit its GPUs (node_check.py)."""

@@ -8,7 +8,7 @@ launcher/launch/preflight.py) and as the first part of `roformer gpu-check`:
    through DeepSpeed (`torch_adam`, torch's fused implementation on CUDA) on every node: one optimizer, one
    checkpoint format.
 
-`python -m launcher.gpu_check.node_check` prints this node's NodeFacts as JSON (what preflight asks each host
+`python -m launcher.deepspeed_env.node_check` prints this node's NodeFacts as JSON (what preflight asks each host
 over ssh). A node without nvidia-smi is answered without importing torch. The decisions are pure functions of
 NodeFacts, so tests inject the facts a CPU machine lacks.
 """
@@ -27,7 +27,7 @@ FUSED_ADAM_READY = ("prebuilt", "built", "buildable")
 
 @dataclass(frozen=True)
 class NodeFacts:
-    """One node's GPUs and software, as `python -m launcher.gpu_check.node_check` reports them there."""
+    """One node's GPUs and software, as `python -m launcher.deepspeed_env.node_check` reports them there."""
 
     host: str
     gpus: tuple[tuple[str, tuple[int, int]], ...] = ()
@@ -59,7 +59,7 @@ class NodeFacts:
 
 def gather_facts(host: str = "this machine") -> NodeFacts:
     """This node's facts (see NodeFacts); torch and DeepSpeed are imported only where nvidia-smi sees a GPU."""
-    from launcher.gpu_check.wheel_matrix import torch_variant
+    from launcher.deepspeed_env.wheel_matrix import torch_variant
 
     seen = torch_variant().query_gpus()
     accelerator = os.environ.get("DS_ACCELERATOR", "")
@@ -105,7 +105,7 @@ def wheel_refusal(facts: NodeFacts) -> str | None:
     """One line naming the node, the GPU, the wheel and the fix, when the wheel cannot run there; else None."""
     if not facts.uses_gpus:
         return None
-    from launcher.gpu_check.wheel_matrix import covers, fix_hint
+    from launcher.deepspeed_env.wheel_matrix import covers, fix_hint
 
     capabilities = [cc for _, cc in facts.gpus]
     fix = fix_hint(capabilities, facts.driver_cuda)

@@ -10,7 +10,7 @@ import os
 from launcher.common.errors import UserError
 
 TORCH_ADAM_ENV = "ROFORMER_TORCH_ADAM"
-"""1 for every rank when some node cannot build DeepSpeed's FusedAdam (launcher/gpu_check/node_check.py decides
+"""1 for every rank when some node cannot build DeepSpeed's FusedAdam (launcher/deepspeed_env/node_check.py decides
 before launch; forwarded by the ROFORMER_ prefix)."""
 
 
@@ -84,7 +84,7 @@ def _torch_optimizer(name: str):
 def node_optimizer(ds_config: dict, device_kind: str, environ=None) -> dict:
     """A rank's DeepSpeed config with the job's optimizer choice (TORCH_ADAM_ENV, set by the pre-launch check):
     torch's AdamW, its fused implementation on CUDA. Same update rule as FusedAdam's adam_w_mode
-    (tests/unit/test_node_check.py compares one step; the choice: launcher/gpu_check/node_check.py)."""
+    (tests/unit/test_node_check.py compares one step; the choice: launcher/deepspeed_env/node_check.py)."""
     environ = os.environ if environ is None else environ
     if environ.get(TORCH_ADAM_ENV) != "1":
         return ds_config

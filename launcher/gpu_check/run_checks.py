@@ -26,7 +26,7 @@ def run_parts(parts: list[str], work: Path, iters: int, say=print) -> GpuCheckRe
     import torch
 
     from launcher.common.errors import UserError
-    from launcher.gpu_check.node_check import gather_facts, wheel_refusal
+    from launcher.deepspeed_env.node_check import gather_facts, wheel_refusal
 
     facts = gather_facts()  # first: a wheel without this GPU's kernels fails every part below, less clearly
     refusal = wheel_refusal(facts)

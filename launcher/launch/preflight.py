@@ -5,7 +5,7 @@
 3. the run directory is one directory on all nodes (a token written here, a marker by every node).
 Host names reach ssh as separate arguments; remote shell text is only constants and quoted paths.
 Local runs and Slurm runs skip 2 and 3.
-check_nodes, after them: each node's GPUs against its torch wheel and FusedAdam (launcher/gpu_check/node_check.py).
+check_nodes, after them: each node's GPUs against its torch wheel and FusedAdam (launcher/deepspeed_env/node_check.py).
 """
 from __future__ import annotations
 
@@ -134,15 +134,15 @@ def run_preflight(plan) -> str:
 
 
 def node_facts(plan, host: str):
-    """One node's GPUs and software (launcher/gpu_check/node_check.py): asked here for this machine, over ssh
+    """One node's GPUs and software (launcher/deepspeed_env/node_check.py): asked here for this machine, over ssh
     with the run's interpreter from the project's root elsewhere."""
-    from launcher.gpu_check.node_check import NodeFacts, gather_facts
+    from launcher.deepspeed_env.node_check import NodeFacts, gather_facts
     from launcher.launch.env_forwarding import project_root
 
     if host in LOCAL_HOSTNAMES or not plan.multi_node:
         return gather_facts(host)
     result = ssh(host, f"cd {shlex.quote(str(project_root()))} && {shlex.quote(plan.python)} -m "
-                       f"launcher.gpu_check.node_check {shlex.quote(host)}", timeout=120)
+                       f"launcher.deepspeed_env.node_check {shlex.quote(host)}", timeout=120)
     try:
         return NodeFacts.from_dict(json.loads(result.stdout.strip().splitlines()[-1]))
     except (ValueError, IndexError, KeyError):
@@ -155,7 +155,7 @@ def check_nodes(plan, ask=None) -> dict[str, str]:
     switches the job to torch's fused AdamW, said in one line per node. Returns what the ranks' environment
     gains. `ask(host) -> NodeFacts` is injectable (tests); ranks on CPUs (DS_ACCELERATOR=cpu) and Slurm
     launches (no ssh to the nodes) are not asked."""
-    from launcher.gpu_check.node_check import TORCH_ADAM_ENV, choose_optimizer, wheel_refusal
+    from launcher.deepspeed_env.node_check import TORCH_ADAM_ENV, choose_optimizer, wheel_refusal
 
     if plan.env.get("DS_ACCELERATOR", "") not in ("", "cuda") \
             or plan.launcher == "slurm":

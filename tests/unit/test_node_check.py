@@ -1,4 +1,4 @@
-"""Each node's GPUs against its torch wheel, and FusedAdam or torch's AdamW (launcher/gpu_check/node_check.py,
+"""Each node's GPUs against its torch wheel, and FusedAdam or torch's AdamW (launcher/deepspeed_env/node_check.py,
 issue 60 items 2 and 3), with the facts this CPU machine lacks injected: GPUs, a CUDA torch's arch list, DeepSpeed's
 op builder's answer. The pre-launch check runs on a real launch plan of the reference cluster (hostfile, 2 x 4)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from launcher.common.errors import UserError
 from launcher.deepspeed_env.optimizer_check import TORCH_ADAM_ENV, node_optimizer
-from launcher.gpu_check.node_check import NodeFacts, choose_optimizer, wheel_refusal
+from launcher.deepspeed_env.node_check import NodeFacts, choose_optimizer, wheel_refusal
 from tests.support.helpers import REPO
 
 V100 = ("Tesla V100-SXM2-16GB", (7, 0))
