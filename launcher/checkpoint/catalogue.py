@@ -17,19 +17,27 @@ None and round-trips unchanged.
     catalogue.newest_intact()           # the resume point: complete AND its files verify
     catalogue.newest_intact(at_or_before=step)   # the guard's rewind point (`rewind_point`)
     catalogue.to_prune(keep_last, protect_steps) # what keep_last retention deletes
+    owned_files(entry)                  # what removing it deletes: only what its save wrote
 
+Which folders are ours is decided by the run's own records, never by a name alone: a save writes
+`.save.json` naming its tag first (`write_save_record`) and the sidecar last; a folder whose sidecar or
+save record names it is this run's checkpoint, anything else under checkpoints/ is FOREIGN.
 States of `checkpoints/<tag>/` (checkpoints/damaged/ and hidden directories are not entries):
   complete  a valid sidecar with `complete: true` naming this tag; resumable and exportable once its
             files verify (`verify` -> `verify_files`: sizes and sha256 recorded at save time, sizes of
             every file before any is hashed; format 1: every rank's files present). Verification
             hashes every file, so it runs at most once per entry and snapshot, and only where asked;
             a complete entry that fails it becomes `damaged`;
-  partial   no sidecar.json: a save that did not finish (killed while writing); nothing was promised,
+  partial   no sidecar.json, and a save record or nothing but the files a save writes: a save that did
+            not finish (killed while writing); nothing was promised,
             a resumed run writes that step again and retention removes it once it is older than the
             newest complete one;
-  damaged   a sidecar that exists but is unreadable, invalid, marked incomplete or for another tag,
-            or files that failed verification: resume names it and moves it aside (`move_aside`),
-            never deletes it;
+  damaged   a save record of this tag and a sidecar that is unreadable, invalid, marked incomplete or for
+            another tag, or a complete one whose files failed verification: resume names it and moves it
+            aside (`move_aside`), never deletes it;
+  foreign   not ours: a name other than global_step<N> (`mybest/`, `global_step6.bak/`), a copy of another
+            checkpoint (its sidecar names another tag), a folder with neither sidecar nor save record
+            (`global_step2/notes.txt`): never pruned, resumed or set aside; rotation names it once;
   newer     a sidecar of a newer format than this release reads: not damaged, not ours to judge;
             never resumed from, pruned or set aside (resume refuses the run directory, naming it).
 A snapshot is what was on disk at scan time: scan again after writing (a save, a move aside).
@@ -47,11 +55,15 @@ from typing import Iterable
 
 from launcher.common.errors import UserError
 from launcher.common.io import atomic_write_json, file_sha256, fsync_dir, fsync_file
-from launcher.run_dir.layout import DAMAGED_DIR, SIDECAR_NAME, RunDir, sidecar_path, step_of_tag
+from launcher.run_dir.layout import (DAMAGED_DIR, SAVE_RECORD_NAME, SIDECAR_NAME, RunDir, save_record_path,
+                                     sidecar_path, step_of_tag)
 from roformer.config import RoFormerConfig
 
 SIDECAR_FORMAT = 2
-COMPLETE, PARTIAL, DAMAGED, NEWER = "complete", "partial", "damaged", "newer"
+COMPLETE, PARTIAL, DAMAGED, NEWER, FOREIGN = "complete", "partial", "damaged", "newer", "foreign"
+# The files a save writes into its folder (DeepSpeed's, the RNG states, an atomic write's leftover): what
+# removing a save whose sidecar records no files (a partial save, format 1) deletes, and nothing else.
+_SAVE_FILES = re.compile(r"^(?:.+_model_states\.pt|.+_optim_states\.pt|rng_rank\d+\.pt|\..+\.tmp\d+)$")
 _OPTIM_RANK = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 _ZERO3_MODEL_RANK = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_\d+_model_states\.pt$")
 
@@ -258,6 +270,19 @@ class CheckpointCatalogue:
         """Entries whose sidecar a newer release wrote."""
         return [e for e in self._entries if e.state == NEWER]
 
+    def foreign(self) -> list[CheckpointEntry]:
+        """Folders under checkpoints/ that no record of this run names: never touched."""
+        return [e for e in self._entries if e.state == FOREIGN]
+
+    def refuse_foreign_ahead(self, step: int) -> None:
+        """UserError naming a foreign global_step<N> folder with N > `step` (a run starting there could save into
+        it): refused at start-up, before any compute, instead of at that save."""
+        ahead = [e for e in self.foreign() if e.step is not None and e.step > step]
+        if ahead:
+            more = f" (and {len(ahead) - 1} more)" if len(ahead) > 1 else ""
+            raise UserError(f"{ahead[0].problem}, and a save of step {ahead[0].step} would write there: move it out "
+                            f"of {self.run_dir.checkpoints}{more}")
+
     def verify(self, entry: CheckpointEntry) -> CheckpointEntry:
         """The entry with its files checked (once per snapshot): verified, or DAMAGED with the file named."""
         current = self.entry(entry.tag)
@@ -284,7 +309,7 @@ class CheckpointCatalogue:
         partial or damaged ones older than the newest complete one (leftovers of killed writes; a
         damaged one that a resume found is moved aside before, never deleted). Never an entry whose
         step is in `protect_steps` (the guard's newest checkpoint from before an open spike), nor a
-        NEWER one. Sidecar-level states only: nothing is hashed to prune."""
+        NEWER or FOREIGN one. Sidecar-level states only: nothing is hashed to prune."""
         if keep_last < 1:
             raise ValueError(f"keep_last {keep_last}: the newest complete checkpoint is always kept (>= 1)")
         protected = set(protect_steps)
@@ -299,20 +324,60 @@ class CheckpointCatalogue:
 
 
 def entry_of(directory: Path) -> CheckpointEntry:
-    """Sidecar-level state of one checkpoint directory (its files are checked by `verify`)."""
-    tag = directory.name
+    """Sidecar-level state of one checkpoint directory (its files are checked by `verify`); FOREIGN unless its
+    sidecar or its save record names it (module docstring)."""
+    tag, step = directory.name, step_of_tag(directory.name)
+    not_ours = f"{directory}: not a checkpoint this run wrote"
+    if step is None:
+        return CheckpointEntry(tag, None, directory, FOREIGN, problem=f"{not_ours} (its saves are global_step<N>)")
+    started = save_record_tag(directory) == tag
     try:
         sidecar = read_sidecar(directory)
     except MissingSidecar as err:
-        return CheckpointEntry(tag, step_of_tag(tag), directory, PARTIAL, problem=str(err))
+        if started or all(p.is_file() and _SAVE_FILES.match(p.name) for p in directory.iterdir()):
+            # ours, or (an older release's, which wrote no record) holding only what a save writes
+            return CheckpointEntry(tag, step, directory, PARTIAL, problem=str(err))
+        return CheckpointEntry(tag, step, directory, FOREIGN,
+                               problem=f"{not_ours} (no {SIDECAR_NAME}, no {SAVE_RECORD_NAME} of a save)")
     except NewerSidecarFormat as err:
-        return CheckpointEntry(tag, step_of_tag(tag), directory, NEWER, problem=str(err))
+        return CheckpointEntry(tag, step, directory, NEWER, problem=str(err))
     except (UserError, OSError) as err:
-        return CheckpointEntry(tag, step_of_tag(tag), directory, DAMAGED, problem=str(err))
+        return CheckpointEntry(tag, step, directory, DAMAGED if started else FOREIGN,
+                               problem=str(err) if started else f"{not_ours} (no {SAVE_RECORD_NAME}; {err})")
     if sidecar.tag != tag:
-        return CheckpointEntry(tag, step_of_tag(tag), directory, DAMAGED,
-                               problem=f"{directory / SIDECAR_NAME}: tag {sidecar.tag!r} is not the directory's name")
+        if started:
+            return CheckpointEntry(tag, step, directory, DAMAGED,
+                                   problem=f"{directory / SIDECAR_NAME}: tag {sidecar.tag!r} is not the directory's name")
+        return CheckpointEntry(tag, step, directory, FOREIGN, problem=f"{not_ours} (a copy of {sidecar.tag})")
     return CheckpointEntry(tag, sidecar.step, directory, COMPLETE, sidecar=sidecar)
+
+
+def write_save_record(directory: Path, tag: str) -> None:
+    """Rank 0, before any file of a save of `tag`: the record that makes `directory` this run's."""
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(save_record_path(directory), {"tag": tag, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+
+def save_record_tag(directory: Path) -> str | None:
+    """The tag the save record in `directory` names (None: none, or not one of ours)."""
+    try:
+        raw = json.loads(save_record_path(directory).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return raw.get("tag") if isinstance(raw, dict) and isinstance(raw.get("tag"), str) else None
+
+
+def owned_files(entry: CheckpointEntry) -> list[Path]:
+    """What the save of `entry` wrote, the save record last (removed last, it keeps a half-removed folder
+    ours): the sidecar's file records, or where it records none (partial, format 1, unreadable) the names a
+    save writes. Nothing of a FOREIGN or NEWER entry; never a file the user added."""
+    if entry.state not in (COMPLETE, PARTIAL, DAMAGED):
+        return []
+    records = entry.sidecar.files if entry.sidecar is not None else None
+    names = set(records) if isinstance(records, dict) else {
+        p.name for p in entry.path.iterdir() if p.is_file() and _SAVE_FILES.match(p.name)}
+    names = {n for n in names if "/" not in n and n not in (SIDECAR_NAME, SAVE_RECORD_NAME)}
+    return [entry.path / SIDECAR_NAME, *(entry.path / n for n in sorted(names)), save_record_path(entry.path)]
 
 
 def rewind_point(run_dir: RunDir, at_or_before: int) -> CheckpointEntry | None:

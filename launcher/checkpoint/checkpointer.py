@@ -19,14 +19,15 @@ import numpy as np
 import torch
 from deepspeed.accelerator import get_accelerator
 
-from launcher.checkpoint.catalogue import (CheckpointCatalogue, CheckpointEntry, CheckpointSidecar, file_shares,
-                                           move_aside, record_files, write_sidecar)
+from launcher.checkpoint.catalogue import (FOREIGN, PARTIAL, CheckpointCatalogue, CheckpointEntry, CheckpointSidecar,
+                                           entry_of, file_shares, move_aside, owned_files, record_files,
+                                           write_save_record, write_sidecar)
 from launcher.config.stages import ResolvedStage
 from launcher.config.run_shape import RunShape
 from launcher.engine_facts import loss_scale, seed_everything
 from launcher.common.errors import UserError
-from launcher.common.io import atomic_torch_save, atomic_write_text, fsync_dir
-from launcher.run_dir.layout import RunDir, rng_path, sidecar_path, tag_for_step
+from launcher.common.io import atomic_torch_save, atomic_write_text, fsync_dir, write_line
+from launcher.run_dir.layout import RunDir, rng_path, tag_for_step
 from roformer.config import RoFormerConfig
 
 
@@ -70,6 +71,8 @@ class Checkpointer:
         """run: what every save records and where it goes; train, data: the loop's counters and the data position."""
         self.run, self.engine, self.train, self.data = run, engine, train, data
         self.run_dir, self.rank, self.world_size = run.run_dir, run.rank, run.shape.world_size
+        self.named: set[str] = set()
+        """Folders of checkpoints/ that are not ours, named in the log already (once each)."""
 
     def save(self, stage: ResolvedStage, protect_steps: Iterable[int] = ()) -> str:
         """All ranks write, barrier, then rank 0 marks the checkpoint complete, moves `latest` and prunes
@@ -77,15 +80,14 @@ class Checkpointer:
         train = self.train.state_dict()
         step, tag = train["step"], tag_for_step(train["step"])
         directory = self.run_dir.checkpoint(tag)
-        if self.rank == 0 and directory.exists():  # left by an interrupted run that got further
-            if sidecar_path(directory).exists():  # claims to be complete: never delete such a one
-                move_aside(self.run_dir, directory)
-            else:
-                remove_checkpoint(directory)
+        blocked = clear_for_save(self.run_dir, directory, tag) if self.rank == 0 else None
         data_state = self.data.state_dict()
-        states = [None] * self.world_size
-        # Also the sync point after rank 0's removal above: no rank writes into the directory before it.
-        dist.all_gather_object(states, data_state)  # the data position is global: all ranks must agree
+        gathered = [None] * self.world_size
+        # Also the sync point after rank 0's clearing above: no rank writes into the directory before it.
+        dist.all_gather_object(gathered, (data_state, blocked))  # the data position is global: all ranks agree
+        if gathered[0][1] is not None:
+            raise CheckpointWriteError(f"checkpoint {tag} not written: {gathered[0][1]}")
+        states = [state for state, _ in gathered]
         if any(s != data_state for s in states):
             raise RuntimeError(f"data pipeline states differ between ranks at step {step}: {states}")
         sidecar = CheckpointSidecar(
@@ -103,7 +105,7 @@ class Checkpointer:
         if failure is not None:
             self._abandon(directory, tag, failure)  # raises CheckpointWriteError on every rank
         if self.rank == 0:
-            prune(self.run_dir, self.run.keep_last, protect_steps)
+            prune(self.run_dir, self.run.keep_last, protect_steps, named=self.named)
         dist.barrier()
         return tag
 
@@ -148,7 +150,7 @@ class Checkpointer:
     def _abandon(self, directory: Path, tag: str, failure: str) -> None:
         """All ranks: rank 0 removes the partial checkpoint (sidecar first), then every rank raises."""
         if self.rank == 0:
-            remove_checkpoint(directory)
+            remove_checkpoint(entry_of(directory))  # ours: this save wrote its record first
             fsync_dir(self.run_dir.checkpoints)
         dist.barrier()
         raise CheckpointWriteError(abandoned_save_message(self.run_dir, tag, failure))
@@ -226,18 +228,55 @@ def _own_step_counters(optimizer) -> None:
             state["step"] = state["step"].clone()
 
 
-def prune(run_dir: RunDir, keep_last: int, protect_steps: Iterable[int] = ()) -> list[str]:
-    """Delete what keep_last retention drops (CheckpointCatalogue.to_prune); returns the deleted tags."""
-    doomed = CheckpointCatalogue.scan(run_dir).to_prune(keep_last, protect_steps)
+def prune(run_dir: RunDir, keep_last: int, protect_steps: Iterable[int] = (), named: set[str] | None = None) -> list[str]:
+    """Delete what keep_last retention drops (CheckpointCatalogue.to_prune), only the files its records name;
+    returns the deleted tags. A folder that is not ours is left in place and named in the log once (`named`:
+    the names said already, updated), as is what a user added to one of ours."""
+    catalogue = CheckpointCatalogue.scan(run_dir)
+    doomed = catalogue.to_prune(keep_last, protect_steps)
+    named = set() if named is None else named
     for entry in doomed:
-        remove_checkpoint(entry.path)
+        left = remove_checkpoint(entry)
+        if left:
+            write_line(f"pretrain: checkpoint {entry.tag} removed by checkpoint.keep_last; {entry.path} kept for "
+                       f"what its save did not write: {', '.join(left[:3])}{' ...' if len(left) > 3 else ''}")
+            named.add(entry.tag)
+    for entry in catalogue.foreign():
+        if entry.tag not in named:
+            named.add(entry.tag)
+            write_line(f"pretrain: {entry.problem}: left in place (never pruned, resumed or set aside)")
     return [e.tag for e in doomed]
 
 
-def remove_checkpoint(directory: Path) -> None:
-    # Drop the marker first: a crash during rmtree leaves an incomplete (ignored) directory.
-    sidecar_path(directory).unlink(missing_ok=True)
-    shutil.rmtree(directory, ignore_errors=True)
+def remove_checkpoint(entry: CheckpointEntry) -> list[str]:
+    """Delete what the save of `entry` wrote (catalogue.owned_files: the sidecar first, so a crash on the way
+    leaves a partial save; the save record last), then its folder when nothing else is in it. Returns the names
+    left in it (files a user put there), [] when the folder is gone."""
+    for path in owned_files(entry):
+        path.unlink(missing_ok=True)
+    try:
+        entry.path.rmdir()
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return sorted(p.name for p in entry.path.iterdir())
+    return []
+
+
+def clear_for_save(run_dir: RunDir, directory: Path, tag: str) -> str | None:
+    """Rank 0, before a save of `tag`: what an interrupted run that got further left there goes (a partial save
+    of ours removed, one with a sidecar moved aside: never deleted), then the save record is written. None when
+    the save may write there; else why not, one line (a folder this run did not write, left as it is)."""
+    if directory.exists():
+        entry = entry_of(directory)
+        if entry.state == FOREIGN:
+            return f"{entry.problem}: move it out of {run_dir.checkpoints} (a save of step {entry.step} writes there)"
+        if entry.state != PARTIAL:  # complete, damaged or newer: claims to be complete, never deleted
+            move_aside(run_dir, directory)
+        elif left := remove_checkpoint(entry):
+            return f"{directory} holds files a save did not write ({', '.join(left[:3])}): move them out of it"
+    write_save_record(directory, tag)
+    return None
 
 
 # --------------------------------------------------------------------------- a save that failed

@@ -9,7 +9,9 @@
                                   config differs (the originals are never replaced); listed with the
                                   step each took effect at in config_versions.json (launcher/run_dir/records.py)
       metrics.jsonl, tb/          rank-0 metrics (tb/evals: stage-end eval scalars)
-      checkpoints/<tag>/          DeepSpeed's files, rng_rank<r>.pt, sidecar.json (written last)
+      checkpoints/<tag>/          DeepSpeed's files, rng_rank<r>.pt, sidecar.json (written last); .save.json
+                                  (written first: a save of this run started here; only such folders are
+                                  ever pruned or set aside: launcher/checkpoint/catalogue.py)
       checkpoints/latest          the newest complete tag
       checkpoints/damaged/<tag>-<time>/  a checkpoint that failed verification, set aside (never pruned)
       universal/<tag>/            ds_to_universal output when resuming at another world size
@@ -30,6 +32,7 @@ from pathlib import Path
 
 TAG_PREFIX = "global_step"
 SIDECAR_NAME = "sidecar.json"
+SAVE_RECORD_NAME = ".save.json"
 DAMAGED_DIR = "damaged"
 ENV_FILE_NAME = ".deepspeed_env"
 RENDER_LOCK = ".render.lock"
@@ -155,6 +158,10 @@ def versioned(path: Path, version: int) -> Path:
 
 def sidecar_path(checkpoint_dir: Path) -> Path:
     return Path(checkpoint_dir) / SIDECAR_NAME
+
+
+def save_record_path(checkpoint_dir: Path) -> Path:
+    return Path(checkpoint_dir) / SAVE_RECORD_NAME
 
 
 def rng_path(checkpoint_dir: Path, rank: int) -> Path:

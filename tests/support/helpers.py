@@ -282,10 +282,10 @@ def write_complete_checkpoint(run_dir, step: int, files: dict | None = None, tag
     """RUN_DIR/checkpoints/<tag> (global_step<step>) with a complete format-2 sidecar recording `files` (name ->
     {"bytes", "sha256"}; none by default) and `latest` naming it: a checkpoint as the catalogue sees it,
     without DeepSpeed's files. `run_dir`: a launcher.run_dir.layout.RunDir."""
-    from launcher.checkpoint.catalogue import CheckpointSidecar, write_sidecar
+    from launcher.checkpoint.catalogue import CheckpointSidecar, write_save_record, write_sidecar
 
     directory = run_dir.checkpoint(tag or f"global_step{step}")
-    directory.mkdir(parents=True, exist_ok=True)
+    write_save_record(directory, directory.name)  # as a save does first: the folder is this run's
     write_sidecar(directory, CheckpointSidecar(
         tag=f"global_step{step}", step=step, stage_index=0, stage_name="a", step_in_stage=step, stage_complete=False,
         consumed_samples=8 * step, consumed_tokens=0, last_validation={}, data_state={}, model_config={},

@@ -11,7 +11,7 @@ import pytest
 
 from launcher.checkpoint import catalogue as checkpoint_catalogue
 from launcher.checkpoint.catalogue import CheckpointCatalogue
-from launcher.checkpoint.catalogue import record_files
+from launcher.checkpoint.catalogue import record_files, write_save_record
 from launcher.run_dir.layout import RunDir, sidecar_path, tag_for_step
 from launcher.checkpoint.catalogue import SIDECAR_FORMAT
 from tests.support.helpers import REPO, write_complete_checkpoint
@@ -34,7 +34,7 @@ def run_dir(tmp_path) -> RunDir:
     for step in (2, 4, 10, 12):
         make_checkpoint(layout, step)
     partial = layout.checkpoint(tag_for_step(6))
-    partial.mkdir()
+    write_save_record(partial, partial.name)
     (partial / "mp_rank_00_model_states.pt").write_bytes(b"half")
     sidecar_path(make_checkpoint(layout, 8)).write_text('{"tag": "global_step8", "step": ')
     return layout

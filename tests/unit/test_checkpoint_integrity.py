@@ -17,7 +17,7 @@ import pytest
 from launcher.checkpoint.catalogue import CheckpointCatalogue, DamagedCheckpoint, entry_of, verify_files
 from launcher.checkpoint.catalogue import file_shares, record_files
 from launcher.run_dir.layout import RunDir, sidecar_path
-from launcher.checkpoint.catalogue import SIDECAR_FORMAT, read_sidecar, write_sidecar
+from launcher.checkpoint.catalogue import SIDECAR_FORMAT, read_sidecar, write_save_record, write_sidecar
 
 STORED_TAG = "global_step5"
 
@@ -31,6 +31,7 @@ def make_checkpoint(run_dir: RunDir, stored_run: Path, step: int, tokenizer_sha2
     sidecar.tag, sidecar.step, sidecar.format = directory.name, step, SIDECAR_FORMAT
     sidecar.tokenizer_sha256 = tokenizer_sha256
     sidecar.files = record_files(directory, sorted(p.name for p in directory.iterdir()))
+    write_save_record(directory, directory.name)  # what a save writes first: the folder is this run's
     write_sidecar(directory, sidecar)
     return directory
 
@@ -54,7 +55,7 @@ def test_format2_sidecar_records_every_file_and_reads_back(run_dir):
     directory = run_dir.checkpoint("global_step5")
     raw = json.loads(sidecar_path(directory).read_text())
     assert raw["format"] == 2 and raw["tokenizer_sha256"] == "ab" * 32
-    names = sorted(p.name for p in directory.iterdir() if p.name != "sidecar.json")
+    names = sorted(p.name for p in directory.iterdir() if p.name not in ("sidecar.json", ".save.json"))
     assert sorted(raw["files"]) == names
     for name, record in raw["files"].items():
         assert record["bytes"] == (directory / name).stat().st_size and len(record["sha256"]) == 64
@@ -152,7 +153,7 @@ def test_file_shares_split_a_save_by_bytes(run_dir):
     directory = run_dir.checkpoint("global_step5")
     shares = file_shares(directory, 2)
     names = sorted(n for share in shares for n in share)
-    assert names == sorted(p.name for p in directory.iterdir() if p.name != "sidecar.json")
+    assert names == sorted(p.name for p in directory.iterdir() if p.name not in ("sidecar.json", ".save.json"))
     sizes = [sum((directory / n).stat().st_size for n in share) for share in shares]
     largest = max(p.stat().st_size for p in directory.iterdir())
     assert abs(sizes[0] - sizes[1]) <= largest  # greedy by size: no rank gets everything
@@ -271,7 +272,7 @@ def test_a_save_reaches_the_disk_before_it_is_marked_complete(tmp_path, stored_r
     latest_moved = disk.index("rename", run_dir.latest)
     assert sidecar_written < latest_moved
     for path in [*directory.iterdir(), directory, run_dir.checkpoints]:
-        if path.name != "sidecar.json":
+        if path.name not in ("sidecar.json", ".save.json"):  # the save record only names the folder ours
             assert disk.index("fsync", path) < sidecar_written, f"{path} not flushed before the sidecar"
     assert disk.last_index("fsync", run_dir.checkpoints) > latest_moved  # the renames themselves flushed too
     assert disk.last_index("fsync", directory) > sidecar_written
