@@ -13,7 +13,7 @@ import importlib
 import signal
 import sys
 
-from launcher.common.defaults import BAD_INPUT_EXIT_CODE, BROKEN_PIPE_EXIT_CODE
+from launcher.common.defaults import BAD_INPUT_EXIT_CODE, BROKEN_PIPE_EXIT_CODE, stop_signals_to_handle
 from launcher.common.errors import UserError, user_errors
 from launcher.flag_types import make_floats_finite
 from launcher.common.io import reader_gone
@@ -80,7 +80,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Stopped(Exception):
-    """SIGTERM (or another stop signal) reached a command that has no handler of its own."""
+    """SIGTERM or SIGHUP (a terminal or ssh session closing) reached a command that has no handler of its own."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -122,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if a in SUBCOMMANDS), "")  # its errors while parsing name it too
     _stops_received.clear()
-    # SIGTERM unwinds like Ctrl-C, so every `finally` (temporary files, worker pools) runs.
+    # SIGTERM and SIGHUP unwind like Ctrl-C, so every `finally` (temporary files, worker pools) runs. SIGHUP's
+    # default action killed the command silently (129) and left `roformer pretrain`'s ranks training without
+    # it (issue 63); under `nohup` it stays ignored.
+    hangup = [s for s in stop_signals_to_handle() if s == signal.SIGHUP]
+    previous_hup = {s: signal.signal(s, _on_stop_signal) for s in hangup}
     previous = signal.signal(signal.SIGTERM, _on_stop_signal)
     # Ctrl-C as KeyboardInterrupt whatever this process inherited. A background job of a non-interactive
     # shell (`cmd &` in a script, CI runners, tools running commands detached) starts with SIGINT
@@ -131,8 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     # suite itself ran in the background).
     previous_int = signal.signal(signal.SIGINT, _on_stop_signal)
     try:
-        args = build_parser(argv).parse_args(argv)
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
         command = args.command
+        from launcher.outputs.gate import gate_parsed
+
+        gate_parsed(parser, args)  # every path the command writes, by its declared kind, before it runs
         module = importlib.import_module(SUBCOMMANDS[command][0])
         with stops_held():
             if command in USE_DEEPSPEED:
@@ -157,12 +165,19 @@ def main(argv: list[str] | None = None) -> int:
         if _stops_received:  # raised after a stop, by what the stop interrupted (a module half-imported): the stop
             return _stopped(command, _stops_received[0])
         if not isinstance(err, user_errors()):
-            raise
+            from launcher.common.size_checks import full_disk_line
+
+            line = full_disk_line(err)
+            if line is None:
+                raise
+            err = line  # a full disk: one line, like bad input
         print(f"{_prog(command)}: error: {err}", file=sys.stderr)  # bad input: one line, no traceback
         return BAD_INPUT_EXIT_CODE
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
+        for signum, handler in previous_hup.items():
+            signal.signal(signum, handler)
 
 
 def _stopped(command: str, signum: int) -> int:

@@ -10,7 +10,9 @@ from launcher.downstream.mlm_evaluation import MLMEvalConfig, evaluate_mlm
 from launcher.common.errors import UserError
 from launcher.flag_types import non_negative_int, seed_int
 from launcher.common.io import atomic_write_json
-from launcher.outputs.output_paths import check_output_file, check_paths, writer_locks
+from launcher.outputs.gate import EVAL_REPORT, add_output
+from launcher.outputs.output_paths import check_paths, writer_locks
+from launcher.outputs.written import record_written
 
 DATA_TOKENS = 32768
 """--tokens default: enough for steady figures at a few seconds per length on CPU."""
@@ -45,8 +47,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention", choices=("sequence", "document"), default="sequence",
                         help="document: score each packed document as if it stood alone (a token attends only to "
                              "its own document, positions restart at each); sequence (default): the whole sequence")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="also write the JSON report to this file (default: printed only)")
+    add_output(parser, "--out", EVAL_REPORT, default=None,
+               help="also write the JSON report to this file: a new one, or one eval-mlm wrote before, unchanged "
+                    "(default: printed only)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,7 +61,6 @@ def run(args: argparse.Namespace) -> int:
     if repeated:  # each length would be evaluated (and reported) twice, on the same tokens and masks
         raise UserError(f"--seq-lens: {args.seq_lens!r} gives {', '.join(map(str, repeated))} more than once")
     check_paths({"EXPORT": args.export_dir, "--data": args.data, "--input": list(args.input)}, {"--out": args.out})
-    check_output_file("--out", args.out)
     if args.text_column is not None and not args.input:
         raise UserError("--text-column: applies to --input files only (a --data dir is tokenized already)")
     cfg = MLMEvalConfig(export_dir=args.export_dir, data_dir=args.data, seq_lens=seq_lens, split=args.split,
@@ -70,5 +72,6 @@ def run(args: argparse.Namespace) -> int:
         report = evaluate_mlm(cfg)
         if args.out is not None:
             atomic_write_json(args.out, report)
+            record_written(args.out, EVAL_REPORT.name, EVAL_REPORT.made_by)
     print(json.dumps(report, indent=2))
     return 0

@@ -11,6 +11,7 @@ from launcher.checkpoint.weights import AverageRequest
 from launcher.export.export_reader import EXPORT_INFO
 from launcher.export.exporter import (MAX_POSITIONS_PER_TRAINED_LENGTH, MIN_MAX_POSITIONS, export_checkpoint,
                                       run_data_section)
+from launcher.outputs.gate import EXPORTED, add_output
 from launcher.outputs.output_paths import EXPORT, check_paths, publishing
 
 
@@ -23,7 +24,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--average", default=None, metavar="TAG,TAG,...",
                         help="export the element-wise mean of the fp32 weights of these checkpoints (default: no "
                              "averaging)")
-    parser.add_argument("--out", type=Path, required=True, help="export directory to create or replace")
+    add_output(parser, "--out", EXPORTED, required=True,
+               help="export directory to create, or an earlier export to replace (only while it holds nothing but "
+                    "what the export wrote, unchanged)")
     parser.add_argument("--tokenizer-from", type=Path, default=None,
                         help="prepared data dir (or tokenizer dir) to take the tokenizer from "
                              "(default: data.data_dir of RUN_DIR/config.yaml)")

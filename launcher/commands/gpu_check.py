@@ -18,8 +18,11 @@ from launcher.gpu_check.run_checks import PARTS
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated parts to run (default: all: {','.join(PARTS)})")
-    parser.add_argument("--out", type=Path, default=Path("runs/gpu-check/report.json"),
-                        help="the JSON report (default: runs/gpu-check/report.json); the work files go beside it")
+    from launcher.outputs.gate import GPU_CHECK_REPORT, add_output
+
+    add_output(parser, "--out", GPU_CHECK_REPORT, default=Path("runs/gpu-check/report.json"),
+               help="the JSON report (default: runs/gpu-check/report.json); the work files go into a work/ folder "
+                    "beside it, which must be new, empty or an earlier gpu-check's")
     parser.add_argument("--iters", type=int, default=10, help="timed rounds of the speed part (default: 10)")
 
 
@@ -51,13 +54,28 @@ def run(args: argparse.Namespace) -> int:
     from launcher.gpu_check.run_checks import run_parts
     from launcher.common.io import atomic_write_json
     from launcher.deepspeed_env.ops_cache import prepare_arch_list
+    from launcher.outputs.gate import GPU_CHECK_REPORT
+    from launcher.outputs.written import record_written
 
     prepare_arch_list()  # the memory part builds FusedAdam in this process
     args.out = args.out.resolve()  # the run configs written under it name their schedule file by path
-    work = args.out.parent / "work"
-    work.mkdir(parents=True, exist_ok=True)
+    work = work_folder("--out", args.out)
     report = run_parts(parts, work, args.iters, say=lambda text: print(text, file=sys.stderr, flush=True))
     atomic_write_json(args.out, report.to_dict())
+    record_written(args.out, GPU_CHECK_REPORT.name, GPU_CHECK_REPORT.made_by)
     print(report.table())
     print(f"gpu-check: report in {args.out}")
     return 0 if report.passed else 1
+
+
+def work_folder(flag: str, out: Path) -> Path:
+    """OUT's work/ folder, where the checks delete and rewrite their runs, data and export: new, empty or an
+    earlier gpu-check's (marked by its record, launcher/outputs/written.py), never a user's `work/`."""
+    from launcher.outputs.gate import GPU_CHECK_WORK, gate
+    from launcher.outputs.written import record_written
+
+    work = Path(out).parent / "work"
+    gate(flag, work, GPU_CHECK_WORK, what=f"the work folder beside it, {work}")
+    work.mkdir(parents=True, exist_ok=True)
+    record_written(work, GPU_CHECK_WORK.name, GPU_CHECK_WORK.made_by)
+    return work

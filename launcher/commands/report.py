@@ -31,8 +31,10 @@ class ReportFiles:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="run directory of `roformer pretrain`")
-    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
-                        help="write report.md and plots/ here (default: RUN_DIR itself, i.e. RUN_DIR/report.md "
+    from launcher.outputs.gate import RUN_REPORT, add_output
+
+    add_output(parser, "--out", RUN_REPORT, default=None, metavar="DIR",
+               help="write report.md and plots/ here (default: RUN_DIR itself, i.e. RUN_DIR/report.md "
                              "and RUN_DIR/plots/)")
     parser.add_argument("--plots-only", action="store_true",
                         help="only render the PNGs into OUT/plots/, no report.md (default: off)")
@@ -49,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
     if out is None:
         if not os.access(layout.root, os.W_OK | os.X_OK):
             raise UserError(f"RUN_DIR {args.run_dir}: read-only; write the report elsewhere with --out DIR")
+        if not args.plots_only:  # RUN_DIR/report.md: replaced only while unchanged since `report` wrote it
+            from launcher.outputs.gate import RUN_REPORT, gate
+
+            gate("RUN_DIR", args.run_dir, RUN_REPORT)
         written = make_report(args.run_dir, None, plots_only=args.plots_only)
     else:  # missing, empty or an earlier report: never a folder of the user's own report.md or plots
         check_paths({"RUN_DIR": args.run_dir}, {"--out": out}, may_hold=("RUN_DIR",))
@@ -88,10 +94,23 @@ def make_report(run_dir: Path, out: Path | None = None, plots_only: bool = False
             if not plots_only:
                 atomic_write_text(target.report, write_report_text(curves, summary, plots, target.report))
                 report = target.report
+            record_report(target, out is not None)
     except PermissionError as err:
         raise UserError(f"{err.filename}: not writable ({err.strerror})"
                         + ("; write the report elsewhere with --out DIR" if out is None else "")) from None
     return ReportFiles(report, plots, curves.train.steps_done, summary.status.state)
+
+
+def record_report(target, own_folder: bool) -> None:
+    """What this report wrote (launcher/outputs/written.py): every file of its own --out folder, or the run
+    directory's report.md, so a later report replaces them only while unchanged."""
+    from launcher.outputs.gate import RUN_REPORT
+    from launcher.outputs.written import record_written
+
+    if own_folder:
+        record_written(target.root, RUN_REPORT.name, RUN_REPORT.made_by)
+    elif target.report.is_file():
+        record_written(target.report, RUN_REPORT.name, RUN_REPORT.made_by)
 
 
 def check_run_dir(run_dir: Path):

@@ -50,3 +50,46 @@ def check_attention(flag: str, seq_len: int, micro: int, hidden_size: int, heads
     need = micro * (2 * heads * seq_len * seq_len * 4 + 4 * seq_len * (intermediate + 4 * hidden_size))
     check_fits(f"{flag} {seq_len:,}", need, f"{micro} sequence(s) x {heads} heads x {seq_len:,}^2 attention "
                                             f"scores in float32, twice")
+
+
+def free_bytes(path) -> int:
+    """Free bytes of the filesystem that holds `path`, or would hold it (its nearest existing folder)."""
+    import shutil
+    from pathlib import Path
+
+    place = Path(path).expanduser().absolute()
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    return shutil.disk_usage(place).free
+
+
+def check_free_space(flag: str, path, need: int, what: str) -> None:
+    """Refuse `flag` when the filesystem of `path` has less than `need` bytes free (`what` is written there)."""
+    free = free_bytes(path)
+    if need > free:
+        raise UserError(f"{flag} {path}: needs about {need / 2**20:,.1f} MiB for {what}, but its filesystem has "
+                        f"{free / 2**20:,.1f} MiB free; free space or choose another {flag}")
+
+
+_NO_SPACE = ("No space left on device", "Disk quota exceeded")
+
+
+def full_disk_line(err: BaseException) -> str | None:
+    """The one line for an error caused by a full disk (ENOSPC, EDQUOT, also wrapped by torch or
+    safetensors in an error of their own), naming the file and the space left; None for any other error."""
+    import errno
+
+    seen = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT) or any(
+                text in str(seen) for text in _NO_SPACE):
+            name = getattr(seen, "filename", None)
+            where = f"{name}: " if name else ""
+            try:
+                free = f" ({free_bytes(name or '.') // 1024:,} kB free)"
+            except OSError:
+                free = ""
+            return (f"{where}the filesystem is full{free}: No space left on device; nothing was published and the "
+                    f"partial files were removed: free space, or write elsewhere")
+        seen = seen.__cause__ or seen.__context__
+    return None

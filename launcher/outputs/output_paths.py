@@ -19,8 +19,6 @@ it holds one writer lock per resolved output path (writer_lock), and removes wha
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import os
 import re
 import shutil
@@ -32,6 +30,7 @@ from data_pipeline.errors import DataError
 from data_pipeline.manifest import FORMAT_NAME, MANIFEST, SPLITS
 from launcher.common.errors import UserError
 from launcher.common.io import file_sha256, read_json_object
+from launcher.outputs.locks import _lock_held, _read_small, writer_lock, writer_locks  # noqa: F401  (re-exported)
 from launcher.run_dir.layout import RENDER_LOCK
 from launcher.run_dir.lock import pid_alive
 
@@ -258,6 +257,7 @@ def check_replaceable(flag: str, path: Path | None, kind: Kind) -> None:
     entries = sorted(p.name for p in resolved.iterdir() if not _dead_leftover(p))
     if not entries:
         return
+    _refuse_while_written(flag, resolved, kind.made_by)  # a live writer's .partial-PID/ is not the user's file
     found = kind_of(resolved)
     if found is kind:
         if kind is EXPORT:
@@ -265,6 +265,8 @@ def check_replaceable(flag: str, path: Path | None, kind: Kind) -> None:
             _check_export_entries(flag, path, resolved)
         elif kind is DATA:
             _check_prepared_entries(flag, path, resolved)
+        elif kind is REPORT:
+            _check_report_entries(flag, path, resolved)
         return
     what = f"is {_a(found.name)} ({found.made_by})" if found else f"holds {_listing(resolved, entries)}"
     wanted = "a previous export" if kind is EXPORT else _a(kind.name)
@@ -285,6 +287,27 @@ def _check_export_entries(flag: str, path: Path, resolved: Path) -> None:
     if foreign:
         raise UserError(f"{flag} {path}: the earlier export there also holds {_listing(resolved, foreign)}, which "
                         f"replacing it would delete: move them out, or export to another directory")
+
+
+def _refuse_while_written(flag: str, resolved: Path, command: str) -> None:
+    """The writer lock of `resolved` held: another command writes it now (said before its files are listed)."""
+    lock_path = resolved.parent / f".{resolved.name}.lock"
+    if lock_path.is_file() and _read_small(lock_path) != str(os.getpid()) and _lock_held(lock_path):  # not ours
+        raise UserError(f"{flag} {resolved}: another {command} (pid {_read_small(lock_path) or '?'}) is writing it "
+                        f"now; wait for it or choose another {flag}")
+
+
+def _check_report_entries(flag: str, path: Path, resolved: Path) -> None:
+    """An earlier report is rewritten only while it holds nothing but what the report wrote, unchanged
+    (launcher/outputs/written.py): a hand-edited report.md is named."""
+    from launcher.outputs.written import DIR_RECORD, recorded_changes
+
+    changes = recorded_changes(resolved, REPORT.name)
+    if changes is None:
+        changes = [f"report.md (no {DIR_RECORD}: not known to be unchanged since it was written)"]
+    if changes:
+        raise UserError(f"{flag} {path}: the earlier report there also holds {_listing(resolved, changes)}, which "
+                        f"rewriting it would lose: move them out, or write the report to another directory")
 
 
 def _check_prepared_entries(flag: str, path: Path, resolved: Path) -> None:
@@ -360,28 +383,6 @@ def _dead_leftover(path: Path) -> bool:
     return not pid_alive(int(pid))
 
 
-def _read_small(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read(64).decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
-def _lock_held(lock_path: Path) -> bool:
-    try:
-        fd = os.open(lock_path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
 def remove_dead_leftovers(out: Path) -> None:
     """Under the writer lock of `out`: delete what killed writers left in and beside it."""
     for place, prefix in ((out, ".partial-"), (out.parent, f".{out.name}.tmp-")):
@@ -402,70 +403,6 @@ def publishing(flag: str, out, kind: Kind, command: str) -> Iterator[Path]:
     with writer_lock(flag, resolved, command):
         remove_dead_leftovers(resolved)
         yield resolved
-
-
-@contextlib.contextmanager
-def writer_lock(flag: str, out: Path, command: str) -> Iterator[None]:
-    """One writer per output (the resolved path): an flock(2) on `.OUT.lock` beside it, held while the
-    command writes, so a second command into the same place is refused instead of silently replacing the
-    first's output. The lock file is removed by its holder; a killed holder's lock dies with it, and its
-    file is removed by the next holder."""
-    out = Path(out).expanduser().resolve()
-    lock_path = out.parent / f".{out.name}.lock"
-    created = [each for each in (out.parent, *out.parent.parents) if not each.exists()]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = _locked(flag, out, lock_path, command)
-        try:
-            yield
-        finally:
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(lock_path)
-                os.close(fd)
-    finally:  # a command refused or failed creates nothing: the folders made for the lock go (when empty)
-        for each in created:
-            try:
-                each.rmdir()
-            except OSError:
-                break
-
-
-@contextlib.contextmanager
-def writer_locks(outputs: dict, command: str) -> Iterator[None]:
-    """writer_lock of every output given (flag -> path, None: not given), held together for the block."""
-    with contextlib.ExitStack() as stack:
-        for flag, path in outputs.items():
-            if path is not None:
-                stack.enter_context(writer_lock(flag, path, command))
-        yield
-
-
-def _locked(flag: str, out: Path, lock_path: Path, command: str) -> int | None:
-    """The open, flocked lock file (None where it cannot be created: a read-only parent)."""
-    while True:
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            holder = _read_small(lock_path) or "?"
-            os.close(fd)
-            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            raise UserError(f"{flag} {out}: another {command} (pid {holder}) is writing it now; wait for it "
-                            f"or choose another {flag}") from None
-        try:  # the holder before us may have removed the file between our open and our flock: lock the new one
-            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
-            return fd
-        os.close(fd)
 
 
 def check_run_dir_target(flag: str, run_dir) -> None:

@@ -168,7 +168,8 @@ def test_a_run_or_an_export_inside_its_own_input_is_refused(capsys, stored_run, 
     run_dir = tiny_data / "newrun"
     line = refused(capsys, ["pretrain", "--num_gpus", "1", "--config", config, "--dry-run", "--run-dir", run_dir],
                    [tiny_data])
-    assert f"--run-dir {run_dir}: is inside the input data.data_dir {tiny_data}" in line
+    assert (f"--run-dir {run_dir}: is inside prepared data (roformer data prepare), {tiny_data}; writing there "
+            f"would mix a run directory into it") in line  # the output gate (launcher/outputs/gate.py)
     assert not run_dir.exists()
 
     exported = tmp_path / "exp"
@@ -179,11 +180,11 @@ def test_a_run_or_an_export_inside_its_own_input_is_refused(capsys, stored_run, 
     init_yaml = write_yaml(tmp_path / "init.yaml", init_config)
     line = refused(capsys, ["pretrain", "--num_gpus", "1", "--config", init_yaml, "--dry-run", "--run-dir",
                             exported / "run"], [exported, tiny_data])
-    assert f"--run-dir {exported / 'run'}: is inside the input --init-from {exported}" in line
+    assert f"--run-dir {exported / 'run'}: is inside an export (roformer export), {exported}" in line
 
     data_dir = stored_run.parent / "data"  # the run's own prepared data (its config.yaml's data.data_dir)
     line = refused(capsys, ["export", stored_run, "--out", data_dir / "exp"], [data_dir, stored_run])
-    assert f"--out {data_dir / 'exp'}: is inside the input data.data_dir {data_dir}" in line
+    assert f"--out {data_dir / 'exp'}: is inside prepared data (roformer data prepare), {data_dir}" in line
 
 
 # --- row 9: a run directory is known by our records, not by a checkpoints/ folder ----------------------
