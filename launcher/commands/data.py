@@ -11,7 +11,8 @@ from pathlib import Path
 from launcher.cli import raise_if_stopped
 from launcher.common.errors import UserError
 from launcher.flag_types import non_negative_int, positive_float
-from launcher.outputs.output_paths import DATA, check_output_dir, check_paths, check_replaceable, publishing
+from launcher.outputs.gate import PREPARED, TOKENIZER, add_output
+from launcher.outputs.output_paths import DATA, check_paths, publishing
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -20,8 +21,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     prep = sub.add_parser("prepare", help="raw text -> tokenizer + train/valid shards + manifest",
                           description="raw text -> tokenizer + train/valid shards + manifest", **shown)
     _input_args(prep)
-    prep.add_argument("--out", required=True,
-                      help="prepared data directory, or s3://BUCKET/PREFIX (prepared in a temporary directory, "
+    add_output(prep, "--out", PREPARED, required=True,
+               help="prepared data directory, or s3://BUCKET/PREFIX (prepared in a temporary directory, "
                            "then uploaded, the manifest last)")
     prep.add_argument("--workers", type=int, default=1, help="parallel worker processes")
     prep.add_argument("--valid-fraction", type=float, default=0.01, help="share of documents for validation")
@@ -41,7 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     tok = sub.add_parser("tokenizer", help="train only the SentencePiece tokenizer (+ transformers files)",
                          description="train only the SentencePiece tokenizer (+ transformers files)", **shown)
     _input_args(tok)
-    tok.add_argument("--out", type=Path, required=True, help="tokenizer directory to write")
+    add_output(tok, "--out", TOKENIZER, required=True,
+               help="tokenizer directory to write: a new or empty one, or one `data tokenizer` wrote, unchanged")
     tok.add_argument("--max-documents", type=int, default=None, help="read at most N documents (default: all)")
     _tokenizer_args(tok)
 
@@ -137,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
     if args.data_command == "tokenizer":
         path = train_tokenizer_only(input_cfg, tok_cfg, args.out, max_documents=args.max_documents,
                                     before_publish=raise_if_stopped)
+        from launcher.outputs.written import record_written
+
+        record_written(args.out, TOKENIZER.name, TOKENIZER.made_by)  # ours: a later `data tokenizer` may replace it
         print(f"tokenizer written to {path.parent}")
         return 0
     if remote_out:
@@ -228,7 +233,8 @@ def _upload(args: argparse.Namespace) -> int:
 
 
 def check_data_paths(args: argparse.Namespace, input_cfg) -> None:
-    """--out against every input (launcher/outputs/output_paths.py): never one of them, inside or around one."""
+    """--out against every input (launcher/outputs/output_paths.py): never one of them, inside or around one
+    (its own rule by its kind: launcher/outputs/gate.py, run by launcher/cli.py)."""
     import glob
 
     from data_pipeline.inputs import resolve_inputs
@@ -238,10 +244,6 @@ def check_data_paths(args: argparse.Namespace, input_cfg) -> None:
               + [f for s in specs if glob.has_magic(s) and not Path(s).exists() for f in resolve_inputs([s])],
               "--tokenizer": getattr(args, "tokenizer", None)}
     check_paths(inputs, {"--out": args.out})
-    if args.data_command == "prepare":
-        check_replaceable("--out", args.out, DATA)
-    else:
-        check_output_dir("--out", args.out)
 
 
 def _sources(args: argparse.Namespace) -> list:

@@ -24,6 +24,7 @@ OWN_FILE_FLAGS = ("dev", "test", "dev_fraction", "text_column", "text_pair_colum
 def configure(parser: argparse.ArgumentParser) -> None:
     from launcher.downstream.fine_tuning import _HELP, INITS, FinetuneConfig
     from launcher.downstream.tasks import TASKS
+    from launcher.outputs.gate import FINETUNE_REPORT, MODEL, PREDICTIONS, add_output
 
     parser.add_argument("export_dir", type=Path, help="export directory (roformer export --out) or any "
                                                       "transformers RoFormer directory with a tokenizer")
@@ -77,14 +78,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="trackers for this fine-tune: mlflow, wandb (comma-separated; one tracked run per job, "
                              "tagged with the export and the pretraining run it came from; docs/training.md#trackers) "
                              "(default: none)")
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON report to this file (default: none; the console shows a table only)")
-    parser.add_argument("--save-model", type=Path, default=None,
+    add_output(parser, "--out", FINETUNE_REPORT, default=None,
+               help="write the JSON report to this file: a new one, or one finetune wrote before, unchanged "
+                    "(default: none; the console shows a table only)")
+    add_output(parser, "--save-model", MODEL, default=None,
                         help="save the best model (best seed, best epoch) as a transformers directory with its "
                              "tokenizer, for pipeline('text-classification', model=DIR); retrieval: a sentence-transformers "
                              "directory, for SentenceTransformer(DIR); must not exist yet (default: none)")
-    parser.add_argument("--predictions", type=Path, default=None,
-                        help="write the held-out predictions (.csv, .tsv or .jsonl: row, prediction, label; retrieval: "
-                             "the top 10 passages per query: row, query, rank, passage, score, relevant; default: none)")
+    add_output(parser, "--predictions", PREDICTIONS, default=None,
+               help="write the held-out predictions (.csv, .tsv or .jsonl: row, prediction, label; retrieval: "
+                    "the top 10 passages per query: row, query, rank, passage, score, relevant): a new file, or one "
+                    "finetune wrote before, unchanged (default: none)")
 
 
 def task_spec_from_args(args: argparse.Namespace):
@@ -161,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--compare-random-init compares the pretrained export with its twin: drop --init random")
     check_finetune_paths(args, cfg.task)
     check_outputs(args.save_model, args.predictions)
+    check_model_space(args)
     outputs = {"--out": args.out, "--predictions": args.predictions, "--save-model": args.save_model}
     with writer_locks(outputs, "roformer finetune"):  # one writer per output (launcher/outputs/output_paths.py)
         return finetune_and_write(args, cfg)
@@ -171,6 +176,8 @@ def finetune_and_write(args: argparse.Namespace, cfg) -> int:
     from launcher.downstream.fine_tuning import run_finetune
     from launcher.downstream.finetune_report import console_table, save_model, write_predictions
     from launcher.common.io import atomic_write_json
+    from launcher.outputs.gate import FINETUNE_REPORT, PREDICTIONS
+    from launcher.outputs.written import record_written
 
     report, chosen, data, tokenizer, evals = run_finetune(cfg)
     same = same_file_note(cfg.task)
@@ -198,8 +205,11 @@ def finetune_and_write(args: argparse.Namespace, cfg) -> int:
 
         options = {k: str(v) for k, v in vars(args).items() if v is not None and k not in ("func", "report_to")}
         report["trackers"] = report_finetune(args.report_to, cfg.export_dir, options, report, [])
+    if args.predictions is not None:
+        record_written(args.predictions, PREDICTIONS.name, PREDICTIONS.made_by)
     if args.out is not None:
         atomic_write_json(args.out, report)
+        record_written(args.out, FINETUNE_REPORT.name, FINETUNE_REPORT.made_by)
         print(f"finetune: JSON report -> {args.out}", file=sys.stderr)
     else:
         print("finetune: no JSON report written (pass --out FILE for one)", file=sys.stderr)
@@ -207,15 +217,25 @@ def finetune_and_write(args: argparse.Namespace, cfg) -> int:
 
 
 def check_finetune_paths(args: argparse.Namespace, spec) -> None:
-    """Every output against the export, the task's files and the other outputs (launcher/outputs/output_paths.py)."""
-    from launcher.outputs.output_paths import check_output_dir, check_output_file, check_paths
+    """Every output against the export, the task's files and the other outputs (launcher/outputs/output_paths.py;
+    each output's own rule: launcher/outputs/gate.py, run by launcher/cli.py)."""
+    from launcher.outputs.output_paths import check_paths
 
     check_paths({"EXPORT": args.export_dir, "--task-spec": args.task_spec, "--train": spec.train, "--dev": spec.dev,
                  "--test": spec.test, "--corpus": spec.corpus},
                 {"--out": args.out, "--predictions": args.predictions, "--save-model": args.save_model})
-    check_output_file("--out", args.out)
-    check_output_file("--predictions", args.predictions)
-    check_output_dir("--save-model", args.save_model)
+
+
+def check_model_space(args: argparse.Namespace) -> None:
+    """--save-model: room for the model (about the export's weights and tokenizer files) before the compute,
+    not a full disk after it."""
+    from launcher.common.size_checks import check_free_space
+
+    if args.save_model is None:
+        return
+    export = Path(args.export_dir)
+    need = sum(f.stat().st_size for f in export.iterdir() if f.is_file()) if export.is_dir() else 0
+    check_free_space("--save-model", args.save_model, need, "the model (about the size of the export's files)")
 
 
 def same_file_note(spec) -> str | None:

@@ -21,7 +21,9 @@ from launcher.reproduce.reproduction_plan import PARTS, PRESETS, PROJECT_ROOT
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, required=True, help="output directory (created; re-running resumes)")
+    from launcher.outputs.gate import CLAIMS_REPORT, REPRODUCED, add_output
+
+    add_output(parser, "--out", REPRODUCED, required=True, help="output directory (created; re-running resumes)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny model, a few steps, one seed: checks the harness and the report's shape (~1 min)")
     parser.add_argument("--parts", default=None,
@@ -36,8 +38,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="an earlier results.json (or output directory holding report/results.json) whose "
                              "parts / comparison groups fill what this output directory has not run; repeatable, "
                              "the first given wins; the report's last table names each part's source (default: none)")
-    parser.add_argument("--report-dir", type=Path, default=None,
-                        help="write report.md, the PNGs and results.json here (default: OUT/report)")
+    add_output(parser, "--report-dir", CLAIMS_REPORT, default=None,
+               help="write report.md, the PNGs and results.json here (default: OUT/report)")
     parser.add_argument("--report-only", action="store_true",
                         help="write the report from whatever runs exist; start nothing")
 
@@ -71,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--data {args.data}: not a prepared data directory (no manifest.json of `roformer data "
                         f"prepare`)")
     check_paths({"--data": args.data, "--merge": args.merge}, {"--report-dir": args.report_dir})
-    check_replaceable("--report-dir", args.report_dir, REPORT)
+    check_paths({"--data": args.data}, {"--out": args.out})  # reproduce --out DATA/sub would write into the data
+    if args.report_dir is None:  # OUT/report: rewritten only while it holds what the last report wrote, unchanged
+        check_replaceable("--out", Path(args.out) / "report", REPORT)
     priors = [read_prior(path) for path in args.merge]  # before any compute: a bad file fails at once
     select_groups(preset.pretrain_runs(parts), args.groups)  # an unknown group is refused before --out is made
     if args.groups and args.report_only:
@@ -83,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
             out.mkdir(parents=True, exist_ok=True)
             atomic_write_json(record, {"format": "roformer-ds-reproduction", "preset": preset.name})
         path = _reproduce(args, preset, parts, Layout(out), priors)
+        from launcher.outputs.written import record_written
+
+        record_written(path.parent, REPORT.name, "roformer reproduce")
     print(f"reproduce: report -> {path}")
     return 0
 

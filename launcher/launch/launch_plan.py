@@ -181,7 +181,9 @@ def _filter_flags(resources: "OrderedDict[str, list[int]]", hostfile: Hostfile |
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags shared with `deepspeed` (same names and meaning) plus ours."""
     parser.add_argument("--config", required=True, help="run config YAML (e.g. configs/demo_cpu.yaml)")
-    parser.add_argument("--run-dir", required=True, help="run directory; on a filesystem shared by all nodes")
+    from launcher.outputs.gate import RUN_DIR, add_output
+
+    add_output(parser, "--run-dir", RUN_DIR, required=True, help="run directory; on a filesystem shared by all nodes")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a run config field (repeatable; default: none); passed to every rank")
     parser.add_argument("--dry-run", action="store_true",
