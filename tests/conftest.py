@@ -14,6 +14,7 @@ Folders say what a test needs, and set its markers (setup.cfg) here, never by ha
 from __future__ import annotations
 
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from tests.support.helpers import (
 )
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+RESTORED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 FOLDER_MARKERS = {"unit": (), "multirank": ("multiprocess",), "cluster": ("multiprocess", "cluster"),
                   "gpu": ("gpu",)}
 
@@ -51,6 +53,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, name))
         if folder == "gpu" and not _cuda_available():
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device (roformer gpu-check); none here"))
+
+
+@pytest.fixture(autouse=True)
+def restored_signal_handlers():
+    """The process's SIGINT/SIGTERM/SIGHUP handlers and signal mask as they were before each test: a test that runs
+    a rank entry in-process (rank_entry.main) installs the rank's stop handlers, which only record a signal, so
+    Ctrl-C or run_tests.sh's `kill -TERM` would no longer end the lane (tests/unit/test_signals_restored.py)."""
+    saved = {signum: signal.getsignal(signum) for signum in RESTORED_SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    for signum, handler in saved.items():
+        if handler is not None and signal.getsignal(signum) is not handler:  # None: not installed from Python
+            signal.signal(signum, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @pytest.fixture(scope="session")
