@@ -452,6 +452,7 @@ def _init_from(value: Any, source: str, base_dir: Path) -> str:
         return ""
     if not isinstance(value, str):
         raise UserError(f"{source}: init_from: expected a directory path, got {value!r}")
+    refuse_url(f"{source}: init_from", value)  # s3:// or hf:// would become a local ./s3:/... directory
     expanded = Path(os.path.expandvars(os.path.expanduser(value)))
     return str(expanded if expanded.is_absolute() else (base_dir / expanded).resolve())
 
@@ -479,7 +480,8 @@ def _apply_override(raw: dict, item: str, path: Path) -> None:
         if not isinstance(child, dict):
             raise UserError(f"--set {item!r}: {part} in {path} is not a section")
         node = child
-    if value is None:  # KEY=null (or ~) unsets KEY: its default applies, e.g. warmup_steps=null beside warmup_tokens
+    if text.strip() in ("null", "Null", "NULL"):  # unsets KEY: its default applies (warmup_steps=null beside
+        # warmup_tokens); a bare ~ is not: it is refused where typed for a path (a home directory, unquoted)
         node.pop(parts[-1], None)
         return
     node[parts[-1]] = value

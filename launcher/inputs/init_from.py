@@ -18,7 +18,7 @@ from data_pipeline.tokenizer import resolve_model_path, tokenizer_hash
 from launcher.config import run_config
 from launcher.config.run_config import RunConfig
 from launcher.common.errors import UserError
-from roformer.config import ConfigError
+from roformer.config import ConfigError, RoFormerConfig
 from roformer.hf_interop import PretrainedDir, read_pretrained
 from roformer.hf_keys import WEIGHT_FILES
 
@@ -30,8 +30,10 @@ class InitSource:
     init_weights.py) and RUN_DIR/init_from.json all read this, never DIR's config.json again."""
 
     pretrained: PretrainedDir
-    model_fields: dict
-    """DIR's model fields (a BERT's continued as the run config's position_encoding says)."""
+    model: RoFormerConfig
+    """DIR's model config, parsed once here (a BERT's continued with the position_encoding of the run config's
+    model section, RoPE by default): the run's model section is laid over it, and the rank's weights are read
+    for it (launcher/train/init_weights.py), so the encoding comes from one place."""
     weight_fields: tuple[str, ...]
     """The model fields the run may set differently from DIR's (a BERT's position_encoding)."""
     tokenizer: tuple[Path, str] | None
@@ -40,6 +42,11 @@ class InitSource:
     @property
     def directory(self) -> Path:
         return self.pretrained.directory
+
+    @property
+    def model_fields(self) -> dict:
+        """DIR's model fields, under which the run config's own `model:` keys go (run_config.model_over_init)."""
+        return self.model.to_dict()
 
 
 def load_config_and_init(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()
@@ -70,18 +77,42 @@ def read_init_source(init_dir: str, source: str, explicit: dict | None = None) -
         pretrained = read_pretrained(directory)
     except ConfigError as err:
         raise UserError(f"{source}: init_from: {err}") from None
+    check_weight_family(pretrained, f"{source}: init_from")
     if pretrained.is_bert:
         encoding = (explicit or {}).get("position_encoding", "rope")
         try:
             model = pretrained.config(encoding)
         except ConfigError as err:
             raise UserError(f"{source}: init_from: {err}") from None
-        return InitSource(pretrained, model.to_dict(), ("position_encoding",), init_tokenizer_sha256(directory))
+        return InitSource(pretrained, model, ("position_encoding",), init_tokenizer_sha256(directory))
     try:
         model = pretrained.config()
     except ConfigError as err:
         raise UserError(f"{pretrained.config_path}: not a transformers RoFormer config ({err})") from None
-    return InitSource(pretrained, model.to_dict(), (), init_tokenizer_sha256(directory))
+    return InitSource(pretrained, model, (), init_tokenizer_sha256(directory))
+
+
+FAMILY_PREFIXES = {"bert": "bert.", "roformer": "roformer."}
+"""The tensor-name prefix of each model_type's transformers checkpoint (a bare encoder's names have none)."""
+
+
+def check_weight_family(pretrained: PretrainedDir, where: str) -> None:
+    """config.json's model_type against the tensor names in the safetensors headers (names only, no data): a
+    BERT's config.json over RoFormer weights (or the reverse) is refused here, at load, instead of by every rank
+    after the run directory exists. pytorch_model.bin has no header to read: the rank's load checks it."""
+    from safetensors import safe_open
+
+    if pretrained.raw.get("model_type") not in FAMILY_PREFIXES:
+        return  # another model_type: the config's parse names it (RoFormer-DS reads two)
+    other = "roformer" if pretrained.is_bert else "bert"
+    weights = weights_file(pretrained.directory)
+    for file in safetensors_files(weights) if weights is not None else []:
+        with safe_open(str(file), framework="pt") as handle:
+            foreign = sorted(key for key in handle.keys() if key.startswith(FAMILY_PREFIXES[other]))
+        if foreign:
+            raise UserError(f"{where}: {pretrained.config_path} says model_type {pretrained.raw.get('model_type')!r}, "
+                            f"but {file} holds {other} tensors ({foreign[0]}, ... {len(foreign)} in all): the "
+                            f"config.json does not belong to these weights")
 
 
 def check_init_dir(init_dir: str, source: str) -> Path:

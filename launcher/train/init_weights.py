@@ -11,6 +11,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
+
 from launcher.config.run_config import WEIGHT_FIELDS
 from launcher.common.errors import UserError
 from launcher.inputs.init_from import InitSource, weights_file
@@ -40,13 +42,15 @@ class InitialWeights:
 
     @classmethod
     def read(cls, init: InitSource, model_config) -> InitialWeights:
-        """DIR's weights for the run's model (DIR's config.json as the run config's load read it: `init`);
-        UserError when they do not fit."""
+        """DIR's weights for the run's model (DIR's config as the run config's load parsed it: `init.model`, no
+        second parse); UserError when they do not fit, or when a tensor holds NaN or inf (a damaged copy, refused
+        here rather than by the numerics guard after the first step)."""
+        config = init.model
         try:
-            config = init.pretrained.config(model_config.position_encoding)
             tensors, dropped = init.pretrained.weights(config)
         except ConfigError as err:
             raise UserError(f"init_from: {err}") from None
+        refuse_non_finite(tensors, weights_file(init.directory))
         changed = [name for name in WEIGHT_FIELDS if getattr(config, name) != getattr(model_config, name)]
         if changed:
             raise UserError(f"init_from {init.pretrained.config_path}: {', '.join(changed)} differ from the run's "
@@ -72,6 +76,15 @@ class InitialWeights:
             architectures=self.architectures, mlm_head="new" if self.new_head else "loaded",
             model_type=self.model_type, dropped=list(self.dropped), fresh=mlm_head_names(self.tensors),
             tokenizer_sha256=tokenizer[1] if tokenizer else None, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
+
+
+def refuse_non_finite(tensors: dict, weights: Path) -> None:
+    """UserError naming the first floating tensor of `tensors` that holds NaN or inf, and how many values do."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise UserError(f"init_from {weights}: tensor {name} holds {bad:,} NaN or inf value(s) of {tensor.numel():,}: "
+                            f"the weights are damaged (copy or export them again)")
 
 
 @dataclass

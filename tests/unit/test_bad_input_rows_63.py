@@ -96,7 +96,9 @@ def test_zero_warmup_tokens_is_zero_warmup_steps_and_set_null_unsets_a_field(tmp
     path = _config(tmp_path / "c")
     cfg = load_run_config(path, ["optimizer.warmup_steps=null", "optimizer.warmup_tokens=192"])
     assert cfg.optimizer.warmup_steps == 3  # 192 token slots = 3 steps of 4 x 16
-    assert load_run_config(path, ["optimizer.warmup_steps=~"]).optimizer.warmup_steps == 100  # the field's default
+    assert load_run_config(path, ["optimizer.warmup_steps=null"]).optimizer.warmup_steps == 100  # the field's default
+    with pytest.raises(Exception, match="optimizer.warmup_steps: expected int, got None"):
+        load_run_config(path, ["optimizer.warmup_steps=~"])  # only the word null unsets (a bare ~ may be a home path)
     with pytest.raises(Exception, match="give optimizer.warmup_steps or optimizer.warmup_tokens, not both"):
         load_run_config(path, ["optimizer.warmup_tokens=192"])
 
@@ -121,3 +123,66 @@ def test_lenient_prepare_of_a_latin1_file_says_what_it_skipped(capsys, tmp_path)
            f"50 line(s): 50 invalid UTF-8, e.g. {latin}:1: invalid UTF-8 (at byte 6 of the line); input is read as " \
            "UTF-8: convert the file, e.g. `iconv -f latin1 -t utf-8`)" in line
     assert not (tmp_path / "out").exists()
+
+
+# --- row 3: --init-from checked at load ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def roformer_dir(tmp_path_factory) -> Path:
+    """transformers' RoFormerForMaskedLM (safetensors) + a WordPiece tokenizer, save_pretrained. Read-only."""
+    from tests.support.corpus_files import english_paragraphs
+    from tests.support.hf_dirs import plain_transformers_dir
+
+    return plain_transformers_dir(tmp_path_factory.mktemp("hf") / "mlm", english_paragraphs(12))
+
+
+def test_a_bert_config_over_roformer_weights_is_refused_by_the_plan(capsys, tmp_path, roformer_dir):
+    import json
+    import shutil
+
+    copy = Path(shutil.copytree(roformer_dir, tmp_path / "mixed"))
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "model_type": "bert", "architectures": ["BertForMaskedLM"]}))
+    path = write_yaml(tmp_path / "run.yaml", {**{k: v for k, v in run_config_dict().items() if k != "model"},
+                                              "init_from": str(copy)})
+    line = refused(capsys, ["plan", "--config", path, "--world-size", "1"], [tmp_path])
+    assert f"init_from: {copy}/config.json says model_type 'bert', but {copy}/model.safetensors holds roformer " \
+           "tensors (roformer." in line and "the config.json does not belong to these weights" in line
+    # The same line from the dry run, before the run directory exists.
+    line = refused(capsys, ["pretrain", "--config", path, "--run-dir", tmp_path / "run", "--dry-run"], [tmp_path])
+    assert "says model_type 'bert', but" in line and not (tmp_path / "run").exists()
+
+
+def test_an_init_tensor_holding_nan_is_refused_at_load_naming_it(tmp_path, roformer_dir):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from launcher.common.errors import UserError
+    from launcher.inputs.init_from import read_init_source
+    from launcher.train.init_weights import InitialWeights
+
+    copy = Path(shutil.copytree(roformer_dir, tmp_path / "nan"))
+    tensors = load_file(copy / "model.safetensors")
+    name = next(k for k in sorted(tensors) if k.endswith("attention.self.query.weight"))
+    tensors[name][0, :3] = float("nan")
+    save_file(tensors, copy / "model.safetensors", metadata={"format": "pt"})
+    init = read_init_source(str(copy), "run.yaml")
+    with pytest.raises(UserError, match=rf"init_from {copy}/model.safetensors: tensor {name} holds 3 NaN or inf "
+                                        rf"value\(s\) of [\d,]+: the weights are damaged"):
+        InitialWeights.read(init, init.model)
+    assert InitialWeights.read(read_init_source(str(roformer_dir), "run.yaml"), init.model).tensors  # the original loads
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/models/bert", "hf://bert-base-uncased"])
+def test_an_init_from_url_is_one_line_not_a_local_directory(capsys, tmp_path, url):
+    scheme = url.split(":")[0]
+    line = refused(capsys, ["pretrain", "--config", tmp_path / "run.yaml", "--run-dir", tmp_path / "run",
+                            "--init-from", url, "--dry-run"], [tmp_path])
+    assert f"--init-from {url}: a {scheme}:// URL, but a local path is expected" in line
+    path = write_yaml(tmp_path / "run.yaml", {**{k: v for k, v in run_config_dict().items() if k != "model"},
+                                              "init_from": url})
+    line = refused(capsys, ["plan", "--config", path, "--world-size", "1"], [tmp_path])
+    assert f"run.yaml: init_from {url}: a {scheme}:// URL, but a local path is expected" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]  # no ./s3:/ directory

@@ -243,6 +243,14 @@ def test_a_ranks_start_up_reads_the_init_directory_and_the_deepspeed_json_once(t
     assert [opened.get(path) for path in watched] == [1, 1]
     assert {path: n for path, n in opened.items() if n > 1} == {}, opened
     assert os.path.realpath(hf_data / "manifest.json") in opened  # the data was read (here, once)
+    # DIR's config.json is parsed once too: the rank's InitSource carries the typed config the weights were read
+    # for, the one the run's model section was laid over (issue 62 R1).
+    from launcher.config.run_config import WEIGHT_FIELDS
+    from roformer.config import RoFormerConfig
+
+    assert isinstance(setup.run.init.model, RoFormerConfig)
+    assert {f: getattr(setup.run.init.model, f) for f in WEIGHT_FIELDS} == \
+        {f: getattr(setup.cfg.model, f) for f in WEIGHT_FIELDS}
     assert plan.init_from == hf_dir and plan.ds_config == setup.run.ds_config(0) and initial.new_head is False
     assert initial.record()["tokenizer_sha256"] == setup.train_batches.corpus.tokenizer_sha256
     if micro_batch == "auto":
