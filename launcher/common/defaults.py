@@ -9,9 +9,18 @@ ORDERLY_STOP_EXIT_CODE = 143
 """A rank stopped on SIGTERM/SIGINT after writing a checkpoint (128 + SIGTERM, as a shell reports it):
 a requested stop, not a failure. The rank entry exits with it; the rank guard and the supervisor
 recognise it."""
-RANK_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-"""What a rank takes as a stop request (launcher/train/stop_signals.py); its wrapper holds them blocked
-until the rank entry's handlers exist (launcher/launch/rank_process.py)."""
+RANK_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""What a rank (and `roformer pretrain`) takes as a stop request (launcher/train/stop_signals.py); its wrapper
+holds them blocked until the rank entry's handlers exist (launcher/launch/rank_process.py). SIGHUP (a terminal
+or ssh session closing) is a stop like SIGTERM (issue 63): checkpoint, one line, exit 129 for the command."""
+
+
+def stop_signals_to_handle() -> tuple[signal.Signals, ...]:
+    """RANK_STOP_SIGNALS less a SIGHUP this process was started ignoring (`nohup`: the user asked for the
+    job to outlive the terminal, so a hang-up is no stop)."""
+    return tuple(s for s in RANK_STOP_SIGNALS if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN)
+
+
 GUARD_STOP_EXIT_CODE = 3
 """The numerics guard ended the run (a loss spike, a non-finite figure, a stuck fp16 loss scale: its one
 line names step, figure, window median and threshold; launcher/train/guard_actions.py). Not a fault:

@@ -4,9 +4,10 @@
 
 A rank killed by SIGKILL cannot report itself and DeepSpeed's launcher does not name it, so this wrapper
 prints one `[roformer-rank-exit] rank=.. host=.. status=..` line for `roformer pretrain`
-(launcher.launch.supervise) and exits with the rank's status. It stops the rank when its own parent dies
-(PR_SET_PDEATHSIG), finds the rank's numbers under mpirun / srun, and runs the hang watchdog
-(launcher.launch.watchdog) for a rank with a `--run-dir`.
+(launcher.launch.supervise) and exits with the rank's status. It stops the rank (checkpoint, exit) when its
+parent or the job's `roformer pretrain` dies (PR_SET_PDEATHSIG, and launcher.launch.launcher_watch), finds
+the rank's numbers under mpirun / srun, and runs the hang watchdog (launcher.launch.watchdog) for a rank with
+a `--run-dir`.
 """
 from __future__ import annotations
 
@@ -19,10 +20,13 @@ import sys
 import time
 
 from launcher.common.defaults import (BAD_INPUT_EXIT_CODE, DEFAULT_MASTER_PORT, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE,
-                               RANK_STOP_SIGNALS)
-from launcher.common.io import write_line
+                               RANK_STOP_SIGNALS, stop_signals_to_handle)
+from launcher.common.io import keep_console, write_line, write_line_kept
 from launcher.launch.launch_plan import RANK_ENTRY_MODULE
-from launcher.launch.watchdog import Watchdog
+from launcher.launch.launcher_watch import LauncherWatch
+from launcher.launch.watchdog import Watchdog, run_dir_from_args
+from launcher.run_dir.layout import RunDir
+from launcher.run_dir.lock import LOCK_ID_ENV
 
 MARKER = "[roformer-rank-exit]"
 PR_SET_PDEATHSIG = 1
@@ -167,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # From the start, before the rank exists: a stop sent meanwhile (the whole process tree gets one) would
     # otherwise kill this wrapper by the default action, and the job would report a rank killed by a signal.
-    signal.signal(signal.SIGTERM, on_stop_signal)
-    signal.signal(signal.SIGINT, on_stop_signal)
+    for signum in stop_signals_to_handle():  # SIGHUP too (unless under nohup): a stop like SIGTERM
+        signal.signal(signum, on_stop_signal)
     try:
         env = {**os.environ, **mpi_environment(), **slurm_environment()}
     except RuntimeError as err:
@@ -183,8 +187,19 @@ def main(argv: list[str] | None = None) -> int:
                                  report=write_line)
     if watchdog is not None:
         watchdog.start()
+    run_dir = run_dir_from_args(argv[1:])
+    launchers = LauncherWatch(parent, run_dir, env.get(LOCK_ID_ENV) or None)
     while child.poll() is None:
         time.sleep(0.2)
+        gone = launchers.look() if orphan_deadline is None else None
+        if gone is not None and child.poll() is None:  # nobody else will stop the rank: we do, as a SIGTERM
+            if run_dir is not None:  # the console died with the launcher: the job's log keeps the line
+                keep_console(RunDir(run_dir).launcher_log)
+            write_line_kept(f"rank_process (rank {identity['rank']} on {identity['host']}): {gone}: stopping the "
+                            f"rank (it finishes its step, writes a checkpoint and exits)")
+            stops.append(signal.SIGTERM)
+            child.send_signal(signal.SIGTERM)
+            orphan_deadline = time.monotonic() + ORPHAN_STOP_SECONDS
         if orphan_deadline is not None and time.monotonic() > orphan_deadline:
             child.kill()
     returncode = child.returncode

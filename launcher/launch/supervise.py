@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.common.defaults import (GUARD_STOP_EXIT_CODE, HUNG_EXIT_CODE, ORDERLY_STOP_EXIT_CODE,
-                               PEER_GONE_PREFIX, RANK_ERROR_PREFIX)
+                               PEER_GONE_PREFIX, RANK_ERROR_PREFIX, stop_signals_to_handle)
 from launcher.launch import env_forwarding
 from launcher.launch.console import Console
 from launcher.launch.launch_plan import LaunchPlan
@@ -341,7 +341,7 @@ def supervise_job(plan: LaunchPlan, runner_env: dict[str, str], console: Console
     console = console or Console(sys.stdout, RunDir(plan.run_dir).launcher_log, status=False, hosts=plan.resources)
     interrupted: list[int] = []  # handlers first: a Ctrl-C from here on must not orphan the runner
     previous = {s: signal.signal(s, lambda signum, _f: interrupted.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM)}
+                for s in stop_signals_to_handle()}  # SIGINT, SIGTERM and SIGHUP (unless under nohup)
     try:
         runner = subprocess.Popen(plan.command(), cwd=env_forwarding.project_root(), env=runner_env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -395,6 +395,10 @@ def supervise_job(plan: LaunchPlan, runner_env: dict[str, str], console: Console
         return JobOutcome(code, first, interrupted[0] if interrupted else None, time.monotonic(),
                           list(monitor.signalled_nodes), monitor.first_error)
 
+    if interrupted and returncode == 0 and not failures:  # it came after the last step: the run had finished
+        console.note(f"roformer pretrain: {signal_name(interrupted[0])} arrived after the last step: the run "
+                     f"finished")
+        return JobOutcome(0, None, None, time.monotonic(), list(monitor.signalled_nodes), monitor.first_error)
     if interrupted:  # asked for: not an error, whatever the ranks' exit codes say
         preempted = "preempted, resumable: " if interrupted[0] == signal.SIGTERM else ""
         console.note(f"roformer pretrain: {preempted}stopped by {signal_name(interrupted[0])}; {resume_hint(plan)}")

@@ -219,7 +219,7 @@ def run(started: StartedRank) -> int:
     trainer, metrics, heartbeats, plots = started.trainer, started.metrics, started.heartbeats, started.plots
     started.stop_signals.arm(StopAnnouncer(trainer.cfg.restarts.preemption_grace_seconds, trainer.rank,
                                            lambda text: metrics.message(text, kept=True),
-                                           lambda: trainer.state.step + 1))
+                                           lambda: trainer.state.step + 1, trainer.cfg.schedule.total_steps))
     outcome = trainer.run()
     heartbeats.ended(outcome, trainer.state.step)
     metrics.event(outcome, step=trainer.state.step)

@@ -1,4 +1,4 @@
-"""SIGTERM / SIGINT on a rank, from its first instant to its last step (docs/training.md, "Stopping a run").
+"""SIGTERM / SIGINT / SIGHUP on a rank, from its first instant to its last step (docs/training.md, "Stopping a run").
 
 A stop asked at any moment ends the run at the first step boundary after it, with a checkpoint: the rank
 entry installs the handlers first thing (launcher/train/rank_entry.py: before torch and DeepSpeed are
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from launcher.common.defaults import RANK_STOP_SIGNALS
+from launcher.common.defaults import RANK_STOP_SIGNALS, stop_signals_to_handle
 from launcher.common.io import write_line
 
 SAME_STOP_SECONDS = 5.0
@@ -29,7 +29,7 @@ not a second request: it is ignored, so the checkpoint at the current step is st
 @dataclass(frozen=True)
 class StopRequested:
     signal: str
-    """SIGTERM or SIGINT."""
+    """SIGTERM, SIGINT or SIGHUP."""
     at: float
     """time.monotonic() when it arrived."""
 
@@ -45,6 +45,9 @@ class StopAnnouncer:
     """The console line (rank 0's metrics.message)."""
     next_step: Callable[[], int]
     """The step being trained (for the console line)."""
+    last_step: int | None = None
+    """The schedule's last step: a stop that arrives once it is trained says the run is finishing, not
+    'finishing step 31' of a 30-step run (issue 63, item 6)."""
 
 
 class StopSignals:
@@ -54,10 +57,13 @@ class StopSignals:
     def __init__(self):
         self.requested: StopRequested | None = None
         self.announcer: StopAnnouncer | None = None
+        self.grace_timer: threading.Timer | None = None
+        """Runs out the grace time once a request was announced."""
 
     def install(self) -> None:
-        """Record SIGTERM and SIGINT from now on (then deliver one held by the wrapper's signal mask)."""
-        for signum in RANK_STOP_SIGNALS:
+        """Record SIGTERM, SIGINT and SIGHUP (unless ignored under nohup) from now on (then deliver one held
+        by the wrapper's signal mask)."""
+        for signum in stop_signals_to_handle():
             signal.signal(signum, self._on_signal)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, RANK_STOP_SIGNALS)
 
@@ -83,12 +89,17 @@ class StopSignals:
 
     def _announce(self) -> None:
         announcer, requested = self.announcer, self.requested
-        announcer.say(f"stop requested ({requested.signal}): finishing step {announcer.next_step()}, then a "
-                      f"checkpoint (within {announcer.grace:g} s)")
+        step = announcer.next_step()
+        if announcer.last_step is not None and step > announcer.last_step:
+            announcer.say(f"stop requested ({requested.signal}) after the last step ({announcer.last_step}): the "
+                          f"run is finishing")
+        else:
+            announcer.say(f"stop requested ({requested.signal}): finishing step {step}, then a checkpoint "
+                          f"(within {announcer.grace:g} s)")
         left = max(0.0, announcer.grace - (time.monotonic() - requested.at))
-        timer = threading.Timer(left, self._out_of_grace)
-        timer.daemon = True  # a rank that finished its checkpoint exits without waiting for it
-        timer.start()
+        self.grace_timer = threading.Timer(left, self._out_of_grace)
+        self.grace_timer.daemon = True  # a rank that finished its checkpoint exits without waiting for it
+        self.grace_timer.start()
 
     def _out_of_grace(self) -> None:
         write_line(f"pretrain (rank {self.announcer.rank}): no checkpoint within the preemption grace time of "

@@ -1,12 +1,16 @@
-"""A stop at any moment of `roformer pretrain` is honoured (issue 49, row 5): Ctrl-C or SIGTERM sent 1, 2, 4
-and 8 s after the launch (before the ranks exist, while they start, while they train) ends the run at the
+"""A stop at any moment of `roformer pretrain` is honoured (issue 49, row 5): Ctrl-C, SIGTERM or SIGHUP sent 1, 2,
+4 and 8 s after the launch (before the ranks exist, while they start, while they train) ends the run at the
 first step boundary after it with a resumable checkpoint (or, when it came before the job was launched,
-with nothing written), and the same command then trains a stopped run to the end."""
+with nothing written), and the same command then trains a stopped run to the end. SIGHUP (a terminal or ssh
+session closing, issue 63) is a stop like SIGTERM: it used to kill the command silently (129) and leave its
+ranks training; now the command exits 129 after the ranks' checkpoint and no process of the job is left."""
 from __future__ import annotations
 
 import re
 import signal
 import time
+
+import psutil
 
 from launcher.checkpoint.catalogue import CheckpointCatalogue
 from launcher.train.metrics import read_metrics
@@ -14,8 +18,19 @@ from tests.support.helpers import free_port, metrics_steps, newest_checkpoint, r
     start_roformer, tiny_run_config
 
 TOTAL_STEPS = 80  # more than a fast machine trains by the last stop (a tiny 16-step run takes 10 s there)
-STOPS = [(1.0, signal.SIGINT), (2.0, signal.SIGTERM), (4.0, signal.SIGINT), (8.0, signal.SIGTERM)]
+STOPS = [(1.0, signal.SIGINT), (2.0, signal.SIGTERM), (4.0, signal.SIGINT), (8.0, signal.SIGHUP)]
 FORWARD_SECONDS = 1.0  # at most from `roformer pretrain` to its ranks (its poll, its scan), on a loaded machine
+
+
+def still_running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    left = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                left.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return left
 
 
 def test_a_stop_at_any_moment_of_the_start_ends_the_run_at_its_first_step_boundary(tiny_data, tmp_path):
@@ -28,14 +43,17 @@ def test_a_stop_at_any_moment_of_the_start_ends_the_run_at_its_first_step_bounda
         args = ("pretrain", "--num_gpus", "2", "--master_port", str(free_port()), "--config", str(config),
                 "--run-dir", str(run_dir), "--report-to", "none")
         proc = start_roformer(*args, env=roformer_env(), log=log)
+        job: list[psutil.Process] = []
         try:
             time.sleep(delay)
+            job = psutil.Process(proc.pid).children(recursive=True)
             sent = time.time()
             proc.send_signal(signum)
             assert proc.wait(timeout=300) == 128 + signum, log.read_text()[-3000:]
         finally:
             if proc.poll() is None:
                 proc.kill()
+        assert not still_running(job)  # nothing of the job outlives the command
         output = log.read_text()
         assert "Traceback" not in output and "error" not in output.lower(), output[-3000:]
         steps = metrics_steps(run_dir) if run_dir.is_dir() else []
@@ -53,7 +71,7 @@ def test_a_stop_at_any_moment_of_the_start_ends_the_run_at_its_first_step_bounda
             assert steps == [1], output[-3000:]          # carries it to every rank, then the checkpoint
             landed.append((delay, "during start-up", 1))
         else:  # the step the ranks were in when it reached them, at most the next, then the checkpoint
-            announced = re.findall(r"^stop requested \((?:SIGTERM|SIGINT)\): finishing step (\d+), then a "
+            announced = re.findall(r"^stop requested \((?:SIGTERM|SIGINT|SIGHUP)\): finishing step (\d+), then a "
                                    r"checkpoint", output, flags=re.M)
             assert len(announced) == 1 and steps[-1] <= int(announced[0]) + 1, (announced, steps[-1])
             landed.append((delay, "around the first steps", steps[-1]))
