@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,10 +24,14 @@ from launcher.launch.hostfile import read_hostfile
 from launcher.stage_evals.specs import check_eval_specs
 
 if TYPE_CHECKING:  # the estimator imports torch (through roformer): not at `roformer plan --help`
+    from launcher.common.mfu import PlanMfu
     from launcher.pricing.estimate import StageEstimate, TrainingSetup
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    # A value starting with '-' and a digit is a value ("--device-memory -5GB", refused with its range), not an
+    # unknown flag ("expected one argument"): no flag of this command looks like that.
+    parser._negative_number_matcher = re.compile(r"^-\.?\d")
     parser.add_argument("--config", required=True, help="run config YAML (configs/)")
     ranks = parser.add_mutually_exclusive_group(required=True)
     ranks.add_argument("--world-size", type=int, help="number of ranks (GPUs or CPU processes)")
@@ -40,7 +45,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "--device-memory; default: the run config's hardware.device, else this machine's accelerator)")
     parser.add_argument("--peak-tflops", type=positive_float, help="peak TFLOP/s per rank for the time estimate (default: "
                         "from --device-name, logging.peak_tflops or this machine's accelerator)")
-    parser.add_argument("--mfu", type=float, default=0.4, help="assumed MFU for the time estimate (default 0.4)")
+    parser.add_argument("--mfu", type=float, default=None, help="MFU for the time estimate (default: the one measured "
+                        "for the device and precision, launcher/common/mfu.py MEASURED_MFU, else an assumed 0.4)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a run-config field (repeatable; default: none)")
     parser.add_argument("--json", action="store_true", help="print the stages, the DeepSpeed config and the "
@@ -111,11 +117,12 @@ def plan(args: argparse.Namespace) -> int:
             raise
         raise UserError(f"without {args.exclude_nodes}: world size {args.world_size} does not fit the schedule "
                         f"(a restart with --exclude-failed-nodes would be refused): {err}") from None
-    notes, manifest = plan_checks(cfg, init, stages, args.world_size, ds_json)
+    notes, manifest = plan_checks(cfg, init, stages, args.world_size, ds_json,
+                                  declared=bool(cfg.hardware.device or args.device_name))
     for note in notes:
         print(f"roformer plan: note: {note}", file=sys.stderr)
     ds_config = resolve_ds_config(cfg, stages[0], args.world_size, ds_json)
-    estimates = plan_estimates(args, cfg, ds_config, ds_json.precision, stages)
+    estimates = plan_estimates(args, cfg, ds_json, stages)
     sources = plan_sources(stages, manifest)
     if args.json:
         print(json.dumps({"world_size": args.world_size, "stages": [s.to_dict() for s in stages],
@@ -127,10 +134,25 @@ def plan(args: argparse.Namespace) -> int:
     if sources is not None:
         print(sources.table())
     print(estimates.table() if isinstance(estimates, PlanEstimates) else f"memory and time: not estimated: {estimates}")
-    print(f"deepspeed config: {cfg.deepspeed.config} (ZeRO stage "
-          f"{ds_config.get('zero_optimization', {}).get('stage', 0)}, "
-          f"{ds_json.precision})")
+    print(f"deepspeed config: {cfg.deepspeed.config} (ZeRO stage {ds_json.zero_stage}, {ds_json.precision})")
+    print(f"optimizer: {optimizer_line(ds_json)}")
     return 0
+
+
+def optimizer_line(ds_json) -> str:
+    """What each node will run (launcher/deepspeed_env/node_check.py decides on every node before launch)."""
+    section = ds_json.config.get("optimizer") or {}
+    params = section.get("params") or {}
+    if str(section.get("type", "")).lower() not in ("adam", "adamw"):
+        return f"{section.get('type', 'none')} (the DeepSpeed JSON's)"
+    if params.get("torch_adam"):
+        return "torch AdamW on every node (torch_adam in the DeepSpeed JSON)"
+    if (ds_json.config.get("zero_optimization") or {}).get("offload_optimizer", {}).get("device") in ("cpu", "nvme"):
+        return "DeepSpeedCPUAdam on every node (optimizer offload)"
+    if "torch_adam" in params:
+        return "DeepSpeed FusedAdam on every node (torch_adam: false: a node that cannot build it is refused)"
+    return ("DeepSpeed FusedAdam on every GPU node where it is prebuilt, built or buildable (nvcc); if any node "
+            "cannot build it, torch's fused AdamW (torch_adam) on every node: checked on each node before launch")
 
 
 @dataclass
@@ -144,7 +166,8 @@ class PlanEstimates:
     device_bytes: int
     peak_tflops: float
     peak_source: str
-    mfu: float
+    mfu: PlanMfu
+    """The MFU time is priced at, per sequence length, and its source (measured / assumed / --mfu)."""
     device: str = ""
     """The device priced on and where it came from (launcher/pricing/target.py), e.g. 'V100 16 GiB (hardware.device)'."""
 
@@ -159,22 +182,24 @@ class PlanEstimates:
         return {"zero_stage": setup.zero_stage, "precision": setup.precision,
                 "activation_checkpointing": setup.activation_checkpointing, "cpu_ranks": setup.cpu_ranks,
                 "device": self.device, "device_memory_bytes": self.device_bytes,
-                "peak_tflops": self.peak_tflops, "peak_source": self.peak_source, "mfu": self.mfu,
+                "peak_tflops": self.peak_tflops, "peak_source": self.peak_source, "mfu": self.mfu.to_dict(),
                 "all_fit": all(stage.fits for stage in self.stages),
                 "total_seconds": sum(stage.seconds for stage in self.stages),
                 "stages": [stage.to_dict() for stage in self.stages]}
 
 
-def plan_checks(cfg, init, stages, world_size: int, ds_json) -> tuple[list[str], dict | None]:
+def plan_checks(cfg, init, stages, world_size: int, ds_json, declared: bool = False) -> tuple[list[str], dict | None]:
     """The ranks' own start-up checks (launcher/inputs/run_checks.py; DS_ACCELERATOR set here is what
-    the ranks get: forwarded): (their notes, the data's manifest as they read it). Sizing a cluster comes before
+    the ranks get: forwarded): (their notes, the data's manifest as they read it). A plan for a declared device
+    (hardware.device, --device-name) is about that device: this machine's precision support is not asked (the
+    declared device's is, by its peak: V100 has no bf16). Sizing a cluster comes before
     preparing its corpus: without data.data_dir the model, schedule and DeepSpeed configs are checked, a note
     says the data was not, and there is no manifest."""
     from pathlib import Path
 
     from launcher.inputs.run_checks import check_deepspeed_configs, check_run
 
-    here = "DS_ACCELERATOR" in os.environ
+    here = None if declared else "DS_ACCELERATOR" in os.environ
     if not cfg.data.is_remote and not Path(cfg.data.data_dir).is_dir():
         return [*check_deepspeed_configs(cfg, stages, world_size, ds_json, here)[3],
                 f"data.data_dir {cfg.data.data_dir} does not exist (yet): the data was not checked (its tokenizer "
@@ -193,21 +218,24 @@ def plan_sources(stages, manifest: dict | None):
     return None if manifest is None else source_plan(stages, manifest_sources(manifest))
 
 
-def plan_estimates(args: argparse.Namespace, cfg, ds_config: dict, precision: str, stages) -> PlanEstimates | str:
+def plan_estimates(args: argparse.Namespace, cfg, ds_json, stages) -> PlanEstimates | str:
     """The estimates of every stage on the flags' device, else the run config's target (hardware.device),
-    else this machine's (launcher/pricing/target.py), for `precision` (the DeepSpeed JSON's, as read once:
-    DeepSpeedJson); a note (str) when there is nothing to price on."""
+    else this machine's (launcher/pricing/target.py), in the DeepSpeed JSON's precision (as read once:
+    DeepSpeedJson), at the MFU measured for that device and precision (else assumed, or --mfu); a note (str)
+    when there is nothing to price on."""
+    from launcher.common.mfu import plan_mfu
     from launcher.pricing.estimate import estimate_stages, setup_from_configs
     from launcher.pricing.target import NoTarget, resolve_target
 
-    if not 0 < args.mfu <= 1:
+    if args.mfu is not None and not 0 < args.mfu <= 1:
         raise UserError(f"--mfu: must be in (0, 1], got {args.mfu}")
-    target = resolve_target(cfg, precision, device_name=args.device_name, device_memory=args.device_memory,
+    target = resolve_target(cfg, ds_json.precision, device_name=args.device_name, device_memory=args.device_memory,
                             peak_tflops=args.peak_tflops)
     if isinstance(target, NoTarget):
         return target.note
-    setup = setup_from_configs(cfg.model, ds_config, args.world_size, cfg.schedule.activation_checkpointing,
+    mfu = plan_mfu(target.product, ds_json.precision, args.mfu)
+    setup = setup_from_configs(cfg.model, ds_json, args.world_size, cfg.schedule.activation_checkpointing,
                                target.cpu_ranks)
-    estimates = estimate_stages(stages, setup, target.device_bytes, target.peak_tflops, args.mfu)
-    return PlanEstimates(setup, estimates, target.device_bytes, target.peak_tflops, target.peak_source, args.mfu,
+    estimates = estimate_stages(stages, setup, target.device_bytes, target.peak_tflops, mfu)
+    return PlanEstimates(setup, estimates, target.device_bytes, target.peak_tflops, target.peak_source, mfu,
                          target.label)

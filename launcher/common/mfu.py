@@ -24,6 +24,59 @@ PEAK_TFLOPS_TABLE: tuple[tuple[str, dict[str, float]], ...] = (
     ("v100", {"fp16": 125.0, "fp32": 15.7}),  # SXM2
 )
 
+# MFU this project measured, by device (a key of PEAK_TFLOPS_TABLE), precision and sequence length: what
+# `roformer plan` prices time with where it has one (PlanMfu), each row with its record in bench/results/ and
+# its date (tests/unit/test_mfu.py checks the rows against those records). Our training step, BERT-base shape,
+# 8,192 tokens per step; a GPU measurement (launcher/gpu_check/speed_memory.py) adds its row here.
+MEASURED_MFU: tuple[tuple[str, str, int, float, str, str], ...] = (
+    # (device, precision, seq_len, mfu, record, date)
+    ("h200", "bf16", 128, 0.0702, "bench/results/gpu_check_h200.json (numerics_speed_rerun)", "2026-11-27"),
+    ("h200", "bf16", 512, 0.0815, "bench/results/gpu_check_h200.json (numerics_speed_rerun)", "2026-11-27"),
+)
+ASSUMED_MFU = 0.4
+"""What `roformer plan` assumes where nothing was measured for the device and precision (--mfu sets it)."""
+
+
+@dataclass(frozen=True)
+class PlanMfu:
+    """The MFU a plan prices time with: measured per sequence length (the nearest measured length serves a
+    stage), or one figure (assumed, or --mfu)."""
+
+    by_length: tuple[tuple[int, float], ...]
+    """(sequence length, MFU) pairs; one pair with length 0 when the figure is the same for every length."""
+    source: str
+    """Printed beside the figure: 'assumed: ...', '--mfu', or 'measured: DEVICE PRECISION, RECORD, DATE'."""
+
+    def at(self, seq_len: int) -> float:
+        return min(self.by_length, key=lambda row: (abs(row[0] - seq_len), row[0]))[1]
+
+    @property
+    def label(self) -> str:
+        if len(self.by_length) == 1:
+            return f"{100 * self.by_length[0][1]:.3g}% MFU ({self.source})"
+        figures = ", ".join(f"{100 * mfu:.3g}% at length {length}" for length, mfu in self.by_length)
+        return f"MFU {figures} (the nearest length per stage; {self.source})"
+
+    def to_dict(self) -> dict:
+        return {"by_seq_len": {str(length): mfu for length, mfu in self.by_length}, "source": self.source}
+
+
+def plan_mfu(device_name: str, precision: str, override: float | None = None) -> PlanMfu:
+    """--mfu, else this project's measurement for the device (product name, matched as the peak table is) and
+    precision, else ASSUMED_MFU, saying so."""
+    if override is not None:
+        return PlanMfu(((0, override),), "--mfu")
+    lowered = device_name.lower()
+    key = next((key for key, _ in PEAK_TFLOPS_TABLE if key in lowered), None)
+    rows = [row for row in MEASURED_MFU if row[0] == key and row[1] == precision]
+    if not rows:
+        return PlanMfu(((0, ASSUMED_MFU),), f"assumed: nothing measured on {device_name or 'this device'} "
+                                            f"{precision}; --mfu sets it")
+    records = sorted({f"{row[4]}, {row[5]}" for row in rows})
+    return PlanMfu(tuple((row[2], row[3]) for row in rows),
+                   f"measured: {key.upper()} {precision}, {'; '.join(records)}")
+
+
 # The CPU measurement: square fp32 matmuls timed for about this long (best repeat counts).
 CPU_MATMUL_SIZE = 2048
 CPU_MEASURE_SECONDS = 1.0
@@ -114,5 +167,5 @@ def speed_fields(flops_per_rank: float, seconds: float, peak: Peak) -> dict:
     return {"tflops": tflops, "mfu": tflops / peak.tflops if peak.tflops else None}
 
 
-__all__ = ["PEAK_TFLOPS_TABLE", "Peak", "table_peak_tflops", "measure_matmul_tflops", "device_product_name",
+__all__ = ["PEAK_TFLOPS_TABLE", "MEASURED_MFU", "ASSUMED_MFU", "PlanMfu", "plan_mfu", "Peak", "table_peak_tflops", "measure_matmul_tflops", "device_product_name",
            "resolve_peak", "step_model_flops", "speed_fields"]

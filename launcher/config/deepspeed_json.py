@@ -84,10 +84,18 @@ class DeepSpeedJson:
     config: dict
     """The JSON with the run config's deepspeed.overrides merged, before any stage's batch sizes."""
     precision: str
+    zero_stage: int = 0
+    """zero_optimization.stage (0 when absent), parsed once with the precision."""
 
     @classmethod
     def of(cls, run_config: RunConfig) -> "DeepSpeedJson":
-        return cls(*read_ds_json(run_config.deepspeed.config, run_config.deepspeed.overrides))
+        return cls.from_config(*read_ds_json(run_config.deepspeed.config, run_config.deepspeed.overrides))
+
+    @classmethod
+    def from_config(cls, config: dict, precision: str | None = None) -> "DeepSpeedJson":
+        """A JSON already read (read_ds_json's, or a shipped one gpu-check loads): precision and ZeRO stage parsed here."""
+        return cls(config, precision or train_precision(config),
+                   int((config.get("zero_optimization") or {}).get("stage", 0)))
 
 
 def resolve_stage_configs(run_config: RunConfig, stages: list[ResolvedStage], world_size: int,
@@ -107,8 +115,7 @@ def resolve_stage_configs(run_config: RunConfig, stages: list[ResolvedStage], wo
         config.setdefault("optimizer", {}).setdefault("params", {})["lr"] = run_config.optimizer.lr
         config.setdefault("steps_per_print", 10**9)  # our metrics replace DeepSpeed's own step printing
         configs.append(config)
-    zero_stage = int((base.get("zero_optimization") or {}).get("stage", 0))
-    return configs, RunShape(zero_stage, precision, world_size), source
+    return configs, RunShape(ds_json.zero_stage, precision, world_size), source
 
 
 def deepspeed_top_level_keys() -> frozenset[str]:

@@ -50,14 +50,22 @@ class HardwareSection:
         known = sorted({key.upper() for key, _ in PEAK_TFLOPS_TABLE})
         if not DEVICE_RE.fullmatch(self.device.strip()):
             fail("hardware.device", f"expected NAME-MEMORY, e.g. V100-16GB or H100-80GB, got {self.device!r}")
+        try:
+            self.memory_bytes
+        except ValueError as err:  # H100-0GB: every stage would be DOES NOT FIT, or worse, priced on nothing
+            fail("hardware.device", f"{self.device!r}: {str(err).split(': ', 1)[1]}")
         if not any(key in self.product_name.lower() for key, _ in PEAK_TFLOPS_TABLE):
             fail("hardware.device", f"{self.name!r} is not in the peak table of launcher/common/mfu.py "
                                     f"(known: {', '.join(known)}); add it there, or plan with --peak-tflops")
 
 
 def parse_memory(text: str, where: str = "--device-memory") -> int:
-    """'16GB', '32 GiB', '800MB' -> bytes (GB and GiB both mean 2^30: a '16 GB' V100 has 16 GiB)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*", text.upper())
+    """'16GB', '32 GiB', '800MB' -> bytes (GB and GiB both mean 2^30: a '16 GB' V100 has 16 GiB); ValueError
+    naming `where` for anything else, and for a size of less than one byte (0GB, -5GB)."""
+    match = re.fullmatch(r"\s*(-?[0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*", text.upper())
     if not match:
         raise ValueError(f"{where}: expected a size like 16GB or 800MB, got {text!r}")
-    return int(float(match.group(1)) * 1024 ** "_KMGT".index(match.group(2) or "_"))
+    size = int(float(match.group(1)) * 1024 ** "_KMGT".index(match.group(2) or "_"))
+    if size < 1:
+        raise ValueError(f"{where}: must be more than 0 bytes (e.g. 16GB), got {text!r}")
+    return size

@@ -278,8 +278,9 @@ def format_plan(stages: list[ResolvedStage], world_size: int, cfg: RunConfig | N
         rows.append("rope_theta per stage: " + ", ".join(f"{e[0].name} {e[0].rope_theta:g}" for e in _by_stage(stages)))
     if len({s.mask_prob for s in stages}) > 1:  # an annealed mask rate: which stage masks how much
         rows.append("mask_prob per stage: " + ", ".join(f"{e[0].name} {e[0].mask_prob:g}" for e in _by_stage(stages)))
-    for key in ("attention", "positions"):
-        if len({getattr(s, key) for s in stages}) > 1:  # document-aware packing in some stages only
+    for key in ("attention", "positions"):  # document-aware packing in some stages, or others than data.<key>
+        default = {getattr(cfg.data, key)} if cfg is not None else set()
+        if len({getattr(s, key) for s in stages} | default) > 1:
             rows.append(f"{key} per stage: " + ", ".join(f"{e[0].name} {getattr(e[0], key)}" for e in _by_stage(stages)))
     for s in stages:  # micro_batch_size: auto: what it chose and why
         if s.micro_batch_note:

@@ -95,7 +95,10 @@ def check_memory(device: torch.device, micro_batch: int = 16, seq_len: int = 512
         engine.step()
     torch.cuda.synchronize(device)
     measured = torch.cuda.max_memory_allocated(device) - base
-    setup = setup_from_configs(REFERENCE_MODEL, ds_config, 1, activation_checkpointing=False, cpu_ranks=False)
+    from launcher.config.deepspeed_json import DeepSpeedJson
+
+    setup = setup_from_configs(REFERENCE_MODEL, DeepSpeedJson.from_config(ds_config), 1, activation_checkpointing=False,
+                               cpu_ranks=False)
     estimate = estimate_memory(setup, micro_batch, seq_len).model_dependent
     del engine
     torch.cuda.empty_cache()

@@ -85,8 +85,10 @@ def _micro_batches(device, model_config, precision, seq_len, ds_json, tokens) ->
     if device.type != "cuda":
         return [reference]
     total = torch.cuda.get_device_properties(device).total_memory
-    setup = setup_from_configs(model_config, _ds_config(ds_json, precision, 1), 1, activation_checkpointing=False,
-                               cpu_ranks=False)
+    from launcher.config.deepspeed_json import DeepSpeedJson
+
+    setup = setup_from_configs(model_config, DeepSpeedJson.from_config(_ds_config(ds_json, precision, 1)), 1,
+                               activation_checkpointing=False, cpu_ranks=False)
     planned = largest_fitting_micro_batch(setup, seq_len, int(PLAN_HEADROOM * total), checkpointing=False)
     why = f"plan: largest in {PLAN_HEADROOM:.0%} of {total / 2 ** 30:.0f} GiB"
     return [reference] + ([(planned, why)] if planned > reference[0] else [])

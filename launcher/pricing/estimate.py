@@ -30,18 +30,23 @@ runtime allowance.
 - Buckets: ZeRO-1/2 allocate reduce_bucket_size elements (twice with overlap_comm) of 16-bit (4-byte
   in fp32) gradients.
 Time per step = FLOPs executed (roformer.flops.hardware_training_flops: model FLOPs plus the forward
-recomputed by checkpointing) / (peak x an assumed MFU).
+recomputed by checkpointing) / (peak x MFU): the MFU measured for the device and precision where the project has
+a measurement (launcher/common/mfu.py MEASURED_MFU), else assumed (ASSUMED_MFU), or --mfu.
 
 Pure functions of the configs; DeepSpeed's estimators are imported when first called.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from launcher.config.precision import train_precision
+from launcher.common.mfu import PlanMfu
 from launcher.config.hardware_section import parse_memory
 from roformer import RoFormerConfig
 from roformer.flops import hardware_training_flops, parameter_count
+
+if TYPE_CHECKING:
+    from launcher.config.deepspeed_json import DeepSpeedJson
 
 GIB = 2 ** 30
 # Memory that is not the model's. On a GPU the CUDA context and allocator slack (0.3-0.8 GB). On a
@@ -211,14 +216,16 @@ def format_duration(seconds: float) -> str:
     return (f"{days}d " if days else "") + f"{hours:d}:{rest // 60:02d}:{rest % 60:02d}"
 
 
-def setup_from_configs(model: RoFormerConfig, ds_config: dict, world_size: int, activation_checkpointing: bool,
+def setup_from_configs(model: RoFormerConfig, ds_json: DeepSpeedJson, world_size: int, activation_checkpointing: bool,
                        cpu_ranks: bool) -> TrainingSetup:
-    """The TrainingSetup of a run config's model and its resolved DeepSpeed config, on CPU ranks or not."""
-    zero = ds_config.get("zero_optimization", {})
-    offload = zero.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
-    precision = train_precision(ds_config)
-    return TrainingSetup(model=model, world_size=world_size, zero_stage=int(zero.get("stage", 0)),
-                         precision=precision, offload_optimizer=offload,
+    """The TrainingSetup of a run config's model and its DeepSpeed JSON as parsed once (DeepSpeedJson: its precision
+    and ZeRO stage are read there; buckets, offload and optimizer from its config, the same in every stage's),
+    on CPU ranks or not."""
+    ds_config = ds_json.config
+    zero = ds_config.get("zero_optimization") or {}
+    offload = (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
+    return TrainingSetup(model=model, world_size=world_size, zero_stage=ds_json.zero_stage,
+                         precision=ds_json.precision, offload_optimizer=offload,
                          reduce_bucket_elements=int(zero.get("reduce_bucket_size", 5e8)),
                          overlap_comm=bool(zero.get("overlap_comm", False)),
                          activation_checkpointing=activation_checkpointing, cpu_ranks=cpu_ranks,
@@ -259,13 +266,15 @@ class StageEstimate:
 
 
 def estimate_stages(stages, setup: TrainingSetup, device_bytes: int, peak_tflops: float,
-                    mfu: float) -> list[StageEstimate]:
-    """Memory, verdict, largest micro-batches and time of each stage (ResolvedStage) per rank."""
+                    mfu: PlanMfu | float) -> list[StageEstimate]:
+    """Memory, verdict, largest micro-batches and time of each stage (ResolvedStage) per rank; the MFU at each
+    stage's length (launcher/common/mfu.py PlanMfu: measured where the project has a measurement)."""
     estimates = []
     for stage in stages:
         memory = estimate_memory(setup, stage.micro_batch_size, stage.max_seq_len)
         seconds = stage.steps * step_seconds(setup.model, stage.micro_batch_size, stage.grad_accum_steps,
-                                             stage.max_seq_len, setup.activation_checkpointing, peak_tflops, mfu)
+                                             stage.max_seq_len, setup.activation_checkpointing, peak_tflops,
+                                             mfu.at(stage.max_seq_len) if isinstance(mfu, PlanMfu) else mfu)
         estimates.append(StageEstimate(
             name=_row_name(stage), micro_batch_size=stage.micro_batch_size, max_seq_len=stage.max_seq_len, memory=memory,
             fits=memory.total <= device_bytes,
@@ -282,7 +291,7 @@ def _row_name(stage) -> str:
 
 
 def format_estimates(estimates: list[StageEstimate], setup: TrainingSetup, device_bytes: int, peak_tflops: float,
-                     peak_source: str, mfu: float) -> str:
+                     peak_source: str, mfu: PlanMfu | float) -> str:
     """The memory / time table of `roformer plan`."""
     lines = [f"memory per rank (ZeRO-{setup.zero_stage}, {setup.precision}, {setup.world_size} ranks, device "
              f"{format_bytes(device_bytes)}; activation checkpointing "
@@ -303,7 +312,8 @@ def format_estimates(estimates: list[StageEstimate], setup: TrainingSetup, devic
                      f"{format_bytes(memory.runtime)} runtime allowance, and the optimizer step's "
                      f"{format_bytes(memory.optimizer_step)} of temporaries where they exceed the activations)")
     lines.append(f"time: {format_duration(sum(stage.seconds for stage in estimates))} for the whole schedule at "
-                 f"{100 * mfu:.0f}% MFU of {peak_tflops:.4g} TFLOP/s per rank ({peak_source})")
+                 f"{mfu.label if isinstance(mfu, PlanMfu) else f'{100 * mfu:.0f}% MFU'} of {peak_tflops:.4g} TFLOP/s "
+                 f"per rank ({peak_source})")
     return "\n".join(lines)
 
 

@@ -62,7 +62,7 @@ def declared_target(cfg: RunConfig, world_size: int, label: str, device_bytes: i
                     ds_json: DeepSpeedJson) -> MicroBatchTarget:
     """A target of `device_bytes` per accelerator rank, planned with the run's model and DeepSpeed JSON (its ZeRO
     stage, precision, buckets and optimizer: none of them depends on the micro-batch)."""
-    setup = setup_from_configs(cfg.model, ds_json.config, world_size, cfg.schedule.activation_checkpointing,
+    setup = setup_from_configs(cfg.model, ds_json, world_size, cfg.schedule.activation_checkpointing,
                                cpu_ranks=False)
     return MicroBatchTarget(label, device_bytes, SetupPlan(setup))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.common.errors import UserError
-from launcher.common.mfu import resolve_peak, table_peak_tflops
+from launcher.common.mfu import plan_mfu, resolve_peak, table_peak_tflops
 from launcher.config.hardware_section import parse_memory
 from launcher.pricing.estimate import estimate_stages, format_estimates, setup_from_configs
 
@@ -31,6 +31,8 @@ class Target:
     """Where the peak came from, as printed after the time."""
     cpu_ranks: bool
     """The ranks compute on CPUs (launcher/pricing/estimate.py's CPU terms)."""
+    product: str = ""
+    """The device's product name ('V100', 'NVIDIA H200'): what the measured-MFU table is matched against."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ def resolve_target(cfg, precision: str, *, device_name: str | None = None, devic
             memory = declared.memory_bytes
         label = f"{name} {memory / 2 ** 30:.0f} GiB ({'flags' if device_name else 'hardware.device'})"
         peak, source = _declared_peak(cfg, name, precision, where, peak_tflops)
-        return Target(label, memory, peak, source, cpu_ranks=False)
+        return Target(label, memory, peak, source, cpu_ranks=False, product=name)
     return _this_machine(cfg, precision, memory, peak_tflops)
 
 
@@ -97,20 +99,18 @@ def _this_machine(cfg, precision: str, memory: int | None, peak_tflops: float | 
                             f"declare hardware.device in {cfg.source}")
         peak, source, device = resolved.tflops, f"{resolved.source}: {resolved.device} {resolved.precision}", \
             resolved.device
-    return Target(f"this machine: {device}", device_bytes, peak, source, cpu_ranks=kind == "cpu")
+    return Target(f"this machine: {device}", device_bytes, peak, source, cpu_ranks=kind == "cpu", product=device)
 
 
-def dry_run_estimate(cfg, stages, world_size: int, ds_json, mfu: float = 0.4) -> str:
+def dry_run_estimate(cfg, stages, world_size: int, ds_json) -> str:
     """The memory / time table `roformer pretrain --dry-run` prints (on the run's target by default, at
-    `roformer plan`'s default MFU), or the note saying why there is none. `cfg`, `ds_json`: the launch plan's
-    RunConfig and DeepSpeed JSON."""
-    from launcher.config.deepspeed_json import resolve_ds_config
-
-    ds_config = resolve_ds_config(cfg, stages[0], world_size, ds_json)
+    `roformer plan`'s default MFU: measured for the device where there is a measurement, else assumed), or the
+    note saying why there is none. `cfg`, `ds_json`: the launch plan's RunConfig and DeepSpeed JSON."""
     target = resolve_target(cfg, ds_json.precision)
     if isinstance(target, NoTarget):
         return f"memory and time: not estimated: {target.note}"
-    setup = setup_from_configs(cfg.model, ds_config, world_size, cfg.schedule.activation_checkpointing,
+    mfu = plan_mfu(target.product, ds_json.precision)
+    setup = setup_from_configs(cfg.model, ds_json, world_size, cfg.schedule.activation_checkpointing,
                                target.cpu_ranks)
     estimates = estimate_stages(stages, setup, target.device_bytes, target.peak_tflops, mfu)
     return f"on {target.label}: " + format_estimates(estimates, setup, target.device_bytes, target.peak_tflops,

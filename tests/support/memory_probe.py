@@ -75,15 +75,15 @@ def watch(proc: subprocess.Popen, run_dir: Path, ranks: int, timeout: float, pol
 def estimated_model_bytes(config: Path, world_size: int) -> dict:
     """The estimate of the run's first stage per rank, as `roformer plan` computes it: the model-dependent
     part (model states, activations, buckets) and the fixed allowance on top of it."""
-    from launcher.config.deepspeed_json import DeepSpeedJson, resolve_ds_config
+    from launcher.config.deepspeed_json import DeepSpeedJson
     from launcher.pricing.estimate import estimate_memory, setup_from_configs
     from launcher.config.run_config import load_run_config
     from launcher.config.stages import resolve_stages
 
     cfg = load_run_config(config)
     stage = resolve_stages(cfg, world_size)[0]
-    setup = setup_from_configs(cfg.model, resolve_ds_config(cfg, stage, world_size, DeepSpeedJson.of(cfg)), world_size,
-                               cfg.schedule.activation_checkpointing, cpu_ranks=True)
+    setup = setup_from_configs(cfg.model, DeepSpeedJson.of(cfg), world_size, cfg.schedule.activation_checkpointing,
+                               cpu_ranks=True)
     memory = estimate_memory(setup, stage.micro_batch_size, stage.max_seq_len)
     return {"model_states": memory.model_states, "activations": memory.active_activations,
             "buckets": memory.buckets, "optimizer_step": memory.optimizer_step,

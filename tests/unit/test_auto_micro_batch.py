@@ -31,7 +31,7 @@ def _cfg(tmp_path, stages, device="V100-16GB", ds_config="v100_fp16_zero2.json",
 
 def _by_formula(cfg, seq_len: int, per_rank: int, device_bytes: int) -> int:
     """largest_fitting_micro_batch directly, restricted to the divisors of the per-rank batch."""
-    ds_json, _ = read_ds_json(cfg.deepspeed.config)
+    ds_json = DeepSpeedJson.from_config(*read_ds_json(cfg.deepspeed.config))
     setup = setup_from_configs(cfg.model, ds_json, WORLD, cfg.schedule.activation_checkpointing, cpu_ranks=False)
     largest = largest_fitting_micro_batch(setup, seq_len, int(0.85 * device_bytes), setup.activation_checkpointing)
     return max(d for d in range(1, min(largest, per_rank) + 1) if per_rank % d == 0)

@@ -85,7 +85,10 @@ def test_measured_memory_is_judged_against_the_plans_estimate_for_the_same_stage
     from launcher.gpu_check.speed_memory import REFERENCE_MODEL
 
     ds_config = json.loads((REPO / "ds_configs" / "v100_fp16_zero2.json").read_text())
-    setup = setup_from_configs(REFERENCE_MODEL, ds_config, 1, activation_checkpointing=False, cpu_ranks=False)
+    from launcher.config.deepspeed_json import DeepSpeedJson
+
+    setup = setup_from_configs(REFERENCE_MODEL, DeepSpeedJson.from_config(ds_config), 1, activation_checkpointing=False,
+                               cpu_ranks=False)
     estimate = estimate_memory(setup, 16, 512).model_dependent
     assert estimate > 2 * 2 ** 30  # 110M parameters' fp16 ZeRO states alone are ~1.8 GB
     assert memory_check("16 x 512", int(0.9 * estimate), estimate).passed is True

@@ -94,5 +94,8 @@ def test_gpu_deepspeed_configs_get_the_fused_adam(name):
     config = json.loads((REPO / "ds_configs" / name).read_text())
     assert config["optimizer"]["type"].lower() in ("adam", "adamw")
     assert not config["optimizer"].get("params", {}).get("torch_adam")
-    setup = setup_from_configs(CONFIG, config, world_size=8, activation_checkpointing=False, cpu_ranks=False)
+    from launcher.config.deepspeed_json import DeepSpeedJson
+
+    setup = setup_from_configs(CONFIG, DeepSpeedJson.from_config(config), world_size=8, activation_checkpointing=False,
+                               cpu_ranks=False)
     assert optimizer_step_bytes(setup) == 0  # fused kernels update in place: no step temporaries priced

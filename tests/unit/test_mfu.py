@@ -68,3 +68,22 @@ def test_measuring_the_cpu_peak_leaves_the_global_rng_alone():
     before = torch.get_rng_state()
     assert measure_matmul_tflops(size=64, seconds=0.01) > 0
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_measured_mfu_table_is_the_bench_records():
+    """MEASURED_MFU (what `roformer plan` prices time with) holds the MFU of bench/results' GPU records, row by row."""
+    import json
+
+    from launcher.common.mfu import MEASURED_MFU, plan_mfu
+    from tests.support.helpers import REPO
+
+    for device, precision, seq_len, mfu, record, date in MEASURED_MFU:
+        path, _, section = record.partition(" (")
+        data = json.loads((REPO / path).read_text())
+        rows = [row for row in data[section.rstrip(")")]["speed"]
+                if row["seq_len"] == seq_len and row["precision"] == precision]
+        assert data["date"] == date and device in data["machine"].lower()
+        assert [round(row["ours_mfu"], 4) for row in rows] == [mfu]
+    assert plan_mfu("NVIDIA H200", "bf16").at(1536) == plan_mfu("H200", "bf16").at(512) == 0.0815
+    assert plan_mfu("Tesla V100-SXM2-16GB", "fp16").source.startswith("assumed")
+    assert plan_mfu("H200", "bf16", override=0.3).label == "30% MFU (--mfu)"

@@ -106,7 +106,7 @@ def test_plan_on_a_hostfile_flags_the_stage_that_cannot_fit(tiny_data, tmp_path,
     """`roformer plan --hostfile` (2 nodes x 4 slots): world size 8 everywhere, JSON and text alike; a
     stage whose micro-batch is too big for --device-memory is DOES NOT FIT, the small one FITS."""
     from launcher.cli import main as cli_main
-    from launcher.config.deepspeed_json import DeepSpeedJson, resolve_ds_config
+    from launcher.config.deepspeed_json import DeepSpeedJson
     from launcher.pricing.estimate import setup_from_configs
     from launcher.config.run_config import load_run_config
     from launcher.config.stages import resolve_stages
@@ -120,7 +120,7 @@ def test_plan_on_a_hostfile_flags_the_stage_that_cannot_fit(tiny_data, tmp_path,
     config = tiny_run_config(tmp_path, tiny_data, stages=stages)
     # A device between the two stages' estimates (the estimator's figures are tested above).
     cfg = load_run_config(config)
-    tiny = setup_from_configs(cfg.model, resolve_ds_config(cfg, resolve_stages(cfg, 8)[0], 8, DeepSpeedJson.of(cfg)), 8, False, cpu_ranks=True)
+    tiny = setup_from_configs(cfg.model, DeepSpeedJson.of(cfg), 8, False, cpu_ranks=True)
     small, huge = estimate_memory(tiny, 1, 32).total, estimate_memory(tiny, 32, 64).total
     assert huge > small
     device = f"{(small + huge) // 2 // 2 ** 20}MB"

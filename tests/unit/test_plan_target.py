@@ -62,7 +62,8 @@ def test_the_dry_run_prices_the_target_too(login_node, tiny_data, tmp_path):
     assert code == 0, err
     table = out.split("on V100 16 GiB (hardware.device): memory per rank (ZeRO-2, fp16, 8 ranks, device 16.00 GiB")[1]
     assert "accelerator ranks: fused attention kernels" in table.splitlines()[0]
-    assert "at 40% MFU of 125 TFLOP/s per rank (table: V100 fp16)" in table
+    assert ("at 40% MFU (assumed: nothing measured on V100 fp16; --mfu sets it) of 125 TFLOP/s per rank "
+            "(table: V100 fp16)") in table
     assert not (tmp_path / "r").exists()
 
 
@@ -90,6 +91,7 @@ def test_a_cpu_config_without_target_is_still_priced_on_this_machine(login_node,
 
 @pytest.mark.parametrize("device, message", [
     ("V100", "hardware.device: expected NAME-MEMORY, e.g. V100-16GB or H100-80GB, got 'V100'"),
+    ("H100-0GB", "hardware.device: 'H100-0GB': must be more than 0 bytes (e.g. 16GB), got '0GB'"),  # issue 63
     ("TPUv4-32GB", "hardware.device: 'TPUv4' is not in the peak table of launcher/common/mfu.py (known: A100, H100, "
                    "H100 PCIE, H200, V100)"),
 ])
@@ -115,3 +117,59 @@ def test_hyphenated_product_names_and_the_recorded_config():
     assert cfg.hardware.product_name == "H100 PCIe" and cfg.hardware.memory_bytes == 80 * 2 ** 30
     assert table_peak_tflops(cfg.hardware.product_name, "bf16") == 756.0  # the PCIe row, not the SXM one
     assert "hardware" not in cfg.to_dict()  # what plan prices on, not what the ranks run
+
+
+def test_the_plan_prices_time_with_the_measured_mfu_and_names_its_source(login_node, tmp_path):
+    """Issue 60 item 4: the V100 fp16 time says its 40% is assumed; an H200 bf16 plan uses the H200 measurement
+    (bench/results/gpu_check_h200.json) at each stage's nearest measured length; --mfu still overrides."""
+    missing = ("--set", f"data.data_dir={tmp_path / 'none'}")
+    v100, _ = plan_json(login_node, *missing)
+    assert v100["estimate"]["mfu"] == {"by_seq_len": {"0": 0.4},
+                                       "source": "assumed: nothing measured on V100 fp16; --mfu sets it"}
+    bf16 = ("--set", "deepspeed.overrides.fp16.enabled=false", "--set", "deepspeed.overrides.bf16.enabled=true")
+    code, out, err = login_node("plan", "--config", str(REFERENCE), "--hostfile", str(HOSTFILE), *missing, *bf16,
+                                "--device-name", "H200", "--device-memory", "141GB")
+    assert code == 0, err
+    time_line = next(line for line in out.splitlines() if line.startswith("time: "))
+    assert time_line.endswith("at MFU 7.02% at length 128, 8.15% at length 512 (the nearest length per stage; "
+                              "measured: H200 bf16, bench/results/gpu_check_h200.json (numerics_speed_rerun), "
+                              "2026-11-27) of 989 TFLOP/s per rank (table: H200 bf16)")
+    h200, _ = plan_json(login_node, *missing, *bf16, "--device-name", "H200", "--device-memory", "141GB")
+    seconds = {stage["name"]: stage["seconds"] for stage in h200["estimate"]["stages"]}
+    fixed, _ = plan_json(login_node, *missing, *bf16, "--device-name", "H200", "--device-memory", "141GB",
+                         "--mfu", "0.0815")
+    assert fixed["estimate"]["mfu"]["source"] == "--mfu"
+    for stage in fixed["estimate"]["stages"]:  # 512 and 1536 nearest to 512, 256 and 128 to 128
+        same = stage["max_seq_len"] >= 512
+        assert (stage["seconds"] == pytest.approx(seconds[stage["name"]])) == same, stage["name"]
+
+
+def test_a_declared_device_is_planned_as_that_device_whatever_ds_accelerator_says(login_node, monkeypatch, tmp_path):
+    """The V100 fp16 config from a login node with DS_ACCELERATOR=cpu: planned on the V100 (before: refused, as
+    if the ranks were this CPU), and without a note about this machine's fp16."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    plan, err = plan_json(login_node, "--set", f"data.data_dir={tmp_path / 'none'}")
+    assert plan["estimate"]["device"] == "V100 16 GiB (hardware.device)" and plan["estimate"]["precision"] == "fp16"
+    assert "fp16" not in err
+
+
+@pytest.mark.parametrize("value", ["0GB", "-5GB"])
+def test_a_device_memory_below_one_byte_is_refused_with_its_range(login_node, tmp_path, value):
+    """Issue 63: `--device-memory 0GB` said DOES NOT FIT and exit 0; `-5GB` was taken for a flag by argparse."""
+    code, out, err = login_node("plan", "--config", str(REFERENCE), "--hostfile", str(HOSTFILE),
+                                "--set", f"data.data_dir={tmp_path / 'none'}", "--device-memory", value)
+    assert code == 2 and "DOES NOT FIT" not in out
+    assert err.strip().splitlines()[-1] == (f"roformer plan: error: --device-memory: must be more than 0 bytes "
+                                            f"(e.g. 16GB), got '{value}'")
+
+
+def test_the_plan_names_each_stages_attention_where_it_differs_from_data_attention(login_node, tmp_path):
+    """Issue 63: every stage `attention: document` under data.attention sequence was not named (stages agreed)."""
+    schedule = write_schedule(tmp_path / "schedule.yaml", [
+        {"name": "short", "max_seq_len": 32, "global_batch_size": 8, "steps": 2, "attention": "document"},
+        {"name": "long", "max_seq_len": 64, "global_batch_size": 8, "steps": 2, "attention": "document"}])
+    code, out, err = login_node("plan", "--config", str(REFERENCE), "--world-size", "8", "--set",
+                                f"data.data_dir={tmp_path / 'none'}", "--set", f"schedule.file={schedule}")
+    assert code == 0, err
+    assert "attention per stage: short document, long document" in out.splitlines()
+    assert not any(line.startswith("positions per stage") for line in out.splitlines())
