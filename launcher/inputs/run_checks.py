@@ -208,7 +208,9 @@ def check_deepspeed_configs(cfg: RunConfig, stages: list[ResolvedStage], world_s
         except Exception as err:  # pydantic ValidationError, AssertionError, DeepSpeedConfigError, ...
             raise UserError(f"{source}: rejected by DeepSpeed's DeepSpeedConfig: {_describe(err, per_rank)}") from None
     precision = shape.precision  # every stage's config has the same precision sections
-    note = _check_precision(precision, source, accelerator_is_the_ranks) if precision != "fp32" else None
+    # None: the ranks' device is declared (hardware.device, `plan --device-name`): checked against that, not here.
+    asked = precision != "fp32" and accelerator_is_the_ranks is not None
+    note = _check_precision(precision, source, accelerator_is_the_ranks) if asked else None
     return configs, shape, source, [note] if note else []
 
 
