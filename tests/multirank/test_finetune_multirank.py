@@ -27,10 +27,10 @@ def test_movie_reviews_beats_the_majority_baseline(trainer_export, tasks_dir, tm
 
 def test_inews_long_documents_are_truncated_and_run(trainer_export, tasks_dir, tmp_path):
     """The Chinese 3-class task runs end to end; at 64 tokens nearly every ~1.2k-char document is cut."""
-    out = tmp_path / "inews.json"
+    out, predicted = tmp_path / "inews.json", tmp_path / "inews_test.jsonl"
     rc = cli_main(["finetune", str(trainer_export), "--task", "inews", "--task-data", str(tasks_dir),
                    "--max-train-examples", "48", "--epochs", "1", "--max-length", "64", "--max-eval-examples", "24",
-                   "--out", str(out)])
+                   "--out", str(out), "--predictions", str(predicted)])
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["label_names"] == ["positive", "neutral", "negative"]
@@ -39,4 +39,14 @@ def test_inews_long_documents_are_truncated_and_run(trainer_export, tasks_dir, t
     assert set(report["unk_token_share"]) == {"train", "dev", "test"}
     assert all(0.0 <= v <= 1.0 for v in report["unk_token_share"].values())
     assert report["majority_baseline"]["label_name"] in report["label_names"]
-    assert 0.0 <= report["test"]["macro_f1"] <= 1.0 and report["test"]["examples"] == 24
+    assert report["test"]["examples"] == 24
+    # The test figures are those of the predictions written, F1 per class by hand (a class never predicted: 0).
+    rows = [json.loads(line) for line in predicted.read_text().splitlines()]
+    assert len(rows) == 24 and {r["label"] for r in rows} <= set(report["label_names"])
+    f1 = []
+    for name in report["label_names"]:
+        hits = sum(r["prediction"] == r["label"] == name for r in rows)
+        guessed, actual = sum(r["prediction"] == name for r in rows), sum(r["label"] == name for r in rows)
+        f1.append(2 * hits / (guessed + actual) if guessed + actual else 0.0)
+    assert abs(report["test"]["macro_f1"] - sum(f1) / len(f1)) < 1e-4, (report["test"], rows)
+    assert abs(report["test"]["accuracy"] - sum(r["prediction"] == r["label"] for r in rows) / 24) < 1e-4

@@ -1,5 +1,5 @@
-"""Export of a run made by the real trainer (the session's `trainer_run`: 3 stages, 2 ranks, ZeRO-2),
-and the stage-end eval job started the way the trainer starts it."""
+"""logging.stage_end_evals' names and options, checked before any job (no run here). The export of a run made
+by the real trainer and the stage-end eval job: tests/multirank/test_export_trainer_multirank.py."""
 from __future__ import annotations
 
 import pytest

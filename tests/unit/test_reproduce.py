@@ -1,7 +1,7 @@
-"""`roformer reproduce`: the plan of runs, argument checks, and the quick mode end to end.
-
-The quick mode starts real `roformer data prepare / pretrain / export / finetune` jobs (tiny model,
-a few steps) and checks the report's shape; a second invocation must skip every finished job.
+"""`roformer reproduce` without training: the presets' plans of runs and parts, argument checks (refused before
+any job), the job runner's cancel and stop (on stand-in jobs), and the reports and merges on written results.
+The quick mode end to end (real `roformer` jobs, a second invocation skipping them):
+tests/multirank/test_reproduce_multirank.py.
 """
 from __future__ import annotations
 
