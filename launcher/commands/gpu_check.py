@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     parts = parse_parts(args.parts)
     if args.iters < 1:
         raise UserError(f"--iters: must be >= 1, got {args.iters}")
+    work_folder("--out", args.out, create=False)  # a user's work/ beside the report: refused before anything
     refusal = cuda_refusal()
     if refusal:
         print(refusal, file=sys.stderr)
@@ -68,14 +69,17 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
-def work_folder(flag: str, out: Path) -> Path:
+def work_folder(flag: str, out: Path, create: bool = True) -> Path:
     """OUT's work/ folder, where the checks delete and rewrite their runs, data and export: new, empty or an
-    earlier gpu-check's (marked by its record, launcher/outputs/written.py), never a user's `work/`."""
+    earlier gpu-check's (marked by its record, launcher/outputs/written.py), never a user's `work/`; with
+    `create`, made and marked as ours."""
     from launcher.outputs.gate import GPU_CHECK_WORK, gate
     from launcher.outputs.written import record_written
 
     work = Path(out).parent / "work"
-    gate(flag, work, GPU_CHECK_WORK, what=f"the work folder beside it, {work}")
+    gate(flag, work, GPU_CHECK_WORK)
+    if not create:
+        return work
     work.mkdir(parents=True, exist_ok=True)
-    record_written(work, GPU_CHECK_WORK.name, GPU_CHECK_WORK.made_by)
+    record_written(work, GPU_CHECK_WORK.name, GPU_CHECK_WORK.made_by, marker=True)
     return work

@@ -156,9 +156,8 @@ def gate_parsed(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         gate(flag, value, kind)
 
 
-def gate(flag: str, value, kind: OutputKind, what: str = "") -> None:
-    """Refuse, in one line naming `flag`, a path `kind` may not write (module docstring). `what` names a
-    path derived from the flag's ("its work folder W")."""
+def gate(flag: str, value, kind: OutputKind) -> None:
+    """Refuse, in one line naming `flag`, a path `kind` may not write (module docstring)."""
     if value is None:
         return
     if kind.remote and isinstance(value, str):
@@ -167,7 +166,7 @@ def gate(flag: str, value, kind: OutputKind, what: str = "") -> None:
         if is_remote(value):
             return
     refuse_url(flag, value)
-    shown = f"{flag} {value}" + (f": {what}" if what else "")
+    shown = f"{flag} {value}"
     resolved = resolved_output(flag, value)
     _refuse_inside_ours(shown, resolved, kind)
     if kind.folder is RUN:

@@ -35,10 +35,11 @@ def _files(folder: Path) -> dict[str, str]:
     return found
 
 
-def record_written(path: Path, kind: str, command: str = "") -> None:
-    """Record `path` (just written by `command`) as an output of `kind`, with its sha256 (a folder: each file's)."""
+def record_written(path: Path, kind: str, command: str = "", marker: bool = False) -> None:
+    """Record `path` (just written by `command`) as an output of `kind`, with its sha256 (a folder: each file's;
+    `marker`: none, a work folder whose files change while it is used)."""
     path = Path(path)
-    sha = _files(path) if path.is_dir() else file_sha256(path)
+    sha = {} if marker else _files(path) if path.is_dir() else file_sha256(path)
     atomic_write_json(record_path(path), {"format": RECORD_FORMAT, "kind": kind, "command": command, "sha256": sha})
 
 
