@@ -153,6 +153,13 @@ def _report_to(value: str) -> tuple[str, ...]:
     if "tensorboard" in names:  # accepted before and nothing written: a promise not kept
         raise argparse.ArgumentTypeError("tensorboard: a fine-tune writes no TensorBoard files; its trackers are "
                                          "mlflow and wandb (the JSON report: --out)")
+    if "mlflow" in names:  # before any fine-tuning, not after it when the report is sent
+        from launcher.tracking.mlflow_backend import check_tracking_uri
+
+        try:
+            check_tracking_uri()
+        except UserError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
     return names
 
 

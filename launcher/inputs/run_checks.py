@@ -106,6 +106,10 @@ def check_run(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, *, d
     and one with checkpoints of its own resumes from those: branch_from.find_branch_point).
     ds_json: the run's DeepSpeed JSON as the caller read it, once (DeepSpeedJson.of).
     """
+    if "mlflow" in cfg.logging.report_to:  # the tracker's address as the ranks will get it (forwarded)
+        from launcher.tracking.mlflow_backend import check_tracking_uri
+
+        check_tracking_uri()
     setup, notes = resolve_setup(cfg, init, stages, world_size, ds_json, accelerator_is_the_ranks)
     notes += [note] if (note := warmup_note(cfg)) else []
     train, valid = open_streams(cfg, 0, world_size, verify_data)

@@ -14,6 +14,7 @@ from launcher.common.io import write_line
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.metrics_format import read_records
 from launcher.run_dir.records import stage_ends as ends_of
+from launcher.tracking.mlflow_backend import STATUS
 from launcher.tracking.open_sinks import TrackedRun
 from launcher.tracking.remote import Connection, tracking_dir
 
@@ -37,6 +38,7 @@ def sync_run(run_dir, files: list[tuple[Path, str]], tracking: TrackedRun | None
     params, tags = (tracking.params, tracking.tags) if tracking is not None else (None, None)
     ends = stage_ends(run_dir) if ends is None else ends
     records = read_records(run_dir.metrics)  # read once for every tracker
+    outcome = last_outcome(records)
     for name in names:
         connection = Connection(name, run_dir, params or {}, tags or {}, ends)
         try:
@@ -44,10 +46,23 @@ def sync_run(run_dir, files: list[tuple[Path, str]], tracking: TrackedRun | None
             connection.send_records(records)
             connection.send_evals()
             connection.send_files(files)
-            connection.close(None)
+            connection.close(*outcome)  # a run that ended while the tracker was down ends there too
         except Exception as err:  # noqa: BLE001 - a tracker never fails the command
             write_line(f"tracking: {name} unreachable or refused ({type(err).__name__}: {str(err)[:300]}); "
                        f"the next start or `roformer report {run_dir.root}` sends what it missed")
+
+
+def last_outcome(records: list[dict]) -> tuple[str | None, float | None]:
+    """(outcome, time) of the run's last start: its finished / stopped / guard_stopped event, or (None, None)
+    when that start has none (still running, or killed), so the tracked run's status is left as it is."""
+    outcome = (None, None)
+    for record in records:
+        event = record.get("event") if record.get("kind") == "event" else None
+        if event in STATUS:
+            outcome = (event, record.get("time"))
+        elif event in ("startup", "attempt", "resume"):  # a later start
+            outcome = (None, None)
+    return outcome
 
 
 def stage_ends(run_dir: RunDir) -> list[int]:

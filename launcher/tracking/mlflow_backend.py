@@ -4,9 +4,12 @@ places (MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN on the node, ~/.mlflow/credentia
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+from launcher.common.errors import UserError
 
 DEFAULT_EXPERIMENT = "roformer-ds"
 # A request that fails is retried at most this often, each waiting this long (MLflow's own defaults wait minutes).
@@ -19,6 +22,22 @@ def tracking_uri(home: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home / 'mlflow.db'}"
 
 
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+BARE_URIS = ("databricks", "databricks-uc", "uc")
+"""The tracking URIs MLflow takes without a scheme (a Databricks workspace from its own profile)."""
+
+
+def check_tracking_uri(environ=os.environ) -> None:
+    """MLFLOW_TRACKING_URI, when set, must be a URI: MLflow takes anything else for a local directory relative to
+    each rank's working directory (`not a uri` became ./not a uri/ and a file-store notice). One line, before
+    the run starts (launcher/inputs/run_checks.py, `finetune --report-to mlflow`) and again where it is opened."""
+    value = environ.get("MLFLOW_TRACKING_URI")
+    if value and not _SCHEME.match(value) and value not in BARE_URIS:
+        raise UserError(f"MLFLOW_TRACKING_URI {value!r}: not a tracking URI; give a server (http://HOST:5000), a "
+                        f"database (sqlite:////abs/path/mlflow.db) or a directory as file:///abs/path (unset: "
+                        f"RUN_DIR/tracking/mlflow.db)")
+
+
 class MlflowBackend:
     def __init__(self, home: Path, run_name: str):
         """home: where the tracker's local files go (RUN_DIR/tracking); run_name: the name of a new run."""
@@ -27,6 +46,7 @@ class MlflowBackend:
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # the job reports where it was told, nowhere else
         from mlflow.tracking import MlflowClient
 
+        check_tracking_uri()
         self.run_name, self.uri = run_name, tracking_uri(home)
         if self.uri.startswith("sqlite:"):
             home.mkdir(parents=True, exist_ok=True)
@@ -85,6 +105,8 @@ class MlflowBackend:
         for path, folder in files:
             self.client.log_artifact(self.run_id, str(path), artifact_path=folder or None)
 
-    def close(self, outcome: str | None) -> None:
+    def close(self, outcome: str | None, end_time: float | None = None) -> None:
+        """End the tracked run as `outcome` says (None: leave it as it is), at `end_time` (s; None: now)."""
         if outcome in STATUS:
-            self.client.set_terminated(self.run_id, status=STATUS[outcome])
+            self.client.set_terminated(self.run_id, status=STATUS[outcome],
+                                       end_time=None if end_time is None else int(end_time * 1000))

@@ -103,9 +103,9 @@ class Connection:
         if present:
             self.backend.files(present)
 
-    def close(self, outcome: str | None) -> None:
+    def close(self, outcome: str | None, end_time: float | None = None) -> None:
         if self.backend is not None:
-            self.backend.close(outcome)
+            self.backend.close(outcome, end_time)
 
 
 def final_files(run_dir: RunDir) -> list[tuple[Path, str]]:

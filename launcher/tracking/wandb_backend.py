@@ -75,7 +75,7 @@ class WandbBackend:
             shutil.copyfile(path, target)
             self.run.save(str(target), base_path=self.run.dir, policy="now")
 
-    def close(self, outcome: str | None) -> None:
+    def close(self, outcome: str | None, end_time: float | None = None) -> None:  # W&B's end is the finish call's
         self.run.finish(exit_code=0 if outcome in (None, "finished", "stopped") else 1)
 
 

@@ -186,3 +186,23 @@ def test_an_init_from_url_is_one_line_not_a_local_directory(capsys, tmp_path, ur
     line = refused(capsys, ["plan", "--config", path, "--world-size", "1"], [tmp_path])
     assert f"run.yaml: init_from {url}: a {scheme}:// URL, but a local path is expected" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]  # no ./s3:/ directory
+
+
+# --- row 7: MLflow's address (the catch-up of a finished run: tests/unit/test_tracking.py) -----------------------
+
+
+def test_an_mlflow_tracking_uri_that_is_no_uri_is_one_line_before_the_run(capsys, tmp_path, monkeypatch):
+    from launcher.tracking.mlflow_backend import check_tracking_uri
+
+    raw = run_config_dict()
+    raw["logging"]["report_to"] = ["mlflow"]
+    path = write_yaml(tmp_path / "run.yaml", raw)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "not a uri")
+    says = "MLFLOW_TRACKING_URI 'not a uri': not a tracking URI; give a server (http://HOST:5000), a database"
+    assert says in refused(capsys, ["pretrain", "--config", path, "--run-dir", tmp_path / "run", "--dry-run"],
+                           [tmp_path])
+    assert f"argument --report-to: {says}" in refused(
+        capsys, ["finetune", tmp_path / "export", "--task", "movie-reviews", "--report-to", "mlflow"], [tmp_path])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]  # no ./not a uri/ file store
+    for uri in ("http://mlflow:5000", "sqlite:////srv/mlflow.db", "file:///srv/mlruns", "databricks"):
+        check_tracking_uri({"MLFLOW_TRACKING_URI": uri})

@@ -109,6 +109,10 @@ def test_mlflow_resume_rewind_and_server_down(tmp_path, server, monkeypatch, cap
     sync_run(run_dir, [])
     client = server.client()
     run = client.get_run(run_id)
+    # The run finished while the server was down: the catch-up ends it there too, at the time it finished
+    # (it was left RUNNING with no end time before).
+    finished_at = next(r["time"] for r in read_metrics(run_dir.root, kind="event") if r["event"] == "finished")
+    assert run.info.status == "FINISHED" and run.info.end_time == int(finished_at * 1000)
     assert len(client.search_runs([run.info.experiment_id])) == 1
     assert run.data.params["model.hidden_size"] == "128" and run.data.tags["data_dir"] == "/data"
     assert run.data.tags["stage.1.start_step"] == "3" and run.data.tags["stage.0.end_step"] == "3"
