@@ -26,9 +26,9 @@ from data_pipeline.documents import DOCUMENT_VIEWS
 from data_pipeline.errors import DataError
 from launcher.common.io import load_yaml, read_mapping
 from launcher.config.branch_from import BranchFrom
-from launcher.config.sections import (DECAY_KINDS, REMOTE_KEYS, CheckpointSection, DataSection, DeepSpeedSection,
+from launcher.config.sections import (REMOTE_KEYS, CheckpointSection, DataSection, DeepSpeedSection,
                                       LoggingSection, OptimizerSection, ScheduleSection)
-from launcher.config.schedule import (BATCH_SCALINGS, DECAY_SHAPES, format_tokens, load_schedule, parse_token_count,
+from launcher.config.schedule import (format_tokens, load_schedule, parse_token_count,
                                       run_learning_rate, schedule_pieces, schedule_warnings, steps_to_reach,
                                       tokens_before, wsd_decay_steps)
 from launcher.config.guard_section import GuardSection
@@ -361,33 +361,7 @@ def _validate(cfg: RunConfig, given: dict) -> None:
         section, name = key.split(".")
         if not Path(getattr(getattr(cfg, section), name)).is_file():
             fail(key, f"file not found: {getattr(getattr(cfg, section), name)}")
-    opt = cfg.optimizer
-    if not opt.lr > 0:
-        fail("optimizer.lr", f"must be > 0, got {opt.lr}")
-    if opt.warmup_steps < 0:
-        fail("optimizer.warmup_steps", f"must be >= 0, got {opt.warmup_steps}")
-    if opt.decay not in DECAY_KINDS:
-        fail("optimizer.decay", f"must be one of {', '.join(DECAY_KINDS)}, got {opt.decay!r}")
-    if opt.decay != "wsd":
-        for key, unset in (("decay_steps", 0), ("decay_shape", "")):
-            if getattr(opt, key) != unset:
-                fail(f"optimizer.{key}", f"only applies to optimizer.decay: wsd (decay is {opt.decay!r})")
-    if opt.decay_steps < 0:
-        fail("optimizer.decay_steps", f"must be >= 1 (or 0 = the last stage's steps), got {opt.decay_steps}")
-    if opt.decay_shape and opt.decay_shape not in DECAY_SHAPES:
-        fail("optimizer.decay_shape", f"must be one of {', '.join(DECAY_SHAPES)}, got {opt.decay_shape!r}")
-    if opt.batch_scaling not in BATCH_SCALINGS:
-        fail("optimizer.batch_scaling", f"must be one of {', '.join(BATCH_SCALINGS)}, got {opt.batch_scaling!r}")
-    if opt.reference_batch < 0 or (opt.reference_batch == 0 and "reference_batch" in (given.get("optimizer") or {})):
-        fail("optimizer.reference_batch", f"must be a positive global batch, got {opt.reference_batch}")
-    if opt.batch_scaling == "none" and opt.reference_batch:  # as decay_steps without wsd: a setting that does nothing
-        fail("optimizer.reference_batch", "only applies with optimizer.batch_scaling linear or sqrt (it is 'none'): "
-             "drop it, or set batch_scaling")
-    if opt.batch_scaling != "none" and not opt.reference_batch:
-        fail("optimizer.reference_batch", f"required when optimizer.batch_scaling is {opt.batch_scaling!r} (the "
-             f"global batch at which the LR is optimizer.lr)")
-    if not 0.0 <= opt.min_lr_ratio <= 1.0:
-        fail("optimizer.min_lr_ratio", f"must be in [0, 1], got {opt.min_lr_ratio}")
+    cfg.optimizer.check(fail, given.get("optimizer") or {})
     if cfg.checkpoint.every_steps < 0:
         fail("checkpoint.every_steps", "must be >= 0")
     if cfg.checkpoint.keep_last < 1:

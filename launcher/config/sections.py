@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from data_pipeline.documents import DocumentView
 from data_pipeline.masking import MaskingConfig
-from launcher.config.schedule import Piece, Stage, piece_at, stage_index_at, tokens_before
+from launcher.config.schedule import (BATCH_SCALINGS, DECAY_SHAPES, Piece, Stage, piece_at, stage_index_at,
+                                      tokens_before)
 from data_pipeline.remote.client import RemoteOptions
 from data_pipeline.remote.url import is_remote, parse_size
 
@@ -92,6 +94,36 @@ class OptimizerSection:
     p = 1 or 1/2, at every step (batch ramps and stage boundaries alike)."""
     reference_batch: int = 0
     """The global batch at which the LR is the curve's value (required when batch_scaling is on)."""
+
+    def check(self, fail: Callable[[str, str], None], given: dict) -> None:
+        """fail(field, message) for the first bad value (fields named as optimizer.<field>). given: the section as
+        written (after --set), for reference_batch, whose default 0 means 'not set'."""
+        if not self.lr > 0:
+            fail("optimizer.lr", f"must be > 0, got {self.lr}")
+        if self.warmup_steps < 0:
+            fail("optimizer.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        if self.decay not in DECAY_KINDS:
+            fail("optimizer.decay", f"must be one of {', '.join(DECAY_KINDS)}, got {self.decay!r}")
+        if self.decay != "wsd":
+            for key, unset in (("decay_steps", 0), ("decay_shape", "")):
+                if getattr(self, key) != unset:
+                    fail(f"optimizer.{key}", f"only applies to optimizer.decay: wsd (decay is {self.decay!r})")
+        if self.decay_steps < 0:
+            fail("optimizer.decay_steps", f"must be >= 1 (or 0 = the last stage's steps), got {self.decay_steps}")
+        if self.decay_shape and self.decay_shape not in DECAY_SHAPES:
+            fail("optimizer.decay_shape", f"must be one of {', '.join(DECAY_SHAPES)}, got {self.decay_shape!r}")
+        if self.batch_scaling not in BATCH_SCALINGS:
+            fail("optimizer.batch_scaling", f"must be one of {', '.join(BATCH_SCALINGS)}, got {self.batch_scaling!r}")
+        if self.reference_batch < 0 or (self.reference_batch == 0 and "reference_batch" in given):
+            fail("optimizer.reference_batch", f"must be a positive global batch, got {self.reference_batch}")
+        if self.batch_scaling == "none" and self.reference_batch:  # as decay_steps without wsd: it would do nothing
+            fail("optimizer.reference_batch", "only applies with optimizer.batch_scaling linear or sqrt (it is "
+                 "'none'): drop it, or set batch_scaling")
+        if self.batch_scaling != "none" and not self.reference_batch:
+            fail("optimizer.reference_batch", f"required when optimizer.batch_scaling is {self.batch_scaling!r} (the "
+                 f"global batch at which the LR is optimizer.lr)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            fail("optimizer.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
 
 
 @dataclass

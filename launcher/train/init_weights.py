@@ -83,8 +83,8 @@ def refuse_non_finite(tensors: dict, weights: Path) -> None:
     for name, tensor in tensors.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
-            raise UserError(f"init_from {weights}: tensor {name} holds {bad:,} NaN or inf value(s) of {tensor.numel():,}: "
-                            f"the weights are damaged (copy or export them again)")
+            raise UserError(f"init_from {weights}: tensor {name} holds {bad:,} NaN or inf value(s) of "
+                            f"{tensor.numel():,}: the weights are damaged (copy or export them again)")
 
 
 @dataclass
