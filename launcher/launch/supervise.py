@@ -26,10 +26,11 @@ from launcher.common.defaults import (GUARD_STOP_EXIT_CODE, HUNG_EXIT_CODE, ORDE
 from launcher.launch import env_forwarding
 from launcher.launch.console import Console
 from launcher.launch.launch_plan import LaunchPlan
-from launcher.launch.rank_process import MARKER
+from launcher.launch.rank_process import MARKER, ORPHAN_STOP_SECONDS
 from launcher.launch.ssh import ssh
 from launcher.launch.watchdog import Verdict
 from launcher.run_dir.layout import RunDir
+from launcher.run_dir.lock import LOCK_ID_ENV, wait_for_local_ranks
 
 FAILURE_GRACE_SECONDS = 30.0  # + the stop itself stays well inside the 60 s promised in docs/multinode.md
 STOP_WAIT_SECONDS = 10.0
@@ -279,6 +280,20 @@ def sweep_remote(plan: LaunchPlan, unreachable: set[str]) -> None:
             ssh(host, f"pkill -KILL -f {pattern}", timeout=15)
 
 
+def end_orphaned_ranks(plan: LaunchPlan) -> None:
+    """DeepSpeed's launcher gone (killed) before its ranks: they stop on their own (their guards see their parent
+    gone) but still write their checkpoint. The job is not over, nor its lock released or a restart started,
+    before they have ended; past their own bound they are killed (checked by pid and start time)."""
+    lock_id = plan.env.get(LOCK_ID_ENV)
+    if not lock_id:
+        return
+    for rank in wait_for_local_ranks(plan.run_dir, lock_id, ORPHAN_STOP_SECONDS + STOP_WAIT_SECONDS):
+        try:
+            os.kill(rank.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _wait(proc: subprocess.Popen, seconds: float) -> bool:
     try:
         proc.wait(timeout=seconds)
@@ -386,6 +401,7 @@ def supervise_job(plan: LaunchPlan, runner_env: dict[str, str], console: Console
             signal.signal(sig, handler)
     reader.join(timeout=10)
     returncode = runner.wait()
+    end_orphaned_ranks(plan)
     failures = monitor.snapshot()
     if plan.launcher == "pdsh" and (failures or returncode != 0):
         sweep_remote(plan, unreachable)

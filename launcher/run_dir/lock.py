@@ -142,6 +142,22 @@ def live_member(holder: LockHolder, stale_after: float = STALE_SECONDS, now: flo
                  and process_gone(m.host, m.pid, m.pid_started, m.refreshed_at, stale_after, now) is None), None)
 
 
+def local_ranks_alive(run_dir: Path, lock_id: str | None = None) -> list[JobMember]:
+    """The recorded ranks on this host (of `lock_id`'s job; of any job when None) whose process still runs."""
+    host = socket.gethostname()
+    return [m for m in _members(lock_path(run_dir).parent) if m.host == host and lock_id in (None, m.lock_id)
+            and process_gone(m.host, m.pid, m.pid_started, m.refreshed_at, STALE_SECONDS, None) is None]
+
+
+def wait_for_local_ranks(run_dir: Path, lock_id: str, timeout: float) -> list[JobMember]:
+    """Wait up to `timeout` s for this host's ranks of the job to end (after its launcher ended: one killed
+    leaves ranks that stop on their own, still writing their checkpoint); those still running then."""
+    deadline = time.monotonic() + timeout
+    while (left := local_ranks_alive(run_dir, lock_id)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
 def process_gone(host: str, pid: int, pid_started: int | None, refreshed_at: float, stale_after: float,
           now: float | None) -> str | None:
     """Why the process `pid` on `host` is gone, None while it may run: on this host by its pid and start
@@ -349,6 +365,11 @@ def _take(root: Path, path: Path, command: str, lock_id: str | None, stale_after
         if current is not None and lock_id is not None and current.lock_id == lock_id:
             return RunLock(path, current, owned=False)
         took_over = None
+        orphans = local_ranks_alive(root) if current is None else []
+        if orphans:  # a job whose lock is gone (released under them) still has ranks writing here
+            rank = orphans[0]
+            raise RunDirInUse(f"--run-dir {root}: in use by rank {rank.rank} (pid {rank.pid} on {rank.host}) of a "
+                              f"job whose lock is gone; one job per run directory: wait for it to end or stop it")
         if current is not None and _is_this_process(current):
             path.unlink()  # left by an earlier start in this very process (a test, a benchmark): ours
         elif current is not None:

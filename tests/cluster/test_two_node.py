@@ -4,23 +4,28 @@ Hosts node1/node2 are network namespaces behind a bridge, each with its own sshd
 cluster.py). The tiny schedule runs with one rank per node: past a stage boundary, stopped with
 a checkpoint (SIGTERM to `roformer pretrain`, our own child; never to DeepSpeed's runner), resumed
 by a second invocation; a rank SIGKILLed on node2 stops the job on both nodes within 60 s with
-an error naming node and rank, and no process of the job is left. Skipped only when the kernel
-refuses network namespaces (the reason is printed).
+an error naming node and rank, and no process of the job is left; `roformer pretrain` itself killed by
+SIGKILL (issue 63) leaves no process of the job on either node within 60 s, and the last checkpoint is the
+ranks' stop checkpoint, complete. Skipped only when the kernel refuses network namespaces (the reason is
+printed).
 """
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
 
 import psutil
 
+from launcher.checkpoint.catalogue import CheckpointCatalogue
 from tests.support.helpers import events, metrics_steps, roformer, start_roformer, newest_checkpoint
 from tests.support.netns.jobs import (
     assert_nothing_left,
     cluster_env,
     cluster_hostfile,
     cluster_run_config,
+    job_processes,
     wait_for_step,
 )
 
@@ -113,3 +118,35 @@ def test_rank_killed_on_one_node_stops_the_job_on_all_nodes(cluster, tmp_path, d
         in output, output[-3000:]
     assert_nothing_left(cluster, run_dir)
     print(f"\nrank SIGKILLed on node2: job stopped on both nodes {stop_seconds:.1f} s later")
+
+
+def test_a_killed_launcher_stops_the_job_on_both_nodes_with_a_checkpoint(cluster, tmp_path, data_dir):
+    """The launching machine's `roformer pretrain` killed (the OOM killer): DeepSpeed's runner, pdsh and the nodes'
+    launchers are in another session and survive it; the rank guards see their launcher gone and stop their
+    ranks like a SIGTERM, so the job ends on both nodes with a stop checkpoint and nothing is left."""
+    config = cluster_run_config(tmp_path, data_dir, wide_steps=5000)
+    run_dir, log = tmp_path / "run", tmp_path / "orphaned.log"
+    proc = start_roformer("pretrain", "--hostfile", str(cluster_hostfile(tmp_path)), "--launcher", "pdsh",
+                          "--config", str(config), "--run-dir", str(run_dir), env=cluster_env(cluster), log=log)
+    try:
+        wait_for_step(proc, run_dir, 3, log)
+        os.killpg(proc.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        proc.wait(timeout=30)
+        while (any(cluster.pids_in_nodes().values()) or job_processes(run_dir)) and \
+                time.monotonic() - killed_at < KILL_DEADLINE_SECONDS:
+            time.sleep(0.2)
+        stop_seconds = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    launcher_log = (run_dir / "logs" / "launcher.log").read_text()
+    assert_nothing_left(cluster, run_dir)
+    assert stop_seconds <= KILL_DEADLINE_SECONDS, launcher_log[-3000:]
+    assert len(re.findall(rf"its launcher roformer pretrain \(pid {proc.pid} on .*\) is gone", launcher_log)) >= 1
+    (stopped,) = events(run_dir, "stopped")
+    point = newest_checkpoint(run_dir)
+    assert point is not None and point.sidecar.step == stopped["step"] >= 3, launcher_log[-3000:]
+    assert point.tag in [e.tag for e in CheckpointCatalogue.scan(run_dir).complete()]
+    print(f"\nroformer pretrain SIGKILLed: the job stopped on both nodes {stop_seconds:.1f} s later, checkpoint "
+          f"{point.tag}")

@@ -17,7 +17,7 @@ from launcher.common.defaults import stop_signals_to_handle
 from launcher.launch.launcher_watch import LAUNCHER_SILENT_SECONDS, LauncherWatch
 from launcher.run_dir.heartbeat_file import read_record
 from launcher.run_dir.lock import (JobMember, JobMembership, RunDirInUse, acquire, lock_path, member_path,
-                                   process_start_ticks, read_holder, stale_reason)
+                                   process_start_ticks, read_holder, stale_reason, wait_for_local_ranks)
 from launcher.train.stop_signals import StopAnnouncer, StopSignals
 from tests.support.helpers import REPO
 
@@ -169,3 +169,29 @@ def test_a_stop_after_the_last_step_says_the_run_is_finishing_not_a_step_past_it
     signals._on_signal(signal.SIGHUP, None)
     signals.grace_timer.cancel()
     assert said == ["stop requested (SIGHUP): finishing step 12, then a checkpoint (within 600 s)"]
+
+
+def test_ranks_left_after_their_lock_went_keep_the_run_dir_and_their_launcher_waits_for_them(tmp_path):
+    """DeepSpeed's launcher killed: `roformer pretrain` sees its job end while the ranks still write their stop
+    checkpoint; it waits for them (wait_for_local_ranks) before it releases the lock, and a start that finds
+    no lock but a live rank of a job is refused all the same."""
+    run_dir = tmp_path / "run"
+    rank = sleeper()
+    try:
+        lock_path(run_dir).parent.mkdir(parents=True)
+        write_member(run_dir, 1, rank.pid)
+        write_member(run_dir, 0, dead_pid())
+        with pytest.raises(RunDirInUse, match=rf"in use by rank 1 \(pid {rank.pid} on {HOST}\) of a job whose lock "
+                                              r"is gone; one job per run directory"):
+            acquire(run_dir)
+        assert not lock_path(run_dir).exists()
+        started = time.monotonic()
+        assert [m.pid for m in wait_for_local_ranks(run_dir, "feedfacefeedface", 0.6)] == [rank.pid]
+        assert time.monotonic() - started >= 0.6
+        assert wait_for_local_ranks(run_dir, "0123456789abcdef", 5) == []  # another job's: nothing to wait for
+    finally:
+        rank.kill()
+        rank.wait()
+    assert wait_for_local_ranks(run_dir, "feedfacefeedface", 5) == []
+    with acquire(run_dir, refresh_every=None):
+        pass
