@@ -90,6 +90,7 @@ def plan(args: argparse.Namespace) -> int:
     # Imported here: the run config imports torch (through roformer), `roformer plan --help` must not wait.
     from launcher.config.deepspeed_json import DeepSpeedJson, resolve_ds_config
     from launcher.config.stages import format_plan
+    from launcher.deepspeed_env.node_check import planned_optimizer
     from launcher.inputs.init_from import load_config_and_init
     from launcher.pricing.micro_target import stages_at
 
@@ -135,24 +136,8 @@ def plan(args: argparse.Namespace) -> int:
         print(sources.table())
     print(estimates.table() if isinstance(estimates, PlanEstimates) else f"memory and time: not estimated: {estimates}")
     print(f"deepspeed config: {cfg.deepspeed.config} (ZeRO stage {ds_json.zero_stage}, {ds_json.precision})")
-    print(f"optimizer: {optimizer_line(ds_json)}")
+    print(f"optimizer: {planned_optimizer(ds_json.config)}")
     return 0
-
-
-def optimizer_line(ds_json) -> str:
-    """What each node will run (launcher/deepspeed_env/node_check.py decides on every node before launch)."""
-    section = ds_json.config.get("optimizer") or {}
-    params = section.get("params") or {}
-    if str(section.get("type", "")).lower() not in ("adam", "adamw"):
-        return f"{section.get('type', 'none')} (the DeepSpeed JSON's)"
-    if params.get("torch_adam"):
-        return "torch AdamW on every node (torch_adam in the DeepSpeed JSON)"
-    if (ds_json.config.get("zero_optimization") or {}).get("offload_optimizer", {}).get("device") in ("cpu", "nvme"):
-        return "DeepSpeedCPUAdam on every node (optimizer offload)"
-    if "torch_adam" in params:
-        return "DeepSpeed FusedAdam on every node (torch_adam: false: a node that cannot build it is refused)"
-    return ("DeepSpeed FusedAdam on every GPU node where it is prebuilt, built or buildable (nvcc); if any node "
-            "cannot build it, torch's fused AdamW (torch_adam) on every node: checked on each node before launch")
 
 
 @dataclass

@@ -164,6 +164,23 @@ def choose_optimizer(nodes: list[NodeFacts], optimizer: dict | None, source: str
     return OptimizerChoice(fallback, True, lines)
 
 
+def planned_optimizer(ds_config: dict) -> str:
+    """What each GPU node will run, as `roformer plan` and `pretrain --dry-run` say it (choose_optimizer decides on
+    every node before launch)."""
+    section = ds_config.get("optimizer") or {}
+    params = section.get("params") or {}
+    if str(section.get("type", "")).lower() not in ("adam", "adamw"):
+        return f"{section.get('type', 'none')} (the DeepSpeed JSON's)"
+    if params.get("torch_adam"):
+        return "torch AdamW on every node (torch_adam in the DeepSpeed JSON)"
+    if (ds_config.get("zero_optimization") or {}).get("offload_optimizer", {}).get("device") in ("cpu", "nvme"):
+        return "DeepSpeedCPUAdam on every node (optimizer offload)"
+    if "torch_adam" in params:
+        return "DeepSpeed FusedAdam on every node (torch_adam: false: a node that cannot build it is refused)"
+    return ("DeepSpeed FusedAdam on every GPU node where it is prebuilt, built or buildable (nvcc); if any node "
+            "cannot build it, torch's fused AdamW (torch_adam) on every node: checked on each node before launch")
+
+
 if __name__ == "__main__":
     import socket
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from launcher.common.errors import UserError
 from launcher.common.mfu import plan_mfu, resolve_peak, table_peak_tflops
+from launcher.deepspeed_env.node_check import planned_optimizer
 from launcher.config.hardware_section import parse_memory
 from launcher.pricing.estimate import estimate_stages, format_estimates, setup_from_configs
 
@@ -113,8 +114,8 @@ def dry_run_estimate(cfg, stages, world_size: int, ds_json) -> str:
     setup = setup_from_configs(cfg.model, ds_json, world_size, cfg.schedule.activation_checkpointing,
                                target.cpu_ranks)
     estimates = estimate_stages(stages, setup, target.device_bytes, target.peak_tflops, mfu)
-    return f"on {target.label}: " + format_estimates(estimates, setup, target.device_bytes, target.peak_tflops,
-                                                      target.peak_source, mfu)
+    table = format_estimates(estimates, setup, target.device_bytes, target.peak_tflops, target.peak_source, mfu)
+    return f"optimizer: {planned_optimizer(ds_json.config)}\non {target.label}: {table}"
 
 
 __all__ = ["Target", "NoTarget", "resolve_target", "dry_run_estimate"]

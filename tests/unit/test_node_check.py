@@ -10,7 +10,7 @@ import torch
 
 from launcher.common.errors import UserError
 from launcher.deepspeed_env.optimizer_check import TORCH_ADAM_ENV, node_optimizer
-from launcher.deepspeed_env.node_check import NodeFacts, choose_optimizer, wheel_refusal
+from launcher.deepspeed_env.node_check import NodeFacts, choose_optimizer, planned_optimizer, wheel_refusal
 from tests.support.helpers import REPO
 
 V100 = ("Tesla V100-SXM2-16GB", (7, 0))
@@ -65,6 +65,16 @@ def test_a_node_without_nvcc_runs_torchs_fused_adamw_and_says_so():
     with pytest.raises(UserError, match=r"^v100.json: optimizer.params.torch_adam: false asks for DeepSpeed's FusedAdam, "
                                         r"which node node2 cannot build \(no nvcc"):
         choose_optimizer([node("node1"), node("node2", fused_adam=no_nvcc)], explicit, "v100.json")
+
+
+def test_the_plan_names_the_optimizer_of_each_shipped_json():
+    import json
+
+    said = {path.name: planned_optimizer(json.loads(path.read_text())) for path in (REPO / "ds_configs").glob("*.json")}
+    assert said["cpu_fp32_zero2.json"] == "torch AdamW on every node (torch_adam in the DeepSpeed JSON)"
+    assert said["v100_fp16_zero2_offload.json"] == "DeepSpeedCPUAdam on every node (optimizer offload)"
+    assert said["v100_fp16_zero2.json"].startswith("DeepSpeed FusedAdam on every GPU node where it is prebuilt, built "
+                                                   "or buildable (nvcc); if any node cannot build it, torch's fused AdamW")
 
 
 def test_the_rank_config_gets_torch_adam_fused_on_cuda_only_when_the_check_said_so():

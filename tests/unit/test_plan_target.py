@@ -64,6 +64,9 @@ def test_the_dry_run_prices_the_target_too(login_node, tiny_data, tmp_path):
     assert "accelerator ranks: fused attention kernels" in table.splitlines()[0]
     assert ("at 40% MFU (assumed: nothing measured on V100 fp16; --mfu sets it) of 125 TFLOP/s per rank "
             "(table: V100 fp16)") in table
+    assert ("optimizer: DeepSpeed FusedAdam on every GPU node where it is prebuilt, built or buildable (nvcc); if any "
+            "node cannot build it, torch's fused AdamW (torch_adam) on every node: checked on each node before launch"
+            ) in out.splitlines()
     assert not (tmp_path / "r").exists()
 
 
