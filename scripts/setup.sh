@@ -102,7 +102,7 @@ else
         "$PY" -c "from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()" >> "$SETUP_LOG" 2>&1; then
       say "DeepSpeed fused Adam compiled for compute capability ${torch_choice[arch_list]} into $ops_dir"
     else
-      say "warning: DeepSpeed's fused Adam did not compile (CUDA toolkit / nvcc missing?): see $SETUP_LOG; ranks retry at start"
+      say "note: DeepSpeed's fused Adam did not compile (CUDA toolkit / nvcc missing?): see $SETUP_LOG; each launch asks every node again and runs torch's fused AdamW where it cannot be built"
     fi
   fi
   touch "$stamp"
