@@ -214,6 +214,11 @@ class RemoteStore:
         self.call(relative, "DELETE", lambda: self.client.delete_object(
             Bucket=self.location.bucket, Key=self.location.key(relative)))
 
+    def put_bytes(self, relative: str, data: bytes) -> None:
+        """A small object from memory (a run's data lease: launcher/run_dir/data_lease.py)."""
+        self.call(relative, "PUT", lambda: self.client.put_object(
+            Bucket=self.location.bucket, Key=self.location.key(relative), Body=data))
+
     def upload_file(self, path: Path, relative: str, sha256: str, transfer_config) -> None:
         """A file to the object (multipart above the transfer config's threshold), its sha256 as metadata."""
         self.call(relative, "upload", lambda: self.client.upload_file(

@@ -275,8 +275,7 @@ class CheckpointCatalogue:
         return [e for e in self._entries if e.state == FOREIGN]
 
     def refuse_foreign_ahead(self, step: int) -> None:
-        """UserError naming a foreign global_step<N> folder with N > `step` (a run starting there could save into
-        it): refused at start-up, before any compute, instead of at that save."""
+        """UserError naming a foreign global_step<N> folder with N > `step`, where a run starting at `step` may save."""
         ahead = [e for e in self.foreign() if e.step is not None and e.step > step]
         if ahead:
             more = f" (and {len(ahead) - 1} more)" if len(ahead) > 1 else ""
@@ -324,8 +323,7 @@ class CheckpointCatalogue:
 
 
 def entry_of(directory: Path) -> CheckpointEntry:
-    """Sidecar-level state of one checkpoint directory (its files are checked by `verify`); FOREIGN unless its
-    sidecar or its save record names it (module docstring)."""
+    """Sidecar-level state of one checkpoint directory (its files are checked by `verify`; states: module docstring)."""
     tag, step = directory.name, step_of_tag(directory.name)
     not_ours = f"{directory}: not a checkpoint this run wrote"
     if step is None:
@@ -368,9 +366,8 @@ def save_record_tag(directory: Path) -> str | None:
 
 
 def owned_files(entry: CheckpointEntry) -> list[Path]:
-    """What the save of `entry` wrote, the save record last (removed last, it keeps a half-removed folder
-    ours): the sidecar's file records, or where it records none (partial, format 1, unreadable) the names a
-    save writes. Nothing of a FOREIGN or NEWER entry; never a file the user added."""
+    """What the save of `entry` wrote (the sidecar's file records, else the names a save writes), the save record
+    last: removed last, it keeps a half-removed folder ours. Nothing of a FOREIGN or NEWER entry, nor a user's file."""
     if entry.state not in (COMPLETE, PARTIAL, DAMAGED):
         return []
     records = entry.sidecar.files if entry.sidecar is not None else None

@@ -228,7 +228,8 @@ def _own_step_counters(optimizer) -> None:
             state["step"] = state["step"].clone()
 
 
-def prune(run_dir: RunDir, keep_last: int, protect_steps: Iterable[int] = (), named: set[str] | None = None) -> list[str]:
+def prune(run_dir: RunDir, keep_last: int, protect_steps: Iterable[int] = (),
+          named: set[str] | None = None) -> list[str]:
     """Delete what keep_last retention drops (CheckpointCatalogue.to_prune), only the files its records name;
     returns the deleted tags. A folder that is not ours is left in place and named in the log once (`named`:
     the names said already, updated), as is what a user added to one of ours."""

@@ -151,7 +151,9 @@ def run(args: argparse.Namespace) -> int:
         print("roformer data: warning: --valid-fraction 0: no validation split; `roformer pretrain` refuses such "
               "data (it validates), eval-mlm --data needs --split train", file=sys.stderr)
     with publishing("--out", args.out, DATA, "roformer data prepare") as out:
-        report = prepare(dataclasses.replace(cfg, out_dir=out), before_publish=raise_if_stopped)
+        _refuse_leased(args, out)  # a live run reads it: refused before any work, and again before publishing
+        report = prepare(dataclasses.replace(cfg, out_dir=out),
+                         before_publish=lambda: (raise_if_stopped(), _refuse_leased(args, out)))
     print(report.summary(), file=sys.stderr)
     return 0
 
@@ -191,6 +193,7 @@ def _check_remote_out(args: argparse.Namespace) -> None:
     if remote_manifest_exists(args.out, args.remote_retries, args.remote_timeout) and not args.overwrite:
         raise UserError(f"--out {args.out}: already holds prepared data (a manifest.json); use --overwrite to "
                         f"replace it")
+    _refuse_leased(args, args.out)
 
 
 def _prepare_to_bucket(args: argparse.Namespace, input_cfg, tok_cfg) -> int:
@@ -206,6 +209,7 @@ def _prepare_to_bucket(args: argparse.Namespace, input_cfg, tok_cfg) -> int:
         report = prepare(_prepare_config(args, input_cfg, tok_cfg, work / "data"), before_publish=raise_if_stopped)
         print(report.summary(), file=sys.stderr)
         raise_if_stopped()  # the upload publishes
+        _refuse_leased(args, args.out)  # a run may have started on it while this one prepared
         uploaded = upload_directory(work / "data", args.out, args.remote_retries, args.remote_timeout,
                                     overwrite=args.overwrite)  # checked before preparing
         print(uploaded.summary(), file=sys.stderr)
@@ -226,10 +230,20 @@ def _upload(args: argparse.Namespace) -> int:
         why = ("its manifest.json is not one `roformer data prepare` wrote"
                if (args.data_dir / "manifest.json").exists() else "no manifest.json")
         raise UserError(f"DATA_DIR {args.data_dir}: not prepared data ({why}); prepare it with `roformer data prepare`")
+    _refuse_leased(args, args.destination, "DESTINATION")
     report = upload_directory(args.data_dir, args.destination, args.remote_retries, args.remote_timeout,
                               log=lambda line: print(line, file=sys.stderr), overwrite=args.overwrite)
     print(report.summary(), file=sys.stderr)
     return 0
+
+
+def _refuse_leased(args: argparse.Namespace, location, flag: str = "--out") -> None:
+    """Data a live run reads (its lease, launcher/run_dir/data_lease.py) is not replaced: one line naming the run."""
+    from launcher.common.io import write_line
+    from launcher.run_dir.data_lease import refuse_leased
+
+    refuse_leased(location, flag, lambda text: write_line(f"roformer data: note: {text}"),
+                  getattr(args, "remote_retries", 5), getattr(args, "remote_timeout", 30.0))
 
 
 def check_data_paths(args: argparse.Namespace, input_cfg) -> None:

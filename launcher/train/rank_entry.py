@@ -20,6 +20,7 @@ from launcher.common.io import keep_console, write_line
 from launcher.deepspeed_env.lean_imports import import_deepspeed
 from launcher.deepspeed_env.ops_cache import ENV_VAR, extensions_dir, prepare_arch_list
 from launcher.launch.env_forwarding import RANKS_PER_NODE_VAR, append_venv_bin
+from launcher.run_dir.data_lease import leased_data
 from launcher.run_dir.lock import held_run_dir
 from launcher.train.peer_errors import rank_stop_line
 from launcher.train.stop_signals import THIS_RANK
@@ -63,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         inputs = rank.check_inputs(argv)
         keep_console(inputs.run_dir.rank_log(inputs.rank))  # where its lines go if its console goes away
-        with held_run_dir(inputs.run_dir.root, inputs.rank):  # created when new; rank 0: its lock
+        # Created when new; rank 0: its lock, and the lease on the data it reads (launcher/run_dir/data_lease.py).
+        with held_run_dir(inputs.run_dir.root, inputs.rank), leased_data(inputs.cfg.data, inputs.run_dir.root,
+                                                                         inputs.rank):
             started = rank.start(inputs, timer)
             return rank.run(started) if started is not None else 0
     except user_errors() as err:
