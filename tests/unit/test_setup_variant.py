@@ -84,7 +84,7 @@ def test_mixed_gpus_get_every_compute_capability(tmp_path):
 
 def test_the_matrix_is_the_published_one():
     """The data the decision and docs/gpu.md follow: torch 2.13's CUDA lines, sm_70 on 12.6 only, no cu128."""
-    from launcher.gpu_check.wheel_matrix import torch_variant
+    from launcher.deepspeed_env.wheel_matrix import torch_variant
 
     module = torch_variant()
     assert set(module.TORCH_CUDA_MATRIX) == {"cu126", "cu130", "cu132"}
