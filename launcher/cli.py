@@ -121,6 +121,7 @@ USE_TORCH = USE_DEEPSPEED + ("eval-mlm", "finetune")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if a in SUBCOMMANDS), "")  # its errors while parsing name it too
+    outputs: list[tuple[str, object]] = []  # (flag, path) the command writes: a full disk's line names them
     _stops_received.clear()
     # SIGTERM and SIGHUP unwind like Ctrl-C, so every `finally` (temporary files, worker pools) runs. SIGHUP's
     # default action killed the command silently (129) and left `roformer pretrain`'s ranks training without
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         command = args.command
         from launcher.outputs.gate import gate_parsed
 
-        gate_parsed(parser, args)  # every path the command writes, by its declared kind, before it runs
+        outputs = gate_parsed(parser, args)  # every path the command writes, by its declared kind, before it runs
         module = importlib.import_module(SUBCOMMANDS[command][0])
         with stops_held():
             if command in USE_DEEPSPEED:
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(err, user_errors()):
             from launcher.common.size_checks import full_disk_line
 
-            line = full_disk_line(err)
+            line = full_disk_line(err, outputs)
             if line is None:
                 raise
             err = line  # a full disk: one line, like bad input

@@ -74,9 +74,10 @@ def check_free_space(flag: str, path, need: int, what: str) -> None:
 _NO_SPACE = ("No space left on device", "Disk quota exceeded")
 
 
-def full_disk_line(err: BaseException) -> str | None:
+def full_disk_line(err: BaseException, outputs: list = ()) -> str | None:
     """The one line for an error caused by a full disk (ENOSPC, EDQUOT, also wrapped by torch or
-    safetensors in an error of their own), naming the file and the space left; None for any other error."""
+    safetensors in an error of their own), naming the file (else the command's `outputs`, (flag, path) pairs)
+    and the space left there; None for any other error."""
     import errno
 
     seen = err
@@ -84,9 +85,10 @@ def full_disk_line(err: BaseException) -> str | None:
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT) or any(
                 text in str(seen) for text in _NO_SPACE):
             name = getattr(seen, "filename", None)
-            where = f"{name}: " if name else ""
+            flag, path = (None, name) if name or not outputs else outputs[0]
+            where = f"{flag} {path}: " if flag else f"{path}: " if path else ""
             try:
-                free = f" ({free_bytes(name or '.') // 1024:,} kB free)"
+                free = f" ({free_bytes(path or '.') // 1024:,} kB free)"
             except OSError:
                 free = ""
             return (f"{where}the filesystem is full{free}: No space left on device; nothing was published and the "

@@ -84,7 +84,11 @@ def export_checkpoint(run_dir: Path, out: Path, tag: str | None = None, tokenize
 
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_dead_leftovers(out)  # a killed export's temporary directories
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+    if os.path.ismount(out):  # an empty mount point (the gate refuses a full one): written into, it cannot be swapped
+        tmp = out / f".partial-{os.getpid()}"  # a dead writer's is removed like data prepare's
+        tmp.mkdir()
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         tmp.chmod(0o755)
         write_weights(model, tmp, max_positions)
@@ -304,7 +308,13 @@ def _fsync_tree(directory: Path) -> None:
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Make `tmp` appear at `out` in one step; the previous export (if any) is deleted afterwards."""
+    """Make `tmp` appear at `out` in one step; the previous export (if any) is deleted afterwards. Into an
+    empty mount point (tmp inside it): file by file, export_info.json last, so it reads as an export only whole."""
+    if tmp.parent == out:
+        for entry in sorted(tmp.iterdir(), key=lambda p: p.name == EXPORT_INFO):
+            os.rename(entry, out / entry.name)
+        tmp.rmdir()
+        return
     if not out.exists():
         os.rename(tmp, out)
         return

@@ -13,6 +13,7 @@ parser: a path-writing argument that is not declared here fails it.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,8 @@ class OutputKind:
     writes: tuple[str, ...] = ()
     scratch: bool = False
     """A work folder of ours (marked by its record), whose contents change while it is used."""
+    whole: bool = False
+    """Replaced whole by a rename (an export): a mount point is written into only while empty."""
 
 
 EVAL_REPORT = OutputKind("eval-mlm report", "roformer eval-mlm", directory=False)
@@ -62,7 +65,7 @@ PREDICTIONS = OutputKind("predictions file", "roformer finetune", directory=Fals
 MODEL = OutputKind("fine-tuned model", "roformer finetune", directory=True, replaces=False)
 TOKENIZER = OutputKind("tokenizer", "roformer data tokenizer", directory=True)
 PREPARED = OutputKind("prepared data", "roformer data prepare", directory=True, folder=DATA, remote=True)
-EXPORTED = OutputKind("export", "roformer export", directory=True, folder=EXPORT, homes=(RUN,))
+EXPORTED = OutputKind("export", "roformer export", directory=True, folder=EXPORT, homes=(RUN,), whole=True)
 RUN_DIR = OutputKind("run directory", "roformer pretrain", directory=True, folder=RUN)
 RUN_REPORT = OutputKind("report", "roformer report", directory=True, folder=REPORT, homes=(RUN,), in_place=(RUN,),
                         writes=("report.md",))
@@ -131,9 +134,10 @@ def _input_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> d
     return found
 
 
-def gate_parsed(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def gate_parsed(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[str, object]]:
     """The one place each command's outputs are checked, before the command runs: every output argument it
-    was given against its inputs and its other outputs (check_paths), then by its kind (gate)."""
+    was given against its inputs and its other outputs (check_paths), then by its kind (gate). Returns
+    (flag, value) of each."""
     outputs = [(_flag(action), getattr(args, action.dest, None), kind) for action, kind in output_actions(parser, args)]
     outputs = [(flag, value, kind) for flag, value, kind in outputs if value is not None]
     inputs = _input_paths(parser, args)
@@ -154,6 +158,7 @@ def gate_parsed(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     check_paths({}, {flag: value for flag, value, kind in outputs if not (kind.remote and _URL_LIKE.match(str(value)))})
     for flag, value, kind in outputs:
         gate(flag, value, kind)
+    return [(flag, value) for flag, value, _ in outputs]
 
 
 def gate(flag: str, value, kind: OutputKind) -> None:
@@ -177,6 +182,9 @@ def gate(flag: str, value, kind: OutputKind) -> None:
             _check_own_file(f"{shown}: {name}", resolved / name, kind)
     elif kind.folder is not None:
         check_replaceable(flag, value, kind.folder)
+        if kind.whole and os.path.ismount(resolved) and any(resolved.iterdir()):
+            raise UserError(f"{shown}: a mount point holding {_a(kind.name)}, which is replaced whole by a rename and "
+                            f"a mount point cannot be: empty it, or choose a folder inside it")
     elif kind.directory:
         _check_own_folder(flag, value, resolved, kind, shown)
     else:

@@ -274,3 +274,51 @@ def test_an_empty_output_path_is_refused_not_taken_as_the_current_directory(caps
     line = refused(capsys, ["eval-mlm", "E", "--input", "x", "--out", " "], [tmp_path])
     assert "argument --out: an empty path" in line
     assert snapshot(tmp_path) == {str(tmp_path): "<dir>"}
+
+
+# --- item 5: a full disk is one line for every command, and leaves nothing behind ------------------------
+
+FULL_DISK_SCRIPT = """
+mount -t tmpfs -o size=256k tmpfs "$FULL" || exit 99
+dd if=/dev/zero of="$FULL/.fill" bs=4k 2>/dev/null
+for args in "data prepare --input $TEXT --out $FULL/data --tokenizer $SPM" "export $RUN --no-verify --out $FULL/exp" \\
+            "finetune $EXPORT --train $CSV --dev $CSV --save-model $FULL/model" \\
+            "eval-mlm $EXPORT --input $TEXT --seq-lens 16 --tokens 64 --out $FULL/m.json" "report $RUN --out $FULL/rep"; do
+  "$PY" -m launcher $args 2>"$ERR"
+  echo "rc=$? $(grep ': error: ' "$ERR" | tail -n 1) errors=$(grep -c ': error: ' "$ERR") tracebacks=$(grep -c Traceback "$ERR")"
+done
+echo "left: $(ls -A "$FULL" | tr '\\n' ' ')"
+mount -t tmpfs -o size=64m tmpfs "$MOUNT" || exit 98
+"$PY" -m launcher export "$RUN" --no-verify --out "$MOUNT" >"$ERR.out" 2>"$ERR"; echo "rc=$? $(cat "$ERR.out")"
+echo "mount: $(mountpoint -q "$MOUNT" && echo mounted) $(ls -A "$MOUNT" | tr '\\n' ' ')"
+"""
+
+
+def test_a_full_disk_is_one_line_for_every_command_and_leaves_nothing(stored_run, stored_export, corpus, tiny_data,
+                                                                       tmp_path):
+    """A full tmpfs in a private mount namespace (as the read-only test in test_bad_input_outputs.py)."""
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot create a mount namespace here: {probe.stderr.decode().strip()}")
+    full, mount = tmp_path / "full", tmp_path / "mount"
+    full.mkdir()
+    mount.mkdir()
+    env = roformer_env(FULL=str(full), MOUNT=str(mount), RUN=str(stored_run), EXPORT=str(stored_export),
+                       TEXT=str(corpus), SPM=str(tiny_data / "tokenizer" / "spm.model"), CSV=str(_csv(tmp_path / "t.csv")),
+                       PY=sys.executable, ERR=str(tmp_path / "err"))
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", FULL_DISK_SCRIPT],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    print(result.stdout)
+    *lines, left, exported, mounted = result.stdout.strip().splitlines()
+    assert len(lines) == 5, (result.stdout, result.stderr)
+    full_line = "the filesystem is full (0 kB free): No space left on device; nothing was published"
+    for line, (command, what) in zip(lines, [("data", f"--out {full / 'data'}: {full_line}"),
+                                             ("export", f"--out {full / 'exp'}: {full_line}"),
+                                             ("finetune", f"--save-model {full / 'model'}: needs about"),  # no compute
+                                             ("eval-mlm", f"--out {full / 'm.json'}: {full_line}"),
+                                             ("report", f"--out {full / 'rep'}: {full_line}")]):
+        assert line.startswith(f"rc=2 roformer {command}: error: ") and what in line, line
+        assert line.endswith(" errors=1 tracebacks=0"), line
+    assert left.strip() == "left: .fill", left  # no .lock, .tmp, .partial-PID/, report folder or record
+    assert exported.startswith("rc=0 exported "), exported  # item 5: an empty mount point is written into
+    assert mounted.startswith("mount: mounted ") and "export_info.json" in mounted and ".partial" not in mounted, mounted
