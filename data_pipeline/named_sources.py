@@ -47,10 +47,10 @@ def _lenient_skips(files: list[tuple]) -> str:
     skipped (a Latin-1 file is invalid UTF-8 line by line)."""
     reasons = Counter()
     for f in files:
-        reasons.update({k: v for k, v in (f[4] if len(f) > 4 else {}).items() if k != "empty file"})
+        reasons.update({k: v for k, v in f[4].items() if k != "empty file"})
     if not reasons:
         return ""
-    example = next((e for f in files if len(f) > 5 for e in f[5] if not e.endswith(": empty file")), "")
+    example = next((e for f in files for e in f[5] if not e.endswith(": empty file")), "")
     hint = "; input is read as UTF-8: convert the file, e.g. `iconv -f latin1 -t utf-8`" \
         if "invalid UTF-8" in reasons else ""
     return (f"; --lenient skipped {sum(reasons.values())} line(s): "
