@@ -84,6 +84,28 @@ def test_the_rank_config_gets_torch_adam_fused_on_cuda_only_when_the_check_said_
     assert cuda["optimizer"]["params"] == {"eps": 1e-6, "torch_adam": True, "fused": True}
     cpu = node_optimizer({"optimizer": {"type": "AdamW", "params": {}}}, "cpu", {TORCH_ADAM_ENV: "1"})
     assert cpu["optimizer"]["params"] == {"torch_adam": True}
+    # What DeepSpeed builds from those params (its own code: the torch_adam branch needs no engine state).
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    params = {**cuda["optimizer"]["params"], "lr": 1e-3, "betas": (0.9, 0.999), "weight_decay": 0.01}
+    cls, extra = DeepSpeedEngine.get_optimizer_configuration(None, params, True)
+    built = cls([torch.nn.Parameter(torch.zeros(4))], **params, **extra)
+    assert type(built) is torch.optim.AdamW and built.defaults["fused"] is True
+
+
+def test_cpu_ranks_are_not_asked(monkeypatch):
+    """A job on CPU ranks (DS_ACCELERATOR=cpu, as every test launch) asks no node: nothing added, nothing run."""
+    from launcher.launch.launch_plan import build_plan
+    from launcher.launch.preflight import check_nodes
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    args = Namespace(hostfile=str(REPO / "hostfile"), include="", exclude="", num_nodes=-1, num_gpus=-1,
+                     master_addr="", master_port=29500, launcher="pdsh", launcher_args="", force_multi=False,
+                     bind_cores_to_rank=False, bind_core_list=None, config=str(REPO / "configs" / "demo_cpu.yaml"),
+                     run_dir="/nonexistent/run", overrides=[], entry_module="launcher.train.rank_entry")
+    plan = build_plan(args)
+    assert plan.env["DS_ACCELERATOR"] == "cpu"
+    assert check_nodes(plan, ask=lambda host: pytest.fail(f"asked {host}")) == {}
 
 
 def _fused_adam_kernel_step(p, g, m, v, step, lr, beta1, beta2, eps, decay):
