@@ -4,7 +4,8 @@
     skips, meets the same spike again and stops in one line (not retried by --max-restarts); the
     resume point and its export are from before the spike (finite weights, the pre-spike MLM loss);
 (b) ZeRO-2: a poisoned stretch of the data stream (tests/support/rank_wrapper.py): `rewind` skips it and the
-    run finishes with the weights of an uninterrupted run whose data position skipped the same batches;
+    run finishes with the weights of an uninterrupted run whose data position skipped the same batches (the run
+    is shared with test_trackers.py, which reads its MLflow run: tests/multirank/conftest.py poisoned_rewind_run);
 (c) ZeRO-3, fp16 with the loss scale pinned at its minimum (every step overflows): `stop` ends the run,
     recorded, with no checkpoint from the flagged steps;
 (d) the default guard (window 50, judged from guard.min_window values), `stop`, a 1000x stage right after a
@@ -22,6 +23,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import yaml
 from safetensors.numpy import load_file
 
 from launcher.checkpoint.catalogue import CheckpointCatalogue
@@ -38,6 +40,7 @@ from tests.support.helpers import (
     run_to_end,
     start_run,
     tiny_run_config,
+    write_yaml,
 )
 
 # Small windows for runs of a dozen steps (the defaults need 50 steps of history).
@@ -132,14 +135,14 @@ def test_a_blown_up_stage_is_rewound_once_then_stopped_before_the_spike(tiny_dat
     print(f"\n(a) losses {[round(r['loss'], 2) for r in train]}; rewind {rewind['seconds']} s: {rewind['message']}")
 
 
-def test_a_poisoned_stretch_is_skipped_and_the_run_ends_as_one_that_skipped_it(tiny_data, tmp_path):
-    # Steps 7 and 8 (global sequences 48-63) carry the poison; the newest checkpoint before them is step 6.
+def test_a_poisoned_stretch_is_skipped_and_the_run_ends_as_one_that_skipped_it(poisoned_rewind_run, tmp_path):
+    # Steps 7 and 8 (global sequences 48-63) carry the poison; the newest checkpoint before them is step 6. The run
+    # (tests/multirank/conftest.py poisoned_rewind_run) is shared with test_trackers.py, which reads its MLflow run.
+    tracked_config, run_dir = poisoned_rewind_run
+    raw = yaml.safe_load(tracked_config.read_text())
+    raw["logging"]["report_to"] = ["tensorboard"]  # the same run otherwise: the reference reports to no server
+    config = write_yaml(tmp_path / "reference.yaml", raw)
     poison = {"ROFORMER_TEST_POISON_SEQUENCES": "48:16", "ROFORMER_TEST_SAVE_LIVE_WEIGHTS": "1"}
-    config = tiny_run_config(tmp_path / "config", tiny_data, stages=FLAT_STAGES, model=NO_DROPOUT,
-                             checkpoint={"every_steps": 3, "keep_last": 2},
-                             guard={**TINY_GUARD, "action": "rewind", "skip_batches": 2})
-    run_dir = tmp_path / "run"
-    run_to_end(2, config, run_dir, module=TEST_RANK_ENTRY, **poison)
     [rewind] = events(run_dir, "guard")
     assert (rewind["action"], rewind["began"], rewind["step"]) == ("rewind", 7, 8)
     assert rewind["rule"] in ("loss_spike", "grad_norm_spike")  # the poison spikes both

@@ -1,7 +1,8 @@
 """Real 2-rank runs reporting to a real `mlflow server` (tests/support/mlflow_server.py), read back with MLflow's
 own client: (a) a run stopped by SIGTERM mid-stage and resumed while the server is down, then caught up by
 the same command started again (the run is finished) and `roformer report`: one MLflow run, every step once with metrics.jsonl's values, stage boundaries and artifacts;
-(b) a guard rewind: the redone steps told apart from the abandoned ones by their attempt."""
+(b) a guard rewind (test_guard.py's (b) run, shared: tests/multirank/conftest.py poisoned_rewind_run): the redone
+steps told apart from the abandoned ones by their attempt."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,6 @@ pytest.importorskip("mlflow")
 
 from launcher.train.metrics import read_metrics  # noqa: E402
 from tests.support.helpers import (  # noqa: E402
-    NO_DROPOUT,
     TEST_RANK_ENTRY,
     TINY_TOTAL_STEPS,
     events,
@@ -22,19 +22,19 @@ from tests.support.helpers import (  # noqa: E402
     start_run,
     tiny_run_config,
 )
-from tests.support.mlflow_server import MlflowServer  # noqa: E402
+from tests.multirank.conftest import REWIND_EXPERIMENT  # noqa: E402
 from tests.support.wandb_log import train_losses  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 STOP_BEFORE_STEP = 8  # 0-based: mid-way through the second stage (steps 7-10)
-TRACKED = {"report_to": ["tensorboard", "mlflow"]}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(mlflow_server):
+    """The session's server (tests/multirank/conftest.py), up again after a test that took it down."""
+    yield mlflow_server
+    if mlflow_server.proc is None or mlflow_server.proc.poll() is not None:
+        mlflow_server.start()
 
 
 def tracker_env(server, experiment: str) -> dict:
@@ -93,21 +93,15 @@ def test_stopped_resumed_with_the_server_down_then_caught_up(tiny_data, tmp_path
     assert logged == [(r["step"], r["loss"]) for r in train]  # W&B's own files: every step once, the same values
 
 
-def test_guard_rewind_redone_steps_are_told_apart(tiny_data, tmp_path, server):
+def test_guard_rewind_redone_steps_are_told_apart(poisoned_rewind_run, server):
     # Steps 7 and 8 carry a poisoned stretch of data: the guard rewinds to step 6 and redoes 7-12 (attempt 1).
-    config = tiny_run_config(tmp_path / "config", tiny_data, model=NO_DROPOUT,
-                             stages=[{"name": "flat", "max_seq_len": 32, "global_batch_size": 8, "steps": 12}],
-                             checkpoint={"every_steps": 3, "keep_last": 2}, logging=TRACKED,
-                             guard={"window": 3, "patience": 2, "spike_factor": 1.5, "action": "rewind",
-                                    "skip_batches": 2})
-    run_dir = tmp_path / "run"
-    run_to_end(2, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_POISON_SEQUENCES="48:16",
-               **tracker_env(server, "rewind"))
+    # The run is test_guard.py's (b), shared (tests/multirank/conftest.py poisoned_rewind_run).
+    _, run_dir = poisoned_rewind_run
     [rewind] = events(run_dir, "guard")
     [attempt] = events(run_dir, "attempt")
     assert (attempt["attempt"], attempt["step"]) == (1, rewind["to_step"])
     client = server.client()
-    (run,) = client.search_runs([client.get_experiment_by_name("rewind").experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name(REWIND_EXPERIMENT).experiment_id])
     run_id = run.info.run_id
     attempts = {(m.step, m.timestamp): int(m.value) for m in client.get_metric_history(run_id, "train/attempt")}
     loss = [(attempts[(m.step, m.timestamp)], m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")]
