@@ -96,7 +96,6 @@ def test_upload_onto_a_prefix_a_run_reads_is_refused_and_another_hosts_lease_age
                                                                                        tmp_path):
     location = "s3://roformer-test/leased"
     argv = ["data", "upload", str(tiny_data), location, "--overwrite"]
-    assert main(argv) == 0
     with acquire(tmp_path / "run", command="rank 0"), leased_data(DataSection(data_dir=location), tmp_path / "run", 0):
         line = refused(capsys, argv, owned=[], command="data")
         assert f"DESTINATION {location}: in use by the run {(tmp_path / 'run').resolve()}" in line
