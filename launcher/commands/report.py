@@ -94,22 +94,23 @@ def make_report(run_dir: Path, out: Path | None = None, plots_only: bool = False
             if not plots_only:
                 atomic_write_text(target.report, write_report_text(curves, summary, plots, target.report))
                 report = target.report
-            record_report(target, out is not None)
+            record_report(target, out is not None, report is not None)
     except PermissionError as err:
         raise UserError(f"{err.filename}: not writable ({err.strerror})"
                         + ("; write the report elsewhere with --out DIR" if out is None else "")) from None
     return ReportFiles(report, plots, curves.train.steps_done, summary.status.state)
 
 
-def record_report(target, own_folder: bool) -> None:
-    """What this report wrote (launcher/outputs/written.py): every file of its own --out folder, or the run
-    directory's report.md, so a later report replaces them only while unchanged."""
+def record_report(target, own_folder: bool, wrote_page: bool) -> None:
+    """What this report wrote (launcher/outputs/written.py): every file of its own --out folder (checked before),
+    or the run directory's report.md when it wrote it (never a plots-only render: an edit stays named), so a
+    later report replaces them only while unchanged."""
     from launcher.outputs.gate import RUN_REPORT
     from launcher.outputs.written import record_written
 
     if own_folder:
         record_written(target.root, RUN_REPORT.name, RUN_REPORT.made_by)
-    elif target.report.is_file():
+    elif wrote_page:
         record_written(target.report, RUN_REPORT.name, RUN_REPORT.made_by)
 
 

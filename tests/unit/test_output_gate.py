@@ -220,6 +220,7 @@ def test_report_replaces_only_what_it_wrote_unchanged(capsys, stored_run, tmp_pa
     for _ in range(2):  # RUN_DIR/report.md alike
         _ok(capsys, ["report", run])
     (run / "report.md").write_text("# Run report: mine\n")
+    _ok(capsys, ["report", run, "--plots-only"])  # training's render: the plots only, the edit stays named
     line = refused(capsys, ["report", run], [run])
     assert f"RUN_DIR {run}: report.md: changed since roformer report wrote it" in line
     line = refused(capsys, ["report", run, "--out", run], [run])  # the default spelled out
