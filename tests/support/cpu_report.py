@@ -5,7 +5,10 @@ keep the cores ~90-95% busy), so a test's CPU seconds, not its wall time, are wh
 A test's figure is its own process's CPU during its setup, call and teardown plus that of every child process
 that ended and was waited for meanwhile: the jobs it ran, their launchers, wrappers and ranks (each waits for its
 own children, so their CPU reaches the test). A session fixture is counted in the first test that uses it; a
-server a fixture keeps running is counted when it is stopped. Loaded by setup.cfg's addopts.
+server a fixture keeps running is counted when it is stopped, and one a session fixture stops is counted in
+SESSION_TEARDOWN, not in the last test: the namespace cluster's sshd reaps every rank the cluster tests start
+over ssh, so its CPU reaches pytest only when the session stops it (once 180 CPU-s, read as the side lane's
+last test, test_remote_training's paused server, whose pause is idle). Loaded by setup.cfg's addopts.
 
     python -m tests.support.cpu_report DIR [--top N]   # each file's total, then the N most expensive tests
 """
@@ -21,6 +24,9 @@ from pathlib import Path
 import pytest
 
 _records: list[dict] = []
+_session_teardown: dict = {}
+"""The CPU of the session's teardown (the last test's teardown that stops the session fixtures)."""
+SESSION_TEARDOWN = "(session teardown: the servers and clusters session fixtures kept, with every job they reaped)"
 
 
 def pytest_addoption(parser) -> None:
@@ -41,8 +47,21 @@ def pytest_runtest_protocol(item, nextitem):
         return
     cpu, wall = cpu_seconds(), time.monotonic()
     yield
-    _records.append({"test": item.nodeid, "cpu_s": round(cpu_seconds() - cpu, 2),
-                     "wall_s": round(time.monotonic() - wall, 2)})
+    ended = {"cpu_s": cpu_seconds() - cpu - _session_teardown.get("cpu_s", 0.0),
+             "wall_s": time.monotonic() - wall - _session_teardown.get("wall_s", 0.0)}
+    _records.append({"test": item.nodeid, **{k: round(v, 2) for k, v in ended.items()}})
+    if _session_teardown:
+        _records.append({"test": SESSION_TEARDOWN, **{k: round(v, 2) for k, v in _session_teardown.items()}})
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    if nextitem is not None or not item.config.getoption("cpu_report"):
+        yield
+        return
+    cpu, wall = cpu_seconds(), time.monotonic()  # the last test: its teardown stops every session fixture
+    yield
+    _session_teardown.update(cpu_s=cpu_seconds() - cpu, wall_s=time.monotonic() - wall)
 
 
 def pytest_sessionfinish(session) -> None:
