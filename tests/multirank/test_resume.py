@@ -6,12 +6,11 @@ per-step losses must equal the uninterrupted run's (|diff| <= 1e-6, fp32, no dro
   2. SIGKILL of rank 1 while it writes a checkpoint (after DeepSpeed's files, before the sidecar):
      rank 0 fails in the next collective, the half-written checkpoint is never used, and the run
      replays from the previous complete one.
-A copy of the directory after stop 2 is resumed with ONE rank (universal checkpoint), which must
-continue the schedule and the loss curve.
+A copy of the uninterrupted run at global_step10 resumed with ONE rank (universal checkpoint: the session's
+one_rank_resume, tests/multirank/conftest.py, whose export test_export.py checks) must continue the schedule and
+the loss curve.
 """
 from __future__ import annotations
-
-import shutil
 
 import pytest
 
@@ -50,14 +49,12 @@ def chain(tmp_path_factory, trainer_run, tiny_data):
 
     attempt("sigterm", ROFORMER_TEST_SIGTERM_LAUNCHER_AT="7")
     attempt("kill_in_save", ROFORMER_TEST_SIGKILL_IN_SAVE_AT="1:12")
-    one_rank = root / "one_rank"
-    shutil.copytree(run_dir, one_rank)  # the state after the second stop, resumed below with one rank
     attempt("final")
-    return reference, run_dir, one_rank, config, snapshots, codes
+    return reference, run_dir, snapshots, codes
 
 
 def test_each_stop_left_the_expected_checkpoints(chain):
-    _, run_dir, _, _, snapshots, codes = chain
+    _, run_dir, snapshots, codes = chain
     assert codes[0] != 0 and codes[1] != 0 and codes[2] == 0
     point, _ = snapshots["sigterm"]
     # SIGTERM arrived before step 7 (0-based): the ranks agreed to stop at step 8 or 9 and saved there.
@@ -79,10 +76,8 @@ def test_resumed_losses_equal_the_uninterrupted_run(chain):
     assert all(r["seconds"] > 0 and not r["universal"] for r in resumes(run_dir))
 
 
-def test_resume_with_one_rank_continues_schedule_and_loss_curve(chain, tmp_path_factory):
-    reference, _, one_rank, config = chain[:4]
-    proc = start_run(1, config, one_rank, module=TEST_RANK_ENTRY)
-    assert proc.wait(timeout=TIMEOUT) == 0, (one_rank.parent / "one_rank.log").read_text()[-4000:]
+def test_resume_with_one_rank_continues_schedule_and_loss_curve(one_rank_resume, trainer_run):
+    reference, (_, one_rank) = trainer_run, one_rank_resume
     event = resumes(one_rank)[-1]
     assert (event["tag"], event["from_world_size"], event["world_size"], event["universal"]) == \
         ("global_step10", 2, 1, True)
