@@ -91,7 +91,6 @@ def full_disk_line(err: BaseException, outputs: list = ()) -> str | None:
                 free = f" ({free_bytes(path or '.') // 1024:,} kB free)"
             except OSError:
                 free = ""
-            return (f"{where}the filesystem is full{free}: No space left on device; nothing was published and the "
-                    f"partial files were removed: free space, or write elsewhere")
+            return f"{where}the filesystem is full{free}: No space left on device; free space, or write elsewhere"
         seen = seen.__cause__ or seen.__context__
     return None

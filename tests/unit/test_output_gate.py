@@ -312,7 +312,7 @@ def test_a_full_disk_is_one_line_for_every_command_and_leaves_nothing(stored_run
     print(result.stdout)
     *lines, left, exported, mounted = result.stdout.strip().splitlines()
     assert len(lines) == 5, (result.stdout, result.stderr)
-    full_line = "the filesystem is full (0 kB free): No space left on device; nothing was published"
+    full_line = "the filesystem is full (0 kB free): No space left on device; free space, or write elsewhere"
     for line, (command, what) in zip(lines, [("data", f"--out {full / 'data'}: {full_line}"),
                                              ("export", f"--out {full / 'exp'}: {full_line}"),
                                              ("finetune", f"--save-model {full / 'model'}: needs about"),  # no compute
