@@ -21,7 +21,8 @@ COLOURS = {"rope": "tab:blue", "sinusoidal": "tab:orange", "learned": "tab:green
            "pretrained": "tab:blue", "random": "tab:gray",
            "linear": "tab:gray", "wsd": "tab:green", "mask-annealed": "tab:purple",
            "three-phase": "tab:green", "recipe": "tab:blue", "random-init twin": "tab:gray",
-           "sequence": "tab:blue", "document": "tab:green", "document-positions": "tab:purple"}
+           "sequence": "tab:blue", "document": "tab:green", "document-positions": "tab:purple",
+           "flat-512": "tab:gray", "staged": "tab:blue", "short-then-long": "tab:orange", "staged-ramp": "tab:green"}
 SIZE = (10, 6)  # inches at 110 dpi: 1100 x 660 px
 DPI = 110
 
@@ -175,6 +176,29 @@ def documents(table: dict, path: Path) -> Path:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="best")
     fig.suptitle("Packed documents seen whole (sequence) or apart (document), at equal tokens")
+    return _save(fig, path)
+
+
+def schedules(table: dict, path: Path) -> Path:
+    """Validation loss against training wall time per schedule: seeds' mean (line) and min-max (band), at the
+    validation steps every seed shares, each at the seeds' mean wall time."""
+    fig, ax = plt.subplots(figsize=SIZE)
+    for variant, cell in table["variants"].items():
+        curves = [{p[0]: (p[1], p[2]) for p in run["wall_curve"]} for run in cell["runs"].values() if run["wall_curve"]]
+        if not curves:
+            continue
+        steps = sorted(set.intersection(*[set(curve) for curve in curves]))
+        walls = np.array([[curve[s][0] for s in steps] for curve in curves]).mean(axis=0)
+        losses = np.array([[curve[s][1] for s in steps] for curve in curves])
+        colour = COLOURS.get(variant)
+        ax.plot(walls, losses.mean(axis=0), color=colour, linewidth=2, label=f"{variant} (n={len(curves)})")
+        ax.fill_between(walls, losses.min(axis=0), losses.max(axis=0), color=colour, alpha=0.2, linewidth=0)
+    ax.set(title="MLM validation loss against training wall time: staged vs flat at equal token slots",
+           xlabel="training wall time (s, sum of step times)",
+           ylabel="validation loss at the stage's length (nats per masked token)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper right")
     return _save(fig, path)
 
 

@@ -9,6 +9,7 @@ from launcher.reproduce import claim_plots as plots
 from launcher.reproduce.documents_results import documents_section
 from launcher.reproduce.from_bert_results import from_bert_section
 from launcher.reproduce.retrieval_part import retrieval_section
+from launcher.reproduce.schedules_results import schedules_section
 
 
 def _fmt(stats: dict, digits: int = 3, scale: float = 1.0) -> str:
@@ -219,6 +220,9 @@ def write_report(results: dict, out: Path, header: list[str]) -> Path:
     if results.get("documents", {}).get("variants"):
         plots.documents(results["documents"], out / "documents.png")
         lines += documents_section(results["documents"], _fmt)
+    if results.get("schedules", {}).get("variants"):
+        plots.schedules(results["schedules"], out / "schedules.png")
+        lines += schedules_section(results["schedules"], _fmt)
     if results.get("sources"):
         lines += ["## Where each part's numbers come from", "",
                   "| part | source |", "|---|---|", *[f"| {part} | {label} |" for part, label in results["sources"].items()],

@@ -13,13 +13,15 @@ from pathlib import Path
 import yaml
 
 from launcher.common.io import read_mapping
-from launcher.reproduce import documents_part, from_bert_part, retrieval_part
+from launcher.reproduce import documents_part, from_bert_part, retrieval_part, schedules_part
 from launcher.reproduce.documents_part import DocumentsPart
 from launcher.reproduce.from_bert_part import FromBert
 from launcher.reproduce.retrieval_part import RetrievalProtocol
+from launcher.reproduce.schedules_part import SchedulesPart
 from launcher.run_dir.layout import tag_for_step
 
-PARTS = ("encodings", "linear", "lengths", "downstream", "extension", "recipes", "retrieval", "from-bert", "documents")
+PARTS = ("encodings", "linear", "lengths", "downstream", "extension", "recipes", "retrieval", "from-bert", "documents",
+         "schedules")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -213,7 +215,8 @@ class Preset:
     def exported(self, parts: tuple[str, ...]) -> set[str]:
         """exported_runs, plus the from-bert part's (its learned runs' BERTs and its variants) when it runs."""
         return (self.exported_runs | (from_bert_part.exported_runs(self) if "from-bert" in parts else set())
-                | (documents_part.exported_runs(self) if "documents" in parts else set()))
+                | (documents_part.exported_runs(self) if "documents" in parts else set())
+                | (schedules_part.exported_runs(self) if "schedules" in parts else set()))
 
     @property
     def ablation_schedule(self) -> Path:
@@ -229,6 +232,8 @@ class Preset:
     """The from-bert part's sizes (None: the preset has none)."""
     documents: DocumentsPart | None = None
     """The documents part's sizes (None: the preset has none)."""
+    schedules: SchedulesPart | None = None
+    """The schedules part's sizes (None: the preset has none)."""
     default_parts: tuple[str, ...] = PARTS
     """The parts run without --parts."""
 
@@ -292,6 +297,8 @@ class Preset:
             runs += from_bert_part.pretrain_runs(self, PretrainRun, {run.name for run in runs})
         if "documents" in parts and self.documents is not None:
             runs += documents_part.pretrain_runs(self, PretrainRun, {run.name for run in runs})
+        if "schedules" in parts and self.schedules is not None:
+            runs += schedules_part.pretrain_runs(self, PretrainRun, {run.name for run in runs})
         if self.compares_recipe(parts):
             runs.append(PretrainRun(name=self.recipe_comparison.name, config=self.recipe_comparison.config,
                                     group=self.recipe_comparison.name, seed=0, overrides=(*self.overrides, "seed=0"),
@@ -320,6 +327,8 @@ class Preset:
         runs = from_bert_part.eval_runs(self, EvalRun) if "from-bert" in parts and self.from_bert else []
         if "documents" in parts and self.documents is not None:
             runs += documents_part.eval_runs(self, EvalRun)
+        if "schedules" in parts and self.schedules is not None:
+            runs += schedules_part.eval_runs(self, EvalRun)
         ext = self.extension
         if "extension" not in parts or ext is None:
             return runs
@@ -353,6 +362,8 @@ class Preset:
             runs += from_bert_part.finetune_runs(self, FinetuneRun)
         if "documents" in parts and self.documents is not None:
             runs += documents_part.finetune_runs(self, FinetuneRun)
+        if "schedules" in parts and self.schedules is not None:
+            runs += schedules_part.finetune_runs(self, FinetuneRun)
         return list({run.name: run for run in runs}.values())  # the comparison's recipe fine-tunes are downstream's
 
     def recipe_comparison_finetunes(self, parts: tuple[str, ...]) -> list[FinetuneRun]:
@@ -416,6 +427,7 @@ def full_preset() -> Preset:
         retrieval=RetrievalProtocol(64, (0, 1000), ("--epochs", "3", "--lr", "1e-3", "--batch-size", "32")),
         # The ablation schedule's shortest and longest lengths; the downstream part's protocols at 1000 labels.
         documents=DocumentsPart(seeds=(0, 1, 2), eval_lens=(128, 512), budget=1000),
+        schedules=schedules_part.full_sizes(_configs()),
     )
 
 
@@ -461,7 +473,8 @@ def quick_preset() -> Preset:
                            continue_overrides=("logging.valid_every=1",)),
         # 8 more pretraining runs and their jobs: run only when asked for (`--quick --parts documents`).
         documents=DocumentsPart(seeds=(0,), eval_lens=(32, 64), budget=32, eval_tokens=512),
-        default_parts=tuple(part for part in PARTS if part not in ("from-bert", "documents")),
+        schedules=schedules_part.quick_sizes(),  # 3 more pretraining runs: only with `--quick --parts schedules`
+        default_parts=tuple(part for part in PARTS if part not in ("from-bert", "documents", "schedules")),
     )
 
 

@@ -16,6 +16,7 @@ from launcher.reproduce.job_runner import Layout
 from launcher.reproduce.reproduction_plan import PARTS, EvalRun, Preset, PretrainRun
 from launcher.reproduce.retrieval_part import retrieval_table
 from launcher.reproduce.run_tables import comparison, finetune_table, pretrain_summary
+from launcher.reproduce.schedules_results import schedules_table
 from launcher.reproduce.seed_spread import spread
 
 
@@ -71,6 +72,9 @@ def collect(preset: Preset, layout: Layout, parts: tuple[str, ...]) -> dict:
     if "documents" in parts and preset.documents is not None:
         results["documents"] = documents_table(preset, layout, pretrain, [r for r in finetune if r.part == "documents"],
                                                [r for r in preset.eval_runs(parts) if r.part == "documents"])
+    if "schedules" in parts and preset.schedules is not None:
+        results["schedules"] = schedules_table(preset, layout, pretrain, [r for r in finetune if r.part == "schedules"],
+                                               [r for r in preset.eval_runs(parts) if r.part == "schedules"])
     return results
 
 
@@ -142,7 +146,7 @@ def _has_data(part: str, value) -> bool:
         return bool(value.get("tasks"))
     if part == "from-bert":
         return bool(value.get("variants") or value.get("recovery") or value.get("finetune"))
-    if part == "documents":
+    if part in ("documents", "schedules"):
         return bool(value.get("variants"))
     return bool(value)
 
@@ -150,7 +154,7 @@ def _has_data(part: str, value) -> bool:
 GROUP_ORDER = ("rope", "learned", "sinusoidal", "sinusoidal_unscaled",
                "linear+rope", "linear+sinusoidal", "linear+sinusoidal_unscaled", RECIPE_BASELINE, "wsd", "mask-annealed")
 MERGED_PARTS = ("encodings", "linear", "recipe", "recipe_runs", "lengths", "downstream", "extension", "recipes",
-                "recipe_comparison", "retrieval", "from-bert", "documents")
+                "recipe_comparison", "retrieval", "from-bert", "documents", "schedules")
 
 
 def merge(results: dict, priors: list[tuple[str, dict]], current: str) -> dict:

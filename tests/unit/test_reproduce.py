@@ -28,7 +28,8 @@ def test_full_preset_compares_every_variant_over_at_least_three_seeds():
     assert set(groups) == {"rope", "sinusoidal", "learned", "linear+rope", "linear+sinusoidal", "recipe",
                            "extension-same-theta", "extension-larger-theta", "wsd", "mask-annealed",
                            "recipe-three-phase", "from-bert-converted", "from-bert-continued-bert",
-                           "from-bert-rope-scratch", "documents-document", "documents-document-positions"}
+                           "from-bert-rope-scratch", "documents-document", "documents-document-positions",
+                           "schedules-flat-512", "schedules-short-then-long", "schedules-staged-ramp"}
     assert all(len(seeds) >= 3 for group, seeds in groups.items() if "recipe" not in group and "extension" not in group)
     # Same config and schedule for every ablation variant: only encoding, attention, table and seed differ.
     ablation = [r for r in runs if "recipe" not in r.group and r.schedule is None]
