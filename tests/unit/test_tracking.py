@@ -127,6 +127,20 @@ def test_mlflow_resume_rewind_and_server_down(tmp_path, server, monkeypatch, cap
     assert history(client, run_id, "train/tokens_by_source/wiki")[0] == (1, 40.0)
     assert history(client, run_id, "guard/rewind") == [(5, 1.0)]
     assert history(client, run_id, "eval/mlm/results/0/loss") == [(3, 2.5)]
+    # 5. a rank's start of the finished run catches up the same way with the stage ends of its resolved stages:
+    # RUN_DIR/stages.json is not read (issue 62 R3), and nothing is sent twice.
+    from launcher.config.stages import stage_ends
+    from tests.support.open_counts import counting_opens
+
+    run_dir.stages.write_text("not the stages")
+    tracking = TrackedRun(("tensorboard", "mlflow"), {"model.hidden_size": "128"},
+                          {"run_dir": str(run_dir.root), "data_dir": "/data"})
+    with counting_opens(run_dir.root) as opened:
+        sync_run(run_dir, [], tracking, stage_ends(stages_of(6)))
+    assert str(run_dir.stages.resolve()) not in opened and opened, opened
+    assert "unreachable" not in capsys.readouterr().err
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")) == sorted(
+        (m.step, m.value) for m in loss)
 
 
 def test_wandb_offline(tmp_path, monkeypatch):
