@@ -1,6 +1,6 @@
 """What a command wrote, recorded so a later command may replace it only while it is unchanged (issue 63).
 
-    record_written(path, "eval-mlm report")            # after the write: path's sha256 (a file) or every file's (a folder)
+    record_written(path, "eval-mlm report")   # after the write: its sha256 (a file) or every file's (a folder)
     changes = recorded_changes(path, "eval-mlm report")  # None: no record of that kind; [] unchanged; else what differs
 
 A file F gets its record beside it, `.F.written.json`; a folder D inside it, `D/.written.json` (the same idea as

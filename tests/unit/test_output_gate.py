@@ -39,6 +39,7 @@ READ_PATHS = {
     ("report", "run_dir"): "the run reported on (its report.md: the gate, with --out's kind, in report.run)",
     ("reproduce", "--data"): "prepared data the ablations read",
     ("reproduce", "--merge"): "earlier results.json files",
+    ("plan", "--from-run"): "the run whose records are planned from",
 }
 """Every path argument that is only read: (command, flag or dest) -> what it is."""
 
@@ -83,7 +84,8 @@ def test_every_path_writing_argument_of_every_command_goes_through_the_gate():
             f"nor listed in READ_PATHS as read")
         assert not looks_written or (command, name) in READ_PATHS or (command, name) in NOT_WRITTEN, (
             f"{command} {name}: reads like an output ({action.help!r}); declare it with add_output or list why not")
-    assert set(READ_PATHS) | set(NOT_WRITTEN) <= seen, sorted(set(READ_PATHS) | set(NOT_WRITTEN) - seen)  # no stale rows
+    listed = set(READ_PATHS) | set(NOT_WRITTEN)
+    assert listed <= seen, sorted(listed - seen)  # no stale rows
     assert {("data", "--out"), ("pretrain", "--run-dir"), ("export", "--out"), ("eval-mlm", "--out"),
             ("finetune", "--out"), ("finetune", "--predictions"), ("finetune", "--save-model"), ("report", "--out"),
             ("reproduce", "--out"), ("reproduce", "--report-dir"), ("gpu-check", "--out")} <= gated
@@ -123,7 +125,8 @@ def test_every_declared_output_of_every_command_is_refused_inside_prepared_data(
             "finetune": ["finetune", stored_export, "--train", csv, "--dev", csv],
             "report": ["report", stored_run],
             "reproduce": ["reproduce", "--quick", "--report-only"],
-            "gpu-check": ["gpu-check"]}
+            "gpu-check": ["gpu-check"],
+            "plan": ["plan", "--from-run", stored_run]}
     checked = 0
     for command in SUBCOMMANDS:
         top = build_parser([command])
@@ -161,6 +164,13 @@ def test_eval_mlm_out_replaces_only_its_own_unchanged_report(capsys, corpus, sto
         line = refused(capsys, [*base, "--out", users], [users])
         assert f"--out {users}: exists, and is not an eval-mlm report roformer eval-mlm wrote (no record of it in " \
                f".{name}.written.json); it is never replaced" in line
+
+    inner = stored_run / "checkpoints" / "e.json"  # a run's own folders: never
+    line = refused(capsys, [*base, "--out", inner], [stored_run])
+    assert f"--out {inner}: is inside a run directory (roformer pretrain), {stored_run}" in line
+    run = tmp_path / "run"
+    shutil.copytree(stored_run, run, ignore=shutil.ignore_patterns("checkpoints"))
+    _ok(capsys, [*base, "--out", run / "eval_mlm.json"])  # beside the run's records, as scripts/demo.sh does
 
     monkeypatch.setenv("HOME", str(tmp_path))  # `~` expanded by the argument's type, alike everywhere
     for _ in range(2):  # new, then ours and unchanged: replaced
@@ -284,9 +294,11 @@ mount -t tmpfs -o size=256k tmpfs "$FULL" || exit 99
 dd if=/dev/zero of="$FULL/.fill" bs=4k 2>/dev/null
 for args in "data prepare --input $TEXT --out $FULL/data --tokenizer $SPM" "export $RUN --no-verify --out $FULL/exp" \\
             "finetune $EXPORT --train $CSV --dev $CSV --save-model $FULL/model" \\
-            "eval-mlm $EXPORT --input $TEXT --seq-lens 16 --tokens 64 --out $FULL/m.json" "report $RUN --out $FULL/rep"; do
+            "eval-mlm $EXPORT --input $TEXT --seq-lens 16 --tokens 64 --out $FULL/m.json" \\
+            "report $RUN --out $FULL/rep"; do
   "$PY" -m launcher $args 2>"$ERR"
-  echo "rc=$? $(grep ': error: ' "$ERR" | tail -n 1) errors=$(grep -c ': error: ' "$ERR") tracebacks=$(grep -c Traceback "$ERR")"
+  echo "rc=$? $(grep ': error: ' "$ERR" | tail -n 1) errors=$(grep -c ': error: ' "$ERR") \\
+tracebacks=$(grep -c Traceback "$ERR")"
 done
 echo "left: $(ls -A "$FULL" | tr '\\n' ' ')"
 mount -t tmpfs -o size=64m tmpfs "$MOUNT" || exit 98
@@ -305,7 +317,8 @@ def test_a_full_disk_is_one_line_for_every_command_and_leaves_nothing(stored_run
     full.mkdir()
     mount.mkdir()
     env = roformer_env(FULL=str(full), MOUNT=str(mount), RUN=str(stored_run), EXPORT=str(stored_export),
-                       TEXT=str(corpus), SPM=str(tiny_data / "tokenizer" / "spm.model"), CSV=str(_csv(tmp_path / "t.csv")),
+                       TEXT=str(corpus), SPM=str(tiny_data / "tokenizer" / "spm.model"),
+                       CSV=str(_csv(tmp_path / "t.csv")),
                        PY=sys.executable, ERR=str(tmp_path / "err"))
     result = subprocess.run(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", FULL_DISK_SCRIPT],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
@@ -322,4 +335,5 @@ def test_a_full_disk_is_one_line_for_every_command_and_leaves_nothing(stored_run
         assert line.endswith(" errors=1 tracebacks=0"), line
     assert left.strip() == "left: .fill", left  # no .lock, .tmp, .partial-PID/, report folder or record
     assert exported.startswith("rc=0 exported "), exported  # item 5: an empty mount point is written into
-    assert mounted.startswith("mount: mounted ") and "export_info.json" in mounted and ".partial" not in mounted, mounted
+    assert mounted.startswith("mount: mounted ") and "export_info.json" in mounted, mounted
+    assert ".partial" not in mounted, mounted
