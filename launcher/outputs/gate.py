@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.common.errors import UserError
-from launcher.outputs.output_paths import (DATA, EXPORT, REPORT, REPRODUCTION, RUN, Kind, _a, _listing,
+from launcher.outputs.output_paths import (DATA, EXPORT, REPORT, REPRODUCTION, RUN, RUN_RECORDS, Kind, _a, _listing,
                                            check_output_dir, check_output_file, check_paths, check_replaceable,
                                            check_run_dir_target, kind_of, refuse_url, resolved_output)
 from launcher.outputs.written import record_path, recorded_changes
@@ -57,10 +57,13 @@ class OutputKind:
     """A work folder of ours (marked by its record), whose contents change while it is used."""
     whole: bool = False
     """Replaced whole by a rename (an export): a mount point is written into only while empty."""
+    beside_run_records: bool = False
+    """May be a .json file at the top of a run directory that is none of the run's own records (scripts/demo.sh
+    writes RUN_DIR/eval_mlm.json, which `roformer report` reads); anywhere else in a run, refused."""
 
 
-EVAL_REPORT = OutputKind("eval-mlm report", "roformer eval-mlm", directory=False)
-FINETUNE_REPORT = OutputKind("fine-tune report", "roformer finetune", directory=False)
+EVAL_REPORT = OutputKind("eval-mlm report", "roformer eval-mlm", directory=False, beside_run_records=True)
+FINETUNE_REPORT = OutputKind("fine-tune report", "roformer finetune", directory=False, beside_run_records=True)
 PREDICTIONS = OutputKind("predictions file", "roformer finetune", directory=False)
 MODEL = OutputKind("fine-tuned model", "roformer finetune", directory=True, replaces=False)
 TOKENIZER = OutputKind("tokenizer", "roformer data tokenizer", directory=True)
@@ -192,10 +195,17 @@ def gate(flag: str, value, kind: OutputKind) -> None:
         _check_own_file(shown, resolved, kind)
 
 
+_RUN_TOP_RECORDS = {record.split("/")[0] for record in RUN_RECORDS} | {
+    "config.yaml", "metrics.jsonl", "report.md", "hostfile", "config_versions.json", "restarts.json"}
+"""What a run writes at its top (launcher/run_dir/layout.py), present or not yet."""
+
+
 def _refuse_inside_ours(shown: str, resolved: Path, kind: OutputKind) -> None:
     for parent in resolved.parents:
         found = next((k for k in _ENCLOSING if k.recognise(parent)), None)
-        if found is not None and found not in kind.homes:
+        beside_records = (found is RUN and kind.beside_run_records and parent == resolved.parent
+                          and resolved.suffix == ".json" and resolved.name not in _RUN_TOP_RECORDS)
+        if found is not None and found not in kind.homes and not beside_records:
             raise UserError(f"{shown}: is inside {_a(found.name)} ({found.made_by}), {parent}; writing there would "
                             f"mix {_a(kind.name)} into it: choose a path outside it")
 
