@@ -135,6 +135,9 @@ class CheckpointSidecar:
     mixture: dict | None = None
     """The stage's data mixture in force at this checkpoint ({source: share}, shares summing to 1). None
     when the stage draws the sources by their size, and in sidecars written before mixtures existed."""
+    noise_scale: dict | None = None
+    """The gradient noise scale's running state (launcher/train/noise_scale.py NoiseEstimator.state_dict): the
+    same on every rank. None when the run does not measure it, and in sidecars written before it existed."""
     complete: bool = True
     """Written last: False or absent means the save did not finish."""
     format: int = SIDECAR_FORMAT

@@ -64,12 +64,14 @@ class Checkpointer:
 
     "model"  the DeepSpeed engine (weights, optimizer, loss scaler), one file set per rank;
     "train"  the loop's counters and "data" the data position: the same on every rank, in the sidecar;
-    "rng"    this rank's random generators (rng_rank<r>.pt).
+    "rng"    this rank's random generators (rng_rank<r>.pt);
+    "noise"  the gradient noise scale's running state (the same on every rank, in the sidecar), when measured.
     """
 
-    def __init__(self, run: CheckpointedRun, engine, train: Stateful, data: Stateful):
-        """run: what every save records and where it goes; train, data: the loop's counters and the data position."""
-        self.run, self.engine, self.train, self.data = run, engine, train, data
+    def __init__(self, run: CheckpointedRun, engine, train: Stateful, data: Stateful, noise: Stateful | None = None):
+        """run: what every save records and where it goes; train, data: the loop's counters and the data position;
+        noise: the gradient noise probe (launcher/train/noise_probe.py), None when the run measures none."""
+        self.run, self.engine, self.train, self.data, self.noise = run, engine, train, data, noise
         self.run_dir, self.rank, self.world_size = run.run_dir, run.rank, run.shape.world_size
         self.named: set[str] = set()
         """Folders of checkpoints/ that are not ours, named in the log already (once each)."""
@@ -97,7 +99,8 @@ class Checkpointer:
             skipped_steps=int(self.engine.skipped_steps), zero_stage=self.run.shape.zero_stage,
             precision=self.run.shape.precision, total_steps=self.run.total_steps,
             tokenizer_sha256=self.run.tokenizer_sha256,
-            rope_theta=stage.rope_theta, mask_prob=stage.mask_prob, mixture=stage.mixture_dict)
+            rope_theta=stage.rope_theta, mask_prob=stage.mask_prob, mixture=stage.mixture_dict,
+            noise_scale=None if self.noise is None else self.noise.state_dict())
         failure = self._agree(self._write_files(directory, tag, sidecar))  # also the barrier after the writes
         if failure is None:
             sidecar.files = self._record_files(directory)
@@ -200,6 +203,8 @@ class Checkpointer:
                                     "consumed_tokens": sidecar.consumed_tokens,
                                     "last_validation": sidecar.last_validation})
         self.data.load_state_dict(sidecar.data_state)
+        if self.noise is not None:  # {}: a checkpoint without the state starts the smoothing afresh
+            self.noise.load_state_dict(sidecar.noise_scale or {})
         restore_rng(source.path, self.rank, sidecar.world_size == self.world_size,
                     fresh_seed=seed * 1009 + self.rank + 7919 * sidecar.step)
 

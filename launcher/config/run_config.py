@@ -371,6 +371,8 @@ def _validate(cfg: RunConfig, given: dict) -> None:
             fail(f"logging.{key}", "must be >= 1")
     if cfg.logging.valid_every < 0:
         fail("logging.valid_every", "must be >= 0")
+    if cfg.logging.noise_every < 0:
+        fail("logging.noise_every", f"must be >= 0 (0 = no gradient noise scale), got {cfg.logging.noise_every}")
     if cfg.logging.progress_every < 0:
         fail("logging.progress_every", f"must be >= 0 (0 = about 20 lines per run), got {cfg.logging.progress_every}")
     if not cfg.logging.peak_tflops >= 0:

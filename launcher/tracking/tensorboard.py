@@ -22,6 +22,9 @@ TRAIN_SCALARS = {
     # (batch x length per step: the unit of a schedule in tokens); TensorBoard's x stays the step
     "consumed_tokens": "train/consumed_tokens", "schedule_tokens": "schedule/tokens",
 }
+NOISE_SCALARS = {"grad_noise_scale": "noise/critical_batch", "grad_sq_norm": "noise/grad_sq_norm",
+                 "grad_noise_trace": "noise/grad_noise_trace"}
+"""The gradient noise scale (launcher/train/noise_scale.py): on every step that measured it, whatever log_every."""
 TOKEN_AXIS_SCALARS = {"loss": "by_tokens/loss", "mlm_accuracy": "by_tokens/mlm_accuracy", "lr": "by_tokens/lr",
                       "global_batch_size": "by_tokens/global_batch_size"}
 """Drawn against the schedule's token slots (a train record's schedule_tokens) for a schedule in tokens."""
@@ -49,6 +52,9 @@ class TensorBoardSink(Sink):
                     for key, tag in TOKEN_AXIS_SCALARS.items():
                         if record.get(key) is not None:
                             self.by_tokens.add_scalar(tag, record[key], record["schedule_tokens"])
+            for key, tag in NOISE_SCALARS.items():
+                if record.get(key) is not None:
+                    self.tb.add_scalar(tag, record[key], step)
         elif kind == "valid":
             self.tb.add_scalar("valid/loss", record["loss"], step)
             self.tb.add_scalar("valid/mlm_accuracy", record["mlm_accuracy"], step)

@@ -43,6 +43,7 @@ from launcher.tracking.attach import sync_run
 from launcher.tracking.open_sinks import TrackedRun, tracked_run
 from launcher.tracking.remote import final_files
 from launcher.train.metrics import Metrics, MetricsOptions
+from launcher.train.noise_probe import NoiseProbe
 from launcher.train.phase_timer import PhaseTimer
 from launcher.train.read_ahead import ReadAhead
 from launcher.train.stop_signals import THIS_RANK, StopAnnouncer, StopSignals
@@ -192,10 +193,12 @@ def build_components(setup: RankSetup, plan: ResumePlan, heartbeats: HeartbeatWr
     shape = setup.run.shape  # the engine's: plan.ds_config is one of setup.run's
     state = TrainState()
     train_batches = ReadAhead(setup.train_batches)  # the trainer reads a step ahead; checkpoints the state before it
+    # Before the checkpointer, which loads its running state.
+    noise = NoiseProbe.for_engine(cfg.logging.noise_every, engine, shape.zero_stage, setup.world_size)
     checkpointer = Checkpointer(CheckpointedRun(run_dir, rank, shape, cfg.model, cfg.schedule.total_steps,
                                                 cfg.checkpoint.keep_last,
                                                 setup.train_batches.corpus.tokenizer_sha256),
-                                engine, state, train_batches)
+                                engine, state, train_batches, noise if noise.every else None)
     if plan.source is not None:
         heartbeats.start_up("checkpoint load")
         checkpointer.load(plan.source, cfg.seed, plan.universal_folder(run_dir))
@@ -206,10 +209,11 @@ def build_components(setup: RankSetup, plan: ResumePlan, heartbeats: HeartbeatWr
     plots = PlotHook(run_dir, cfg.schedule.total_steps, metrics.message) if rank == 0 and cfg.logging.plots else None
     on_stage_end = stage_end_callback(cfg, run_dir, plots)
     metrics.report_start(timer, plan, setup.world_size, scale, skipped, shape.precision, cfg.logging.peak_tflops)
+    noise.attach(metrics.message)
     signals = THIS_RANK
     guard = GuardActions.for_engine(cfg, engine, shape, run_dir, metrics, rank, heartbeats)
     trainer = Trainer(cfg, setup.run.stages, train_batches, setup.valid_batches,
-                      TrainParts(engine, state, checkpointer, metrics, guard),
+                      TrainParts(engine, state, checkpointer, metrics, guard, noise),
                       TrainerHooks(on_stage_end, heartbeats, stop_requested=lambda: signals.requested is not None))
     return StartedRank(trainer, metrics, heartbeats, plots, run_dir, signals)
 

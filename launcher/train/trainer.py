@@ -22,6 +22,7 @@ from launcher.train.device_batches import host_counts, to_device
 from launcher.train.guard_actions import GuardActions, Rewind, Stop
 from launcher.train.heartbeats import HeartbeatWriter
 from launcher.train.metrics import Metrics
+from launcher.train.noise_probe import NoiseProbe
 from launcher.train.read_ahead import ReadAhead
 from launcher.common.mfu import step_model_flops
 from roformer.rope import set_rope_theta
@@ -86,6 +87,8 @@ class TrainParts:
     metrics: Metrics
     guard: GuardActions
     """The numerics guard (GuardActions.for_engine)."""
+    noise: NoiseProbe = field(default_factory=NoiseProbe.disabled)
+    """The gradient noise scale's measurement (logging.noise_every; NoiseProbe.for_engine)."""
 
 
 class Trainer:
@@ -95,7 +98,7 @@ class Trainer:
         valid_batches: the validation reader."""
         self.cfg, self.stages, self.batches, self.valid_batches = cfg, stages, batches, valid_batches
         self.engine, self.state, self.checkpointer = parts.engine, parts.state, parts.checkpointer
-        self.metrics, self.guard = parts.metrics, parts.guard
+        self.metrics, self.guard, self.noise = parts.metrics, parts.guard, parts.noise
         self.on_stage_end, self.heartbeats, self.stop_requested = hooks.on_stage_end, hooks.heartbeats, \
             hooks.stop_requested
         for reader in (batches, valid_batches):  # document_ids / position_ids in the batches (data.attention, positions)
@@ -229,6 +232,7 @@ class Trainer:
                               dtype=torch.float64, device=self.engine.device)
         dist.all_reduce(counts)
         scale = (self.world_size / counts[0].clamp_min(1.0)).float()
+        noise = self.noise.measure(self.state.step, batches.micro)  # every logging.noise_every steps, else {}
         sums = torch.zeros(2, dtype=torch.float64, device=self.engine.device)  # loss_sum, correct
         for i, batch in enumerate(batches.micro):
             self.engine.set_gradient_accumulation_boundary(i == len(batches.micro) - 1)
@@ -255,7 +259,7 @@ class Trainer:
                 "tokens_per_s": global_tokens / seconds, "samples_per_s": samples / seconds,
                 "step_time_s": seconds, "model_flops_per_rank": global_flops / self.world_size,
                 "tokens_by_source": tokens_by_source, "consumed_tokens": self.state.consumed_tokens,
-                "schedule_tokens": self.cfg.schedule.tokens_before(self.state.step + 1)}
+                "schedule_tokens": self.cfg.schedule.tokens_before(self.state.step + 1), **noise}
 
     @torch.no_grad()
     def validate(self, stage: ResolvedStage) -> None:
