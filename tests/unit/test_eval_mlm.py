@@ -38,6 +38,10 @@ def test_corrupt_safetensors_is_named(capsys, export_copy, stored_data, tmp_path
     weights.write_bytes(bytes(data))
     out = tmp_path / "result.json"
     out.write_text("previous result")
+    from launcher.outputs.gate import EVAL_REPORT
+    from launcher.outputs.written import record_written
+
+    record_written(out, EVAL_REPORT.name, EVAL_REPORT.made_by)  # an earlier eval-mlm's: the gate lets it be replaced
     argv = ["eval-mlm", str(export_copy), "--data", str(stored_data), "--seq-lens", "64",
             "--out", str(out)]
     assert "model.safetensors: corrupt (sha256 differs" in _fails(capsys, argv)
