@@ -144,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         outputs = gate_parsed(parser, args)  # every path the command writes, by its declared kind, before it runs
         module = importlib.import_module(SUBCOMMANDS[command][0])
         with stops_held():
-            if command in USE_DEEPSPEED:
+            if getattr(args, "from_run", None) is not None:  # plan --from-run reads records only: no torch
+                pass
+            elif command in USE_DEEPSPEED:
                 from launcher.deepspeed_env.lean_imports import import_deepspeed
 
                 import_deepspeed()

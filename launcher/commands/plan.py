@@ -16,6 +16,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.common.errors import UserError
@@ -32,10 +33,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     # A value starting with '-' and a digit is a value ("--device-memory -5GB", refused with its range), not an
     # unknown flag ("expected one argument"): no flag of this command looks like that.
     parser._negative_number_matcher = re.compile(r"^-\.?\d")
-    parser.add_argument("--config", required=True, help="run config YAML (configs/)")
-    ranks = parser.add_mutually_exclusive_group(required=True)
-    ranks.add_argument("--world-size", type=int, help="number of ranks (GPUs or CPU processes)")
-    ranks.add_argument("--hostfile", help="a hostfile: the world size is its slots' sum")
+    from launcher.outputs.gate import SUGGESTED_SCHEDULE, add_output
+
+    parser.add_argument("--config", help="run config YAML (configs/); required unless --from-run (default: none)")
+    parser.add_argument("--from-run", type=Path, metavar="RUN", help="instead of --config: print a schedule file "
+                        "whose batch ramps follow the critical batch RUN measured (logging.noise_every; "
+                        "launcher/pricing/from_run.py); nothing is started or changed (default: none)")
+    add_output(parser, "--out", SUGGESTED_SCHEDULE, default=None, metavar="FILE",
+               help="with --from-run: write the schedule file here (default: print it)")
+    ranks = parser.add_mutually_exclusive_group()  # one of them unless --from-run (checked in run())
+    ranks.add_argument("--world-size", type=int, help="number of ranks (GPUs or CPU processes); this or --hostfile "
+                       "is required with --config (default: none)")
+    ranks.add_argument("--hostfile", help="a hostfile: the world size is its slots' sum (default: none)")
     parser.add_argument("--exclude-nodes", default="", metavar="HOST[,HOST...]",
                         help="with --hostfile: the plan without these hosts, as `roformer pretrain "
                              "--exclude-failed-nodes` would restart without them (default: none)")
@@ -54,10 +63,42 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_run is not None:
+        return plan_from_run(args)
+    if args.out is not None:
+        raise UserError("--out: writes the schedule file of --from-run; a plan of --config prints only")
+    if not args.config:
+        raise UserError("--config: required (a run config YAML), or --from-run RUN")
+    if args.world_size is None and not args.hostfile:
+        raise UserError("--world-size or --hostfile: one of them is required with --config")
     if not args.json:
         return plan(args)
     with deepspeed_logs_to_stderr():  # stdout is the JSON's
         return plan(args)
+
+
+def plan_from_run(args: argparse.Namespace) -> int:
+    """--from-run RUN: the suggested schedule file (launcher/pricing/from_run.py), printed or written to --out."""
+    from launcher.pricing.from_run import schedule_text, suggest_from_run
+
+    given = [flag for flag, value in (("--config", args.config), ("--world-size", args.world_size),
+                                      ("--hostfile", args.hostfile), ("--set", args.overrides)) if value]
+    if given:
+        raise UserError(f"--from-run: plans from the run's own records; drop {', '.join(given)}")
+    stages, world_size = suggest_from_run(args.from_run)
+    text = schedule_text(args.from_run, stages, world_size)
+    if args.out is None:
+        print(text, end="")
+        return 0
+    from launcher.common.io import atomic_write_text
+    from launcher.outputs.gate import SUGGESTED_SCHEDULE
+    from launcher.outputs.written import record_written
+
+    atomic_write_text(args.out, text)
+    record_written(args.out, SUGGESTED_SCHEDULE.name, SUGGESTED_SCHEDULE.made_by)
+    print(f"roformer plan: schedule -> {args.out} (check it: roformer plan --config CFG --set schedule.file={args.out})",
+          file=sys.stderr)
+    return 0
 
 
 @contextlib.contextmanager

@@ -76,8 +76,9 @@ CLAIMS_REPORT = OutputKind("report", "roformer reproduce", directory=True, folde
 REPRODUCED = OutputKind("reproduction output", "roformer reproduce", directory=True, folder=REPRODUCTION)
 GPU_CHECK_REPORT = OutputKind("gpu-check report", "roformer gpu-check", directory=False)
 GPU_CHECK_WORK = OutputKind("gpu-check work folder", "roformer gpu-check", directory=True, scratch=True)
+SUGGESTED_SCHEDULE = OutputKind("schedule file", "roformer plan --from-run", directory=False)
 OUTPUT_KINDS = (EVAL_REPORT, FINETUNE_REPORT, PREDICTIONS, MODEL, TOKENIZER, PREPARED, EXPORTED, RUN_DIR, RUN_REPORT,
-                CLAIMS_REPORT, REPRODUCED, GPU_CHECK_REPORT, GPU_CHECK_WORK)
+                CLAIMS_REPORT, REPRODUCED, GPU_CHECK_REPORT, GPU_CHECK_WORK, SUGGESTED_SCHEDULE)
 
 
 def output_path(text: str) -> Path:
