@@ -32,6 +32,10 @@ def test_labels_missing_in_a_split_are_named_and_nothing_is_overwritten(capsys, 
     dev.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "report.json"
     out.write_text("earlier report")
+    from launcher.outputs.gate import FINETUNE_REPORT
+    from launcher.outputs.written import record_written
+
+    record_written(out, FINETUNE_REPORT.name, FINETUNE_REPORT.made_by)  # an earlier finetune's: replaceable by the gate
     err = _fails(capsys, ["finetune", str(stored_export), "--task", "movie-reviews", "--task-data",
                           str(broken), "--out", str(out)])
     assert f"{dev}: row 3, column 'label': empty or missing label" in err
