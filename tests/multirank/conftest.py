@@ -15,7 +15,6 @@ test_trackers.py (b) the redone steps in MLflow.
 """
 from __future__ import annotations
 
-import shutil
 import time
 
 import pytest
@@ -23,7 +22,8 @@ import pytest
 from launcher.report.hook import LOG_NAME
 from launcher.run_dir.layout import RunDir
 from tests.support.fp16_cpu import fp16_rank_env
-from tests.support.helpers import NO_DROPOUT, TEST_RANK_ENTRY, events, run_to_end, start_run, tiny_run_config
+from tests.support.helpers import NO_DROPOUT, TEST_RANK_ENTRY, events, run_to_end, start_run, tiny_run_config, \
+    trimmed_copy
 
 FP16_OVERRIDES = {"optimizer": {"params": {"torch_adam": True}},
                   "fp16": {"initial_scale_power": 24, "loss_scale_window": 2, "hysteresis": 1}}
@@ -98,13 +98,7 @@ def one_rank_resume(tmp_path_factory, tiny_data, trainer_run):
     rank with its live weights saved at the end (reference.safetensors). DeepSpeed refuses a ZeRO checkpoint at
     another data-parallel size, so the rank converts RESUMED_FROM to a universal checkpoint first. Read-only."""
     root = tmp_path_factory.mktemp("one_rank_resume")
-    run_dir = root / "run"
-    shutil.copytree(trainer_run, run_dir)
-    for checkpoint in (run_dir / "checkpoints").iterdir():
-        if checkpoint.is_dir() and checkpoint.name.startswith("global_step") and \
-                int(checkpoint.name.removeprefix("global_step")) > int(RESUMED_FROM.removeprefix("global_step")):
-            shutil.rmtree(checkpoint)
-    (run_dir / "checkpoints" / "latest").write_text(RESUMED_FROM)
+    run_dir = trimmed_copy(trainer_run, root / "run", int(RESUMED_FROM.removeprefix("global_step")))
     config = tiny_run_config(root, tiny_data, model=NO_DROPOUT)  # trainer_run's training (without its plots)
     run_to_end(1, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1")
     return config, run_dir

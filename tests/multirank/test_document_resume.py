@@ -1,9 +1,9 @@
 """Document attention end to end (issue 50): `data.attention: document` and `data.positions: document` reach the
 model through the real trainer (the losses differ from the sequence run's on the same data), and a run stopped
-mid-stage and resumed at another world size continues the uninterrupted run's losses."""
+mid-stage (a copy of the uninterrupted run trimmed to its checkpoint there; a stop by signal itself, and two runs of
+one config agreeing to 1e-6: test_resume.py) and resumed at another world size continues the uninterrupted run's
+losses."""
 from __future__ import annotations
-
-import shutil
 
 import pytest
 
@@ -16,14 +16,16 @@ from tests.support.helpers import (
     start_run,
     tiny_run_config,
     train_losses,
+    trimmed_copy,
 )
 
 TIMEOUT = 240
 DOCUMENTS = {"attention": "document", "positions": "document"}
+STOPPED_AT = 8  # mid second stage (steps 7-10): a checkpoint every 4 steps, all six kept
 
 
 def test_document_attention_reaches_the_model_and_resumes_at_another_world_size(tmp_path, tiny_data, trainer_run):
-    config = tiny_run_config(tmp_path, tiny_data, model=NO_DROPOUT, data=DOCUMENTS)
+    config = tiny_run_config(tmp_path, tiny_data, model=NO_DROPOUT, data=DOCUMENTS, checkpoint={"keep_last": 6})
     reference = tmp_path / "reference"
     run_to_end(2, config, reference, module=TEST_RANK_ENTRY)
     expected = train_losses(reference)
@@ -32,11 +34,7 @@ def test_document_attention_reaches_the_model_and_resumes_at_another_world_size(
     # a rerun of one config agrees to 1e-6 (test_resume); a tiny random model's losses move little with attention
     assert max(abs(expected[step] - sequence[step]) for step in expected) > 1e-5
 
-    stopped = tmp_path / "stopped"
-    proc = start_run(2, config, stopped, module=TEST_RANK_ENTRY, ROFORMER_TEST_SIGTERM_LAUNCHER_AT="7")
-    assert proc.wait(timeout=TIMEOUT) != 0
-    resumed = tmp_path / "resumed"
-    shutil.copytree(stopped, resumed)
+    resumed = trimmed_copy(reference, tmp_path / "resumed", STOPPED_AT)
     proc = start_run(1, config, resumed, module=TEST_RANK_ENTRY)
     assert proc.wait(timeout=TIMEOUT) == 0, (tmp_path / "resumed.log").read_text()[-4000:]
     event = [r for r in read_metrics(resumed, "event") if r["event"] == "resume"][-1]

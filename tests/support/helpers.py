@@ -278,6 +278,22 @@ def newest_checkpoint(run_dir: Path):
     return complete[-1] if complete else None
 
 
+def trimmed_copy(run_dir: Path, dest: Path, step: int) -> Path:
+    """A copy of a finished run as a stop after `step` leaves it (its newest checkpoint global_step<step>, which the
+    run must have kept), to resume instead of a fresh run stopped there; without reference.safetensors (the live
+    weights the test rank entry saves at the end), so a resume that saves none fails a comparison."""
+    import shutil
+
+    shutil.copytree(run_dir, dest)
+    for checkpoint in (dest / "checkpoints").glob("global_step*"):
+        if int(checkpoint.name.removeprefix("global_step")) > step:
+            shutil.rmtree(checkpoint)
+    assert (dest / "checkpoints" / f"global_step{step}").is_dir(), f"{run_dir} kept no global_step{step}"
+    (dest / "checkpoints" / "latest").write_text(f"global_step{step}")
+    (dest / "reference.safetensors").unlink(missing_ok=True)
+    return dest
+
+
 def write_complete_checkpoint(run_dir, step: int, files: dict | None = None, tag: str | None = None) -> Path:
     """RUN_DIR/checkpoints/<tag> (global_step<step>) with a complete format-2 sidecar recording `files` (name ->
     {"bytes", "sha256"}; none by default) and `latest` naming it: a checkpoint as the catalogue sees it,
