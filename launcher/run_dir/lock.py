@@ -258,13 +258,17 @@ def acquire(run_dir: Path, *, command: str = "roformer pretrain", lock_id: str |
     taken: nothing is written, and release() leaves the file to its owner. A stale lock is taken
     over, and `note` (default: stderr) gets one line naming the holder that was gone and why."""
     root = Path(run_dir)
-    _make_dirs(root)
+    made = _make_dirs(root)
     path = lock_path(root)
     note = note or (lambda text: print(text, file=sys.stderr, flush=True))
     try:
         lock = _take(root, path, command, lock_id, stale_after, refresh_every)
-    except OSError as err:  # e.g. a read-only filesystem: the guard file cannot be created
-        raise UserError(f"--run-dir {root}: not writable: {err.strerror or err}") from None
+    except OSError as err:  # a read-only filesystem, a full disk: the guard or the lock file cannot be written
+        _remove_made(made, path)
+        from launcher.common.size_checks import full_disk_line
+
+        raise UserError(full_disk_line(err, [("--run-dir", root)])
+                        or f"--run-dir {root}: not writable: {err.strerror or err}") from None
     if lock.took_over is not None:
         note(f"--run-dir {root}: took over the lock of {lock.took_over.describe()}: "
              f"{stale_reason(lock.took_over, stale_after)}")
@@ -391,19 +395,37 @@ def _take(root: Path, path: Path, command: str, lock_id: str | None, stale_after
     return RunLock(path, holder, owned=True, took_over=took_over, refresh_every=refresh_every)
 
 
-def _make_dirs(root: Path) -> None:
-    """RUN_DIR and RUN_DIR/heartbeats, with the words of launcher.launch.preflight.check_run_dir."""
+def _make_dirs(root: Path) -> list[Path]:
+    """RUN_DIR and RUN_DIR/heartbeats, with the words of launcher.launch.preflight.check_run_dir; the folders
+    this call created, deepest first (a refused start removes them again: _remove_made)."""
     if root.exists() and not root.is_dir():
         raise UserError(f"--run-dir {root}: exists and is not a directory")
+    made = [parent for parent in [root, *root.parents] if not parent.exists()]
     if not root.is_dir():
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as err:
+            _remove_made(made, None)
             raise UserError(f"--run-dir {root}: cannot create it: {err.strerror or err}") from None
+    heartbeats = RunDir(root).heartbeats
+    if not heartbeats.exists():
+        made.insert(0, heartbeats)
     try:
-        RunDir(root).heartbeats.mkdir(exist_ok=True)
+        heartbeats.mkdir(exist_ok=True)
     except OSError as err:
+        _remove_made(made, None)
         raise UserError(f"--run-dir {root}: not writable: {err.strerror or err}") from None
+    return made
+
+
+def _remove_made(made: list[Path], lock: Path | None) -> None:
+    """Undo a refused acquire: the guard file (when this call made heartbeats/) and the folders it made, while
+    empty; a folder that holds anything else stays."""
+    if lock is not None and made and made[0] == lock.parent:
+        lock.with_name(f".{lock.name}.guard").unlink(missing_ok=True)
+    for folder in made:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _record(holder: LockHolder) -> str:
@@ -435,8 +457,8 @@ def _members(heartbeats: Path) -> list[JobMember]:
 def _create(path: Path, holder: LockHolder) -> bool:
     """Write `holder` to `path` only if `path` does not exist, atomically (content complete when it appears)."""
     tmp = path.with_name(f".{path.name}.{holder.lock_id}.tmp")
-    tmp.write_text(_record(holder), encoding="utf-8")
     try:
+        tmp.write_text(_record(holder), encoding="utf-8")  # inside the try: a full disk leaves no half-written tmp
         os.link(tmp, path)
         return True
     except FileExistsError:

@@ -21,7 +21,7 @@ from launcher.outputs.gate import OUTPUT_KINDS, _chosen_actions, output_location
 from launcher.outputs.output_paths import _a
 from tests.support.bad_inputs import refused, snapshot
 from tests.support.corpus_files import english_paragraphs
-from tests.support.helpers import REPO, roformer_env, run_config_dict, write_yaml
+from tests.support.helpers import REPO, roformer_env, run_config_dict, tiny_run_config, write_yaml
 
 READ_PATHS = {
     ("data", "--data-cache"): "set-up data cache, read for --default-corpus",
@@ -295,7 +295,7 @@ dd if=/dev/zero of="$FULL/.fill" bs=4k 2>/dev/null
 for args in "data prepare --input $TEXT --out $FULL/data --tokenizer $SPM" "export $RUN --no-verify --out $FULL/exp" \\
             "finetune $EXPORT --train $CSV --dev $CSV --save-model $FULL/model" \\
             "eval-mlm $EXPORT --input $TEXT --seq-lens 16 --tokens 64 --out $FULL/m.json" \\
-            "report $RUN --out $FULL/rep"; do
+            "report $RUN --out $FULL/rep" "pretrain --num_gpus 1 --config $CFG --run-dir $FULL/run"; do
   "$PY" -m launcher $args 2>"$ERR"
   echo "rc=$? $(grep ': error: ' "$ERR" | tail -n 1) errors=$(grep -c ': error: ' "$ERR") \\
 tracebacks=$(grep -c Traceback "$ERR")"
@@ -318,22 +318,23 @@ def test_a_full_disk_is_one_line_for_every_command_and_leaves_nothing(stored_run
     mount.mkdir()
     env = roformer_env(FULL=str(full), MOUNT=str(mount), RUN=str(stored_run), EXPORT=str(stored_export),
                        TEXT=str(corpus), SPM=str(tiny_data / "tokenizer" / "spm.model"),
-                       CSV=str(_csv(tmp_path / "t.csv")),
+                       CSV=str(_csv(tmp_path / "t.csv")), CFG=str(tiny_run_config(tmp_path / "cfg", tiny_data)),
                        PY=sys.executable, ERR=str(tmp_path / "err"))
     result = subprocess.run(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", FULL_DISK_SCRIPT],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     print(result.stdout)
     *lines, left, exported, mounted = result.stdout.strip().splitlines()
-    assert len(lines) == 5, (result.stdout, result.stderr)
+    assert len(lines) == 6, (result.stdout, result.stderr)
     full_line = "the filesystem is full (0 kB free): No space left on device; free space, or write elsewhere"
     for line, (command, what) in zip(lines, [("data", f"--out {full / 'data'}: {full_line}"),
                                              ("export", f"--out {full / 'exp'}: {full_line}"),
                                              ("finetune", f"--save-model {full / 'model'}: needs about"),  # no compute
                                              ("eval-mlm", f"--out {full / 'm.json'}: {full_line}"),
-                                             ("report", f"--out {full / 'rep'}: {full_line}")]):
+                                             ("report", f"--out {full / 'rep'}: {full_line}"),
+                                             ("pretrain", f"--run-dir {full / 'run'}: {full_line}")]):
         assert line.startswith(f"rc=2 roformer {command}: error: ") and what in line, line
         assert line.endswith(" errors=1 tracebacks=0"), line
-    assert left.strip() == "left: .fill", left  # no .lock, .tmp, .partial-PID/, report folder or record
+    assert left.strip() == "left: .fill", left  # no .lock, .run.lock.guard, .tmp, .partial-PID/, run or report folder
     assert exported.startswith("rc=0 exported "), exported  # item 5: an empty mount point is written into
     assert mounted.startswith("mount: mounted ") and "export_info.json" in mounted, mounted
     assert ".partial" not in mounted, mounted
