@@ -127,11 +127,11 @@ def verdict_lines(result: dict) -> list[str]:
     lines = []
     for r in result["rows"]:
         reached = "reached" if r["reached"] else "did NOT reach"
+        spread_text = ("one seed: no spread measured" if r["one_seed"] else
+                       "beyond the seed spread" if r["faster_beyond_spread"] else "within the seed spread")
         lines.append(f"- {r['variant']}: loss at {result['length']} {r['loss']:.3f} vs {BASELINE} {r['flat_loss']:.3f} "
-                     f"({reached} it within the seed spread), training {r['seconds']:.0f} s vs {r['flat_seconds']:.0f} s "
-                     f"({r['saved_seconds']:+.0f} s saved; "
-                     + ("beyond the seed spread)" if r["faster_beyond_spread"] else "within the seed spread)")
-                     + (" (one seed: no spread measured)" if r["one_seed"] else "") + ".")
+                     f"({reached} it within the seed spread), training {r['seconds']:.1f} s vs {r['flat_seconds']:.1f} s "
+                     f"({r['saved_seconds']:+.1f} s saved; {spread_text}).")
     winner = next((r for r in result["rows"] if r["variant"] == result["winner"]), None)
     if winner is None:
         lines.append(f"- Verdict: no schedule reached {BASELINE}'s loss at {result['length']} in less training time "
