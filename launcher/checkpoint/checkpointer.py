@@ -24,7 +24,7 @@ from launcher.checkpoint.catalogue import (FOREIGN, PARTIAL, CheckpointCatalogue
                                            write_save_record, write_sidecar)
 from launcher.config.stages import ResolvedStage
 from launcher.config.run_shape import RunShape
-from launcher.engine_facts import loss_scale, seed_everything
+from launcher.deepspeed_env.engine_state import loss_scale, seed_everything
 from launcher.common.errors import UserError
 from launcher.common.io import atomic_torch_save, atomic_write_text, fsync_dir, write_line
 from launcher.run_dir.layout import RunDir, rng_path, tag_for_step

@@ -1,4 +1,4 @@
-"""What a run's DeepSpeed engine is and how it stands, answered once, below launcher.checkpoint and launcher.train
+"""How a run's DeepSpeed engine stands, answered once, below launcher.checkpoint and launcher.train
 (which both ask): its fp16 loss scale and that scale's floor, and the seeding of every random generator. Its shape
 (ZeRO stage, precision, world size) is resolved once with the DeepSpeed configs it is built from
 (launcher/config/run_shape.py RunShape, in the rank's RunSetup).

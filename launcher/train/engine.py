@@ -1,13 +1,13 @@
-"""The DeepSpeed engine of a rank, built from the run config. Its process group:
-launcher/deepspeed_env/process_group.py; what it is and how it stands (shape, loss scale and its floor,
-seeding): launcher/engine_facts."""
+"""The DeepSpeed engine of a rank, built from the run config. What DeepSpeed is and says lives in
+launcher/deepspeed_env/: the process group (process_group.py), the optimizer a node builds (optimizer_check.py),
+how the engine stands (loss scale and its floor, seeding: engine_state.py); its shape: the RunShape in RunSetup."""
 from __future__ import annotations
 
 import deepspeed
 from deepspeed.accelerator import get_accelerator
 
 from launcher.config.run_config import RunConfig
-from launcher.engine_facts import seed_everything
+from launcher.deepspeed_env.engine_state import seed_everything
 from launcher.deepspeed_env.lean_imports import answer_not_muon, optimizers_without_dynamo
 from launcher.deepspeed_env.optimizer_check import node_optimizer
 from launcher.train.init_weights import InitialWeights

@@ -19,7 +19,7 @@ from launcher.config.guard_section import GuardSection
 from launcher.config.run_config import RunConfig
 from launcher.config.run_shape import RunShape
 from launcher.checkpoint.catalogue import CheckpointEntry, newest_complete_before, rewind_point
-from launcher.engine_facts import min_loss_scale
+from launcher.deepspeed_env.engine_state import min_loss_scale
 from launcher.run_dir.layout import RunDir
 from launcher.train.guard_history import GUARD_EVENT, Rewound, read_history
 from launcher.train.metrics import Metrics
@@ -62,7 +62,7 @@ class GuardActions:
     def for_engine(cls, cfg: RunConfig, engine, shape: RunShape, run_dir: RunDir, metrics: Metrics, rank: int,
                    heartbeats: HeartbeatWriter) -> "GuardActions":
         """The guard of a run's engine: its detector knows the fp16 loss scale's floor (which, with the guard on,
-        skips a step instead of raising: engine_facts.min_loss_scale) and the warm-up."""
+        skips a step instead of raising: deepspeed_env.engine_state.min_loss_scale) and the warm-up."""
         guard = cfg.guard
         detector = NumericsGuard(guard, cfg.optimizer.warmup_steps,
                                  min_loss_scale(engine, guard_on=guard.action != "off"))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from deepspeed.accelerator import get_accelerator
 
-from launcher.engine_facts import loss_scale
+from launcher.deepspeed_env.engine_state import loss_scale
 from launcher.train.noise_scale import NoiseEstimator, squared_norms
 
 

@@ -26,7 +26,7 @@ from launcher.config.run_config import RunConfig
 from launcher.config.stages import stage_ends
 from launcher.pricing.micro_target import stages_at
 from launcher.common.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
-from launcher.engine_facts import loss_scale
+from launcher.deepspeed_env.engine_state import loss_scale
 from launcher.common.errors import UserError
 from launcher.common.stop_mask import stops_held
 from launcher.inputs.init_from import load_config_and_init

@@ -17,7 +17,7 @@ import torch
 from launcher.config.run_config import RunConfig
 from launcher.config.stages import ResolvedStage, entry_at
 from launcher.checkpoint.checkpointer import Checkpointer
-from launcher.engine_facts import loss_scale, min_loss_scale
+from launcher.deepspeed_env.engine_state import loss_scale, min_loss_scale
 from launcher.train.device_batches import host_counts, to_device
 from launcher.train.guard_actions import GuardActions, Rewind, Stop
 from launcher.train.heartbeats import HeartbeatWriter

@@ -101,7 +101,7 @@ def test_rng_states_round_trip(tmp_path):
     import torch
 
     from launcher.checkpoint.checkpointer import load_rng, save_rng
-    from launcher.engine_facts import seed_everything
+    from launcher.deepspeed_env.engine_state import seed_everything
 
     seed_everything(3)
     save_rng(tmp_path, rank=1)

@@ -21,7 +21,7 @@ def main(zero_stage: int, steps: int) -> None:
     import torch
 
     from launcher.deepspeed_env.process_group import init_distributed
-    from launcher.engine_facts import loss_scale
+    from launcher.deepspeed_env.engine_state import loss_scale
     from tests.support.fp16_cpu import enable_fp16_on_cpu
 
     enable_fp16_on_cpu()
