@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from launcher.common.errors import UserError
-from launcher.gpu_check.run_checks import PARTS
+from launcher.gpu_check.parts import PARTS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if refusal:
         print(refusal, file=sys.stderr)
         return 2
-    from launcher.gpu_check.run_checks import run_parts
+    from launcher.gpu_check.parts import run_parts
     from launcher.common.io import atomic_write_json
     from launcher.deepspeed_env.ops_cache import prepare_arch_list
     from launcher.outputs.gate import GPU_CHECK_REPORT
