@@ -261,10 +261,25 @@ def check_png(path: Path, colours: tuple = (), min_pixels: int = 200) -> None:
         assert (np.abs(rgb - colour).sum(axis=1) <= 6).sum() >= min_pixels, f"{path}: nothing in colour {colour}"
 
 
-def report_of(run_dir: Path, out: Path) -> str:
-    proc = roformer("report", str(run_dir), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    written = sorted(Path(line).name for line in proc.stdout.split())
+def report_of(run_dir: Path, out: Path, cli: bool = False) -> str:
+    """`roformer report RUN_DIR --out OUT` in this process (a process of its own costs ~3 CPU-s of imports), or
+    as the command (`cli`: tests/unit/test_report.py's check of the command itself); the plots it printed are
+    OUT/plots' PNGs. report.md's text."""
+    if cli:
+        proc = roformer("report", str(run_dir), "--out", str(out))
+        assert proc.returncode == 0, proc.stderr
+        printed = proc.stdout
+    else:
+        import contextlib
+        import io
+
+        from launcher.cli import main as cli_main
+
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            assert cli_main(["report", str(run_dir), "--out", str(out)]) == 0
+        printed = stdout.getvalue()
+    written = sorted(Path(line).name for line in printed.split())
     assert written == sorted(p.name for p in (out / "plots").glob("*.png"))
     return (out / "report.md").read_text(encoding="utf-8")
 

@@ -84,7 +84,7 @@ def test_report_shows_the_config_version_in_effect(stored_run, copy_of, tmp_path
     ds_config = json.loads(run.ds_config.read_text())
     assert record_start(run, {"config": config, "ds_config": ds_config, "stages": stages}, step=5,
                         resumed_from="global_step5") is not None
-    text = report_of(run.root, tmp_path / "out")
+    text = report_of(run.root, tmp_path / "out", cli=True)  # the command itself, once (elsewhere in-process)
     assert f"| run config | `{run.root / 'config.2.yaml'}` |" in text
     assert "| world size | 1 rank |" in text and "lr 0.0005" in text
     assert "| config versions | v1 from step 0: " in text and "v2 from step 5: `config.2.yaml`" in text
