@@ -51,7 +51,7 @@ class InitFromAction(argparse.Action):
     DIR made absolute here, where it was typed relative to the working directory."""
 
     def __call__(self, parser, namespace, value, option_string=None):
-        from launcher.outputs.output_paths import refuse_url
+        from launcher.common.local_paths import refuse_url
 
         refuse_url("--init-from", value)  # before resolve() makes s3://b/m a local ./s3:/b/m
         setattr(namespace, self.dest, value)

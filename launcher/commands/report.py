@@ -41,7 +41,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.outputs.output_paths import REPORT, check_paths, publishing, refuse_url, resolved_output
+    from launcher.common.local_paths import refuse_url
+    from launcher.outputs.output_paths import REPORT, check_paths, publishing, resolved_output
 
     refuse_url("RUN_DIR", args.run_dir)
     layout = check_run_dir(args.run_dir)

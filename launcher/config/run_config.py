@@ -41,7 +41,7 @@ from launcher.common.io import atomic_write_text
 from launcher.flag_types import MAX_SEED  # numpy's seeds are 32-bit; torch's and Python's take any of these too
 from roformer.config import ConfigError, RoFormerConfig, require_finite
 from data_pipeline.remote.url import SCHEME, is_remote, parse_location
-from launcher.outputs.output_paths import refuse_url
+from launcher.common.local_paths import refuse_url
 
 InitModelReader = Callable[[str, str, "dict | None"], tuple[dict, Path, tuple[str, ...]]]
 """How a config with `init_from` gets DIR's model section: (init_dir, source, the config's model keys) ->

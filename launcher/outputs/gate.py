@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.common.errors import UserError
+from launcher.common.local_paths import refuse_url
 from launcher.outputs.output_paths import (DATA, EXPORT, REPORT, REPRODUCTION, RUN, RUN_RECORDS, Kind, _a, _listing,
                                            check_output_dir, check_output_file, check_paths, check_replaceable,
-                                           check_run_dir_target, kind_of, refuse_url, resolved_output)
+                                           check_run_dir_target, kind_of, resolved_output)
 from launcher.outputs.written import record_path, recorded_changes
 
 _URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")

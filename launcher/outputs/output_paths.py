@@ -30,6 +30,7 @@ from data_pipeline.errors import DataError
 from data_pipeline.manifest import FORMAT_NAME, MANIFEST, SPLITS
 from launcher.common.errors import UserError
 from launcher.common.io import file_sha256, read_json_object
+from launcher.common.local_paths import refuse_url
 from launcher.outputs.locks import _lock_held, _read_small, writer_lock, writer_locks  # noqa: F401  (re-exported)
 from launcher.run_dir.layout import RENDER_LOCK
 from launcher.run_dir.lock import pid_alive
@@ -37,10 +38,6 @@ from launcher.run_dir.lock import pid_alive
 # The first line of a report.md of `roformer report` (launcher/report/run_report.py) and of `roformer
 # reproduce` (launcher/reproduce/claims_report.py); both import it from here.
 REPORT_TITLES = ("# Run report: ", "# RoFormer paper claims, reproduced at small scale")
-
-# "s3://b/d" reaches us as Path("s3:/b/d") from argparse's type=Path; a one-letter scheme is a drive letter.
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
-
 
 @dataclass(frozen=True)
 class Kind:
@@ -121,17 +118,6 @@ EXPORT_ENTRIES = frozenset({
     "added_tokens.json"})
 """What `roformer export` wrote at the top of an export before export_info.json recorded a sha256 per
 file: anything else in such an export directory is the user's."""
-
-
-def refuse_url(flag: str, value) -> None:
-    """A URL where a local path is meant would silently become a local `./s3:/...` path. Object storage is
-    read and written only as prepared data (data.data_dir, `data prepare --out`, `data upload`), which do
-    not call this."""
-    if value is not None and _URL.match(str(value)):
-        scheme, rest = str(value).split(":/", 1)
-        raise UserError(f"{flag} {scheme}://{rest.lstrip('/')}: a {scheme}:// URL, but a local path is expected "
-                        f"(only prepared data may live in object storage, as s3://BUCKET/PREFIX: data.data_dir, "
-                        f"`data prepare --out`, `data upload`; give a local or mounted path here)")
 
 
 def _flat(paths: dict) -> list[tuple[str, Path]]:

@@ -14,6 +14,7 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 _SETUP_CFG = configparser.ConfigParser()
 _SETUP_CFG.read(REPO / "setup.cfg")
 ACYCLIC_DATA_PIPELINE = _SETUP_CFG["importlinter:contract:data-pipeline-acyclic"]["name"]
+CONFIG_REACHES_NO_RUN_DIR = _SETUP_CFG["importlinter:contract:config-reaches-no-run-dir"]["name"]
 CONTRACTS = sum(section.startswith("importlinter:contract:") for section in _SETUP_CFG.sections())
 
 
@@ -39,12 +40,17 @@ def test_a_wrong_import_breaks_its_contract(tmp_path):
     # A circle hidden inside a function is a circle too: the manifest's reader is below the shards.
     manifest = tmp_path / "data_pipeline" / "manifest.py"
     manifest.write_text(manifest.read_text() + "\n\ndef wrong_way():\n    from data_pipeline.shards import open_corpus\n")
+    # The config layer reaching the run lock through a shared module is forbidden too (indirect imports count).
+    local_paths = tmp_path / "launcher" / "common" / "local_paths.py"
+    local_paths.write_text(local_paths.read_text() + "\n\ndef wrong_way():\n    from launcher.run_dir.lock import pid_alive\n")
     result = _lint_imports(tmp_path)
     assert result.returncode != 0
     assert "launcher.train does not import launcher.downstream KEPT" in clean
     assert "launcher.train does not import launcher.downstream BROKEN" in result.stdout
     assert "launcher.train.trainer -> launcher.downstream.fine_tuning" in result.stdout
     assert f"{ACYCLIC_DATA_PIPELINE} KEPT" in clean and f"{ACYCLIC_DATA_PIPELINE} BROKEN" in result.stdout
+    assert f"{CONFIG_REACHES_NO_RUN_DIR} KEPT" in clean and f"{CONFIG_REACHES_NO_RUN_DIR} BROKEN" in result.stdout
+    assert "launcher.common.local_paths -> launcher.run_dir.lock" in result.stdout
 
 
 def test_the_config_layer_imports_without_torch_or_the_trackers():
