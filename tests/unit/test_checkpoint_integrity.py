@@ -294,3 +294,14 @@ def test_an_export_is_flushed_before_and_after_it_appears(stored_run, tmp_path, 
     for path in [*(written_in / p.name for p in out.iterdir()), written_in]:
         assert disk.index("fsync", path) < appeared, f"{path} not flushed before the export appeared"
     assert disk.last_index("fsync", out.parent) > appeared  # the new directory entry itself
+
+
+def test_an_atomic_write_syncs_its_temp_file_once_then_its_directory(tmp_path, monkeypatch):
+    """launcher/common/io.py: the temp file flushed once (issue 62 R6: it was twice), renamed, then the folder."""
+    from launcher.common.io import atomic_write_json
+
+    disk, path = DiskLog(monkeypatch), tmp_path / "record.json"
+    atomic_write_json(path, {"step": 1})
+    temp = str(tmp_path / f".record.json.tmp{os.getpid()}")
+    assert disk.events == [("fsync", temp), ("rename", str(path)), ("fsync", str(tmp_path))], disk.events
+    assert json.loads(path.read_text()) == {"step": 1}
