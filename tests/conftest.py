@@ -111,8 +111,10 @@ def trainer_run(tmp_path_factory, tiny_data) -> Path:
     run_dir = root / "run"
     port = free_port()
     (root / "master_port").write_text(str(port))
-    # As a user's run: the stage-end plot renders and the measured MFU peak (the helpers turn both off).
-    config = tiny_run_config(root, tiny_data, model=NO_DROPOUT, logging={"plots": True, "peak_tflops": 0.0})
+    # As a user's run: the stage-end plot renders and the measured MFU peak (the helpers turn both off); the
+    # gradient noise scale every 3 steps (test_resume.py's chain measures the same).
+    config = tiny_run_config(root, tiny_data, model=NO_DROPOUT,
+                             logging={"plots": True, "peak_tflops": 0.0, "noise_every": 3})
     run_to_end(2, config, run_dir, module=TEST_RANK_ENTRY,
                port=port, ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1")
     return run_dir

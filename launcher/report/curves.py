@@ -93,6 +93,9 @@ class TrainCurve:
     """Achieved model TFLOP/s per rank (record key `tflops`, launcher/common/mfu.py), when the records carry it."""
     global_batch_size: np.ndarray | None = None
     """The step's global batch (sequences), NaN where a record lacks it."""
+    grad_noise_scale: np.ndarray | None = None
+    """The measured critical batch B_simple (sequences; launcher/train/noise_scale.py), NaN on the steps that
+    did not measure it; None when no record carries it."""
 
     def __len__(self) -> int:
         return len(self.step)
@@ -174,6 +177,15 @@ class Curves:
             result.append(Boundary(stage, float(self.train.step[first]) - 1, float(before_tokens)))
         return result
 
+    def critical_batch(self, stage_index: int) -> tuple[float, int] | None:
+        """The median of a stage's measured critical batch (grad_noise_scale, sequences) and how many estimates
+        it is of; None when the stage has none."""
+        column = self.train.grad_noise_scale
+        if column is None:
+            return None
+        values = column[(self.train.stage == stage_index) & np.isfinite(column)]
+        return (float(np.median(values)), len(values)) if len(values) else None
+
     def optional(self, name: str) -> bool:
         """Whether the optional column `name` (mfu, tflops) has any finite value."""
         column = getattr(self.train, name)
@@ -181,9 +193,10 @@ class Curves:
 
 
 TRAIN_FIELDS = ("step", "stage", "loss", "mlm_accuracy", "lr", "loss_scale", "grad_norm", "tokens_per_s",
-                "step_time_s", "skipped_steps", "mfu", "tflops", "global_batch_size", "schedule_tokens")
+                "step_time_s", "skipped_steps", "mfu", "tflops", "global_batch_size", "schedule_tokens",
+                "grad_noise_scale")
 """The fields of a train record the plots use (launcher/train/metrics.py writes them)."""
-OPTIONAL_FIELDS = ("mfu", "tflops")
+OPTIONAL_FIELDS = ("mfu", "tflops", "grad_noise_scale")
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """PNG figures of a run, rendered with matplotlib's Agg backend (no display, no pyplot state).
 
 One figure per question (curves against steps and tokens, learning rate, the global batch and the LR against
-tokens for a batch ramp or a batch-scaled LR, throughput, loss scale, eval-mlm, fine-tune: docs/training.md,
+tokens for a batch ramp or a batch-scaled LR, throughput, loss scale, the measured critical batch beside the batch,
+eval-mlm, fine-tune: docs/training.md,
 "Plots and the run report"), each 1200 x 800 px with the stage boundaries marked. A schedule written in tokens
 (curves.py Curves.unit) has its per-step figures drawn against tokens instead of steps. Per-step train curves are drawn raw and smoothed within each stage, so a loss jump at a
 length change is not smeared across the boundary.
@@ -35,6 +36,8 @@ def render_all(curves: Curves, summary: RunSummary, out_dir: Path) -> list[Path]
                else None,
                "throughput.png": lambda: _throughput(curves, summary),
                "loss_scale.png": lambda: _loss_scale(curves, summary) if wants_loss_scale(curves, summary) else None,
+               "critical_batch.png": lambda: _critical_batch(curves, summary)
+               if curves.optional("grad_noise_scale") else None,
                "eval_mlm.png": lambda: _eval_mlm(summary),
                "finetune.png": lambda: _finetune(summary)}
     written = []
@@ -169,6 +172,27 @@ def _batch_and_lr(curves: Curves, summary: RunSummary):
     _headroom(axes[1], train.lr, 1.35)
     _mark_stages(curves, axes, "tokens")
     _x_axis(axes[-1], "tokens", curves)
+    return fig
+
+
+def _critical_batch(curves: Curves, summary: RunSummary):
+    """The global batch in force beside the measured critical batch (grad_noise_scale) and each stage's median."""
+    train = curves.train
+    fig, axes = _figure(1, "global batch and measured critical batch", curves, summary)
+    axis = curves.x_axis
+    x = _x(curves, axis)
+    axes[0].step(x, train.global_batch_size, where="pre", color=TRAIN, linewidth=2, label="global batch in force")
+    noise = train.grad_noise_scale
+    measured = np.isfinite(noise) & (noise > 0)
+    axes[0].plot(x[measured], noise[measured], "o-", color=EXTRA, markersize=3, linewidth=1,
+                 label="measured critical batch (B_simple, smoothed)")
+    _stage_medians(axes[0], curves, np.where(measured, noise, np.nan), "{:,.0f}", x)
+    values = np.concatenate([train.global_batch_size[np.isfinite(train.global_batch_size)], noise[measured]])
+    wide = len(values) and values.max() > 20 * values.min()  # estimates scatter by orders of magnitude early on
+    axes[0].set_yscale("log" if wide else "linear")
+    axes[0].set_ylabel("sequences per optimizer step" + (" (log scale)" if wide else ""))
+    _mark_stages(curves, axes, axis)
+    _x_axis(axes[-1], axis, curves)
     return fig
 
 

@@ -27,6 +27,7 @@ CAPTIONS = {
     "batch_lr_tokens.png": "global batch and learning rate against tokens",
     "throughput.png": "throughput per step, with each stage's median",
     "loss_scale.png": "fp16 dynamic loss scale",
+    "critical_batch.png": "the global batch in force and the measured critical batch (gradient noise scale)",
     "eval_mlm.png": "eval-mlm per sequence length",
     "finetune.png": "fine-tuning against the baselines",
 }
@@ -39,6 +40,7 @@ def write_report_text(curves: Curves, summary: RunSummary, plots: list[Path], re
              _where(curves, summary),
              "## What ran", _what_ran(summary),
              "## Stages and throughput", _stage_table(curves, summary),
+             *(["## Critical batch", critical_batch_text(curves)] if curves.optional("grad_noise_scale") else []),
              *(["## Data mixture", mixture] if (mixture := mixture_section(
                  curves, (summary.config.get("data") or {}).get("data_dir"))) else []),
              "## Curves", _figures(plots, report_path, [n for n in CAPTIONS if n not in EVAL_PLOTS]),
@@ -142,6 +144,19 @@ def _stage_table(curves: Curves, summary: RunSummary) -> str:
     extra += ["median MFU"] if curves.optional("mfu") else []
     return _table(["#", "stage", "length x batch", "micro x accum x ranks", "steps done", "median tokens/s",
                    "median step time", *extra, "tokens"], rows)
+
+
+def critical_batch_text(curves: Curves) -> str:
+    """Markdown: per stage "batch N, measured critical batch ~M" (the median of the stage's estimates)."""
+    lines = []
+    for stage in curves.stages:
+        measured = curves.critical_batch(stage.index)
+        found = (f"measured critical batch ~{measured[0]:,.0f} (median of {_plural(measured[1], 'estimate')})"
+                 if measured else "no estimate")
+        lines.append(f"- {stage.index + 1}. `{stage.name}`: batch {stage.batch_text}, {found}")
+    return ("\n".join(lines) + "\n\nThe gradient noise scale B_simple (McCandlish et al. 2018), in sequences, measured "
+            "every `logging.noise_every` steps: a batch well below it wastes steps, one well above it wastes "
+            "samples (docs/training.md, \"Critical batch\").")
 
 
 def mixture_section(curves: Curves, data_dir: str | None) -> str:

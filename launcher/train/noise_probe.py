@@ -98,8 +98,9 @@ class NoiseProbe:
         finally:
             torch.set_rng_state(cpu_state)
             accelerator.set_rng_state(device_state)
-        return [torch.zeros_like(p, dtype=torch.float32) if g is None else g.float() / scale
-                for p, g in zip(params, grads)]
+        unscale = 1.0 / scale
+        return [torch.zeros_like(p, dtype=torch.float32) if g is None else g.float() * unscale if scale != 1.0
+                else g.float() for p, g in zip(params, grads)]
 
 
 def _rows(batch: dict, start: int, end: int) -> dict:

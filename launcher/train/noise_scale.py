@@ -88,10 +88,8 @@ def squared_norms(piece_grads: list[list[torch.Tensor]]) -> tuple[float, float, 
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     first = piece_grads[0]
     device = first[0].device
-    local_sq = torch.zeros((), dtype=torch.float64, device=device)
-    for grads in piece_grads:
-        for g in grads:
-            local_sq += g.detach().double().square().sum()
+    # Norms per tensor in fp32 (torch's reductions sum in blocks: ~1e-7 relative), squared and summed in fp64.
+    local_sq = _sum_of_squares([g.detach().float() for grads in piece_grads for g in grads])
     summed_sq = torch.zeros((), dtype=torch.float64, device=device)
     bucket: list[torch.Tensor] = []
     size = 0
@@ -102,7 +100,7 @@ def squared_norms(piece_grads: list[list[torch.Tensor]]) -> tuple[float, float, 
             flat = torch.cat(bucket)
             if distributed:
                 torch.distributed.all_reduce(flat)
-            summed_sq += flat.double().square().sum()
+            summed_sq += _sum_of_squares([flat])
             bucket, size = [], 0
     counts = torch.stack([local_sq, torch.tensor(float(len(piece_grads)), dtype=torch.float64, device=device)])
     if distributed:
@@ -110,3 +108,8 @@ def squared_norms(piece_grads: list[list[torch.Tensor]]) -> tuple[float, float, 
     total_sq, pieces = counts.tolist()
     pieces = int(round(pieces))
     return total_sq / pieces, summed_sq.item() / pieces ** 2, pieces
+
+
+def _sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """sum |t|^2 over `tensors` (fp32 norms, fp64 sum) as a 0-d fp64 tensor on their device."""
+    return torch.stack([torch.linalg.vector_norm(t) for t in tensors]).double().square().sum()

@@ -23,7 +23,8 @@ from tests.support.helpers import (
 
 TRAIN_BLUE, VALID_ORANGE, SKIP_RED = (31, 119, 180), (255, 127, 14), (214, 39, 40)  # tab:blue, orange, red
 TFLOPS_BROWN = (140, 86, 75)  # tab:brown
-RUN_PLOTS = ("curves_steps.png", "curves_tokens.png", "learning_rate.png", "throughput.png")
+# critical_batch.png: trainer_run measures the gradient noise scale (logging.noise_every 3).
+RUN_PLOTS = ("curves_steps.png", "curves_tokens.png", "learning_rate.png", "throughput.png", "critical_batch.png")
 
 
 def test_training_rendered_its_plots_at_stage_ends_and_the_end(trainer_run):
@@ -60,6 +61,12 @@ def test_report_of_a_finished_run(trainer_run, tmp_path):
     kept = sorted(int(p.name.removeprefix("global_step")) for p in (trainer_run / "checkpoints").glob("global_step*"))
     assert all(f"| `global_step{step}` | {step} |" in text for step in kept)
     assert "No evaluation report" in text
+    # Per stage: the batch it used beside the median of its critical-batch estimates (steps 3, 6, ... 15).
+    lines = re.findall(r"^- (\d)\. `(\w+)`: batch (\d+), (?:measured critical batch ~[\d,]+ \(median of (\d) "
+                       r"estimates?\)|no estimate)$", text, flags=re.M)
+    assert [line[:3] for line in lines] == [(str(i + 1), s["name"], str(s["global_batch_size"]))
+                                           for i, s in enumerate(TINY_STAGES)]
+    assert "## Critical batch" in text and lines[-1][3] == "2"  # `wide`: steps 12 and 15
     assert not (trainer_run / "report.md").exists()  # --out: the run directory is only read
     # The trainer records model TFLOP/s and MFU (launcher/common/mfu.py): a third throughput panel.
     first = json.loads(next(line for line in (trainer_run / "metrics.jsonl").read_text().splitlines()

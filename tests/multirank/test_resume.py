@@ -1,7 +1,7 @@
 """Exact resume after every kind of stop, checked against the uninterrupted run of test_training.
 
 One run directory is stopped twice, differently, and resumed by re-running the same command; its
-per-step losses must equal the uninterrupted run's (|diff| <= 1e-6, fp32, no dropout):
+per-step losses and gradient noise scales must equal the uninterrupted run's (|diff| <= 1e-6, fp32, no dropout):
   1. SIGTERM to DeepSpeed's launcher after the first stage boundary: ranks agree on a step, save, exit 143.
   2. SIGKILL of rank 1 while it writes a checkpoint (after DeepSpeed's files, before the sidecar):
      rank 0 fails in the next collective, the half-written checkpoint is never used, and the run
@@ -27,6 +27,7 @@ from tests.support.helpers import (
 )
 
 TIMEOUT = 240
+NOISE_FIELDS = ("grad_noise_scale", "grad_sq_norm", "grad_noise_trace")
 
 
 def resumes(run_dir):
@@ -38,7 +39,7 @@ def chain(tmp_path_factory, trainer_run, tiny_data):
     """Run the interrupted chain once; returns (reference run dir, chain run dir, snapshots, return codes)."""
     reference = trainer_run
     root = tmp_path_factory.mktemp("chain")
-    config = tiny_run_config(root, tiny_data, model=NO_DROPOUT)
+    config = tiny_run_config(root, tiny_data, model=NO_DROPOUT, logging={"noise_every": 3})  # as trainer_run
     run_dir = root / "run"
     snapshots, codes = {}, []
 
@@ -71,6 +72,13 @@ def test_resumed_losses_equal_the_uninterrupted_run(chain):
     assert sorted(got) == list(range(1, TINY_TOTAL_STEPS + 1))
     for step in range(1, TINY_TOTAL_STEPS + 1):
         assert abs(got[step] - expected[step]) <= 1e-6, (step, got[step], expected[step])
+    # The gradient noise scale's EMA resumes from the sidecar: the same values at the same steps (3, 6, ... 15;
+    # none where the smoothed |G|^2 is not yet positive), though both resumes land between two measurements.
+    noise = [{r["step"]: tuple(r.get(k) for k in NOISE_FIELDS) for r in read_metrics(d) if NOISE_FIELDS[0] in r}
+             for d in (reference, run_dir)]
+    assert sorted(noise[1]) == sorted(noise[0]) and set(noise[0]) <= {3, 6, 9, 12, 15} and len(noise[0]) >= 2
+    for step, values in noise[0].items():
+        assert noise[1][step] == pytest.approx(values, rel=1e-6, abs=1e-6), step
     tags = [r["tag"] for r in resumes(run_dir)]
     assert tags[1:] == ["global_step10"] and tags[0] in ("global_step8", "global_step9")
     assert all(r["seconds"] > 0 and not r["universal"] for r in resumes(run_dir))

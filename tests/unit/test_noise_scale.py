@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 
 from launcher.common.errors import UserError
 from launcher.config.run_config import load_run_config
+from launcher.train.noise_probe import NoiseProbe
 from launcher.train.noise_scale import NoiseEstimator, squared_norms
 from tests.support.helpers import free_port, run_config_dict, write_yaml
 
@@ -105,3 +106,49 @@ def test_a_negative_noise_every_is_one_line(tmp_path):
     with pytest.raises(UserError) as info:
         load_run_config(path)
     assert str(info.value).endswith("logging.noise_every: must be >= 0 (0 = no gradient noise scale), got -1")
+
+
+def test_the_probe_measures_two_halves_of_a_micro_batch_at_one_rank_and_leaves_the_generators_alone():
+    """The trainer's probe at world size 1 on a real (tiny) RoFormer with dropout: B_small = half the micro-batch,
+    B_big = the micro-batch, each half's gradient that of its mean masked-token loss; the random generators as
+    before (dropout in the training step draws what it would without the probe). DeepSpeed's engine is stood in
+    for by what the probe reads of it: .module and .optimizer (no loss scale: fp32)."""
+    from types import SimpleNamespace
+
+    from roformer import RoFormerConfig, RoFormerForMaskedLM
+    from tests.support.helpers import TINY_MODEL
+
+    torch.manual_seed(3)
+    model = RoFormerForMaskedLM(RoFormerConfig(**TINY_MODEL)).train()
+    engine = SimpleNamespace(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    ids = torch.randint(5, 900, (4, 16))
+    labels = torch.where(torch.rand(4, 16) < 0.3, ids, torch.full_like(ids, -100))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    probe = NoiseProbe(every=2, engine=engine, world_size=1)
+    assert probe.measure(0, [batch]) == {} and probe.estimator.count == 0  # step 1: not a multiple of 2
+    before = torch.get_rng_state()
+    probe.measure(1, [batch])
+    assert torch.equal(torch.get_rng_state(), before) and probe.estimator.count == 1
+
+    def half(rows: slice) -> list[torch.Tensor]:
+        torch.set_rng_state(before)  # the probe's draws: each half from the step's generator state
+        out = model(**{k: v[rows] for k, v in batch.items()})
+        return list(torch.autograd.grad(out.loss_sum / out.num_masked, list(model.parameters())))
+
+    expected = NoiseEstimator()
+    expected.update(*squared_norms([half(slice(0, 2)), half(slice(2, 4))])[:2], 2, 4)
+    assert probe.state_dict() == pytest.approx(expected.state_dict(), rel=1e-5)
+
+
+def test_zero3_and_a_single_sequence_measure_nothing_and_say_so_once():
+    said = []
+    probe = NoiseProbe.for_engine(50, None, zero_stage=3, world_size=2)
+    probe.attach(said.append)
+    assert probe.every == 0 and not probe.due(49)
+    assert said == ["logging.noise_every 50: no gradient noise scale under ZeRO-3 (the parameters are partitioned); "
+                    "ZeRO 0-2 measure it"]
+    probe = NoiseProbe.for_engine(1, None, zero_stage=2, world_size=1)
+    probe.attach(said.append)
+    one = [{"input_ids": torch.zeros(1, 8, dtype=torch.long)}]
+    assert probe.measure(0, one) == {} and probe.measure(1, one) == {}
+    assert said[1:] == ["logging.noise_every: no gradient noise scale at one sequence per step on one rank"]
