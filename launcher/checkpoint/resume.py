@@ -55,7 +55,7 @@ _INTERCHANGEABLE_ZERO_STAGES = frozenset({1, 2})
 
 
 class StartSetup(Protocol):
-    """What the resume reads of a rank's resolved setup (launcher/inputs/run_checks.py RunSetup, which checked
+    """What the resume reads of a rank's resolved setup (launcher/resolved/run_setup.py RunSetup, which checked
     it): nothing here reads the DeepSpeed JSON or resolves a stage again."""
 
     cfg: RunConfig

@@ -132,8 +132,8 @@ def plan(args: argparse.Namespace) -> int:
     from launcher.config.deepspeed_json import DeepSpeedJson, resolve_ds_config
     from launcher.config.stages import format_plan
     from launcher.deepspeed_env.node_check import planned_optimizer
-    from launcher.inputs.init_from import load_config_and_init
-    from launcher.pricing.micro_target import stages_at
+    from launcher.resolved.init_from import load_config_and_init
+    from launcher.resolved.run_stages import stages_at
 
     cfg, init = load_config_and_init(args.config, args.overrides)
     check_eval_specs(cfg.logging.stage_end_evals, where=f"{cfg.source}: logging.stage_end_evals")
@@ -223,7 +223,8 @@ def plan_checks(cfg, init, stages, world_size: int, ds_json, declared: bool = Fa
     says the data was not, and there is no manifest."""
     from pathlib import Path
 
-    from launcher.inputs.run_checks import check_deepspeed_configs, check_run
+    from launcher.inputs.run_checks import check_run
+    from launcher.resolved.run_setup import check_deepspeed_configs
 
     here = None if declared else "DS_ACCELERATOR" in os.environ
     if not cfg.data.is_remote and not Path(cfg.data.data_dir).is_dir():

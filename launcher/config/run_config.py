@@ -46,7 +46,7 @@ from launcher.common.local_paths import refuse_url
 InitModelReader = Callable[[str, str, "dict | None"], tuple[dict, Path, tuple[str, ...]]]
 """How a config with `init_from` gets DIR's model section: (init_dir, source, the config's model keys) ->
 (DIR's model fields, its config.json, the WEIGHT_FIELDS the source lets the run change, e.g. a BERT's
-position_encoding). launcher/inputs/init_from.py reads them; parsing reads no model directory."""
+position_encoding). launcher/resolved/init_from.py reads them; parsing reads no model directory."""
 
 
 COMPILE_SETTINGS = (True, False, "auto")
@@ -75,7 +75,7 @@ class RunConfig:
     """A model directory to continue pretraining from (`roformer pretrain --init-from DIR`): our export or
     any transformers RoFormer directory. The model section then comes from DIR's config.json (the `model:`
     keys given here may only change what keeps the weights' shapes, e.g. dropout), its weights are loaded
-    on a fresh start, and the data must be tokenized with its tokenizer (launcher/inputs/init_from.py).
+    on a fresh start, and the data must be tokenized with its tokenizer (launcher/resolved/init_from.py).
     Empty = random initialisation."""
     branch_from: str = ""
     """`RUN_DIR[:TAG]` (`roformer pretrain --branch-from`): start at that run's checkpoint (default: its newest
@@ -159,7 +159,7 @@ PATH_FIELDS = {("data", "data_dir"), ("schedule", "file"), ("deepspeed", "config
 def load_run_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (),
                     read_init_model: InitModelReader | None = None) -> RunConfig:
     """Read, override (`section.key=value`, value parsed as YAML) and validate a run config.
-    read_init_model: how an `init_from` directory's model section is read (launcher/inputs/init_from.py,
+    read_init_model: how an `init_from` directory's model section is read (launcher/resolved/init_from.py,
     whose load_run_config passes it); without it a config with init_from is refused."""
     path = Path(path)
     raw = read_mapping(path, "run config")
@@ -191,7 +191,7 @@ def run_config_from_dict(raw: dict, source: str, base_dir: Path,
                 for name, cls in SECTIONS.items()}
     seed = _check_seed("seed", raw.get("seed", RunConfig.seed), source)
     if init_from and read_init_model is None:  # parsing alone cannot know DIR's model
-        raise ValueError(f"{source}: init_from: load it with launcher.inputs.init_from.load_run_config")
+        raise ValueError(f"{source}: init_from: load it with launcher.resolved.init_from.load_run_config")
     try:
         if init_from:
             base, config_path, free = read_init_model(init_from, source, model_keys)

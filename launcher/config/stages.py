@@ -9,7 +9,7 @@ end: validation, the stage-end checkpoint and jobs; its span) is `stage_first_st
 
 `micro_batch_size: auto` (per stage): the largest micro-batch that divides the per-rank batch and whose planned
 memory (launcher/pricing/estimate.py) fits AUTO_MICRO_HEADROOM of the target device's memory. The caller hands
-the target over as a small value (MicroBatchTarget, built by launcher/pricing/micro_target.py: `hardware.device`
+the target over as a small value (MicroBatchTarget, built by launcher/resolved/run_stages.py: `hardware.device`
 when declared, else the resolving machine's accelerator), so `roformer plan`, the dry run and every rank size a
 declared target alike; a target without memory (a CPU machine) falls back to schedule.max_tokens_per_micro_batch's
 rule, and the plan says so.
@@ -30,7 +30,7 @@ fragmentation and what the estimate leaves out; the plan was within 0.93 of the 
 
 
 class MemoryPlan(Protocol):
-    """Planned memory per rank of this run at a stage's shape (launcher/pricing/micro_target.py implements it:
+    """Planned memory per rank of this run at a stage's shape (launcher/resolved/run_stages.py implements it:
     launcher.config does not import the pricing)."""
 
     def largest_micro_batch(self, seq_len: int, budget_bytes: int) -> int:
@@ -152,13 +152,13 @@ def stage_ends(stages: list[ResolvedStage]) -> list[int]:
 def resolve_stages(run_config: RunConfig, world_size: int,
                    micro_target: MicroBatchTarget | None = None) -> list[ResolvedStage]:
     """Validate the schedule for `world_size` ranks and fix each stage's micro-batch and grad-accum.
-    `micro_target`: the device that `micro_batch_size: auto` sizes against (launcher/pricing/micro_target.py);
+    `micro_target`: the device that `micro_batch_size: auto` sizes against (launcher/resolved/run_stages.py);
     required when a stage says auto."""
     if not isinstance(world_size, int) or world_size < 1:
         raise UserError(f"world size must be a positive integer, got {world_size!r}")
     if micro_target is None and any(s.micro_batch_size == AUTO_MICRO for s in run_config.schedule.stages):
         raise ValueError("resolve_stages: a stage has micro_batch_size auto: pass micro_target "
-                         "(launcher.pricing.micro_target.micro_batch_target)")
+                         "(launcher.resolved.run_stages.micro_batch_target)")
     model = run_config.model
     resolved, first = [], 0
     for index, stage in enumerate(run_config.schedule.stages):

@@ -5,12 +5,13 @@ opens its own (open_streams, from launcher/train/rank.py) and hands it to check_
 
   1. the DeepSpeed config of every stage, parsed by DeepSpeed's own `DeepSpeedConfig` (its pydantic
      models reject e.g. `zero_optimization.stage: 7`), and its precision against the accelerator
-     (`get_accelerator().is_fp16_supported()` / `is_bf16_supported()`);
+     (`get_accelerator().is_fp16_supported()` / `is_bf16_supported()`): resolving the run checks it
+     (launcher/resolved/run_setup.py resolve_setup, which check_run calls);
   2. the prepared data: manifest, both splits and the tokenizer, each read once (`data_pipeline.open_corpora`);
      `model.vocab_size` must equal the tokenizer's vocabulary, `model.pad_token_id` its pad id (manifest);
   3. one epoch of the train split holds at least one global batch of every stage;
   4. every stage's `mixture` names sources of the prepared data (and only ones with train documents);
-  5. with `init_from`, the data was tokenized with that model's tokenizer (launcher/inputs/init_from.py);
+  5. with `init_from`, the data was tokenized with that model's tokenizer (launcher/resolved/init_from.py);
   6. with `branch_from`, the source checkpoint's model, tokenizer, data and schedule up to its step
      (launcher/checkpoint/resume.py; the key parsed in launcher/config/branch_from.py).
 
@@ -19,60 +20,19 @@ The schedule's own rules (e.g. `max_seq_len >= 2`) are checked when the run conf
 """
 from __future__ import annotations
 
-import copy
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_pipeline import DataError, PretrainBatches, open_corpora
 from launcher.checkpoint.resume import BranchPoint, ScannedCheckpoints, check_branch, find_branch_point
-from launcher.config.deepspeed_json import DeepSpeedJson, resolve_stage_configs
+from launcher.config.deepspeed_json import DeepSpeedJson
 from launcher.config.run_config import RunConfig
-from launcher.config.run_shape import RunShape
 from launcher.config.stages import ResolvedStage
 from launcher.common.errors import UserError
-from launcher.inputs.init_from import InitSource
+from launcher.resolved.init_from import InitSource
+from launcher.resolved.run_setup import RunSetup, resolve_setup
 from data_pipeline.remote.url import format_size
 from data_pipeline.stream import window_cache_need
-
-@dataclass(frozen=True)
-class RunSetup:
-    """A run's inputs resolved once, where they are checked (every rank's start-up, launcher/train/rank.py;
-    `roformer plan` and `pretrain --dry-run`: check_run), so the dry run and the ranks agree by construction.
-    What comes after (the resume plan, the engine, the trainer) reads it and never re-reads a file."""
-
-    cfg: RunConfig
-    stages: list[ResolvedStage]
-    """The schedule's stages at `world_size`."""
-    world_size: int
-    ds_configs: list[dict]
-    """Each stage's DeepSpeed config (its batch sizes, the peak LR), accepted by DeepSpeed's DeepSpeedConfig."""
-    ds_source: str
-    """The DeepSpeed JSON as errors name it (deepspeed_json.ds_config_source)."""
-    shape: RunShape
-    """The ZeRO stage, precision and world size the configs train in (the same for every stage)."""
-    init: InitSource | None = None
-    """The init_from directory as the run config's load read it (None without init_from)."""
-
-    def ds_config(self, stage_index: int, load_universal: bool = False) -> dict:
-        """A copy of stage `stage_index`'s DeepSpeed config (the engine takes it as its own), with load_universal
-        set when the start loads through the universal checkpoint."""
-        config = copy.deepcopy(self.ds_configs[stage_index])
-        if load_universal:
-            config.setdefault("checkpoint", {})["load_universal"] = True
-        return config
-
-
-def resolve_setup(cfg: RunConfig, init: InitSource | None, stages: list[ResolvedStage], world_size: int,
-                  ds_json: DeepSpeedJson, accelerator_is_the_ranks: bool = True) -> tuple[RunSetup, list[str]]:
-    """The setup and the notes of check 1: from the DeepSpeed JSON the caller read once (`ds_json`), every stage's
-    config through DeepSpeed's own parser, its precision against the accelerator."""
-    if bool(cfg.init_from) != (init is not None):
-        raise ValueError(f"{cfg.source}: init_from and its InitSource come together (init_from.load_config_and_init)")
-    configs, shape, source, notes = check_deepspeed_configs(cfg, stages, world_size, ds_json,
-                                                            accelerator_is_the_ranks)
-    return RunSetup(cfg, stages, world_size, configs, source, shape, init), notes
-
 
 @dataclass
 class Findings:
@@ -196,45 +156,6 @@ def check_mixtures(cfg: RunConfig, stages: list[ResolvedStage], train: PretrainB
     train.set_mixture(None)  # the trainer sets each stage's at its switch
 
 
-def check_deepspeed_configs(cfg: RunConfig, stages: list[ResolvedStage], world_size: int, ds_json: DeepSpeedJson,
-                            accelerator_is_the_ranks: bool = True) -> tuple[list[dict], RunShape, str, list[str]]:
-    """Every stage's DeepSpeed config (from the JSON read once: `ds_json`) through DeepSpeedConfig, then
-    precision vs accelerator: (the configs, the shape they train in, the JSON as errors name it, the notes)."""
-    from deepspeed.runtime.config import DeepSpeedConfig
-
-    configs, shape, source = resolve_stage_configs(cfg, stages, world_size, ds_json)
-    for stage, config in zip(stages, configs):
-        # The per-rank view: before a process group exists DeepSpeedConfig takes world size 1 (our
-        # stage arithmetic, micro x accum x world = global, is checked in launcher/config/stages.py).
-        per_rank = {**config, "train_batch_size": stage.micro_batch_size * stage.grad_accum_steps}
-        try:
-            DeepSpeedConfig(per_rank)
-        except Exception as err:  # pydantic ValidationError, AssertionError, DeepSpeedConfigError, ...
-            raise UserError(f"{source}: rejected by DeepSpeed's DeepSpeedConfig: {_describe(err, per_rank)}") from None
-    precision = shape.precision  # every stage's config has the same precision sections
-    # None: the ranks' device is declared (hardware.device, `plan --device-name`): checked against that, not here.
-    asked = precision != "fp32" and accelerator_is_the_ranks is not None
-    note = _check_precision(precision, source, accelerator_is_the_ranks) if asked else None
-    return configs, shape, source, [note] if note else []
-
-
-def _check_precision(precision: str, source: str, binding: bool) -> str | None:
-    from deepspeed.accelerator import get_accelerator
-
-    accelerator = get_accelerator()
-    supported = accelerator.is_fp16_supported() if precision == "fp16" else accelerator.is_bf16_supported()
-    if supported:
-        return None
-    name = accelerator.device_name()
-    chosen = f"DS_ACCELERATOR={os.environ['DS_ACCELERATOR']}" if "DS_ACCELERATOR" in os.environ else "detected"
-    what = (f"{source}: {precision}.enabled: DeepSpeed's {name} accelerator ({chosen}) does not support {precision} "
-            f"(get_accelerator().is_{precision}_supported() is {supported!r})")
-    if binding:
-        other = "bf16 or fp32" if precision == "fp16" else "fp32"
-        raise UserError(f"{what}; use a {other} DeepSpeed config, e.g. ds_configs/cpu_fp32_zero2.json on CPU")
-    return f"{what} on this machine; each rank checks it again on its own node"
-
-
 def open_streams(cfg: RunConfig, rank: int, world_size: int, verify: bool = False) -> tuple[PretrainBatches, PretrainBatches]:
     """Rank `rank`'s training and validation streams over data.data_dir (open_data's checks on opening; `verify`:
     also re-hash shards changed since they were prepared). A rank opens and keeps its own; the checks only read."""
@@ -317,21 +238,3 @@ def check_pad_id(cfg: RunConfig, corpus) -> None:
         raise UserError(f"{cfg.source}: model.pad_token_id {cfg.model.pad_token_id} is not the tokenizer's pad id "
                         f"{pad} ({corpus.data_dir / 'manifest.json'}, special_ids.pad_token): set "
                         f"model.pad_token_id: {pad}")
-
-
-def _describe(err: Exception, config: dict) -> str:
-    """One line for a DeepSpeedConfig failure, naming the field (section.key) where pydantic says which."""
-    errors = getattr(err, "errors", None)
-    if callable(errors):  # pydantic.ValidationError: the model's fields, not the JSON's sections
-        parts = []
-        for item in errors():
-            loc = ".".join(str(x) for x in item.get("loc", ()))
-            first = item["loc"][0] if item.get("loc") else None
-            holders = [k for k, v in config.items() if isinstance(v, dict) and first in v]
-            exact = [k for k in holders if config[k][first] == item.get("input")]
-            section = (exact or holders or [None])[0]
-            where = f"{section}.{loc}" if section else loc or getattr(err, "title", "config")
-            parts.append(f"{where}: {item.get('msg')} (got {item.get('input')!r})")
-        return "; ".join(parts)
-    return " ".join(f"{type(err).__name__}: {err}".split())
-

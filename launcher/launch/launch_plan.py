@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # the run config imports torch (through roformer): not needed
     from launcher.config.deepspeed_json import DeepSpeedJson
     from launcher.config.run_config import RunConfig
     from launcher.config.stages import ResolvedStage
-    from launcher.inputs.init_from import InitSource
+    from launcher.resolved.init_from import InitSource
 
 RANK_ENTRY_MODULE = "launcher.train.rank_entry"
 RANK_PROCESS_MODULE = "launcher.launch.rank_process"
@@ -348,8 +348,8 @@ def check_stages(config_path: Path, overrides: list[str], world_size: int, resou
     """Load the run config (the launch's one parse of it, with its init_from directory and DeepSpeed JSON read)
     and resolve every stage's batch arithmetic at this world size."""
     from launcher.config.deepspeed_json import DeepSpeedJson
-    from launcher.inputs.init_from import load_config_and_init
-    from launcher.pricing.micro_target import stages_at
+    from launcher.resolved.init_from import load_config_and_init
+    from launcher.resolved.run_stages import stages_at
 
     run_config, init = load_config_and_init(config_path, overrides)
     check_eval_specs(run_config.logging.stage_end_evals, where=f"{run_config.source}: logging.stage_end_evals")

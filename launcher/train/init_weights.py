@@ -1,6 +1,6 @@
-"""The weights a fresh run starts from when its config has `init_from` (launcher/inputs/init_from.py).
+"""The weights a fresh run starts from when its config has `init_from` (launcher/resolved/init_from.py).
 
-Every rank reads DIR's weights (its config.json was read once, with the run config: launcher/inputs/init_from.py
+Every rank reads DIR's weights (its config.json was read once, with the run config: launcher/resolved/init_from.py
 InitSource; a BERT's through roformer/bert_interop.py) and loads them before deepspeed.initialize, which then partitions the loaded values (any ZeRO stage). A directory
 without an MLM head keeps the model's own head, initialised from the run's seed. Only a fresh start loads;
 rank 0 records where the run started (init_from.json).
@@ -15,7 +15,7 @@ import torch
 
 from launcher.config.run_config import WEIGHT_FIELDS
 from launcher.common.errors import UserError
-from launcher.inputs.init_from import InitSource, weights_file
+from launcher.resolved.init_from import InitSource, weights_file
 from launcher.common.io import file_sha256
 from roformer.bert_interop import mlm_head_names
 from roformer.config import ConfigError

@@ -17,20 +17,20 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_pipeline import PretrainBatches
 from launcher.checkpoint import resume
 from launcher.checkpoint.checkpointer import CheckpointedRun, Checkpointer
-from launcher.checkpoint.resume import BranchPoint, ResumePlan, ScannedCheckpoints
+from launcher.checkpoint.resume import ResumePlan
 from launcher.config.deepspeed_json import DeepSpeedJson
-from launcher.config.run_config import RunConfig
 from launcher.config.stages import stage_ends
-from launcher.pricing.micro_target import stages_at
 from launcher.common.defaults import GUARD_STOP_EXIT_CODE, ORDERLY_STOP_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.deepspeed_env.engine_state import loss_scale
 from launcher.common.errors import UserError
 from launcher.common.stop_mask import stops_held
-from launcher.inputs.init_from import load_config_and_init
-from launcher.inputs.run_checks import RunSetup, check_data, open_streams, resolve_setup
+from launcher.inputs.run_checks import check_data, open_streams
+from launcher.resolved.init_from import load_config_and_init
+from launcher.resolved.rank_setup import RankSetup
+from launcher.resolved.run_setup import resolve_setup
+from launcher.resolved.run_stages import stages_at
 from launcher.report.hook import PlotHook
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import write_init_record
@@ -60,34 +60,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-@dataclass(frozen=True)
-class RankSetup:
-    """Everything a rank starts from, resolved and checked once (step 1): nothing is written and no process group
-    exists yet. The steps after it (the resume plan, the engine, the trainer) read it and never re-read a file."""
-
-    run: RunSetup
-    """The typed config, the stages at this world size with each one's DeepSpeed config, the run's shape and the
-    init_from directory as read (launcher/inputs/run_checks.py; `roformer plan` and --dry-run resolve the same)."""
-    rank: int
-    run_dir: RunDir
-    """Checked, not created (the rank entry creates and holds it: lock.held_run_dir)."""
-    train_batches: PretrainBatches
-    """This rank's training stream (data checked: launcher/inputs/run_checks.py)."""
-    valid_batches: PretrainBatches
-    branch_point: BranchPoint | None = None
-    """The branch point of `branch_from`, checked with the inputs (None: no branch, or one already started)."""
-    own_checkpoints: ScannedCheckpoints | None = None
-    """A branch's own checkpoints as the input checks scanned them (rank 0's `decide` reuses the scan)."""
-
-    @property
-    def cfg(self) -> RunConfig:
-        return self.run.cfg
-
-    @property
-    def world_size(self) -> int:
-        return self.run.world_size
-
-
 @dataclass
 class StartedRank:
     """A rank ready for its first (or resumed) step: what `run` runs, and a benchmark drives step by step."""
@@ -105,9 +77,9 @@ class StartedRank:
 def check_inputs(argv: list[str] | None) -> RankSetup:
     """Step 1: the command line, this rank's place, the run directory, the run config (with its init_from
     directory, read once), the stages at this world size and the data, with every check `roformer plan` and
-    `--dry-run` run too (launcher/inputs/run_checks.py: each stage's DeepSpeed config, read once, through
-    DeepSpeed's own parser and against this accelerator, the data and its tokenizer against model.vocab_size,
-    each stage against the corpus size). Shard content
+    `--dry-run` run too (launcher/resolved/run_setup.py: each stage's DeepSpeed config, read once, through
+    DeepSpeed's own parser and against this accelerator; launcher/inputs/run_checks.py: the data and its tokenizer
+    against model.vocab_size, each stage against the corpus size). Shard content
     is verified once, by rank 0 (re-hashing only shards changed since they were written:
     data_pipeline/shards.py); the others check structure and sizes. UserError / DataError, one line, before
     anything is written and before any process group exists. The stage-end evals were checked by the launch

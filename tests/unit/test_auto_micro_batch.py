@@ -12,7 +12,7 @@ from launcher.config.schedule import AUTO_MICRO, load_schedule
 from launcher.config.stages import AUTO_MICRO_HEADROOM, MicroBatchTarget, format_plan, resolve_stages
 from launcher.pricing.estimate import largest_fitting_micro_batch, setup_from_configs
 from launcher.config.deepspeed_json import DeepSpeedJson
-from launcher.pricing.micro_target import micro_batch_target, stages_at
+from launcher.resolved.run_stages import micro_batch_target, stages_at
 from tests.support.cpu_precision import pin_cpu_accelerator
 from tests.support.helpers import run_config_dict, write_schedule, write_yaml
 

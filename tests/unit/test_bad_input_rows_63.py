@@ -161,7 +161,7 @@ def test_an_init_tensor_holding_nan_is_refused_at_load_naming_it(tmp_path, rofor
     from safetensors.torch import load_file, save_file
 
     from launcher.common.errors import UserError
-    from launcher.inputs.init_from import read_init_source
+    from launcher.resolved.init_from import read_init_source
     from launcher.train.init_weights import InitialWeights
 
     copy = Path(shutil.copytree(roformer_dir, tmp_path / "nan"))

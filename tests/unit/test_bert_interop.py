@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from launcher.cli import main as cli_main
-from launcher.inputs.init_from import load_config_and_init
+from launcher.resolved.init_from import load_config_and_init
 from launcher.inputs.run_checks import init_source_note
 from launcher.common.errors import UserError
 from launcher.run_dir.records import describe_init

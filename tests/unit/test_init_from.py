@@ -22,7 +22,7 @@ from data_pipeline.prepare import prepare
 from data_pipeline.shards import open_corpus
 from launcher.cli import main as cli_main
 from launcher.config.run_config import dump_run_config
-from launcher.inputs.init_from import load_config_and_init, load_run_config
+from launcher.resolved.init_from import load_config_and_init, load_run_config
 from launcher.common.errors import UserError
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.records import describe_init, read_init_record, write_init_record
@@ -223,7 +223,7 @@ def test_a_ranks_start_up_reads_the_init_directory_and_the_deepspeed_json_once(t
     from launcher.checkpoint import resume
     from launcher.config.deepspeed_json import DeepSpeedJson
     from launcher.inputs.run_checks import check_run
-    from launcher.pricing.micro_target import stages_at
+    from launcher.resolved.run_stages import stages_at
     from launcher.train.rank import check_inputs
 
     sections = {}

@@ -1,4 +1,5 @@
-"""The device `micro_batch_size: auto` sizes against (launcher/config/stages.py MicroBatchTarget), with this run's
+"""The run's stages at a world size (`stages_at`: the one per-stage resolution the ranks, `roformer plan` and
+`roformer pretrain`'s launch plan share), and the device `micro_batch_size: auto` sizes against (launcher/config/stages.py MicroBatchTarget), with this run's
 memory plan (launcher/pricing/estimate.py):
 
 1. the run config's `hardware.device` when declared: the same on the launching machine (`roformer plan`,
