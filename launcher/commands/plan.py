@@ -129,7 +129,8 @@ def _swap_stream(handler: logging.StreamHandler, stream):
 
 def plan(args: argparse.Namespace) -> int:
     # Imported here: the run config imports torch (through roformer), `roformer plan --help` must not wait.
-    from launcher.config.deepspeed_json import DeepSpeedJson, resolve_ds_config
+    from launcher.config.deepspeed_json import DeepSpeedJson
+    from launcher.resolved.stage_configs import resolve_ds_config
     from launcher.config.stages import format_plan
     from launcher.deepspeed_env.node_check import planned_optimizer
     from launcher.resolved.init_from import load_config_and_init

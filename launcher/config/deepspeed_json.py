@@ -1,5 +1,6 @@
-"""The DeepSpeed JSON of a run: a shipped file (ds_configs/) checked against DeepSpeed's own keys,
-plus the batch sizes of the starting stage and the peak learning rate.
+"""The DeepSpeed JSON of a run, parsed once (DeepSpeedJson): a shipped file (ds_configs/) checked against DeepSpeed's
+own keys, with the run config's deepspeed.overrides merged. Each stage's config (its batch sizes, the peak learning
+rate) is resolved from it in launcher/resolved/stage_configs.py.
 """
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ from pathlib import Path
 from launcher.common.io import read_mapping
 from launcher.config.precision import train_precision
 from launcher.config.run_config import RunConfig
-from launcher.config.run_shape import RunShape
-from launcher.config.stages import ResolvedStage
 from launcher.common.errors import UserError
 from launcher.deepspeed_env.optimizer_check import check_optimizer, merged_optimizer
 
@@ -58,24 +57,6 @@ def read_ds_json(path: str | Path, overrides: dict | None = None) -> tuple[dict,
     return config, precision
 
 
-def ds_config_source(cfg: RunConfig) -> str:
-    """The DeepSpeed JSON as named in errors, with the run config's overrides when there are any."""
-    if cfg.deepspeed.overrides:
-        return f"{cfg.deepspeed.config} (with deepspeed.overrides of {cfg.source})"
-    return cfg.deepspeed.config
-
-
-def resolve_ds_config(run_config: RunConfig, stage: ResolvedStage, world_size: int, ds_json: DeepSpeedJson,
-                      load_universal: bool = False) -> dict:
-    """The DeepSpeed config the engine starts with in `stage` (resolve_stage_configs), with universal loading
-    when the shape changed, from the JSON the caller read (DeepSpeedJson.of, once per command or rank; a rank's
-    start-up resolves every stage's at once: launcher/inputs/run_checks.py RunSetup)."""
-    config = resolve_stage_configs(run_config, [stage], world_size, ds_json)[0][0]
-    if load_universal:
-        config.setdefault("checkpoint", {})["load_universal"] = True
-    return config
-
-
 @dataclass(frozen=True)
 class DeepSpeedJson:
     """A run's DeepSpeed JSON, read and checked once (read_ds_json): what `micro_batch_size: auto`'s memory plan and
@@ -96,26 +77,6 @@ class DeepSpeedJson:
         """A JSON already read (read_ds_json's, or a shipped one gpu-check loads): precision and ZeRO stage parsed here."""
         return cls(config, precision or train_precision(config),
                    int((config.get("zero_optimization") or {}).get("stage", 0)))
-
-
-def resolve_stage_configs(run_config: RunConfig, stages: list[ResolvedStage], world_size: int,
-                          ds_json: DeepSpeedJson) -> tuple[list[dict], RunShape, str]:
-    """Every stage's DeepSpeed config from the JSON read once (`ds_json`): batch sizes of the stage
-    (the engine starts with its first stage's and is switched at later boundaries without being rebuilt), the peak
-    LR; the shape they train in (the same for every stage); and the JSON as errors name it (ds_config_source)."""
-    source = ds_config_source(run_config)
-    base, precision = ds_json.config, ds_json.precision
-    configs = []
-    for stage in stages:
-        config = copy.deepcopy(base)
-        config["train_batch_size"] = stage.global_batch_size
-        config["train_micro_batch_size_per_gpu"] = stage.micro_batch_size
-        config["gradient_accumulation_steps"] = stage.grad_accum_steps
-        assert stage.micro_batch_size * stage.grad_accum_steps * world_size == stage.global_batch_size
-        config.setdefault("optimizer", {}).setdefault("params", {})["lr"] = run_config.optimizer.lr
-        config.setdefault("steps_per_print", 10**9)  # our metrics replace DeepSpeed's own step printing
-        configs.append(config)
-    return configs, RunShape(ds_json.zero_stage, precision, world_size), source
 
 
 def deepspeed_top_level_keys() -> frozenset[str]:

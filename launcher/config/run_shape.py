@@ -1,5 +1,5 @@
 """The shape of a run: how DeepSpeed partitions and types its checkpoint files. One definition: the running one
-is resolved with the DeepSpeed configs (launcher/config/deepspeed_json.py resolve_stage_configs, kept in the rank's
+is resolved with the DeepSpeed configs (launcher/resolved/stage_configs.py resolve_stage_configs, kept in the rank's
 setup), a checkpoint's is read from its sidecar (resume, the numerics guard's rewind). Pure Python: the plan reads
 it without DeepSpeed.
 """

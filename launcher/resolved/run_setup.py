@@ -11,11 +11,12 @@ import os
 from dataclasses import dataclass
 
 from launcher.common.errors import UserError
-from launcher.config.deepspeed_json import DeepSpeedJson, resolve_stage_configs
+from launcher.config.deepspeed_json import DeepSpeedJson
 from launcher.config.run_config import RunConfig
 from launcher.config.run_shape import RunShape
 from launcher.config.stages import ResolvedStage
 from launcher.resolved.init_from import InitSource
+from launcher.resolved.stage_configs import resolve_stage_configs
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class RunSetup:
     ds_configs: list[dict]
     """Each stage's DeepSpeed config (its batch sizes, the peak LR), accepted by DeepSpeed's DeepSpeedConfig."""
     ds_source: str
-    """The DeepSpeed JSON as errors name it (deepspeed_json.ds_config_source)."""
+    """The DeepSpeed JSON as errors name it (stage_configs.ds_config_source)."""
     shape: RunShape
     """The ZeRO stage, precision and world size the configs train in (the same for every stage)."""
     init: InitSource | None = None

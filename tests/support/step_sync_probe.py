@@ -143,7 +143,8 @@ def main(config_path: str, compiled: bool, cpu_kernels: bool) -> None:
     from deepspeed.accelerator import get_accelerator
 
     import roformer.cpu_kernels
-    from launcher.config.deepspeed_json import DeepSpeedJson, resolve_stage_configs
+    from launcher.config.deepspeed_json import DeepSpeedJson
+    from launcher.resolved.stage_configs import resolve_stage_configs
     from launcher.config.run_config import load_run_config
     from launcher.config.stages import resolve_stages
     from launcher.deepspeed_env.process_group import init_distributed

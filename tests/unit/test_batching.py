@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.config.deepspeed_json import DeepSpeedJson, resolve_ds_config
+from launcher.config.deepspeed_json import DeepSpeedJson
+from launcher.resolved.stage_configs import resolve_ds_config
 from launcher.config.run_config import load_run_config
 from launcher.config.stages import resolve_stages
 from launcher.common.errors import UserError

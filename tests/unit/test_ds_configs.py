@@ -12,10 +12,10 @@ from launcher.config.deepspeed_json import (
     DeepSpeedJson,
     deepspeed_top_level_keys,
     load_ds_json,
-    resolve_ds_config,
 )
 from launcher.config.run_config import load_run_config
 from launcher.config.stages import resolve_stages
+from launcher.resolved.stage_configs import resolve_ds_config
 from tests.support.helpers import REPO, run_config_dict, write_yaml
 
 SHIPPED = sorted(p.name for p in (REPO / "ds_configs").glob("*.json"))

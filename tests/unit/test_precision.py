@@ -87,7 +87,8 @@ def test_plan_and_report_see_bf16_in_a_bfloat16_config(stored_run, copy_of, tmp_
     """The same config through two readers that each had their own expression before (the resume's
     reading, on a real run: tests/multirank/test_resume_shapes.py)."""
     from launcher.cli import main as cli_main
-    from launcher.config.deepspeed_json import DeepSpeedJson, resolve_ds_config
+    from launcher.config.deepspeed_json import DeepSpeedJson
+    from launcher.resolved.stage_configs import resolve_ds_config
     from launcher.config.run_config import load_run_config
     from launcher.config.stages import resolve_stages
     from launcher.report.curves import records_in_effect
