@@ -196,10 +196,11 @@ class LoggingSection:
     """Keep RUN_DIR/plots/ current from the run itself (a background render at every stage end and at
     the end). false: none while training (each render costs a few CPU-seconds beside the ranks);
     `roformer report RUN_DIR` draws them whenever asked."""
-    noise_every: int = 50
+    noise_every: int = 100
     """Measure the gradient noise scale (the critical batch, launcher/train/noise_scale.py) every N steps: one
-    extra forward and backward of a micro-batch each time (0 = off). 50 costs <= 2% of training time
-    (bench/results/noise_scale.json). metrics.jsonl: grad_noise_scale, grad_sq_norm, grad_noise_trace."""
+    extra forward and backward of a micro-batch each time (0 = off). With one micro-batch per step (the worst
+    case) a measurement cost 1.25-1.43 steps of CPU time, so N >= 72 keeps it within 2% of training time and 100
+    at ~1.4% (bench/results/noise_scale.json). metrics.jsonl: grad_noise_scale, grad_sq_norm, grad_noise_trace."""
     peak_tflops: float = 0.0
     """Peak TFLOP/s of one rank's device that MFU is measured against (0 = from the table of known
     accelerators in launcher/common/mfu.py, or measured by a timed matmul at start-up on CPU)."""
