@@ -99,6 +99,7 @@ def one_rank_resume(tmp_path_factory, tiny_data, trainer_run):
     another data-parallel size, so the rank converts RESUMED_FROM to a universal checkpoint first. Read-only."""
     root = tmp_path_factory.mktemp("one_rank_resume")
     run_dir = trimmed_copy(trainer_run, root / "run", int(RESUMED_FROM.removeprefix("global_step")))
-    config = tiny_run_config(root, tiny_data, model=NO_DROPOUT)  # trainer_run's training (without its plots)
+    # trainer_run's training and noise measurement (without its plots)
+    config = tiny_run_config(root, tiny_data, model=NO_DROPOUT, logging={"noise_every": 3})
     run_to_end(1, config, run_dir, module=TEST_RANK_ENTRY, ROFORMER_TEST_SAVE_LIVE_WEIGHTS="1")
     return config, run_dir

@@ -94,6 +94,8 @@ def test_resume_with_one_rank_continues_schedule_and_loss_curve(one_rank_resume,
     assert sorted(got) == list(range(1, TINY_TOTAL_STEPS + 1))
     for step in range(11, TINY_TOTAL_STEPS + 1):  # other micro-batch split -> other summation order only
         assert got[step] == pytest.approx(expected[step], rel=1e-4, abs=1e-4), step
+    # One rank measures the noise scale on two halves of its micro-batch, its EMA carried over from 2 ranks.
+    assert [r["step"] for r in read_metrics(one_rank) if r["step"] > 10 and NOISE_FIELDS[0] in r] == [12, 15]
     stages = [r for r in read_metrics(one_rank, "event") if r["event"] == "stage_start"]
     assert stages[-1]["step"] == 10 and stages[-1]["stage"] == 2
     assert (stages[-1]["micro_batch_size"], stages[-1]["grad_accum_steps"]) == (8, 2)  # 16 = 8 x 2 x 1 rank
