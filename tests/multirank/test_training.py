@@ -144,6 +144,9 @@ def test_tensorboard_event_files_hold_the_scalars(run):
     assert expected <= tags
     losses = {e.step: e.value for e in acc.Scalars("train/loss")}
     assert losses == pytest.approx(dict((r["step"], r["loss"]) for r in read_metrics(run, "train")), rel=1e-6)
+    # The gradient noise scale (logging.noise_every 3): on every step that measured it, whatever log_every.
+    noise = {r["step"]: r["grad_noise_scale"] for r in read_metrics(run, "train") if "grad_noise_scale" in r}
+    assert noise and {e.step: e.value for e in acc.Scalars("noise/critical_batch")} == pytest.approx(noise, rel=1e-6)
     assert [e.value for e in acc.Scalars("schedule/max_seq_len")] == \
         [s["max_seq_len"] for s in TINY_STAGES for _ in range(s["steps"])]
 
