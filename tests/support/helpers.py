@@ -13,6 +13,7 @@ import base64
 import copy
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -175,10 +176,17 @@ def roformer(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO,
 
 
 def start_roformer(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen:
-    """Start `roformer ARGS` in the background (its own session), output to `log`."""
+    """Start `roformer ARGS` in the background (its own session), output to `log`, with SIGHUP at its default as
+    a terminal's command has it, however the suite was started (`nohup make test` ignores it, and an ignored
+    SIGHUP is inherited: the command keeps it ignored, as it should under nohup)."""
     with open(log, "w") as handle:
         return subprocess.Popen([sys.executable, "-m", "launcher", *args], cwd=REPO, env=env, stdout=handle,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_hangup_at_default)
+
+
+def _hangup_at_default() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def fake_tools(bin_dir: Path, log: Path, names=("ssh", "pdsh", "mpirun")) -> dict[str, str]:

@@ -40,13 +40,17 @@ TAG = "global_step1"
 
 
 def checked_inputs(argv: list[str]):
-    """rank.check_inputs' stand-in: the run directory and rank of `--run-dir DIR` (the repetition's scenario
-    needs no config)."""
+    """rank.check_inputs' stand-in: the run directory and rank of `--run-dir DIR`, and a run config whose only
+    part read before `start` is the data section (rank 0 leases its data: DIR/data stands in for it)."""
     from types import SimpleNamespace
 
+    from launcher.config.sections import DataSection
     from launcher.run_dir.layout import RunDir
 
-    return SimpleNamespace(run_dir=RunDir(Path(argv[argv.index("--run-dir") + 1])), rank=int(os.environ["RANK"]))
+    run_dir = Path(argv[argv.index("--run-dir") + 1])
+    (run_dir / "data").mkdir(exist_ok=True)
+    return SimpleNamespace(run_dir=RunDir(run_dir), rank=int(os.environ["RANK"]),
+                           cfg=SimpleNamespace(data=DataSection(data_dir=str(run_dir / "data"))))
 
 
 def failing_start(scenarios: list[str]):
@@ -106,6 +110,7 @@ def gloo_threads_behind(rank: int):
 def main(argv: list[str]) -> int:
     scenarios, work = argv[0].split(","), Path(argv[1])
     prepare_process_environment()
+    from launcher.checkpoint.catalogue import write_save_record
     from launcher.common.io import write_line
     from launcher.launch.rank_process import _rank_identity, exit_line
     from launcher.train import rank as rank_module
@@ -119,7 +124,9 @@ def main(argv: list[str]) -> int:
     for repetition in range(len(scenarios)):
         run_dir = work / f"run{repetition}"
         (run_dir / "checkpoints" / TAG).mkdir(parents=True)
-        (run_dir / "checkpoints" / TAG / "partial.pt").write_bytes(b"partial")
+        # A save cut short as a real one is: its save record first, then part of DeepSpeed's files.
+        write_save_record(run_dir / "checkpoints" / TAG, TAG)
+        (run_dir / "checkpoints" / TAG / "mp_rank_00_model_states.pt").write_bytes(b"partial")
         (run_dir / "checkpoints" / "latest").write_text("global_step0")
         env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
         sys.stdout.flush()
