@@ -58,8 +58,9 @@ def test_quick_reproduction_writes_the_report_and_resumes(tmp_path):
     assert "Recipe fields: WSD and an annealed mask rate" in text and "(recipes.png)" in text
     # Ordinary run directories: an export that transformers' format describes, per-job logs.
     assert (out / "runs" / "rope-s0" / "export" / "config.json").is_file()
-    assert len(list((out / "finetune").glob("*.json"))) == 8
-    assert len(list((out / "eval").glob("*.json"))) == 3
+    results_of = lambda folder: [p for p in (out / folder).glob("*.json") if not p.name.startswith(".")]  # noqa: E731
+    assert len(results_of("finetune")) == 8 and len(results_of("eval")) == 3  # beside each, the gate's record
+    assert all((p.parent / f".{p.name}.written.json").is_file() for p in results_of("finetune"))
 
     second = roformer("reproduce", "--quick", "--out", str(out), timeout=1800)
     assert second.returncode == 0, second.stdout + second.stderr

@@ -182,10 +182,11 @@ def start_roformer(*args: str, env: dict[str, str], log: Path) -> subprocess.Pop
     with open(log, "w") as handle:
         return subprocess.Popen([sys.executable, "-m", "launcher", *args], cwd=REPO, env=env, stdout=handle,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=_hangup_at_default)
+                                preexec_fn=hangup_at_default)
 
 
-def _hangup_at_default() -> None:
+def hangup_at_default() -> None:
+    """Popen's preexec_fn: SIGHUP at its default in the child (a suite run under nohup passes it on ignored)."""
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 

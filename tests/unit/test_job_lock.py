@@ -19,7 +19,7 @@ from launcher.run_dir.heartbeat_file import read_record
 from launcher.run_dir.lock import (JobMember, JobMembership, RunDirInUse, acquire, lock_path, member_path,
                                    process_start_ticks, read_holder, stale_reason, wait_for_local_ranks)
 from launcher.train.stop_signals import StopAnnouncer, StopSignals
-from tests.support.helpers import REPO
+from tests.support.helpers import REPO, hangup_at_default
 
 HOST = os.uname().nodename
 
@@ -148,7 +148,8 @@ def test_a_rank_guard_sees_its_launcher_go_on_its_host_and_by_the_locks_refreshe
 def test_sighup_is_a_stop_unless_the_command_was_started_under_nohup():
     code = ("import signal; from launcher.common.defaults import stop_signals_to_handle as s; "
             "print(sorted(x.name for x in s()))")
-    plain = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    plain = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                           preexec_fn=hangup_at_default)  # as from a terminal, whatever started the suite
     nohup = subprocess.run(["nohup", sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                            timeout=60)
     assert plain.stdout.strip() == "['SIGHUP', 'SIGINT', 'SIGTERM']", plain.stderr
