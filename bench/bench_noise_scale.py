@@ -112,8 +112,9 @@ def main() -> int:
         "torch": torch.__version__, "deepspeed": deepspeed.__version__, "threads": args.threads,
         "cpu_count": os.cpu_count(), "machine": platform.machine(), "rounds": args.rounds,
         "load_average_start": load_before, "load_average_end": os.getloadavg(),
-        "note": "shared machine (others' tests running): paired steps in one process, CPU-time medians; "
-                "rerun on a quiet machine for wall-time figures",
+        "note": ("quiet machine (1-minute load below 1 at the start)" if load_before[0] < 1 else
+                 f"shared machine (1-minute load {load_before[0]:.1f} at the start): the CPU-time medians are the "
+                 "figures; rerun on a quiet machine for wall time") + ": paired steps in one process",
         "measured_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     atomic_write_json(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "cpu_s"}, indent=2))

@@ -199,8 +199,8 @@ class LoggingSection:
     noise_every: int = 100
     """Measure the gradient noise scale (the critical batch, launcher/train/noise_scale.py) every N steps: one
     extra forward and backward of a micro-batch each time (0 = off). With one micro-batch per step (the worst
-    case) a measurement cost 1.25-1.43 steps of CPU time, so N >= 72 keeps it within 2% of training time and 100
-    at ~1.4% (bench/results/noise_scale.json). metrics.jsonl: grad_noise_scale, grad_sq_norm, grad_noise_trace."""
+    case) a measurement cost 0.87 steps on a quiet machine, so N >= 44 keeps it within 2% of training time and 100
+    at 0.9% (bench/results/noise_scale.json). metrics.jsonl: grad_noise_scale, grad_sq_norm, grad_noise_trace."""
     peak_tflops: float = 0.0
     """Peak TFLOP/s of one rank's device that MFU is measured against (0 = from the table of known
     accelerators in launcher/common/mfu.py, or measured by a timed matmul at start-up on CPU)."""
