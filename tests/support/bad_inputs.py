@@ -31,3 +31,12 @@ def refused(capsys, argv: list[str], owned: list[Path], command: str | None = No
     assert rc == 2 and len(err) == 1 and err[0].startswith(f"roformer {command}: error: "), (rc, err)
     assert snapshot(*owned) == before
     return err[0]
+
+
+def ran_ok(capsys, argv: list) -> str:
+    """`roformer ARGV` in this process: exit 0; its stderr."""
+    capsys.readouterr()
+    rc = cli_main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    return err

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import main as cli_main
 from launcher.outputs.output_paths import writer_lock
-from tests.support.bad_inputs import refused, snapshot
+from tests.support.bad_inputs import ran_ok, refused, snapshot
 from tests.support.corpus_files import english_paragraphs
 from tests.support.helpers import REPO, roformer_env, run_config_dict, write_yaml
 
@@ -29,14 +28,6 @@ def corpus(tmp_path_factory) -> Path:
     good = tmp_path_factory.mktemp("corpus") / "good.txt"
     good.write_text("\n".join(p.replace("\n", " ") for p in english_paragraphs(4)) + "\n", encoding="utf-8")
     return good
-
-
-def _ok(capsys, argv: list) -> str:
-    capsys.readouterr()
-    rc = cli_main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert rc == 0, err
-    return err
 
 
 def _git(*args, cwd: Path) -> None:
@@ -80,7 +71,7 @@ def test_export_over_a_git_repository_an_edited_file_or_nested_notes_is_refused(
 
     untouched = tmp_path / "untouched"  # the export's own files only: replaced by the new export
     shutil.copytree(stored_export, untouched)
-    _ok(capsys, [*base, untouched])
+    ran_ok(capsys, [*base, untouched])
     assert json.loads((untouched / "export_info.json").read_text())["tag"] == "global_step5"
 
 
@@ -105,7 +96,7 @@ def test_report_refuses_a_user_folder_and_a_folder_with_only_a_config_yaml(capsy
 
     new = tmp_path / "R"  # a report folder is its own kind: written, then written again
     for _ in range(2):
-        _ok(capsys, ["report", stored_run, "--out", new])
+        ran_ok(capsys, ["report", stored_run, "--out", new])
     assert (new / "report.md").read_text().startswith("# Run report: ")
 
 
@@ -154,7 +145,7 @@ def test_prepare_overwrite_refuses_prepared_data_holding_the_users_files(capsys,
            f"--overwrite would delete" in line
     (data / "train" / "notes.txt").unlink()
     (data / "tokenizer" / ".my-settings").unlink()
-    _ok(capsys, [*_prepare_args(corpus, tiny_data, data), "--overwrite"])  # its own files only: replaced
+    ran_ok(capsys, [*_prepare_args(corpus, tiny_data, data), "--overwrite"])  # its own files only: replaced
     assert json.loads((data / "manifest.json").read_text())["stats"] != json.loads(
         (tiny_data / "manifest.json").read_text())["stats"]
 
@@ -209,7 +200,7 @@ def test_export_follows_a_link_and_refuses_a_dangling_one(capsys, stored_run, tm
     target.mkdir()
     link = tmp_path / "L"
     link.symlink_to(target)
-    _ok(capsys, ["export", stored_run, "--no-verify", "--out", link])
+    ran_ok(capsys, ["export", stored_run, "--no-verify", "--out", link])
     assert link.is_symlink() and (target / "export_info.json").is_file()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp, no lock left
 
@@ -350,6 +341,6 @@ def test_finetune_tracking_never_writes_into_a_folder_export_info_names(capsys, 
     for key in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
         monkeypatch.delenv(key, raising=False)
     before = snapshot(user)
-    _ok(capsys, ["finetune", export, "--train", csv, "--dev", csv, "--epochs", "1", "--report-to", "mlflow"])
+    ran_ok(capsys, ["finetune", export, "--train", csv, "--dev", csv, "--epochs", "1", "--report-to", "mlflow"])
     assert snapshot(user) == before
     assert (work / "tracking" / "mlflow.db").is_file()

@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import SUBCOMMANDS, build_parser
-from launcher.cli import main as cli_main
 from launcher.outputs.gate import OUTPUT_KINDS, _chosen_actions, output_location, output_path
 from launcher.outputs.output_paths import _a
-from tests.support.bad_inputs import refused, snapshot
+from tests.support.bad_inputs import ran_ok, refused, snapshot
 from tests.support.corpus_files import english_paragraphs
 from tests.support.helpers import REPO, roformer_env, run_config_dict, tiny_run_config, write_yaml
 
@@ -103,14 +102,6 @@ def _csv(path: Path) -> Path:
     return path
 
 
-def _ok(capsys, argv: list) -> str:
-    capsys.readouterr()
-    rc = cli_main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert rc == 0, err
-    return err
-
-
 def test_every_declared_output_of_every_command_is_refused_inside_prepared_data(capsys, corpus, stored_run,
                                                                                  stored_export, tiny_data, tmp_path):
     """cli.main gates every declared output before the command runs: each one, pointed into prepared data, is
@@ -170,11 +161,11 @@ def test_eval_mlm_out_replaces_only_its_own_unchanged_report(capsys, corpus, sto
     assert f"--out {inner}: is inside a run directory (roformer pretrain), {stored_run}" in line
     run = tmp_path / "run"
     shutil.copytree(stored_run, run, ignore=shutil.ignore_patterns("checkpoints"))
-    _ok(capsys, [*base, "--out", run / "eval_mlm.json"])  # beside the run's records, as scripts/demo.sh does
+    ran_ok(capsys, [*base, "--out", run / "eval_mlm.json"])  # beside the run's records, as scripts/demo.sh does
 
     monkeypatch.setenv("HOME", str(tmp_path))  # `~` expanded by the argument's type, alike everywhere
     for _ in range(2):  # new, then ours and unchanged: replaced
-        _ok(capsys, [*base, "--out", "~/r.json"])
+        ran_ok(capsys, [*base, "--out", "~/r.json"])
     report = tmp_path / "r.json"
     assert report.is_file() and (tmp_path / ".r.json.written.json").is_file() and not Path("~").exists()
     line = refused(capsys, ["finetune", stored_export, "--train", _csv(tmp_path / "t.csv"), "--out", report],
@@ -221,16 +212,16 @@ def test_report_replaces_only_what_it_wrote_unchanged(capsys, stored_run, tmp_pa
     shutil.copytree(stored_run, run)
     rep = tmp_path / "REP"
     for _ in range(2):
-        _ok(capsys, ["report", run, "--out", rep])
+        ran_ok(capsys, ["report", run, "--out", rep])
     (rep / "report.md").write_text((rep / "report.md").read_text() + "\nMy notes on this run.\n")
     line = refused(capsys, ["report", run, "--out", rep], [rep, run])  # item 4: the hand edit is named
     assert f"--out {rep}: the earlier report there also holds report.md (changed since roformer report wrote it), " \
            f"which rewriting it would lose" in line
 
     for _ in range(2):  # RUN_DIR/report.md alike
-        _ok(capsys, ["report", run])
+        ran_ok(capsys, ["report", run])
     (run / "report.md").write_text("# Run report: mine\n")
-    _ok(capsys, ["report", run, "--plots-only"])  # training's render: the plots only, the edit stays named
+    ran_ok(capsys, ["report", run, "--plots-only"])  # training's render: the plots only, the edit stays named
     line = refused(capsys, ["report", run], [run])
     assert f"RUN_DIR {run}: report.md: changed since roformer report wrote it" in line
     line = refused(capsys, ["report", run, "--out", run], [run])  # the default spelled out
