@@ -86,6 +86,9 @@ def finetune_runs(preset, run_type) -> list:
             for variant in part.schedules for pre in part.seeds for seed in preset.finetune_seeds]
 
 
+NOISE_EVERY_20 = ("logging.noise_every=20",)
+
+
 def full_sizes(configs: Path) -> SchedulesPart:
     """Equal token slots (the ablation schedule's 1,515,520), 4096 per step except the ramp's first half."""
     return SchedulesPart(
@@ -93,8 +96,12 @@ def full_sizes(configs: Path) -> SchedulesPart:
                    "short-then-long": configs / "schedule_short_then_long.yaml",
                    "staged-ramp": configs / "schedule_staged_ramp.yaml"},
         seeds=(0, 1, 2), eval_lens=(128, 512, 1024), budget=1000, compared_len=512,
-        overrides={"staged-ramp": ("optimizer.batch_scaling=sqrt", "optimizer.reference_batch=32",
-                                   "optimizer.warmup_steps=null", "optimizer.warmup_tokens=245760")})
+        # A noise estimate every 20 steps: >= 3 in the 60-step stages, ~4% of each run's time alike
+        # (bench/results/noise_scale.json: one estimate costs 0.87 step); the default 100 gives ~1 per stage.
+        overrides={variant: (*NOISE_EVERY_20, *extra) for variant, extra in (
+            ("flat-512", ()), ("staged", ()), ("short-then-long", ()),
+            ("staged-ramp", ("optimizer.batch_scaling=sqrt", "optimizer.reference_batch=32",
+                             "optimizer.warmup_steps=null", "optimizer.warmup_tokens=245760")))})
 
 
 def quick_sizes() -> SchedulesPart:
