@@ -1,38 +1,41 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite as two pytest processes side by side on the 2-core reference machine.
-# - side lane: tests/cluster (the two-node network-namespace cluster, MPI, Slurm), which spends most
-#   of its time waiting (watchdog bounds, ssh sessions, pulled links, restart backoff), then tests/unit but MAIN_UNIT
-#   (one process, one core); its output is kept in a log and printed after the main lane.
-#   It ends with the quick reproduction (tests/multirank/test_reproduce_multirank.py: ~3 min of `roformer`
-#   jobs of its own, no session fixture) and the runs from object storage (test_remote_training.py: its
-#   moto server and bucket are the side lane's too), which even the two lanes.
-# - main lane: the rest (multirank: real 2-rank DeepSpeed runs; gpu, which skips without CUDA), and the
-#   unit files of MAIN_UNIT (real MLflow / fine-tuning runs, about 100 s in CI), which even the lanes.
+# `make test`: the whole suite as three pytest processes side by side on the 2-core reference machine.
+# - cluster lane: tests/cluster (the two-node network-namespace cluster, MPI, Slurm), which spends much of its
+#   time waiting (watchdog bounds, ssh sessions, pulled links, restart backoff): ~0.7 of a core.
+# - unit lane: tests/unit (one process, one core), the quick reproduction (tests/multirank/test_reproduce_multirank.py:
+#   `roformer` jobs of its own, no session fixture) and the runs from object storage (test_remote_training.py).
+# - multirank lane: the rest (real 2-rank DeepSpeed jobs, most forked warm: tests/support/fork_server.py; gpu,
+#   which skips without CUDA).
+# The two CPU lanes share the cores the cluster lane leaves idle; the lanes end within a minute or two of each
+# other (README "Tests"; rebalance from `--cpu-report`).
 # Ports: every test port is claimed (tests/support/helpers.free_port, launcher/launch/ports.py: a lock file
-# per port, held until the pytest process exits), so the two lanes never get the same one.
-# Same arguments to both; the exit status is the first non-zero one. One folder alone:
+# per port, held until the pytest process exits), so two lanes never get the same one.
+# Same arguments to every lane; the exit status is the first non-zero one. One folder alone:
 # `.venv/bin/python -m pytest tests/unit` (`make test-fast`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-log=$(mktemp "${TMPDIR:-/tmp}/roformer-side-lane.XXXXXX.log")
-SIDE_MULTIRANK=(tests/multirank/test_reproduce_multirank.py tests/multirank/test_remote_training.py)
-MAIN_UNIT=(tests/unit/test_tracking.py tests/unit/test_retrieval.py tests/unit/test_finetune_own_files.py
-           tests/unit/test_tasks.py)
-SIDE_UNIT=()
-for file in tests/unit/test_*.py; do
-  [[ " ${MAIN_UNIT[*]} " == *" $file "* ]] || SIDE_UNIT+=("$file")
-done
-"$PY" -m pytest tests/cluster "${SIDE_UNIT[@]}" "${SIDE_MULTIRANK[@]}" "$@" >"$log" 2>&1 &
-side=$!
-# A stop of `make test` stops the side lane too (the cluster tests clean up their namespaces on SIGTERM).
-trap 'kill -TERM "$side" 2>/dev/null; wait "$side"; exit 130' INT TERM
-"$PY" -m pytest tests --ignore=tests/cluster "${SIDE_UNIT[@]/#/--ignore=}" "${SIDE_MULTIRANK[@]/#/--ignore=}" "$@"
-main_rc=$?
-wait "$side"
-side_rc=$?
+UNIT_LANE_MULTIRANK=(tests/multirank/test_reproduce_multirank.py tests/multirank/test_remote_training.py)
+cluster_log=$(mktemp "${TMPDIR:-/tmp}/roformer-cluster-lane.XXXXXX.log")
+unit_log=$(mktemp "${TMPDIR:-/tmp}/roformer-unit-lane.XXXXXX.log")
+"$PY" -m pytest tests/cluster "$@" >"$cluster_log" 2>&1 &
+cluster=$!
+"$PY" -m pytest tests/unit "${UNIT_LANE_MULTIRANK[@]}" "$@" >"$unit_log" 2>&1 &
+unit=$!
+# A stop of `make test` stops every lane (the cluster tests clean up their namespaces on SIGTERM).
+trap 'kill -TERM "$cluster" "$unit" 2>/dev/null; wait "$cluster" "$unit"; exit 130' INT TERM
+"$PY" -m pytest tests --ignore=tests/cluster --ignore=tests/unit "${UNIT_LANE_MULTIRANK[@]/#/--ignore=}" "$@"
+multirank_rc=$?
+wait "$unit"
+unit_rc=$?
+echo "=== tests/unit and ${UNIT_LANE_MULTIRANK[*]} (ran beside the rest; log: $unit_log) ==="
+cat "$unit_log"
+wait "$cluster"
+cluster_rc=$?
 trap - INT TERM
-echo "=== tests/cluster, tests/unit but ${MAIN_UNIT[*]}, and ${SIDE_MULTIRANK[*]} (ran beside the rest; log: $log) ==="
-cat "$log"
-[ "$main_rc" -ne 0 ] && exit "$main_rc"
-exit "$side_rc"
+echo "=== tests/cluster (ran beside the rest; log: $cluster_log) ==="
+cat "$cluster_log"
+for rc in "$multirank_rc" "$unit_rc" "$cluster_rc"; do
+  [ "$rc" -ne 0 ] && exit "$rc"
+done
+exit 0

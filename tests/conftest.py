@@ -69,6 +69,15 @@ def restored_signal_handlers():
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_rank_jobs():
+    """The session's fork server (tests/support/fork_server.py), started by the first warm job, stopped at the end."""
+    from tests.support.helpers import stop_fork_server
+
+    yield
+    stop_fork_server()
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """A prepared data dir: real SentencePiece (vocab 900) and shards, English + Chinese."""

@@ -4,7 +4,8 @@ keep the cores ~90-95% busy), so a test's CPU seconds, not its wall time, are wh
 
 A test's figure is its own process's CPU during its setup, call and teardown plus that of every child process
 that ended and was waited for meanwhile: the jobs it ran, their launchers, wrappers and ranks (each waits for its
-own children, so their CPU reaches the test). A session fixture is counted in the first test that uses it; a
+own children, so their CPU reaches the test), and the jobs forked by the session's warm process that ended meanwhile
+(tests/support/fork_server.py reports their CPU). A session fixture is counted in the first test that uses it; a
 server a fixture keeps running is counted when it is stopped, and one a session fixture stops is counted in
 SESSION_TEARDOWN, not in the last test: the namespace cluster's sshd reaps every rank the cluster tests start
 over ssh, so its CPU reaches pytest only when the session stops it (once 180 CPU-s, read as the side lane's
@@ -36,8 +37,10 @@ def pytest_addoption(parser) -> None:
 
 def cpu_seconds() -> float:
     """This process's CPU seconds and its waited-for children's, user + system."""
+    from tests.support.fork_server import cpu_not_yet_reaped
+
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + cpu_not_yet_reaped()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -145,15 +145,41 @@ def launch_command(num_ranks: int, module: str, args: list[str], port: int | Non
 
 
 def start_run(num_ranks: int, config: Path, run_dir: Path, module: str = RANK_ENTRY, extra_args: list[str] = (),
-              log: Path | None = None, port: int | None = None, **env: str) -> subprocess.Popen:
+              log: Path | None = None, port: int | None = None, warm: bool = True, **env: str):
     """Start a run in its own process group (so a test can signal exactly this run); output to
-    RUN_DIR/../<name>.log."""
+    RUN_DIR/../<name>.log. `warm`: its ranks forked from the session's warm process (tests/support/fork_server.py:
+    no interpreter start-up, no torch or DeepSpeed import) instead of started by DeepSpeed's launcher; False where
+    the launcher, the console or the processes' command lines are the subject."""
     log = log or run_dir.parent / f"{run_dir.name}.log"
-    cmd = launch_command(num_ranks, module, ["--config", str(config), "--run-dir", str(run_dir), *extra_args],
-                         port=port)
+    args = ["--config", str(config), "--run-dir", str(run_dir), *extra_args]
+    if warm and os.environ.get(NO_FORK_SERVER_VAR) != "1":
+        return fork_server().start(num_ranks, module, args, port or free_port(), rank_env(**env), REPO, log)
+    cmd = launch_command(num_ranks, module, args, port=port)
     with open(log, "ab") as handle:
         return subprocess.Popen(cmd, cwd=REPO, env=rank_env(**env), stdout=handle, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+
+
+NO_FORK_SERVER_VAR = "ROFORMER_TEST_NO_FORK_SERVER"
+"""=1: every test run through DeepSpeed's launcher, as before the fork server (to compare, or to rule it out)."""
+_fork_server = None
+
+
+def fork_server():
+    """This pytest process's warm process (started at its first job; `stop_fork_server` at the session's end)."""
+    global _fork_server
+    if _fork_server is None:
+        from tests.support.fork_server import ForkServer
+
+        _fork_server = ForkServer(rank_env(), REPO)
+    return _fork_server
+
+
+def stop_fork_server() -> None:
+    global _fork_server
+    if _fork_server is not None:
+        _fork_server.stop()
+        _fork_server = None
 
 
 def run_to_end(num_ranks: int, config: Path, run_dir: Path, timeout: float = 600, **kwargs) -> None:
