@@ -112,7 +112,7 @@ def verdict(table: dict) -> dict:
         if name == BASELINE or not (loss.get("n") and time.get("n")):
             continue
         rows.append({"variant": name, "loss": loss["mean"], "flat_loss": flat_loss["mean"],
-                     "reached": loss["min"] <= flat_loss["max"],
+                     "reached": loss["min"] <= flat_loss["max"], "lower_beyond_spread": loss["max"] < flat_loss["min"],
                      "seconds": time["mean"], "flat_seconds": flat_time["mean"],
                      "saved_seconds": flat_time["mean"] - time["mean"],
                      "faster_beyond_spread": time["max"] < flat_time["min"],
@@ -126,11 +126,12 @@ def verdict_lines(result: dict) -> list[str]:
         return [f"- Verdict: not yet: {result.get('reason', 'no variant finished beside ' + BASELINE)}."]
     lines = []
     for r in result["rows"]:
-        reached = "reached" if r["reached"] else "did NOT reach"
+        reached = ("below it beyond the seed spread" if r.get("lower_beyond_spread") else
+                   "reached it within the seed spread" if r["reached"] else "did NOT reach it within the seed spread")
         spread_text = ("one seed: no spread measured" if r["one_seed"] else
                        "beyond the seed spread" if r["faster_beyond_spread"] else "within the seed spread")
         lines.append(f"- {r['variant']}: loss at {result['length']} {r['loss']:.3f} vs {BASELINE} {r['flat_loss']:.3f} "
-                     f"({reached} it within the seed spread), training {r['seconds']:.1f} s vs {r['flat_seconds']:.1f} s "
+                     f"({reached}), training {r['seconds']:.1f} s vs {r['flat_seconds']:.1f} s "
                      f"({r['saved_seconds']:+.1f} s saved; {spread_text}).")
     winner = next((r for r in result["rows"] if r["variant"] == result["winner"]), None)
     if winner is None:

@@ -111,8 +111,9 @@ def test_the_schedules_report_names_the_schedule_that_reached_flat_loss_first(tm
         for seed in part.seeds:
             noise = {0: 10.0, 1: 30.0} if variant == "staged-ramp" else None
             _copy_run(release_run, layout.run_dir(part.run_name(variant, seed)), seconds[variant] + 0.01 * seed, noise)
-    # staged-ramp is fastest but ends worse beyond the spread; short-then-long reaches flat's loss, faster.
-    _write_reports(preset, layout, {"flat-512": 5.0, "staged": 5.2, "short-then-long": 4.99, "staged-ramp": 5.5})
+    # staged-ramp is fastest but ends worse beyond the spread; short-then-long reaches flat's loss, faster; staged
+    # ends below it beyond the spread, slower than short-then-long.
+    _write_reports(preset, layout, {"flat-512": 5.0, "staged": 4.5, "short-then-long": 4.99, "staged-ramp": 5.5})
     results = collect(preset, layout, ("schedules",))
     table = results["schedules"]
     flat = table["variants"]["flat-512"]
@@ -127,7 +128,9 @@ def test_the_schedules_report_names_the_schedule_that_reached_flat_loss_first(tm
            "flat-512's 10 s)." in report
     assert "| staged-ramp | short | 32 | 8 | ~12 (12-12, n=3) |" in report
     assert "| staged | long | 64 | 4 | not measured |" in report
-    assert "staged-ramp: loss at 512 5.510 vs flat-512 5.010 (did NOT reach it" in report
+    assert "staged-ramp: loss at 512 5.510 vs flat-512 5.010 (did NOT reach it within the seed spread)" in report
+    assert "short-then-long: loss at 512 5.000 vs flat-512 5.010 (reached it within the seed spread)" in report
+    assert "staged: loss at 512 4.510 vs flat-512 5.010 (below it beyond the seed spread)" in report
     assert (tmp_path / "report" / "schedules.png").read_bytes()[:8] == PNG_MAGIC
     curve = flat["runs"]["schedule-flat-512-s0"]["wall_curve"]  # (step, training seconds so far, loss)
     assert [point[:2] for point in curve] == [[3, 6.0], [5, 10.0]]
