@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite as three pytest processes side by side on the 2-core reference machine.
-# - cluster lane: tests/cluster (the two-node network-namespace cluster, MPI, Slurm), which spends much of its
-#   time waiting (watchdog bounds, ssh sessions, pulled links, restart backoff): ~0.7 of a core.
-# - unit lane: tests/unit (one process, one core), the quick reproduction (tests/multirank/test_reproduce_multirank.py:
-#   `roformer` jobs of its own, no session fixture) and the runs from object storage (test_remote_training.py).
-# - multirank lane: the rest (real 2-rank DeepSpeed jobs, most forked warm: tests/support/fork_server.py; gpu,
-#   which skips without CUDA).
-# The two CPU lanes share the cores the cluster lane leaves idle; the lanes end within a minute or two of each
-# other (README "Tests"; rebalance from `--cpu-report`).
+# `make test`: the whole suite as four pytest processes side by side on the 2-core reference machine. Each lane
+# keeps about 0.55-0.65 of a core busy on its own (it waits on jobs starting, ssh sessions, watchdog bounds, pulled
+# links, restart backoff, servers), so four lanes keep both cores busy where two or three left them ~15% idle.
+# - cluster lane: tests/cluster (the two-node network-namespace cluster, MPI, Slurm), then the quick reproduction
+#   (tests/multirank/test_reproduce_multirank.py: `roformer` jobs of its own, no session fixture).
+# - unit lane: tests/unit, then the runs from object storage (test_remote_training.py).
+# - launch lane: the multirank tests whose jobs are `roformer pretrain` commands (stops, restarts, trackers, the
+#   guard, init-from, BERT), which share the guard's session run.
+# - multirank lane: the rest of tests/multirank (their jobs mostly forked warm: tests/support/fork_server.py) and
+#   tests/gpu (skipped without CUDA); its output is the console's, the other lanes' logs follow it.
+# The lanes end within a minute or two of each other (README "Tests"; rebalance from `--cpu-report`).
 # Ports: every test port is claimed (tests/support/helpers.free_port, launcher/launch/ports.py: a lock file
 # per port, held until the pytest process exits), so two lanes never get the same one.
 # Same arguments to every lane; the exit status is the first non-zero one. One folder alone:
@@ -15,27 +17,40 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-UNIT_LANE_MULTIRANK=(tests/multirank/test_reproduce_multirank.py tests/multirank/test_remote_training.py)
-cluster_log=$(mktemp "${TMPDIR:-/tmp}/roformer-cluster-lane.XXXXXX.log")
-unit_log=$(mktemp "${TMPDIR:-/tmp}/roformer-unit-lane.XXXXXX.log")
-"$PY" -m pytest tests/cluster "$@" >"$cluster_log" 2>&1 &
-cluster=$!
-"$PY" -m pytest tests/unit "${UNIT_LANE_MULTIRANK[@]}" "$@" >"$unit_log" 2>&1 &
-unit=$!
-# A stop of `make test` stops every lane (the cluster tests clean up their namespaces on SIGTERM).
-trap 'kill -TERM "$cluster" "$unit" 2>/dev/null; wait "$cluster" "$unit"; exit 130' INT TERM
-"$PY" -m pytest tests --ignore=tests/cluster --ignore=tests/unit "${UNIT_LANE_MULTIRANK[@]/#/--ignore=}" "$@"
-multirank_rc=$?
-wait "$unit"
-unit_rc=$?
-echo "=== tests/unit and ${UNIT_LANE_MULTIRANK[*]} (ran beside the rest; log: $unit_log) ==="
-cat "$unit_log"
-wait "$cluster"
-cluster_rc=$?
-trap - INT TERM
-echo "=== tests/cluster (ran beside the rest; log: $cluster_log) ==="
-cat "$cluster_log"
-for rc in "$multirank_rc" "$unit_rc" "$cluster_rc"; do
-  [ "$rc" -ne 0 ] && exit "$rc"
+CLUSTER_LANE=(tests/cluster tests/multirank/test_reproduce_multirank.py)
+UNIT_LANE=(tests/unit tests/multirank/test_remote_training.py)
+LAUNCH_LANE=(tests/multirank/test_stop_at_start.py tests/multirank/test_init_from_multirank.py
+             tests/multirank/test_guard.py tests/multirank/test_trackers.py tests/multirank/test_bert_multirank.py
+             tests/multirank/test_restarts.py tests/multirank/test_fork_server.py
+             tests/multirank/test_rank_teardown.py)
+lane_paths() {  # the paths of lane $1 (cluster, unit, launch)
+  local -n paths="${1^^}_LANE"
+  printf '%s\n' "${paths[@]}"
+}
+names=(cluster unit launch)
+pids=()
+logs=()
+for name in "${names[@]}"; do
+  mapfile -t paths < <(lane_paths "$name")
+  log=$(mktemp "${TMPDIR:-/tmp}/roformer-$name-lane.XXXXXX.log")
+  "$PY" -m pytest "${paths[@]}" "$@" >"$log" 2>&1 &
+  pids+=($!)
+  logs+=("$log")
 done
-exit 0
+# A stop of `make test` stops every lane (the cluster tests clean up their namespaces on SIGTERM).
+trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait "${pids[@]}"; exit 130' INT TERM
+elsewhere=()
+for path in "${CLUSTER_LANE[@]}" "${UNIT_LANE[@]}" "${LAUNCH_LANE[@]}"; do
+  elsewhere+=("--ignore=$path")
+done
+"$PY" -m pytest tests "${elsewhere[@]}" "$@"
+status=$?
+for i in "${!names[@]}"; do
+  wait "${pids[$i]}"
+  rc=$?
+  [ "$status" -eq 0 ] && status=$rc
+  echo "=== the ${names[$i]} lane: $(lane_paths "${names[$i]}" | tr '\n' ' ')(ran beside the rest; log: ${logs[$i]}) ==="
+  cat "${logs[$i]}"
+done
+trap - INT TERM
+exit "$status"
