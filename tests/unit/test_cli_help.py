@@ -21,7 +21,6 @@ from launcher.cli import SUBCOMMANDS, HelpFormatter, build_parser
 from tests.support.helpers import REPO, roformer_env
 
 HELP_SECONDS = 0.3  # CPU time of one --help
-WALL_SECONDS = 1.0  # its wall time on a shared machine: still catches an eager torch import (~1.5 s alone)
 # Every command line whose --help is checked: each subcommand, and the actions of `data`.
 COMMANDS = [[name] for name in SUBCOMMANDS] + [["data", "prepare"], ["data", "tokenizer"], ["data", "upload"]]
 # A fresh interpreter builds one subcommand's parser and reports which heavy modules that imported.
@@ -114,12 +113,10 @@ def _timed_help(words: list[str]) -> tuple[float, float]:
 
 @pytest.mark.parametrize("words", COMMANDS, ids=" ".join)
 def test_help_of_every_subcommand_answers_within_0_3_s(words):
+    """0.3 s of CPU, the best of three: an eager torch import alone costs ~1.5 CPU-s. Wall time is printed, not
+    asserted: with four lanes on two cores it waits for a core (it failed a CI at 1.0 s for all of six tries), and
+    the CPU figure, which waiting does not change, already catches what the wall bound was for."""
     runs = [_timed_help(words) for _ in range(3)]
-    if min(r[0] for r in runs) >= WALL_SECONDS:  # a busy moment of a shared machine: three more tries
-        runs += [_timed_help(words) for _ in range(3)]
     wall, cpu = min(r[0] for r in runs), min(r[1] for r in runs)
     print(f"roformer {' '.join(words)} --help: best wall {wall:.3f} s, CPU {cpu:.3f} s")
     assert cpu < HELP_SECONDS, f"roformer {' '.join(words)} --help used {cpu:.2f} s of CPU"
-    # Wall time on a shared machine waits for the CPU; the CPU figure above is the 0.3 s target. The
-    # wall bound still catches an eager torch import (~1.5 s on its own).
-    assert wall < WALL_SECONDS, f"roformer {' '.join(words)} --help took {wall:.2f} s at best of 3"
