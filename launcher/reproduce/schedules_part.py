@@ -98,10 +98,9 @@ def full_sizes(configs: Path) -> SchedulesPart:
         seeds=(0, 1, 2), eval_lens=(128, 512, 1024), budget=1000, compared_len=512,
         # A noise estimate every 20 steps: >= 3 in the 60-step stages, ~4% of each run's time alike
         # (bench/results/noise_scale.json: one estimate costs 0.87 step); the default 100 gives ~1 per stage.
-        overrides={variant: (*NOISE_EVERY_20, *extra) for variant, extra in (
-            ("flat-512", ()), ("staged", ()), ("short-then-long", ()),
-            ("staged-ramp", ("optimizer.batch_scaling=sqrt", "optimizer.reference_batch=32",
-                             "optimizer.warmup_steps=null", "optimizer.warmup_tokens=245760")))})
+        overrides={**{variant: NOISE_EVERY_20 for variant in VARIANTS},
+                   "staged-ramp": (*NOISE_EVERY_20, "optimizer.batch_scaling=sqrt", "optimizer.reference_batch=32",
+                                   "optimizer.warmup_steps=null", "optimizer.warmup_tokens=245760")})
 
 
 def quick_sizes() -> SchedulesPart:

@@ -64,11 +64,8 @@ def warm_up() -> None:
     from deepspeed.accelerator import get_accelerator
 
     get_accelerator()  # built here once (the job asks it for the node's device variables, as launch.py does)
-    for name in WARM_MODULES:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass  # a module renamed: the rank imports what it needs itself
+    for name in WARM_MODULES:  # a module renamed fails the server's start loudly: keep this list true
+        importlib.import_module(name)
     IMPORT_ENV.update({k: v for k, v in os.environ.items() if before.get(k) != v})
 
 
@@ -135,7 +132,7 @@ def _reap(jobs: dict[int, socket.socket]) -> None:
 
 def _tell(conn: socket.socket, status: int, usage) -> None:
     """The job's exit code (a signal death as -N, as Popen.returncode) and CPU seconds, to the test waiting for it."""
-    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    code = os.waitstatus_to_exitcode(status)  # a signal death as -N
     try:
         conn.sendall(json.dumps({"exit": code, "cpu_s": usage.ru_utime + usage.ru_stime}).encode() + b"\n")
     except OSError:
@@ -197,7 +194,7 @@ def _launch(request: dict) -> int:
         while alive:
             pid, status = os.waitpid(-1, 0)
             alive.discard(pid)
-            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            code = os.waitstatus_to_exitcode(status)  # a signal death as -N
             if code != 0:
                 return _terminate(alive, code)
     except _Stopped:
@@ -321,7 +318,6 @@ class ForkServer:
     """One warm process per pytest process, started at the first job, stopped at the session's end."""
 
     def __init__(self, env: dict[str, str], cwd: Path):
-        global _reported_cpu_s
         self._dir = tempfile.mkdtemp(prefix="roformer-fork-server.")
         self.path = os.path.join(self._dir, "socket")
         self._proc = subprocess.Popen([sys.executable, "-u", "-m", "tests.support.fork_server", self.path], cwd=cwd,
