@@ -1,34 +1,39 @@
 """Every `roformer` subcommand's help: each option described with its default, answered at once.
 
 The parsers are built the way `roformer` builds them (launcher.cli.build_parser, one subcommand at a
-time), in a fresh interpreter each, so an import made while building them is seen. Speed: `--help`
-of each subcommand in a subprocess: the CPU time (user + system of the child, load-independent) must
-stay under 0.3 s, the wall-clock time (best of 3 runs, of 6 when all 3 were slow: other processes
-share the machine) under 1 s.
+time). "At once" is checked by its cause: `python -m launcher WORDS --help`, run whole in a fresh
+interpreter, imports none of torch, DeepSpeed, transformers or matplotlib (any one of them costs seconds).
+How long --help takes is measured by bench/bench_cli_help.py (CPU and wall time on a quiet machine): a timed
+bound here failed CIs whenever four lanes shared two cores (CPU time grows with the contention too).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from launcher.cli import SUBCOMMANDS, HelpFormatter, build_parser
 from tests.support.helpers import REPO, roformer_env
 
-HELP_SECONDS = 0.3  # CPU time of one --help
+HEAVY_MODULES = ("torch", "deepspeed", "transformers", "matplotlib")
 # Every command line whose --help is checked: each subcommand, and the actions of `data`.
 COMMANDS = [[name] for name in SUBCOMMANDS] + [["data", "prepare"], ["data", "tokenizer"], ["data", "upload"]]
-# A fresh interpreter builds one subcommand's parser and reports which heavy modules that imported.
-_PROBE = """
-import json, sys
-from launcher.cli import build_parser
-build_parser([sys.argv[1]])
-print(json.dumps({m: m in sys.modules for m in ("torch", "deepspeed", "transformers", "matplotlib")}))
+# A fresh interpreter runs `roformer WORDS --help` as `python -m launcher` does, then reports which heavy modules
+# that imported (parsing, building the parser, formatting the help).
+_PROBE = f"""
+import io, json, runpy, sys
+from contextlib import redirect_stdout
+sys.argv = ["roformer", *sys.argv[1:], "--help"]
+help_text = io.StringIO()
+try:
+    with redirect_stdout(help_text):
+        runpy.run_module("launcher", run_name="__main__", alter_sys=True)
+except SystemExit as stop:
+    assert stop.code in (0, None), stop.code
+print(json.dumps({{"help": help_text.getvalue(), "imported": [m for m in {HEAVY_MODULES!r} if m in sys.modules]}}))
 """
 
 
@@ -88,35 +93,11 @@ def test_defaults_are_the_values_the_options_really_get():
     assert "(default: 1)" in texts["data prepare"]  # --workers
 
 
-@pytest.mark.parametrize("name", list(SUBCOMMANDS))
-def test_building_a_subcommands_parser_imports_neither_torch_nor_deepspeed(name):
-    proc = subprocess.run([sys.executable, "-c", _PROBE, name], cwd=REPO, env=roformer_env(),
+@pytest.mark.parametrize("words", COMMANDS, ids=" ".join)
+def test_help_of_every_subcommand_imports_nothing_heavy(words):
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *words], cwd=REPO, env=roformer_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    imported = json.loads(proc.stdout)
-    assert not any(imported.values()), f"roformer {name}: building its parser imported {imported}"
-
-
-def _timed_help(words: list[str]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one `python -m launcher WORDS --help`; the child is reaped with
-    os.wait4 to get its own CPU time."""
-    start = time.perf_counter()
-    pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "launcher", *words, "--help"],
-                         {**roformer_env(), "PYTHONPATH": str(REPO)},
-                         file_actions=[(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                                       (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0)])
-    _, status, usage = os.wait4(pid, 0)
-    wall = time.perf_counter() - start
-    assert os.waitstatus_to_exitcode(status) == 0, words
-    return wall, usage.ru_utime + usage.ru_stime
-
-
-@pytest.mark.parametrize("words", COMMANDS, ids=" ".join)
-def test_help_of_every_subcommand_answers_within_0_3_s(words):
-    """0.3 s of CPU, the best of three: an eager torch import alone costs ~1.5 CPU-s. Wall time is printed, not
-    asserted: with four lanes on two cores it waits for a core (it failed a CI at 1.0 s for all of six tries), and
-    the CPU figure, which waiting does not change, already catches what the wall bound was for."""
-    runs = [_timed_help(words) for _ in range(3)]
-    wall, cpu = min(r[0] for r in runs), min(r[1] for r in runs)
-    print(f"roformer {' '.join(words)} --help: best wall {wall:.3f} s, CPU {cpu:.3f} s")
-    assert cpu < HELP_SECONDS, f"roformer {' '.join(words)} --help used {cpu:.2f} s of CPU"
+    answer = json.loads(proc.stdout)
+    assert answer["help"].startswith(f"usage: roformer {' '.join(words)}"), answer["help"][:200]
+    assert answer["imported"] == [], f"roformer {' '.join(words)} --help imported {answer['imported']}"
