@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite as four pytest processes side by side on the 2-core reference machine. Each lane
+# `make test`: the whole suite as five pytest processes side by side on the 2-core reference machine. Each lane
 # keeps about 0.55-0.65 of a core busy on its own (it waits on jobs starting, ssh sessions, watchdog bounds, pulled
-# links, restart backoff, servers), so four lanes keep both cores busy where two or three left them ~15% idle.
+# links, restart backoff, servers), so several lanes keep both cores busy where two or three left them ~15% idle.
 # - cluster lane: tests/cluster (the two-node network-namespace cluster, MPI, Slurm).
-# - unit lane: tests/unit but the two files the multirank lane takes, then the runs from object storage
-#   (test_remote_training.py).
+# - two unit lanes, tests/unit split by file name (test_a* to test_k*, then test_l* to test_z*; ~700 s of tests each
+#   in a four-lane CI, where tests/unit as one lane ended ~200 s after the others), but the two files the multirank
+#   lane takes; the second one also runs the runs from object storage (test_remote_training.py).
 # - launch lane: the multirank tests whose jobs are `roformer pretrain` commands (stops, restarts, trackers, the
 #   guard, init-from, BERT), which share the guard's session run, then the quick reproduction
 #   (test_reproduce_multirank.py: `roformer` jobs of its own, no session fixture).
@@ -21,16 +22,23 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 UNIT_IN_MULTIRANK_LANE=(tests/unit/test_model_compile.py tests/unit/test_finetune_own_files.py)
 CLUSTER_LANE=(tests/cluster)
-UNIT_LANE=(tests/unit "${UNIT_IN_MULTIRANK_LANE[@]/#/--ignore=}" tests/multirank/test_remote_training.py)
+unit_files() {  # tests/unit/test_$1*.py but the multirank lane's (pytest's --ignore skips no file named on its line)
+  local path
+  for path in tests/unit/test_$1*.py; do
+    [[ " ${UNIT_IN_MULTIRANK_LANE[*]} " == *" $path "* ]] || echo "$path"
+  done
+}
+mapfile -t UNIT_A_TO_K_LANE < <(unit_files "[a-k]")
+mapfile -t UNIT_L_TO_Z_LANE < <(unit_files "[l-z]"; echo tests/multirank/test_remote_training.py)
 LAUNCH_LANE=(tests/multirank/test_stop_at_start.py tests/multirank/test_init_from_multirank.py
              tests/multirank/test_guard.py tests/multirank/test_trackers.py tests/multirank/test_bert_multirank.py
              tests/multirank/test_restarts.py tests/multirank/test_fork_server.py
              tests/multirank/test_rank_teardown.py tests/multirank/test_reproduce_multirank.py)
-lane_paths() {  # the paths of lane $1 (cluster, unit, launch)
+lane_paths() {  # the paths of lane $1 (one of names)
   local -n paths="${1^^}_LANE"
   printf '%s\n' "${paths[@]}"
 }
-names=(cluster unit launch)
+names=(cluster unit_a_to_k unit_l_to_z launch)
 pids=()
 logs=()
 for name in "${names[@]}"; do
@@ -52,7 +60,10 @@ for i in "${!names[@]}"; do
   wait "${pids[$i]}"
   rc=$?
   [ "$status" -eq 0 ] && status=$rc
-  echo "=== the ${names[$i]} lane: $(lane_paths "${names[$i]}" | tr '\n' ' ')(ran beside the rest; log: ${logs[$i]}) ==="
+  mapfile -t paths < <(lane_paths "${names[$i]}")
+  shown="${paths[*]:0:9}"
+  [ "${#paths[@]}" -le 9 ] || shown+=" and $(( ${#paths[@]} - 9 )) more files"
+  echo "=== the ${names[$i]} lane: $shown (ran beside the rest; log: ${logs[$i]}) ==="
   cat "${logs[$i]}"
 done
 trap - INT TERM
