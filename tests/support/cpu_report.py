@@ -11,7 +11,11 @@ SESSION_TEARDOWN, not in the last test: the namespace cluster's sshd reaps every
 over ssh, so its CPU reaches pytest only when the session stops it (once 180 CPU-s, read as the side lane's
 last test, test_remote_training's paused server, whose pause is idle). Loaded by setup.cfg's addopts.
 
-    python -m tests.support.cpu_report DIR [--top N]   # each file's total, then the N most expensive tests
+    python -m tests.support.cpu_report DIR [--top N] [--yardstick]
+        # each file's total, then the N most expensive tests; --yardstick: the machine's speed that day
+
+The host's speed varies from day to day (the same tree: 22.9 and 29.0 min, all tests' CPU seconds 26% apart), so
+`.ci/run` prints a yardstick beside the figures: the best of three fresh `import torch`, CPU seconds.
 """
 from __future__ import annotations
 
@@ -91,9 +95,27 @@ def summary(directory: Path, top: int = 15) -> str:
     return "\n".join(lines)
 
 
+def yardstick(rounds: int = 3) -> float:
+    """Best CPU seconds (user + system) of a fresh interpreter importing torch, of `rounds`."""
+    import subprocess
+    import sys
+
+    best = float("inf")
+    for _ in range(rounds):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-c", "import torch"], check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        best = min(best, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return best
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="the CPU seconds of a suite run's tests (pytest --cpu-report DIR)")
     parser.add_argument("directory", type=Path)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--yardstick", action="store_true", help="also print the machine's speed (import torch)")
     args = parser.parse_args()
     print(summary(args.directory, args.top))
+    if args.yardstick:
+        print(f"machine speed: a fresh `import torch` costs {yardstick():.2f} CPU-s (best of 3; README "
+              f"'Tests' gives it beside each CI figure)")
