@@ -1,16 +1,19 @@
-"""Fine-tuning metrics from scikit-learn and scipy (never hand-written), baselines and seed spreads.
+"""Fine-tuning metrics (numpy; tests check each against scikit-learn and scipy), baselines and seed spreads.
 
 Classification: accuracy, macro-F1 over every class of the task's label mapping (a class never
-predicted scores 0: `zero_division=0`), Matthews correlation (MCC). Regression: Pearson and Spearman
-correlation (scipy.stats; None when either side is constant, where they are undefined), mean squared
-and mean absolute error. Baselines: the most frequent train class / the train mean, predicted for
-every example. docs/finetune.md says the same for users.
+predicted scores 0, as scikit-learn's `zero_division=0`), Matthews correlation (MCC, scikit-learn's
+multi-class form: 0 when either side is constant). Regression: Pearson and Spearman correlation (ties
+get average ranks; None when either side is constant, where they are undefined), mean squared and mean
+absolute error. Baselines: the most frequent train class / the train mean, predicted for every example.
+docs/finetune.md says the same for users. Why not scikit-learn and scipy themselves: importing them
+took ~1 s of each fine-tune's start-up, for a few sums (tests/unit/test_task_metrics.py compares).
 """
 from __future__ import annotations
 
 import math
-import warnings
 from collections import Counter
+
+import numpy as np
 
 from launcher.common.errors import UserError
 
@@ -35,24 +38,59 @@ def scores(task_type: str, labels: list, predictions: list, num_labels: int) -> 
     """Every metric of the task type on one split, rounded to 5 digits, plus the example count."""
     if len(labels) != len(predictions) or not labels:
         raise ValueError("scores: labels and predictions must be non-empty and of equal length")
-    if task_type == "classification":
-        from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
-
-        values = {"accuracy": accuracy_score(labels, predictions),
-                  "macro_f1": f1_score(labels, predictions, labels=list(range(num_labels)), average="macro",
-                                       zero_division=0),
-                  "mcc": matthews_corrcoef(labels, predictions)}
-    else:
-        from scipy.stats import pearsonr, spearmanr
-        from sklearn.metrics import mean_absolute_error, mean_squared_error
-
-        constant = len(set(labels)) < 2 or len(set(predictions)) < 2
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # scipy warns on constant input; that case is None below
-            values = {"pearson": None if constant else float(pearsonr(labels, predictions).statistic),
-                      "spearman": None if constant else float(spearmanr(labels, predictions).statistic),
-                      "mse": mean_squared_error(labels, predictions), "mae": mean_absolute_error(labels, predictions)}
+    values = (classification_metrics(labels, predictions, num_labels) if task_type == "classification"
+              else regression_metrics(labels, predictions))
     return {**{k: _round(v) for k, v in values.items()}, "examples": len(labels)}
+
+
+def classification_metrics(labels: list[int], predictions: list[int], num_labels: int) -> dict[str, float]:
+    """accuracy, macro_f1 (classes 0..num_labels-1) and mcc, unrounded."""
+    y, p = np.asarray(labels, dtype=np.int64), np.asarray(predictions, dtype=np.int64)
+    classes = np.arange(num_labels)
+    true_positive = ((y == p)[:, None] & (y[:, None] == classes)).sum(axis=0)
+    predicted = (p[:, None] == classes).sum(axis=0)
+    actual = (y[:, None] == classes).sum(axis=0)
+    denominator = predicted + actual  # 2tp + fp + fn
+    f1 = np.divide(2 * true_positive, denominator, out=np.zeros(num_labels), where=denominator > 0)
+    return {"accuracy": float(np.mean(y == p)), "macro_f1": float(f1.mean()), "mcc": _mcc(y, p)}
+
+
+def _mcc(y: np.ndarray, p: np.ndarray) -> float:
+    """Multi-class Matthews correlation from the confusion matrix's sums (over the classes either side has)."""
+    _, codes = np.unique(np.concatenate([y, p]), return_inverse=True)
+    y_codes, p_codes = codes[:len(y)], codes[len(y):]
+    size = int(codes.max()) + 1
+    t_sum = np.bincount(y_codes, minlength=size).astype(np.float64)
+    p_sum = np.bincount(p_codes, minlength=size).astype(np.float64)
+    n = float(len(y))
+    cov_tp = float(np.sum(y_codes == p_codes)) * n - np.dot(t_sum, p_sum)
+    cov_pp, cov_tt = n ** 2 - np.dot(p_sum, p_sum), n ** 2 - np.dot(t_sum, t_sum)
+    return 0.0 if cov_pp * cov_tt == 0 else float(cov_tp / np.sqrt(cov_tt * cov_pp))
+
+
+def regression_metrics(labels: list[float], predictions: list[float]) -> dict[str, float | None]:
+    """pearson, spearman (None when either side is constant), mse and mae, unrounded."""
+    y, p = np.asarray(labels, dtype=np.float64), np.asarray(predictions, dtype=np.float64)
+    constant = len(set(labels)) < 2 or len(set(predictions)) < 2
+    return {"pearson": None if constant else _pearson(y, p),
+            "spearman": None if constant else _pearson(_average_ranks(y), _average_ranks(p)),
+            "mse": float(np.mean((y - p) ** 2)), "mae": float(np.mean(np.abs(y - p)))}
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    x, y = x - x.mean(), y - y.mean()
+    return float(np.clip(np.dot(x, y) / (np.linalg.norm(x) * np.linalg.norm(y)), -1.0, 1.0))
+
+
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 1..n; tied values share the mean of their ranks."""
+    order = np.argsort(x, kind="stable")
+    ordered = x[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])  # first position of each run of equal values
+    ends = np.r_[starts[1:], len(x)]
+    ranks = np.empty(len(x))
+    ranks[order] = np.repeat((starts + ends + 1) / 2, ends - starts)
+    return ranks
 
 
 def _round(value) -> float | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -236,21 +235,3 @@ def test_bundled_tasks_are_ordinary_task_specs(tasks_dir):
     data = load_task(spec)
     assert data.label_names == ["positive", "neutral", "negative"] and data.task_type == "classification"
     assert {len(data.train), len(data.dev), len(data.test)} and set(data.dev.labels) == {0, 1, 2}
-
-
-def test_metrics_come_from_scikit_learn_and_scipy():
-    from scipy.stats import spearmanr
-    from sklearn.metrics import f1_score, matthews_corrcoef
-
-    from launcher.downstream.task_metrics import scores, spread
-
-    labels, predictions = [0, 0, 1, 2, 2, 2], [0, 1, 1, 2, 2, 0]
-    s = scores("classification", labels, predictions, 4)  # class 3 is never seen: it still counts in macro-F1
-    assert s["macro_f1"] == round(f1_score(labels, predictions, labels=[0, 1, 2, 3], average="macro",
-                                           zero_division=0), 5)
-    assert s["mcc"] == round(matthews_corrcoef(labels, predictions), 5) and s["accuracy"] == round(4 / 6, 5)
-    r = scores("regression", [0.5, 1.0, 3.0, -2.0], [0.1, 1.5, 2.0, -1.0], 1)
-    assert r["spearman"] == round(spearmanr([0.5, 1.0, 3.0, -2.0], [0.1, 1.5, 2.0, -1.0]).statistic, 5) == 1.0
-    assert math.isclose(r["mse"], (0.16 + 0.25 + 1 + 1) / 4, abs_tol=1e-5)
-    assert scores("regression", [1.0, 2.0], [0.5, 0.5], 1)["pearson"] is None
-    assert spread([0.5, None, 0.7]) == {"mean": 0.6, "min": 0.5, "max": 0.7, "n": 2}
