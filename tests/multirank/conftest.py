@@ -54,8 +54,8 @@ def fp16_stopped_run(tmp_path_factory, tiny_data):
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
-    """A real `mlflow server` (tests/support/mlflow_server.py) for the multirank tests; test_trackers.py takes it
-    down and starts it again mid-test."""
+    """A real `mlflow server` (tests/support/mlflow_server.py) for the multirank tests, up for the whole session
+    (test_trackers.py's run resumed without a server points at a port nothing listens on instead)."""
     pytest.importorskip("mlflow")
     from tests.support.mlflow_server import MlflowServer
 

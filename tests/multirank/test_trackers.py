@@ -1,8 +1,10 @@
-"""Real 2-rank runs reporting to a real `mlflow server` (tests/support/mlflow_server.py), read back with MLflow's
-own client: (a) a run stopped by SIGTERM mid-stage and resumed while the server is down, then caught up by
-the same command started again (the run is finished) and `roformer report`: one MLflow run, every step once with metrics.jsonl's values, stage boundaries and artifacts;
-(b) a guard rewind (test_guard.py's (b) run, shared: tests/multirank/conftest.py poisoned_rewind_run): the redone
-steps told apart from the abandoned ones by their attempt."""
+"""Runs reporting to a real `mlflow server` (tests/support/mlflow_server.py), read back with MLflow's own client:
+(a) a one-rank run stopped by SIGTERM mid-stage and resumed while its server is unreachable (its tracking URI a port
+nothing listens on: refused, as a server that is down), then caught up by the same command started again with the
+server's address (the run is finished) and `roformer report`: one MLflow run, every step once with metrics.jsonl's
+values, stage boundaries and artifacts (the trackers live in rank 0 alone: a second rank would add nothing);
+(b) a guard rewind on 2 ranks (test_guard.py's (b) run, shared: tests/multirank/conftest.py poisoned_rewind_run):
+the redone steps told apart from the abandoned ones by their attempt."""
 from __future__ import annotations
 
 import json
@@ -16,6 +18,7 @@ from tests.support.helpers import (  # noqa: E402
     TEST_RANK_ENTRY,
     TINY_TOTAL_STEPS,
     events,
+    free_port,
     roformer,
     roformer_env,
     run_to_end,
@@ -29,37 +32,35 @@ pytestmark = pytest.mark.multiprocess
 STOP_BEFORE_STEP = 8  # 0-based: mid-way through the second stage (steps 7-10)
 
 
-@pytest.fixture
-def server(mlflow_server):
-    """The session's server (tests/multirank/conftest.py), up again after a test that took it down."""
-    yield mlflow_server
-    if mlflow_server.proc is None or mlflow_server.proc.poll() is not None:
-        mlflow_server.start()
+def tracker_env(uri: str, experiment: str) -> dict:
+    return {"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": experiment}
 
 
-def tracker_env(server, experiment: str) -> dict:
-    return {"MLFLOW_TRACKING_URI": server.uri, "MLFLOW_EXPERIMENT_NAME": experiment}
-
-
-def test_stopped_resumed_with_the_server_down_then_caught_up(tiny_data, tmp_path, server):
-    config = tiny_run_config(tmp_path / "config", tiny_data,
-                             logging={"report_to": ["tensorboard", "mlflow", "wandb"], "plots": True})
-    run_dir, env = tmp_path / "run", {**tracker_env(server, "stop-resume"), "WANDB_MODE": "offline"}
-    proc = start_run(2, config, run_dir, module=TEST_RANK_ENTRY,
+def test_stopped_resumed_with_the_server_down_then_caught_up(tiny_data, tmp_path, mlflow_server):
+    """Stopped at step 8 of 16 (reported), resumed with MLflow unreachable (one warning line, training goes on),
+    started again once the server answers (the run is finished: the trackers get what they missed), then `roformer
+    report`: MLflow and W&B (offline) each hold every step once with metrics.jsonl's values, the stage boundaries,
+    the resume and the outcome as tags, report.md and the plots as artifacts."""
+    # No plot renders of the run's own: `roformer report` draws RUN_DIR/plots and attaches them with report.md.
+    config = tiny_run_config(tmp_path / "config", tiny_data, logging={"report_to": ["tensorboard", "mlflow", "wandb"]})
+    run_dir, env = tmp_path / "run", {**tracker_env(mlflow_server.uri, "stop-resume"), "WANDB_MODE": "offline"}
+    proc = start_run(1, config, run_dir, module=TEST_RANK_ENTRY,
                      ROFORMER_TEST_SIGTERM_LAUNCHER_AT=str(STOP_BEFORE_STEP), **env)
     assert proc.wait(timeout=600) != 0
     (stopped,) = events(run_dir, "stopped")
-    server.stop()  # the resumed run goes on without it
-    run_to_end(2, config, run_dir, log=tmp_path / "resume.log", **env)
+    # The resumed run goes on without its server: a port nothing listens on (claimed by this process, so no other
+    # test's server takes it) refuses the connection as a stopped server's does; no retries, so no backoff waits.
+    down = {**env, **tracker_env(f"http://127.0.0.1:{free_port()}", "stop-resume"),
+            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    run_to_end(1, config, run_dir, log=tmp_path / "resume.log", **down)
     log = (tmp_path / "resume.log").read_text(errors="replace")
     assert log.count("tracking: mlflow unreachable") == 1, log[-3000:]
-    server.start()
-    client = server.client()
+    client = mlflow_server.client()
     (run,) = client.search_runs([client.get_experiment_by_name("stop-resume").experiment_id])
     train = read_metrics(run_dir)
     assert len(client.get_metric_history(run.info.run_id, "train/loss")) < len(train)  # what it missed
     # The same command again (issue 49, row 7): the run is finished, and first its trackers get what they missed.
-    run_to_end(2, config, run_dir, log=tmp_path / "finished.log", **env)
+    run_to_end(1, config, run_dir, log=tmp_path / "finished.log", **env)
     finished = (tmp_path / "finished.log").read_text(errors="replace")
     assert "already trained to the end of the schedule" in finished and "unreachable" not in finished, finished[-3000:]
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == \
@@ -93,14 +94,14 @@ def test_stopped_resumed_with_the_server_down_then_caught_up(tiny_data, tmp_path
     assert logged == [(r["step"], r["loss"]) for r in train]  # W&B's own files: every step once, the same values
 
 
-def test_guard_rewind_redone_steps_are_told_apart(poisoned_rewind_run, server):
+def test_guard_rewind_redone_steps_are_told_apart(poisoned_rewind_run, mlflow_server):
     # Steps 7 and 8 carry a poisoned stretch of data: the guard rewinds to step 6 and redoes 7-12 (attempt 1).
     # The run is test_guard.py's (b), shared (tests/multirank/conftest.py poisoned_rewind_run).
     _, run_dir = poisoned_rewind_run
     [rewind] = events(run_dir, "guard")
     [attempt] = events(run_dir, "attempt")
     assert (attempt["attempt"], attempt["step"]) == (1, rewind["to_step"])
-    client = server.client()
+    client = mlflow_server.client()
     (run,) = client.search_runs([client.get_experiment_by_name(REWIND_EXPERIMENT).experiment_id])
     run_id = run.info.run_id
     attempts = {(m.step, m.timestamp): int(m.value) for m in client.get_metric_history(run_id, "train/attempt")}
