@@ -1,7 +1,11 @@
 """One job per run directory with real jobs (issue 20, section 3): a running `roformer pretrain` holds
 RUN_DIR's lock; a second `roformer pretrain` on it, and a rank 0 started without the launcher, are
 refused in one line naming the holder, exit 2, writing nothing; `export` and `report` work on the
-running run; a stale lock left by a dead process is taken over, saying so; the lock goes with the job."""
+running run; a stale lock left by a dead process is taken over, saying so; the lock goes with the job.
+
+The job is held still (SIGSTOP) from its first checkpoint until the test has done all of that, so that it
+trains no further meanwhile (no CPU spent on it) and any write of the second start would show. `export` and
+`report` run in this process (the commands themselves: tests/unit/test_export_length.py, tests/unit/test_report.py)."""
 from __future__ import annotations
 
 import json
@@ -21,6 +25,8 @@ from tests.support.helpers import REPO, free_port, roformer, roformer_env, start
 
 # A schedule far longer than the test: the job runs until the test stops it (Ctrl-C), whatever the speed.
 ENDLESS = [{"name": "long", "max_seq_len": 16, "global_batch_size": 4, "steps": 100000}]
+# Held still for a minute or more on a loaded machine: the rank guard's hang bound must not take that for a hang.
+PATIENT_WATCHDOG = {"min_step_seconds": 3600.0, "phase_seconds": 3600.0}
 
 
 def tree_state(root: Path) -> dict[str, tuple[int, int]]:
@@ -35,7 +41,10 @@ def job_processes(proc: subprocess.Popen) -> list[psutil.Process]:
 
 
 def test_a_running_job_keeps_its_run_directory_to_itself(tiny_data, tmp_path):
-    config = tiny_run_config(tmp_path / "config", tiny_data, stages=ENDLESS, checkpoint={"every_steps": 2})
+    from launcher.cli import main as cli_main
+
+    config = tiny_run_config(tmp_path / "config", tiny_data, stages=ENDLESS, checkpoint={"every_steps": 2},
+                             watchdog=PATIENT_WATCHDOG)
     run_dir, log = tmp_path / "run", tmp_path / "first.out"
     # A lock left by a job that died (its pid is gone): the first job takes it over, saying so.
     dead = subprocess.Popen([sys.executable, "-c", "import sys, os; from launcher.run_dir.lock import acquire; "
@@ -48,25 +57,24 @@ def test_a_running_job_keeps_its_run_directory_to_itself(tiny_data, tmp_path):
         while not RunDir(run_dir).latest.exists() and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         assert first.poll() is None and RunDir(run_dir).latest.exists(), log.read_text()[-3000:]
-        holder = read_holder(run_dir)
-        assert (holder.pid, holder.command) == (first.pid, "roformer pretrain")
-        assert (f"roformer pretrain: note: --run-dir {run_dir}: took over the lock of roformer pretrain "
-                f"(pid {dead.pid} on ") in log.read_text()
-        assert log.read_text().count("took over the lock") == 1  # rank 0 joined its launcher's lock silently
-
-        # Read-only commands on the running run.
-        export = roformer("export", str(run_dir), "--out", str(tmp_path / "export"), timeout=300)
-        assert export.returncode == 0, export.stderr[-3000:]
-        assert json.loads((tmp_path / "export" / "export_info.json").read_text())["step"] >= 2
-        report = roformer("report", str(run_dir), "--out", str(tmp_path / "report"), timeout=300)
-        assert report.returncode == 0, report.stderr[-3000:]
-        assert (tmp_path / "report" / "report.md").is_file()
-
-        # The whole first job held still, so that any write of the second one would show.
+        # The whole first job held still from here on: it trains no further while the test works, and any write
+        # of the second start would show.
         frozen = job_processes(first)
         for process in frozen:
             process.send_signal(signal.SIGSTOP)
         try:
+            holder = read_holder(run_dir)
+            assert (holder.pid, holder.command) == (first.pid, "roformer pretrain")
+            assert (f"roformer pretrain: note: --run-dir {run_dir}: took over the lock of roformer pretrain "
+                    f"(pid {dead.pid} on ") in log.read_text()
+            assert log.read_text().count("took over the lock") == 1  # rank 0 joined its launcher's lock silently
+
+            # Read-only commands on the running run (alive, its lock held).
+            assert cli_main(["export", str(run_dir), "--out", str(tmp_path / "export")]) == 0
+            assert json.loads((tmp_path / "export" / "export_info.json").read_text())["step"] >= 2
+            assert cli_main(["report", str(run_dir), "--out", str(tmp_path / "report")]) == 0
+            assert (tmp_path / "report" / "report.md").is_file()
+
             before = tree_state(run_dir)
             second = roformer("pretrain", "--num_gpus", "1", "--master_port", str(free_port()), "--config",
                               str(config), "--run-dir", str(run_dir), timeout=120)
