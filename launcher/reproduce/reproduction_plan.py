@@ -7,6 +7,7 @@ downstream, extension, recipes, retrieval, from-bert) and the presets: docs/repr
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -342,21 +343,11 @@ class Preset:
     def finetune_runs(self, parts: tuple[str, ...]) -> list[FinetuneRun]:
         runs: list[FinetuneRun] = []
         if "downstream" in parts:
-            for task, protocol in self.tasks.items():
-                for budget in self.label_budgets:
-                    # The twin is a function of architecture, tokenizer and fine-tuning seed only: one
-                    # set of twins (named after the first recipe run) serves every pretraining seed.
-                    for recipe, init in [*((r, "pretrained") for r in self.recipe_runs), (self.recipe_run, "random")]:
-                        for seed in self.finetune_seeds:
-                            runs.append(FinetuneRun(recipe, task, init, budget, protocol.max_length, seed,
-                                                    "downstream", protocol.args_for(budget)))
+            runs += self.downstream_finetunes()
         if "retrieval" in parts and self.retrieval is not None:
             runs += retrieval_part.finetune_runs(self, FinetuneRun)
         if "lengths" in parts:
-            for length in self.lengths:
-                for seed in self.lengths_seeds:
-                    runs.append(FinetuneRun(self.recipe_run, "inews", "pretrained", self.lengths_budget, length, seed,
-                                            "lengths", self.lengths_args))
+            runs += self.lengths_finetunes()
         runs += self.recipe_comparison_finetunes(parts)
         if "from-bert" in parts and self.from_bert is not None:
             runs += from_bert_part.finetune_runs(self, FinetuneRun)
@@ -365,6 +356,31 @@ class Preset:
         if "schedules" in parts and self.schedules is not None:
             runs += schedules_part.finetune_runs(self, FinetuneRun)
         return list({run.name: run for run in runs}.values())  # the comparison's recipe fine-tunes are downstream's
+
+    def downstream_finetunes(self) -> list[FinetuneRun]:
+        """The downstream part's jobs: every task and label budget, each recipe export and the twin."""
+        runs = []
+        for task, protocol in self.tasks.items():
+            for budget in self.label_budgets:
+                # The twin is a function of architecture, tokenizer and fine-tuning seed only: one
+                # set of twins (named after the first recipe run) serves every pretraining seed.
+                for recipe, init in [*((r, "pretrained") for r in self.recipe_runs), (self.recipe_run, "random")]:
+                    for seed in self.finetune_seeds:
+                        runs.append(FinetuneRun(recipe, task, init, budget, protocol.max_length, seed,
+                                                "downstream", protocol.args_for(budget)))
+        return runs
+
+    def lengths_finetunes(self) -> list[FinetuneRun]:
+        """The lengths part's inews fine-tunes of the recipe export. One that is a downstream job in all but its
+        part (the quick preset's length 32) is named as that job: it runs once, and both parts read its report."""
+        downstream, runs = set(self.downstream_finetunes()), []
+        for length in self.lengths:
+            for seed in self.lengths_seeds:
+                run = FinetuneRun(self.recipe_run, "inews", "pretrained", self.lengths_budget, length, seed, "lengths",
+                                  self.lengths_args)
+                same = dataclasses.replace(run, part="downstream")
+                runs.append(same if same in downstream else run)
+        return runs
 
     def recipe_comparison_finetunes(self, parts: tuple[str, ...]) -> list[FinetuneRun]:
         """The three-phase export, the recipe's (seed 0) and the twin on every task at the comparison's budget,
@@ -454,7 +470,10 @@ def quick_preset() -> Preset:
                    "model.num_attention_heads=2", "model.intermediate_size=64",
                    f"schedule.file={_configs() / 'quick_schedule.yaml'}", "logging.valid_every=2",
                    "logging.valid_batches=1", "checkpoint.every_steps=0", "optimizer.warmup_steps=1",
-                   "logging.plots=false"),  # the harness check draws the report's plots, not each run's
+                   "logging.plots=false",  # the harness check draws the report's plots, not each run's
+                   # A nominal peak: a 6-step tiny run's MFU measures nothing, and timing the CPU's matmul
+                   # peak cost each run ~1.6 CPU-s of its ~12 (docs/reproduction/README.md).
+                   "logging.peak_tflops=1"),
         finetune_jobs=2,
         pretrain_jobs=2,
         # One recipe seed and one fine-tuning seed: several seeds are the full preset's, checked by

@@ -55,7 +55,7 @@ def collect(preset: Preset, layout: Layout, parts: tuple[str, ...]) -> dict:
                         for name, run in runs.items()}
         results["downstream"] = table
     if "lengths" in parts:
-        results["lengths"] = finetune_table([r for r in finetune if r.part == "lengths"], layout,
+        results["lengths"] = finetune_table(preset.lengths_finetunes(), layout,
                                             key=lambda r: (str(r.max_length),))
     if "extension" in parts and preset.extension is not None:
         results["extension"] = extension_table([r for r in preset.eval_runs(parts) if r.part == "extension"], layout,

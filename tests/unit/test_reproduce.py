@@ -274,6 +274,37 @@ def test_downstream_pools_pretraining_seeds_and_keeps_each_ones_gain(tmp_path):
     assert all(results["lengths"][n]["accuracy"]["n"] == 3 for n in ("128", "256", "512", "1024"))
 
 
+def test_a_lengths_job_identical_to_a_downstream_job_runs_once(tmp_path):
+    """The quick preset's inews fine-tune at length 32 is the downstream part's job in all but its part: one
+    job, one report, read by both parts' tables. The full preset's lengths protocol differs: its own jobs."""
+    import json
+
+    from launcher.reproduce.job_runner import Layout
+    from launcher.reproduce.results import collect
+
+    preset, layout = PRESETS["quick"](), Layout(tmp_path)
+    finetunes = preset.finetune_runs(("downstream", "lengths"))
+    assert [f.name for f in finetunes] == [
+        "downstream-rope-s0-pretrained-movie-reviews-n32-L32-s0", "downstream-rope-s0-random-movie-reviews-n32-L32-s0",
+        "downstream-rope-s0-pretrained-inews-n32-L32-s0", "downstream-rope-s0-random-inews-n32-L32-s0",
+        "lengths-rope-s0-pretrained-inews-n32-L64-s0"]
+    assert [f.name for f in preset.finetune_runs(("lengths",))] == [f.name for f in preset.lengths_finetunes()] == [
+        "downstream-rope-s0-pretrained-inews-n32-L32-s0", "lengths-rope-s0-pretrained-inews-n32-L64-s0"]
+    for run in finetunes:
+        accuracy = 0.5 + 0.01 * run.max_length + (0.1 if run.init == "pretrained" else 0)
+        path = layout.finetune_report(run)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"test": {"accuracy": accuracy, "macro_f1": accuracy}, "dev": {"accuracy": accuracy},
+                                    "majority_baseline": {"test": {"accuracy": 0.5}}, "train_examples": 32,
+                                    "truncated_share": {"test": 0.5}, "seconds": 1.0}))
+    results = collect(preset, layout, ("lengths", "downstream"))
+    assert results["lengths"]["32"]["accuracy"]["mean"] == results["downstream"]["inews"]["32"]["pretrained"][
+        "accuracy"]["mean"] == pytest.approx(0.92)
+    assert results["lengths"]["64"]["accuracy"]["mean"] == pytest.approx(1.24)
+    full = PRESETS["full"]()
+    assert all(f.part == "lengths" for f in full.lengths_finetunes())
+
+
 def test_recipes_part_changes_one_factor_of_the_rope_ablation_run(tmp_path):
     """WSD and the annealed mask rate against the encodings part's own RoPE runs (reused, not run twice);
     every variant's schedule resolves, and the annealed one masks 30% -> 15% over the ablation stages."""
