@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
+    from launcher.deepspeed_env.lean_imports import import_deepspeed
+
+    import_deepspeed()  # the checkpoint is read by DeepSpeed's code; its plain import took MLflow along (~2.5 CPU-s)
     torch.set_num_threads(max(1, args.threads))
     try:
         report = evaluate_checkpoint(args.run_dir, args.data, seq_lens, tokens=args.tokens, tag=args.tag,
