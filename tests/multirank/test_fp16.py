@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
 
 import pytest
 
@@ -25,7 +24,8 @@ from tests.support.helpers import (
     REPO,
     TEST_RANK_ENTRY,
     TINY_TOTAL_STEPS,
-    launch_command,
+    fork_server,
+    free_port,
     rank_env,
     start_run,
 )
@@ -88,19 +88,20 @@ def test_tensorboard_has_loss_scale_and_skips(fp16_run):
 
 
 @pytest.mark.parametrize("zero_stage", [1, 2])
-def test_a_loss_scale_growth_step_applies_half_the_gradient(zero_stage):
+def test_a_loss_scale_growth_step_applies_half_the_gradient(zero_stage, tmp_path):
     """DeepSpeed's ZeRO-1/2 fp16 step (runtime/zero/stage_1_and_2.py, step()) updates the dynamic loss
     scale before it unscales the gradients, so on a step where the scale doubles the gradient is
     divided by twice the scale it was multiplied with: that step applies half of it (once per
     loss_scale_window overflow-free steps). Measured with SGD on a constant gradient
-    (tests/support/loss_scale_probe.py). A DeepSpeed upgrade that changes this fails here: update
-    docs/training.md and this test."""
+    (tests/support/loss_scale_probe.py, one rank forked from the session's warm process: no launcher or
+    interpreter start-up). A DeepSpeed upgrade that changes this fails here: update docs/training.md and this test."""
     import deepspeed
 
-    command = launch_command(1, "tests.support.loss_scale_probe", [str(zero_stage), "7"])
-    proc = subprocess.run(command, cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    steps = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"step"')]
+    log = tmp_path / "probe.log"
+    probe = fork_server().start(1, "tests.support.loss_scale_probe", [str(zero_stage), "7"], free_port(), rank_env(),
+                                REPO, log)
+    assert probe.wait(timeout=600) == 0, log.read_text()[-3000:]
+    steps = [json.loads(line) for line in log.read_text().splitlines() if line.startswith('{"step"')]
     assert [r["step"] for r in steps] == list(range(7))
     grew = [r["step"] for r in steps if r["scale_after"] == 2 * r["scale_before"]]
     assert grew == [2, 4, 6]  # scale 16, growth every 2 overflow-free steps, no overflow

@@ -1,6 +1,6 @@
 """TEST-ONLY rank program: how much of the gradient each fp16 optimizer step of DeepSpeed applies.
 
-    python -m tests.support.loss_scale_probe ZERO_STAGE STEPS   (one rank, started by DeepSpeed's launcher)
+    python -m tests.support.loss_scale_probe ZERO_STAGE STEPS   (one rank: DeepSpeed's launcher or the fork server's)
 
 A bias-free Linear(4, 1) whose loss is the sum of its output on an all-ones input has the gradient 1
 in every weight, every step; plain SGD (lr 1/16, no momentum, no clipping) must then move each weight
