@@ -1,6 +1,12 @@
-"""Small trained models for the tests that continue one, and the random-init twin they are measured against."""
+"""Small trained models for the tests that continue one, and the random-init twin they are measured against.
+
+They run on one torch thread (`one_thread`): a tiny model's matrices gain nothing from a second, and with the CI's
+four lanes on two cores torch's default (one thread a core) spins waiting for a core: train_tiny_mlm took 64 CPU-s
+and 200 s at a load of 9 with two threads, 5.5 CPU-s and 27 s with one.
+"""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -8,6 +14,18 @@ import torch
 from tests.support.helpers import NO_DROPOUT, TINY_MODEL
 
 
+@contextlib.contextmanager
+def one_thread():
+    """torch on one CPU thread inside the block, its setting before restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@one_thread()
 def train_tiny_mlm(data_dir: Path, **config):
     """A TINY_MODEL RoFormer without dropout (plus `config`) trained 150 steps of 16 x 32 tokens on the train split."""
     from data_pipeline import MaskingConfig, PretrainBatches, open_corpus
@@ -24,6 +42,7 @@ def train_tiny_mlm(data_dir: Path, **config):
     return model
 
 
+@one_thread()
 def eval_mlm_with_random_twin(model_dir: Path, twin_config, data_dir: Path, work: Path, seq_len: int,
                               tokens: int) -> tuple[float, float]:
     """eval-mlm loss on the train split of model_dir and of a random-init twin (twin_config, fresh weights,
