@@ -1,15 +1,19 @@
 """A BERT continued as RoFormer, and learned-position runs exported as BERT, with real DeepSpeed ranks.
 
 1. A BertForMaskedLM saved by transformers (WordPiece vocab.txt trained by `tokenizers` on real text):
-   `data prepare --tokenizer DIR`, `roformer pretrain --init-from DIR` on 2 ranks under ZeRO-2 at a
-   learning rate of 1e-9 (continued as RoPE, the default), `roformer export`: every mapped tensor is the
-   BERT's (1e-5) and the export has no absolute position table; init_from.json, the report and the model
-   card say it was a BERT and what was dropped.
+   data prepared with DIR's tokenizer, a run with init_from DIR on 2 ranks under ZeRO-2 at a learning rate
+   of 1e-9 (continued as RoPE, the default), its export: every mapped tensor is the BERT's (1e-5) and the
+   export has no absolute position table; init_from.json, the report and the model card say it was a BERT
+   and what was dropped.
 2. A BertModel (pytorch_model.bin, no MLM head) continued with `position_encoding: learned` on 2 ranks:
    the export is a BertForMaskedLM directory, every encoder tensor the source's, the position table kept,
    and transformers alone (project imports blocked) reproduces our logits from it.
 3. A learned-position model trained here with plain torch and written by the export's BERT writer,
    continued as RoPE (1 rank): its first training loss is far below its random-init twin's.
+
+The preparation and the exports run in this process, the ranks forked warm (tests/support/helpers.py start_run):
+the commands end to end are checked elsewhere (`roformer data prepare --tokenizer DIR`: test_init_from_multirank.py's
+hub test; `roformer export`: tests/unit/test_export_length.py).
 """
 from __future__ import annotations
 
@@ -21,10 +25,11 @@ import torch
 from safetensors.torch import load_file
 
 from tests.support.corpus_files import english_paragraphs, write_jsonl
-from tests.support.helpers import (NO_DROPOUT, TINY_MODEL, hf_isolated_logits, report_of, roformer, run_to_end,
-                                   tiny_run_config, train_losses)
+from launcher.export.exporter import export_checkpoint
+from tests.support.helpers import (NO_DROPOUT, TINY_MODEL, hf_isolated_logits, report_of, run_to_end, tiny_run_config,
+                                   train_losses)
 from tests.support.hf_dirs import bert_dir
-from tests.support.tiny_models import eval_mlm_with_random_twin, train_tiny_mlm
+from tests.support.tiny_models import eval_mlm_with_random_twin, one_thread, train_tiny_mlm
 
 SEQ_LEN, GLOBAL_BATCH = 64, 16
 CONTINUE = {"stages": [{"name": "continue", "max_seq_len": SEQ_LEN, "global_batch_size": GLOBAL_BATCH, "steps": 2}],
@@ -34,21 +39,34 @@ CONTINUE = {"stages": [{"name": "continue", "max_seq_len": SEQ_LEN, "global_batc
 POSITIONS = "bert.embeddings.position_embeddings.weight"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """This module's in-process torch work (preparation, exports, logits, the trained model) on one thread: tiny
+    matrices gain nothing from a second, and on the CI's shared cores a second thread spins waiting for one."""
+    with one_thread():
+        yield
+
+
 @pytest.fixture(scope="module")
 def texts() -> list[str]:
     return list(dict.fromkeys(english_paragraphs(12)))
 
 
 def _prepared(root, source, texts):
+    """`roformer data prepare --input CORPUS --out DATA --tokenizer SOURCE --valid-fraction 0.05`'s preparation, in
+    this process (the command itself with a transformers directory: test_init_from_multirank.py's hub test)."""
+    from data_pipeline.config import CleaningConfig, InputConfig, PrepareConfig
+    from data_pipeline.prepare import prepare
+
     corpus = write_jsonl(root / "corpus.jsonl", texts)
-    prepared = roformer("data", "prepare", "--input", str(corpus), "--out", str(root / "data"), "--tokenizer",
-                        str(source), "--valid-fraction", "0.05")
-    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    prepare(PrepareConfig(input=InputConfig(inputs=[str(corpus)]), out_dir=root / "data", existing_tokenizer=source,
+                          cleaning=CleaningConfig(valid_fraction=0.05)), log=lambda message: None)
     return root / "data"
 
 
 def _continued(root, source, data, model: dict | None = None):
-    """init_from: source, on 2 ranks (model section from source, plus `model`), exported."""
+    """init_from: source, on 2 ranks (model section from source, plus `model`), exported (in this process: `roformer
+    export` itself is checked in tests/unit/test_export_length.py)."""
     import yaml
 
     config = tiny_run_config(root, data, **CONTINUE)
@@ -60,9 +78,7 @@ def _continued(root, source, data, model: dict | None = None):
     config.write_text(yaml.safe_dump(raw))
     run_dir = root / "run"
     run_to_end(2, config, run_dir)
-    exported = roformer("export", str(run_dir), "--out", str(root / "export"))
-    assert exported.returncode == 0, exported.stderr[-3000:]
-    return run_dir, root / "export"
+    return run_dir, export_checkpoint(run_dir, root / "export")
 
 
 @pytest.fixture(scope="module")
