@@ -1,5 +1,6 @@
 """A stop at any moment of `roformer pretrain` is honoured (issue 49, row 5): Ctrl-C, SIGTERM or SIGHUP sent 1, 2,
-4 and 8 s after the launch (before the ranks exist, while they start, while they train) ends the run at the
+4 and 8 s after the launch (before the ranks exist, while they start, while they train; the last one no earlier
+than the job's first output, so that one stop lands on a launched job however loaded the machine) ends the run at the
 first step boundary after it with a resumable checkpoint (or, when it came before the job was launched,
 with nothing written), and the same command then trains a stopped run to the end. SIGHUP (a terminal or ssh
 session closing, issue 63) is a stop like SIGTERM: it used to kill the command silently (129) and leave its
@@ -13,6 +14,7 @@ import time
 import psutil
 
 from launcher.checkpoint.catalogue import CheckpointCatalogue
+from launcher.run_dir.layout import RunDir
 from launcher.train.metrics import read_metrics
 from tests.support.helpers import free_port, metrics_steps, newest_checkpoint, roformer, roformer_env, \
     start_roformer, tiny_run_config
@@ -20,6 +22,15 @@ from tests.support.helpers import free_port, metrics_steps, newest_checkpoint, r
 TOTAL_STEPS = 80  # more than a fast machine trains by the last stop (a tiny 16-step run takes 10 s there)
 STOPS = [(1.0, signal.SIGINT), (2.0, signal.SIGTERM), (4.0, signal.SIGINT), (8.0, signal.SIGHUP)]
 FORWARD_SECONDS = 1.0  # at most from `roformer pretrain` to its ranks (its poll, its scan), on a loaded machine
+LAUNCH_TIMEOUT = 300
+
+
+def launched(run_dir) -> bool:
+    """The job's log has a line of the job's own output (not the command's `===` header or its `roformer pretrain:`
+    notes): its runner runs, and the command's stop handlers were set before it started."""
+    log = RunDir(run_dir).launcher_log
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    return any(not line.startswith(("===", "roformer pretrain:")) for line in lines)
 
 
 def still_running(processes: list[psutil.Process]) -> list[psutil.Process]:
@@ -46,6 +57,11 @@ def test_a_stop_at_any_moment_of_the_start_ends_the_run_at_its_first_step_bounda
         job: list[psutil.Process] = []
         try:
             time.sleep(delay)
+            if (delay, signum) == STOPS[-1]:  # on a loaded machine the command may not have launched the job yet
+                deadline = time.monotonic() + LAUNCH_TIMEOUT
+                while not launched(run_dir):
+                    assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                    time.sleep(0.2)
             job = psutil.Process(proc.pid).children(recursive=True)
             sent = time.time()
             proc.send_signal(signum)
