@@ -36,6 +36,16 @@ FOLDER_MARKERS = {"unit": (), "multirank": ("multiprocess",), "cluster": ("multi
                   "gpu": ("gpu",)}
 
 
+def pytest_configure(config):
+    """torch on one CPU thread in the pytest process. The suite runs five lanes on two cores: torch's default of one
+    thread a core spins waiting for a core that another lane holds (a tiny in-process training took 64 CPU-s at a
+    load of 9 with two threads, 5.5 with one: tests/support/tiny_models.py). Jobs set their own (ranks: the node's
+    cores / its ranks, launcher/train/rank_entry.py; fine-tunes: --threads)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def _cuda_available() -> bool:
     import torch
 

@@ -236,6 +236,7 @@ def _run_rank(module: str, argv: list[str], env: dict[str, str]) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.environ.update(env)
+        _threads_as_a_fresh_rank()
         entry = sys.modules.get("launcher.train.rank_entry")
         if entry is not None:
             entry.PROCESS_START = time.time()  # its start-up timing counts from this process's start
@@ -252,6 +253,19 @@ def _run_rank(module: str, argv: list[str], env: dict[str, str]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code & 0xFF)
+
+
+def _threads_as_a_fresh_rank() -> None:
+    """torch's thread count as the rank's own interpreter would have it: the rank entry decides OMP_NUM_THREADS before
+    its torch import (the node's cores / its ranks), which reads it; torch was imported here before the fork, with the
+    server's count (one thread a core: two 2-rank jobs on two cores then spun, each rank waiting for a core)."""
+    import torch
+
+    from launcher.train.rank_entry import prepare_process_environment
+
+    decided = dict(os.environ)  # a copy: the rank's environment stays as its launcher gave it (the rank sets it)
+    prepare_process_environment(decided)
+    torch.set_num_threads(int(decided["OMP_NUM_THREADS"]))
 
 
 def _read_line(conn: socket.socket) -> bytes:
