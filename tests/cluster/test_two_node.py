@@ -3,11 +3,13 @@
 Hosts node1/node2 are network namespaces behind a bridge, each with its own sshd (tests/support/netns/
 cluster.py). The tiny schedule runs with one rank per node: past a stage boundary, stopped with
 a checkpoint (SIGTERM to `roformer pretrain`, our own child; never to DeepSpeed's runner), resumed
-by a second invocation; a rank SIGKILLed on node2 stops the job on both nodes within 60 s with
-an error naming node and rank, and no process of the job is left; `roformer pretrain` itself killed by
-SIGKILL (issue 63) leaves no process of the job on either node within 60 s, and the last checkpoint is the
-ranks' stop checkpoint, complete. Skipped only when the kernel refuses network namespaces (the reason is
-printed).
+by a second invocation; `roformer pretrain` itself killed by SIGKILL (issue 63) leaves no process of the
+job on either node within 60 s, and the last checkpoint is the ranks' stop checkpoint, complete. Skipped only
+when the kernel refuses network namespaces (the reason is printed).
+
+A rank SIGKILLed on node2 (the job stops on both nodes within 60 s with an error naming node and rank, and no
+process of the job is left) is the chaos run's first fault (test_restarts_on_cluster.py), which checks all of
+that without a job of its own.
 """
 from __future__ import annotations
 
@@ -15,8 +17,6 @@ import os
 import re
 import signal
 import time
-
-import psutil
 
 from launcher.checkpoint.catalogue import CheckpointCatalogue
 from tests.support.helpers import events, metrics_steps, roformer, start_roformer, newest_checkpoint
@@ -55,8 +55,9 @@ def test_preflight_names_unreachable_node_and_unshared_run_dir(cluster, tmp_path
 
 
 def test_two_nodes_train_past_a_stage_boundary_stop_and_resume(cluster, tmp_path, data_dir):
-    config = cluster_run_config(tmp_path, data_dir, wide_steps=120)
-    total = 6 + 4 + 120
+    # 60 wide steps: the stop lands a few steps after the SIGTERM (9 here at load 7); the resume trains the rest.
+    config = cluster_run_config(tmp_path, data_dir, wide_steps=60)
+    total = 6 + 4 + 60
     run_dir, hostfile = tmp_path / "run", cluster_hostfile(tmp_path)
     args = ["pretrain", "--hostfile", str(hostfile), "--launcher", "pdsh", "--config", str(config),
             "--run-dir", str(run_dir)]
@@ -92,32 +93,6 @@ def test_two_nodes_train_past_a_stage_boundary_stop_and_resume(cluster, tmp_path
     assert_nothing_left(cluster, run_dir)
     print(f"\ntwo-node run: first invocation {first_seconds:.1f} s (stopped at step {stopped_at}), "
           f"resume to step {total}: {second_seconds:.1f} s")
-
-
-def test_rank_killed_on_one_node_stops_the_job_on_all_nodes(cluster, tmp_path, data_dir):
-    config = cluster_run_config(tmp_path, data_dir, wide_steps=5000)
-    run_dir, log = tmp_path / "run", tmp_path / "killed.log"
-    proc = start_roformer("pretrain", "--hostfile", str(cluster_hostfile(tmp_path)), "--config", str(config),
-                          "--run-dir", str(run_dir), env=cluster_env(cluster), log=log)
-    try:
-        wait_for_step(proc, run_dir, 3, log)
-        victims = [pid for pid in cluster.pids_in_nodes()["node2"]
-                   if "-m launcher.train.rank_entry --config" in " ".join(psutil.Process(pid).cmdline())]
-        assert len(victims) == 1, victims
-        psutil.Process(victims[0]).kill()  # SIGKILL: the rank cannot report anything itself
-        killed_at = time.monotonic()
-        rc = proc.wait(timeout=KILL_DEADLINE_SECONDS + 30)
-        stop_seconds = time.monotonic() - killed_at
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    output = log.read_text()
-    assert rc != 0
-    assert stop_seconds <= KILL_DEADLINE_SECONDS, output[-3000:]
-    assert "error: rank 1 (local rank 0) on node node2: killed by SIGKILL; the job was stopped on all nodes" \
-        in output, output[-3000:]
-    assert_nothing_left(cluster, run_dir)
-    print(f"\nrank SIGKILLed on node2: job stopped on both nodes {stop_seconds:.1f} s later")
 
 
 def test_a_killed_launcher_stops_the_job_on_both_nodes_with_a_checkpoint(cluster, tmp_path, data_dir):
