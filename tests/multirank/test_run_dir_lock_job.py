@@ -5,7 +5,8 @@ running run; a stale lock left by a dead process is taken over, saying so; the l
 
 The job is held still (SIGSTOP) from its first checkpoint until the test has done all of that, so that it
 trains no further meanwhile (no CPU spent on it) and any write of the second start would show. `export` and
-`report` run in this process (the commands themselves: tests/unit/test_export_length.py, tests/unit/test_report.py)."""
+`report` run in this process (the commands themselves: tests/unit/test_export_length.py, tests/unit/test_report.py),
+the lone rank 0 is forked warm (tests/support/fork_server.py)."""
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ import psutil
 
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.lock import LOCK_ID_ENV, lock_path, read_holder
-from tests.support.helpers import REPO, free_port, roformer, roformer_env, start_roformer, tiny_run_config
+from tests.support.helpers import REPO, free_port, roformer, roformer_env, start_roformer, start_run, tiny_run_config
 
 # A schedule far longer than the test: the job runs until the test stops it (Ctrl-C), whatever the speed.
 ENDLESS = [{"name": "long", "max_seq_len": 16, "global_batch_size": 4, "steps": 100000}]
@@ -79,10 +80,10 @@ def test_a_running_job_keeps_its_run_directory_to_itself(tiny_data, tmp_path):
             second = roformer("pretrain", "--num_gpus", "1", "--master_port", str(free_port()), "--config",
                               str(config), "--run-dir", str(run_dir), timeout=120)
             after = tree_state(run_dir)
-            rank0 = subprocess.run([sys.executable, "-m", "launcher.train.rank_entry", "--config", str(config),
-                                    "--run-dir", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                                   env={**roformer_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"),
-                                        LOCK_ID_ENV: "0123456789abcdef"})  # plain mpirun: no launcher's id
+            # A rank 0 of a plain mpirun (no launcher's lock id), forked warm: its refusal is the subject, not its
+            # interpreter's start.
+            rank0 = start_run(1, config, run_dir, log=tmp_path / "rank0.log", **{LOCK_ID_ENV: "0123456789abcdef"})
+            rank0_code = rank0.wait(timeout=300)
             after_rank0 = tree_state(run_dir)
         finally:
             for process in frozen:
@@ -96,8 +97,9 @@ def test_a_running_job_keeps_its_run_directory_to_itself(tiny_data, tmp_path):
                             rf"wait for it to end or stop it \(lock file {re.escape(str(lock_path(run_dir)))}\)",
                             lines[0]), lines[0]
         assert after == before  # nothing written, not even the launcher's log
-        assert rank0.returncode == 2, rank0.stderr[-3000:]
-        assert rank0.stderr.strip().splitlines()[-1].startswith(
+        rank0_output = (tmp_path / "rank0.log").read_text()
+        assert rank0_code == 2, rank0_output[-3000:]
+        assert rank0_output.strip().splitlines()[-1].startswith(
             f"pretrain (rank 0): error: --run-dir {run_dir}: in use by roformer pretrain (pid {first.pid} ")
         assert after_rank0 == before
 
