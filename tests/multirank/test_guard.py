@@ -14,6 +14,9 @@
 (e) the same run stopped by SIGTERM before the spike and resumed: its guard is rebuilt from the run's records,
     so the spike in the first steps after the resume is caught the same way, and the guard's state and
     decisions after every step equal the uninterrupted run's (d).
+
+The exports of (a) and (d) run in this process (export_checkpoint, what `roformer export` runs; the command itself
+is checked in tests/unit/test_export_length.py).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import yaml
 from safetensors.numpy import load_file
 
 from launcher.checkpoint.catalogue import CheckpointCatalogue
+from launcher.export.exporter import export_checkpoint
 from launcher.train.metrics import read_metrics
 from tests.support.fp16_cpu import fp16_rank_env
 from tests.support.helpers import (
@@ -42,6 +46,7 @@ from tests.support.helpers import (
     tiny_run_config,
     write_yaml,
 )
+from tests.support.tiny_models import one_thread
 
 # Small windows for runs of a dozen steps (the defaults need 50 steps of history).
 TINY_GUARD = {"window": 3, "patience": 2, "spike_factor": 1.5}
@@ -55,6 +60,14 @@ FLAT_STAGES = [{"name": "flat", "max_seq_len": 32, "global_batch_size": 8, "step
 SHORT_THEN_BOOM = [{"name": "a", "max_seq_len": 32, "global_batch_size": 8, "steps": 12},
                    {"name": "boom", "max_seq_len": 32, "global_batch_size": 8, "steps": 8, "lr_scale": 1000.0}]
 PATIENCE = 3  # guard.patience's default
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """This module's in-process torch work (the exports and their MLM loss) on one thread: tiny
+    matrices gain nothing from a second, and on the CI's shared cores a second thread spins waiting for one."""
+    with one_thread():
+        yield
 
 
 def _short_then_boom(root, data):
@@ -116,9 +129,7 @@ def test_a_blown_up_stage_is_rewound_once_then_stopped_before_the_spike(tiny_dat
     catalogue = CheckpointCatalogue.scan(run_dir)
     assert [e.step for e in catalogue.complete()] == [6]
     # The export of the resume point: finite, and its MLM loss the pre-spike validation's.
-    export = tmp_path / "export"
-    proc = roformer("export", str(run_dir), "--out", str(export), timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    export = export_checkpoint(run_dir, tmp_path / "export")  # `roformer export`'s export, in this process
     weights = load_file(str(export / "model.safetensors"))
     assert all(np.isfinite(w).all() for w in weights.values())
     pre_spike = catalogue.newest_intact().sidecar.last_validation
@@ -196,9 +207,7 @@ def test_a_blow_up_right_after_a_short_first_stage_stops_within_patience_from_be
     assert [e.step for e in CheckpointCatalogue.scan(boom_run).complete()] == [10, 12]
     assert [e["step"] for e in events(boom_run, "checkpoint_skipped")] == [s for s in range(spike, stop["step"])
                                                                          if s % 2 == 0]  # the stop's step saves nothing
-    export = tmp_path / "export"
-    proc = roformer("export", str(boom_run), "--out", str(export), timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    export = export_checkpoint(boom_run, tmp_path / "export")  # `roformer export`'s export, in this process
     assert all(np.isfinite(w).all() for w in load_file(str(export / "model.safetensors")).values())
     pre_spike = CheckpointCatalogue.scan(boom_run).newest_intact().sidecar.last_validation
     assert pre_spike["step"] == 12 and math.isclose(_mlm_loss(export, tiny_data), pre_spike["loss"], rel_tol=1e-4)
