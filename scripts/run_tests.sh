@@ -20,6 +20,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+# One torch thread per process: five lanes keep both cores busy, and torch's default (a thread a core; a 1-rank job's
+# rank gets the node's cores) spins waiting for a core another lane holds (a tiny training 64 -> 5.5 CPU-s at load 9).
+# Ranks get it forwarded as a user's setting; the default's computation is tests/unit/test_node_environment.py's.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 UNIT_IN_MULTIRANK_LANE=(tests/unit/test_model_compile.py tests/unit/test_finetune_own_files.py)
 CLUSTER_LANE=(tests/cluster)
 unit_files() {  # tests/unit/test_$1*.py but the multirank lane's (pytest's --ignore skips no file named on its line)
