@@ -58,7 +58,7 @@ def test_classification_edge_cases_match_scikit_learn(labels, predictions, num_l
 
 def test_classification_random_inputs_match_scikit_learn():
     rng = random.Random(0)
-    for _ in range(300):
+    for _ in range(100):  # sklearn checks its inputs at ~30 ms a call under load: 100 draws keep the test short
         num_labels, n = rng.randint(2, 6), rng.randint(1, 60)
         seen = rng.randint(1, num_labels)  # some draws leave classes out of one side or both
         labels = [rng.randrange(seen) for _ in range(n)]
@@ -87,7 +87,7 @@ def test_regression_edge_cases_match_scipy_and_scikit_learn(labels, predictions)
 
 def test_regression_random_inputs_match_scipy_and_scikit_learn():
     rng = random.Random(1)
-    for _ in range(300):
+    for _ in range(100):  # as above
         n = rng.randint(2, 60)
         labels = [float(rng.randint(0, 4)) if rng.random() < 0.5 else rng.gauss(0, 3) for _ in range(n)]  # ties
         predictions = [y + rng.gauss(0, 2) if rng.random() < 0.7 else float(rng.randint(0, 2)) for y in labels]
