@@ -14,8 +14,8 @@ from safetensors.numpy import load_file
 
 from launcher.run_dir.layout import RunDir
 from launcher.run_dir.restart_records import read_restarts
-from tests.support.helpers import NO_DROPOUT, TINY_TOTAL_STEPS, events, free_port, metrics_steps, roformer, \
-    roformer_env, tiny_run_config
+from tests.support.helpers import NO_DROPOUT, TINY_TOTAL_STEPS, events, free_port, metrics_steps, report_of, \
+    roformer, roformer_env, tiny_run_config
 
 WRAPPER = "tests.support.rank_wrapper"
 KILL = "1:9"  # rank 1, before the step after 9 completed: the newest checkpoint is global_step8
@@ -55,9 +55,7 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_as_an_uninterrupted_one(tin
     worst = max(float(np.max(np.abs(ours[k] - theirs[k]))) for k in ours)
     assert worst <= 1e-6, worst
 
-    report = roformer("report", str(run_dir), "--out", str(tmp_path / "report"), timeout=300)
-    assert report.returncode == 0, report.stderr
-    text = (tmp_path / "report" / "report.md").read_text()
+    text = report_of(run_dir, tmp_path / "report")  # in this process (the command itself: tests/unit/test_report.py)
     assert "## Restarts" in text
     assert "| 1 | restart | rank 1 (local rank 1) on node localhost: killed by SIGKILL | localhost | 9 | 8 | 1 |" in text
     print(f"\nrestart after a SIGKILLed rank: stop {record.stop_seconds} s + backoff {record.backoff_seconds} s + "
@@ -66,8 +64,8 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_as_an_uninterrupted_one(tin
 
 
 def test_the_same_error_twice_at_the_same_step_is_not_retried(tiny_data, tmp_path):
-    # The first fault also damages the newest checkpoint (global_step8): the restart resumes from the older
-    # global_step6, and restarts.json names the checkpoint the ranks resumed from, not the damaged one.
+    """The first fault also damages the newest checkpoint (global_step8): the restart resumes from the older
+    global_step6, and restarts.json names the checkpoint the ranks resumed from, not the damaged one."""
     config = tiny_run_config(tmp_path / "config", tiny_data)
     run_dir = tmp_path / "run"
     result = _pretrain(config, run_dir, "--max-restarts", "3", ROFORMER_TEST_SIGKILL_AT=KILL,
