@@ -74,6 +74,11 @@ class Runner:
         self.preset, self.layout, self.log = preset, layout, log
         self.given_data = data_dir
         self.env = dict(os.environ)
+        if "OMP_NUM_THREADS" not in self.env and preset.pretrain_jobs > 1:
+            # Side-by-side runs share the cores: each rank would otherwise take the machine's cores / its job's ranks
+            # (launcher/train/rank_entry.py) and the jobs' threads would spin waiting for each other.
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            self.env["OMP_NUM_THREADS"] = str(max(1, cores // (preset.pretrain_jobs * preset.num_ranks)))
         self._children: set[subprocess.Popen] = set()  # jobs running now (several with parallel workers)
         self._children_lock = threading.Lock()
         self._stopping = False  # set by stop_children: a worker that dequeued a job starts no child

@@ -549,3 +549,22 @@ def test_the_documents_report_compares_each_view_over_seeds(tmp_path):
            "the seed spread." in report
     assert "- inews test accuracy: document 0.615 vs sequence 0.610; document higher: on the mean only" in report
     assert (tmp_path / "report" / "documents.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_side_by_side_pretraining_jobs_share_the_cores(tmp_path, monkeypatch):
+    """The quick preset runs two 1-rank pretraining jobs at a time: each rank gets half the cores' threads (alone it
+    would take them all and the two would spin waiting for each other); a user's OMP_NUM_THREADS is kept."""
+    import os
+
+    from launcher.reproduce.job_runner import Layout, Runner
+
+    preset = PRESETS["quick"]()
+    assert (preset.pretrain_jobs, preset.num_ranks) == (2, 1)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cores = len(os.sched_getaffinity(0))
+    assert Runner(preset, Layout(tmp_path), log=lambda line: None).env["OMP_NUM_THREADS"] == str(max(1, cores // 2))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert Runner(preset, Layout(tmp_path), log=lambda line: None).env["OMP_NUM_THREADS"] == "3"
+    full = PRESETS["full"]()
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert full.pretrain_jobs == 1 and "OMP_NUM_THREADS" not in Runner(full, Layout(tmp_path), log=print).env
