@@ -8,6 +8,7 @@ without those lines. An empty file, a missing file and a glob matching nothing a
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import json
@@ -15,6 +16,7 @@ import os
 import re
 import shutil
 import struct
+import sys
 import tempfile
 import unicodedata
 import zlib
@@ -210,19 +212,29 @@ def _stream_with_datasets(path: Path, fmt: str, cfg: InputConfig) -> Iterator[st
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
-    if fmt == "txt":
-        sample_by = "paragraph" if cfg.txt_mode == "paragraph" else "line"
-        ds = datasets.load_dataset("text", data_files=[str(path)], split="train", streaming=True,
-                                   sample_by=sample_by)
-        column = "text"
-    else:
-        ds = datasets.load_dataset("json" if fmt == "jsonl" else "parquet", data_files=[str(path)],
-                                   split="train", streaming=True)
-        column = cfg.text_field
+    builder, options, column = (("text", {"sample_by": "paragraph" if cfg.txt_mode == "paragraph" else "line"}, "text")
+                                if fmt == "txt" else ("json" if fmt == "jsonl" else "parquet", {}, cfg.text_field))
+    with _torch_unseen_by(datasets):
+        ds = datasets.load_dataset(builder, data_files=[str(path)], split="train", streaming=True, **options)
     for batch in ds.iter(batch_size=1024):
         for text in batch[column]:
             if text is not None:
                 yield text
+
+
+@contextlib.contextmanager
+def _torch_unseen_by(datasets):
+    """A streaming dataset built as if torch were not installed, unless this process already imported it: `datasets`
+    imports all of torch to make its epoch counter a shared tensor for DataLoader workers (2+ CPU-s of every
+    `roformer data prepare`, which reads documents as plain Python strings and never uses torch)."""
+    config = datasets.config
+    before = config.TORCH_AVAILABLE
+    if "torch" not in sys.modules:
+        config.TORCH_AVAILABLE = False
+    try:
+        yield
+    finally:
+        config.TORCH_AVAILABLE = before
 
 
 def _write_cleaned_copy(path: Path, bad_lines: dict[int, str]) -> Path:

@@ -151,3 +151,34 @@ def test_default_corpus_option_uses_the_installed_files(tmp_path, tmp_path_facto
     assert [(s["name"], [f["path"] for f in s["files"]]) for s in manifest["sources"]] == [
         ("en", [str(sources.corpus_dir(cache) / sources.ENGLISH_DIR / "part.jsonl")])]
     assert manifest["stats"]["train_documents"] == len(set(english_paragraphs(3)))
+
+
+_PREPARE_PROBE = """
+import json, runpy, sys
+sys.argv = ["roformer", *sys.argv[1:]]
+try:
+    runpy.run_module("launcher", run_name="__main__", alter_sys=True)
+except SystemExit as stop:
+    assert stop.code in (0, None), stop.code
+print(json.dumps({"torch imported": "torch" in sys.modules}))
+"""
+
+
+def test_data_prepare_reads_text_and_jsonl_without_importing_torch(tmp_path):
+    """`roformer data prepare` never uses torch; `datasets` would import all of it (2+ CPU-s) for a DataLoader
+    worker counter of its streaming datasets (data_pipeline/inputs.py keeps it from doing so)."""
+    import subprocess
+    import sys
+
+    from tests.support.helpers import REPO, roformer_env
+
+    paragraphs = english_paragraphs(4)
+    write_jsonl(tmp_path / "a.jsonl", paragraphs[::2])
+    (tmp_path / "b.txt").write_text("\n\n".join(paragraphs[1::2]), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-c", _PREPARE_PROBE, "data", "prepare", "--input", str(tmp_path / "a.jsonl"),
+                           str(tmp_path / "b.txt"), "--txt-mode", "paragraph", "--out", str(tmp_path / "out"),
+                           "--vocab-size", "300"], cwd=REPO, env=roformer_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"torch imported": False}
+    assert open_corpus(tmp_path / "out", "train").documents > 0
