@@ -13,6 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from launcher.common.cores import usable_cores
 from launcher.common.errors import UserError
 from launcher.common.io import atomic_write_json
 from launcher.outputs.output_paths import REPRODUCTION_RECORD
@@ -114,7 +115,7 @@ def _reproduce(args: argparse.Namespace, preset, parts: tuple[str, ...], layout,
         results = merge(results, priors, current=f"runs under `{display_path(layout.out)}`")
     results["wall_seconds_this_invocation"] = round(time.time() - started, 1)
     results["environment"] = {"commit": _commit(), "python": platform.python_version(), "machine": platform.machine(),
-                              "cpus": _cpus()}
+                              "cpus": usable_cores()}
     header = [f"Preset `{preset.name}`, parts: {', '.join(results['parts'])}; commit "
               f"`{results['environment']['commit']}`, {results['environment']['cpus']} CPU cores. Every number is in "
               f"`results.json`; every run is an ordinary run directory under `{display_path(layout.out)}/runs` "
@@ -157,8 +158,3 @@ def _commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
-
-def _cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

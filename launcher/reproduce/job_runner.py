@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from launcher.checkpoint.catalogue import CheckpointCatalogue
+from launcher.common.cores import usable_cores
 from launcher.common.errors import UserError
 from launcher.common.io import atomic_write_text
 from launcher.reproduce.reproduction_plan import EvalRun, FinetuneRun, Preset, PretrainRun
@@ -77,8 +78,7 @@ class Runner:
         if "OMP_NUM_THREADS" not in self.env and preset.pretrain_jobs > 1:
             # Side-by-side runs share the cores: each rank would otherwise take the machine's cores / its job's ranks
             # (launcher/train/rank_entry.py) and the jobs' threads would spin waiting for each other.
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            self.env["OMP_NUM_THREADS"] = str(max(1, cores // (preset.pretrain_jobs * preset.num_ranks)))
+            self.env["OMP_NUM_THREADS"] = str(max(1, usable_cores() // (preset.pretrain_jobs * preset.num_ranks)))
         self._children: set[subprocess.Popen] = set()  # jobs running now (several with parallel workers)
         self._children_lock = threading.Lock()
         self._stopping = False  # set by stop_children: a worker that dequeued a job starts no child

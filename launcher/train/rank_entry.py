@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 
+from launcher.common.cores import usable_cores
 from launcher.common.defaults import BAD_INPUT_EXIT_CODE, RANK_ERROR_PREFIX
 from launcher.common.errors import user_errors
 from launcher.common.io import keep_console, write_line
@@ -39,7 +40,7 @@ def prepare_process_environment(environ: dict[str, str] = os.environ) -> None:
     node's torch (a CPU torch on the login node and a CUDA torch here must not share one:
     launcher/deepspeed_env/ops_cache.py). PATH: the node's own, with the venv's bin appended (its tools, e.g. ninja)."""
     if "OMP_NUM_THREADS" not in environ:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = usable_cores()
         # DeepSpeed's launcher sets LOCAL_SIZE; under mpirun / srun the plan's ranks per node stand in.
         local_ranks = next((environ[k] for k in ("LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
                                                   RANKS_PER_NODE_VAR) if environ.get(k, "").isdigit()), "1")
