@@ -6,7 +6,8 @@ Layout: CACHE_ROOT/<endpoint host>/<bucket>/<prefix>/ mirrors the objects (manif
 downloads, `.X.part`.
 
 - One download per object per node: the downloader holds an exclusive flock on `.X.lock`; a reader
-  holds a shared one for as long as it maps X. flock belongs to the open file, so the kernel drops it
+  holds a shared one for as long as it maps X. A shard's exclusive lock is only ever tried (LOCK_NB), never
+  waited for: a reader may hold its shared one across a collective that waits for the process wanting it. flock belongs to the open file, so the kernel drops it
   when its process dies: a killed download leaves a `.part` the next taker starts over, never a lock.
 - Every object is checked against the manifest's sha256 before it is renamed into place; a mismatch
   is a DataError naming the object, and nothing of it stays.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import random
 import re
 import threading
 import time
@@ -130,10 +132,17 @@ class NodeCache:
         fd = self._open_lock(relative)
         try:
             while True:
-                fcntl.flock(fd, fcntl.LOCK_SH)  # readers share; a download needs the lock alone
+                fcntl.flock(fd, fcntl.LOCK_SH)  # readers share; waits only while a download holds it alone
                 if self._is_verified(path, size, sha256, rehash=False):
                     break
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                # Never wait for the lock alone: a peer rank may hold it shared on a copy made meanwhile (its
+                # prefetch) while it waits in a collective for this rank. Let go, try, and look again.
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    time.sleep(random.uniform(0.01, 0.05))  # apart from a peer trying the same
+                    continue
                 if not self._is_verified(path, size, sha256):
                     self._download(relative, path, size, sha256, make_room=True)
                 fcntl.flock(fd, fcntl.LOCK_SH)  # not atomic: an evictor may have taken it in between

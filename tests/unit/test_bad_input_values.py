@@ -178,7 +178,8 @@ def test_an_optimizer_of_the_overrides_is_checked_at_plan_time(capsys, tiny_data
 
 
 def test_a_process_group_error_of_a_peer_gone_is_one_line(tmp_path):
-    """Real gloo: rank 0 leaves after the rendezvous, rank 1's all-reduce fails; the error says so in one line."""
+    """Real gloo: rank 0 leaves after the rendezvous, rank 1's all-reduce fails; the error says so in one line.
+    (Rank 0 hosts the rendezvous store: leaving before rank 1's init ended failed rank 1's init instead.)"""
     import subprocess
     import sys
 
@@ -190,17 +191,21 @@ def test_a_process_group_error_of_a_peer_gone_is_one_line(tmp_path):
         "from launcher.train.peer_errors import peer_gone\n"
         "rank = int(sys.argv[1])\n"
         "dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{sys.argv[2]}', rank=rank, world_size=2)\n"
-        "if rank == 0:\n    os._exit(0)\n"
+        "ready = sys.argv[3]\n"  # rank 0 (the store's host) leaves only once rank 1's init is over
+        "if rank == 0:\n    while not os.path.exists(ready):\n        time.sleep(0.05)\n    os._exit(0)\n"
+        "open(ready, 'w').close()\n"
         "time.sleep(2)\n"
         "try:\n    dist.all_reduce(torch.ones(4))\nexcept Exception as err:\n    print('LINE', peer_gone(err))\n"
         "    print('OTHER', peer_gone(ValueError('x')), peer_gone(RuntimeError('a bug')))\n")
     port = str(free_port())
     env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), port], env=env, stdout=subprocess.PIPE,
+    ready = str(tmp_path / "rank-1-ready")
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), port, ready], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    out = procs[1].communicate(timeout=120)[0]
+    out, err = procs[1].communicate(timeout=120)
     procs[0].communicate(timeout=60)
-    line = next(x for x in out.splitlines() if x.startswith("LINE "))
+    line = next((x for x in out.splitlines() if x.startswith("LINE ")), None)
+    assert line is not None, out + err
     assert line.startswith("LINE RuntimeError: Connection closed by peer") and "pair.cc" not in line and "GLHF" \
         not in line, out
     assert "OTHER None None" in out

@@ -191,6 +191,46 @@ def test_prepare_to_the_bucket_and_refusals_of_the_cli(capsys, s3_env, tiny_data
     assert "no manifest" in line
 
 
+def test_a_shard_a_peer_holds_while_it_waits_for_us_is_read_not_waited_for(s3_env, s3_tiny_data, tiny_data, tmp_path,
+                                                                           monkeypatch):
+    """CI's deadlock: this rank found shard 0 missing and wanted to download it; meanwhile the peer rank's
+    prefetch brought it in, and the peer mapped it (a shared lock) and waited in a collective for this rank.
+    A rank that waits for the download lock alone waits for that peer for ever; it must read the copy."""
+    import fcntl
+    import threading
+
+    from data_pipeline.remote.cache import NodeCache
+
+    corpus = open_corpus(s3_tiny_data, "train", remote_options=options(tmp_path))
+    data, relative, _size, sha256 = corpus.shards[0].remote
+    path = data.cache.root / relative
+    found_missing = threading.Event()
+    is_verified = NodeCache._is_verified
+
+    def watched(self, *args, **kwargs):
+        verified = is_verified(self, *args, **kwargs)
+        if not verified:
+            found_missing.set()
+        return verified
+
+    monkeypatch.setattr(NodeCache, "_is_verified", watched)
+    peer = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)  # the peer's own open
+    try:
+        fcntl.flock(peer, fcntl.LOCK_SH)  # the peer in its own acquire, before its check
+        reader = threading.Thread(target=lambda: corpus.shards[0].token_ids, daemon=True)
+        reader.start()
+        assert found_missing.wait(30), "this rank never looked for the shard"
+        # the peer's copy lands (its prefetch) and the peer keeps it mapped while it waits for this rank
+        path.write_bytes((tiny_data / relative).read_bytes())
+        path.with_name(f".{path.name}.ok").write_text(sha256)
+        reader.join(20)
+        assert not reader.is_alive(), "this rank waits for the peer that waits for it"
+        assert len(corpus.shards[0].token_ids) == corpus.shards[0].tokens
+    finally:
+        os.close(peer)  # lets a waiting reader (the bug) end
+    corpus.shards[0].release()
+
+
 _HOLD_DOWNLOAD = """
 import sys
 sys.path.insert(0, {repo!r})
