@@ -8,7 +8,8 @@
 #   at k/l ended 912 and 1,174 s), but the two files the multirank lane takes.
 # - launch lane: the multirank tests whose jobs are `roformer pretrain` commands (stops, restarts, trackers, the
 #   guard, init-from, BERT), which share the guard's session run, then the quick reproduction
-#   (test_reproduce_multirank.py: `roformer` jobs of its own, no session fixture).
+#   (test_reproduce_multirank.py: `roformer` jobs of its own, no session fixture) and the downstream tasks' build
+#   (test_tasks.py, ~110 s of the n-z lane, the tail by 3 min in the CI at 0830838).
 # - multirank lane: the rest of tests/multirank (their jobs mostly forked warm: tests/support/fork_server.py),
 #   tests/gpu (skipped without CUDA) and two unit files (torch.compile, fine-tuning on the user's files: 200 s);
 #   its output is the console's, the other lanes' logs follow it.
@@ -24,12 +25,16 @@ PY=${PY:-.venv/bin/python}
 # rank gets the node's cores) spins waiting for a core another lane holds (a tiny training 64 -> 5.5 CPU-s at load 9).
 # Ranks get it forwarded as a user's setting; the default's computation is tests/unit/test_node_environment.py's.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# The project's bytecode once, before ~470 processes import it: where PYTHONDONTWRITEBYTECODE=1 (CI's machine) each
+# would compile the modules it imports again (the venv's were compiled by the set-up).
+"$PY" -m compileall -q launcher data_pipeline roformer tests >/dev/null
 UNIT_IN_MULTIRANK_LANE=(tests/unit/test_model_compile.py tests/unit/test_finetune_own_files.py)
+UNIT_IN_LAUNCH_LANE=(tests/unit/test_tasks.py)
 CLUSTER_LANE=(tests/cluster)
-unit_files() {  # tests/unit/test_$1*.py but the multirank lane's (pytest's --ignore skips no file named on its line)
+unit_files() {  # tests/unit/test_$1*.py but the other lanes' (pytest's --ignore skips no file named on its line)
   local path
   for path in tests/unit/test_$1*.py; do
-    [[ " ${UNIT_IN_MULTIRANK_LANE[*]} " == *" $path "* ]] || echo "$path"
+    [[ " ${UNIT_IN_MULTIRANK_LANE[*]} ${UNIT_IN_LAUNCH_LANE[*]} " == *" $path "* ]] || echo "$path"
   done
 }
 mapfile -t UNIT_A_TO_M_LANE < <(unit_files "[a-m]")
@@ -37,7 +42,7 @@ mapfile -t UNIT_N_TO_Z_LANE < <(unit_files "[n-z]"; echo tests/multirank/test_re
 LAUNCH_LANE=(tests/multirank/test_stop_at_start.py tests/multirank/test_init_from_multirank.py
              tests/multirank/test_guard.py tests/multirank/test_trackers.py tests/multirank/test_bert_multirank.py
              tests/multirank/test_restarts.py tests/multirank/test_fork_server.py
-             tests/multirank/test_rank_teardown.py tests/multirank/test_reproduce_multirank.py)
+             tests/multirank/test_rank_teardown.py tests/multirank/test_reproduce_multirank.py "${UNIT_IN_LAUNCH_LANE[@]}")
 lane_paths() {  # the paths of lane $1 (one of names)
   local -n paths="${1^^}_LANE"
   printf '%s\n' "${paths[@]}"
