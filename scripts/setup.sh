@@ -68,28 +68,15 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip)
-# pip's index settings (its config files, PIP_* variables) as uv's, unless uv's own are set.
-pip_setting() {
-  local env_name="PIP_${1^^}"; env_name=${env_name//-/_}
-  [ -n "${!env_name:-}" ] && { echo "${!env_name}"; return; }
-  "${PIP[@]}" config get "install.$1" 2>/dev/null || "${PIP[@]}" config get "global.$1" 2>/dev/null || true
-}
-use_pip_setting() {  # use_pip_setting UV_NAME pip-key
-  [ -n "${!1:-}" ] && return
-  local value; value=$(pip_setting "$2" | tr '\n' ' ' | xargs)
-  if [ -n "$value" ]; then export "$1=$value"; fi
-}
 # The installed torch's version from its metadata: importing a CUDA torch is slow and needs no GPU to decide.
 installed_torch() { "$PY" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null || true; }
 
-stamp="$VENV/.roformer-setup-$(cat setup.cfg pyproject.toml scripts/setup.sh scripts/torch_variant.py | sha1sum | cut -c1-12)-$TORCH_VARIANT"
+stamp="$VENV/.roformer-setup-$(cat setup.cfg pyproject.toml scripts/setup.sh scripts/uv_indexes.sh scripts/torch_variant.py | sha1sum | cut -c1-12)-$TORCH_VARIANT"
 if [ -f "$stamp" ]; then
   say "venv: $VENV up to date (torch $(installed_torch); TORCH_VARIANT=$TORCH_VARIANT)"
 else
   run_logged "install uv $UV_VERSION" "${PIP[@]}" install "uv==$UV_VERSION"
-  use_pip_setting UV_INDEX_URL index-url
-  use_pip_setting UV_EXTRA_INDEX_URL extra-index-url
-  use_pip_setting UV_FIND_LINKS find-links
+  source scripts/uv_indexes.sh && uv_indexes_from_pip "${PIP[@]}"
   # Bytecode now, in parallel: a process with PYTHONDONTWRITEBYTECODE=1 would otherwise compile torch at every start.
   INSTALL=("$VENV/bin/uv" pip install --python "$PY" --compile-bytecode)
   # What to install, and why, as key=value lines (scripts/torch_variant.py; exit 2 = refused, one line).
