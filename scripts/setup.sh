@@ -19,7 +19,7 @@ CACHE_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/roformer-ds
 export PIP_CACHE_DIR=${PIP_CACHE_DIR:-$CACHE_ROOT/pip}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # uv installs (parallel downloads and bytecode compilation, a cache of unpacked wheels): 2.4 -> ~1 min on the 2-core
-# machine (README "Tests"). It reads none of pip's settings, so pip's indexes are handed over below.
+# machine (README "Tests").
 UV_VERSION=0.13.10
 export UV_CACHE_DIR=${UV_CACHE_DIR:-$CACHE_ROOT/uv}
 export UV_INDEX_STRATEGY=${UV_INDEX_STRATEGY:-unsafe-best-match}  # pip's: the best version over every index
@@ -71,12 +71,14 @@ PIP=("$PY" -m pip)
 # The installed torch's version from its metadata: importing a CUDA torch is slow and needs no GPU to decide.
 installed_torch() { "$PY" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null || true; }
 
-stamp="$VENV/.roformer-setup-$(cat setup.cfg pyproject.toml scripts/setup.sh scripts/uv_indexes.sh scripts/torch_variant.py | sha1sum | cut -c1-12)-$TORCH_VARIANT"
+stamp="$VENV/.roformer-setup-$(cat setup.cfg pyproject.toml scripts/setup.sh scripts/uv_settings.py scripts/torch_variant.py | sha1sum | cut -c1-12)-$TORCH_VARIANT"
 if [ -f "$stamp" ]; then
   say "venv: $VENV up to date (torch $(installed_torch); TORCH_VARIANT=$TORCH_VARIANT)"
 else
   run_logged "install uv $UV_VERSION" "${PIP[@]}" install "uv==$UV_VERSION"
-  source scripts/uv_indexes.sh && uv_indexes_from_pip "${PIP[@]}"
+  # uv reads none of pip's settings: its indexes, wheel folders and constraints handed over (scripts/uv_settings.py).
+  settings=$("$PY" scripts/uv_settings.py "$PY")
+  while IFS='=' read -r name value; do [ -z "$name" ] || export "$name=$value"; done <<< "$settings"
   # Bytecode now, in parallel: a process with PYTHONDONTWRITEBYTECODE=1 would otherwise compile torch at every start.
   INSTALL=("$VENV/bin/uv" pip install --python "$PY" --compile-bytecode)
   # What to install, and why, as key=value lines (scripts/torch_variant.py; exit 2 = refused, one line).

@@ -174,26 +174,27 @@ def test_failing_setup_step_shows_the_log_tail_and_path(tmp_path):
     assert "disk full (marker 71)" in log.read_text()
 
 
-def _uv_indexes(env: dict) -> dict:
-    """scripts/uv_indexes.sh run with this venv's pip: the UV_* variables it exports."""
-    script = f"source {REPO / 'scripts' / 'uv_indexes.sh'} && uv_indexes_from_pip {sys.executable} -m pip && env"
-    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120, check=True)
-    return dict(line.split("=", 1) for line in done.stdout.splitlines()
-                if line.split("=", 1)[0] in ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS"))
+
+def _uv_settings(env: dict) -> dict:
+    """scripts/uv_settings.py run with this venv's pip: the UV_* variables the set-up exports."""
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "uv_settings.py"), sys.executable],
+                          capture_output=True, text=True, env=env, timeout=120, check=True)
+    return dict(line.split("=", 1) for line in done.stdout.splitlines())
 
 
 def test_the_set_up_hands_pips_indexes_to_uv(tmp_path):
-    """uv reads none of pip's settings: the set-up exports pip's indexes as uv's (a multi-line list as one line, the
-    install section before the global one, a PIP_* variable before the files, a UV_* variable already set kept)."""
+    """uv reads none of pip's settings: the set-up exports pip's indexes, wheel folders and constraints as uv's (a
+    multi-line list as one line, the install section before the global one, a PIP_* variable before the files, a
+    UV_* variable already set kept)."""
     config = tmp_path / "pip.conf"
     config.write_text("[global]\nindex-url = https://mirror.example/simple\nextra-index-url =\n"
                       "    file:///srv/a/simple\n    file:///srv/b/simple\nfind-links = /srv/global-wheels\n"
-                      "[install]\nfind-links = /srv/wheels\n")
+                      "constraint = /srv/caps.txt\n[install]\nfind-links = /srv/wheels\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
-    env["PIP_CONFIG_FILE"] = str(config)
-    assert _uv_indexes(env) == {"UV_INDEX_URL": "https://mirror.example/simple",
-                                "UV_EXTRA_INDEX_URL": "file:///srv/a/simple file:///srv/b/simple",
-                                "UV_FIND_LINKS": "/srv/wheels"}
+    env["PIP_CONFIG_FILE"] = str(config)  # read after the machine's files: its keys win
+    assert _uv_settings(env) == {"UV_INDEX_URL": "https://mirror.example/simple",
+                                 "UV_EXTRA_INDEX_URL": "file:///srv/a/simple file:///srv/b/simple",
+                                 "UV_FIND_LINKS": "/srv/wheels", "UV_CONSTRAINT": "/srv/caps.txt"}
     env.update(PIP_FIND_LINKS="/from/env", UV_INDEX_URL="https://uv.example/simple")
-    got = _uv_indexes(env)
-    assert got["UV_FIND_LINKS"] == "/from/env" and got["UV_INDEX_URL"] == "https://uv.example/simple"
+    got = _uv_settings(env)
+    assert got["UV_FIND_LINKS"] == "/from/env" and "UV_INDEX_URL" not in got  # uv's own stays as it is

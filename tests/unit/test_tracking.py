@@ -18,6 +18,7 @@ from launcher.tracking.open_sinks import TrackedRun  # noqa: E402
 from launcher.train.metrics import Metrics, MetricsOptions, read_metrics  # noqa: E402
 from launcher.common.errors import UserError  # noqa: E402
 from tests.support.mlflow_server import MlflowServer  # noqa: E402
+from tests.support.tcp_gate import TcpGate  # noqa: E402
 from tests.support.wandb_log import train_losses  # noqa: E402
 
 
@@ -72,7 +73,8 @@ def test_report_to_values():
 
 
 def test_mlflow_resume_rewind_and_server_down(tmp_path, server, monkeypatch, capsys):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    gate = TcpGate(server.port).open()  # the server as the run sees it: down while the gate is closed
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", gate.uri)
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "unit-trackers")
     run_dir = RunDir(tmp_path / "run")
     run_dir.root.mkdir()
@@ -91,8 +93,9 @@ def test_mlflow_resume_rewind_and_server_down(tmp_path, server, monkeypatch, cap
     m.rewind(4)
     train(m, range(5, 6), attempt_bias=0.5)
     wait_sent(run_dir, "train:1:5")  # the sink sends from its own thread: all sent before the server goes
-    # 3. the server goes down: training goes on, one warning, metrics.jsonl has step 6
-    server.stop()
+    # 3. the server goes down (refused, its open connections reset): training goes on, one warning, metrics.jsonl
+    # has step 6
+    gate.close()
     train(m, range(6, 7))
     m.event("finished", step=6)
     m.close()
@@ -100,7 +103,7 @@ def test_mlflow_resume_rewind_and_server_down(tmp_path, server, monkeypatch, cap
     assert err.count("tracking: mlflow unreachable") == 1, err
     assert [r["step"] for r in read_metrics(run_dir.root)] == [1, 2, 3, 4, 5, 6]
     # 4. the server back: the next start (here of a finished run, as `roformer report` does) fills in step 6
-    server.start()
+    gate.open()
     run_dir.evals.mkdir()  # a stage-end eval job's result, written meanwhile
     (run_dir.evals / "global_step3.mlm.json").write_text(json.dumps(
         {"eval": "mlm", "tag": "global_step3", "step": 3, "results": [{"seq_len": 16, "loss": 2.5}]}))
@@ -141,6 +144,7 @@ def test_mlflow_resume_rewind_and_server_down(tmp_path, server, monkeypatch, cap
     assert "unreachable" not in capsys.readouterr().err
     assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")) == sorted(
         (m.step, m.value) for m in loss)
+    gate.close()
 
 
 def test_wandb_offline(tmp_path, monkeypatch):
