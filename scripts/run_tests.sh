@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite as five pytest processes side by side on the 2-core reference machine. Each lane
+# `make test`: the whole suite as six pytest processes side by side on the 2-core reference machine. Each lane
 # keeps about 0.55-0.65 of a core busy on its own (it waits on jobs starting, ssh sessions, watchdog bounds, pulled
 # links, restart backoff, servers), so several lanes keep both cores busy where two or three left them ~15% idle.
 # - cluster lane: tests/cluster (the two-node network-namespace cluster, MPI, Slurm).
-# - two unit lanes, tests/unit split by file name (test_a* to test_m*, then test_n* to test_z* with the runs from
-#   object storage, test_remote_training.py: ~1,010 s of tests each in the five-lane CI at 19ff731, where the split
-#   at k/l ended 912 and 1,174 s), but the two files the multirank lane takes.
+# - three unit lanes, tests/unit split by file name (a-f, g-q, r-z with the runs from object storage,
+#   test_remote_training.py), but the files other lanes take. With two (a-m, n-z) the n-z lane was the tail of every
+#   CI; with three the clean-clone CI at 0ada7f0 took 21.8 min against 22.4 at the same yardstick, the cores as busy
+#   (86-87%), and the tail moved to the cluster and multirank lanes (20.3 min; the unit lanes ended at 17.9, 13.2
+#   and 18.6: g-q has room).
 # - launch lane: the multirank tests whose jobs are `roformer pretrain` commands (stops, restarts, trackers, the
 #   guard, init-from, BERT), which share the guard's session run, then the quick reproduction
 #   (test_reproduce_multirank.py: `roformer` jobs of its own, no session fixture) and the downstream tasks' build
-#   (test_tasks.py, ~110 s of the n-z lane, the tail by 3 min in the CI at 0830838).
+#   (test_tasks.py: 111 s of the then n-z lane's wall, 38 s here).
 # - multirank lane: the rest of tests/multirank (their jobs mostly forked warm: tests/support/fork_server.py),
 #   tests/gpu (skipped without CUDA) and two unit files (torch.compile, fine-tuning on the user's files: 200 s);
 #   its output is the console's, the other lanes' logs follow it.
@@ -21,7 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-# One torch thread per process: five lanes keep both cores busy, and torch's default (a thread a core; a 1-rank job's
+# One torch thread per process: six lanes keep both cores busy, and torch's default (a thread a core; a 1-rank job's
 # rank gets the node's cores) spins waiting for a core another lane holds (a tiny training 64 -> 5.5 CPU-s at load 9).
 # Ranks get it forwarded as a user's setting; the default's computation is tests/unit/test_node_environment.py's.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -37,8 +39,9 @@ unit_files() {  # tests/unit/test_$1*.py but the other lanes' (pytest's --ignore
     [[ " ${UNIT_IN_MULTIRANK_LANE[*]} ${UNIT_IN_LAUNCH_LANE[*]} " == *" $path "* ]] || echo "$path"
   done
 }
-mapfile -t UNIT_A_TO_M_LANE < <(unit_files "[a-m]")
-mapfile -t UNIT_N_TO_Z_LANE < <(unit_files "[n-z]"; echo tests/multirank/test_remote_training.py)
+mapfile -t UNIT_A_TO_F_LANE < <(unit_files "[a-f]")
+mapfile -t UNIT_G_TO_Q_LANE < <(unit_files "[g-q]")
+mapfile -t UNIT_R_TO_Z_LANE < <(unit_files "[r-z]"; echo tests/multirank/test_remote_training.py)
 LAUNCH_LANE=(tests/multirank/test_stop_at_start.py tests/multirank/test_init_from_multirank.py
              tests/multirank/test_guard.py tests/multirank/test_trackers.py tests/multirank/test_bert_multirank.py
              tests/multirank/test_restarts.py tests/multirank/test_fork_server.py
@@ -47,7 +50,7 @@ lane_paths() {  # the paths of lane $1 (one of names)
   local -n paths="${1^^}_LANE"
   printf '%s\n' "${paths[@]}"
 }
-names=(cluster unit_a_to_m unit_n_to_z launch)
+names=(cluster unit_a_to_f unit_g_to_q unit_r_to_z launch)
 pids=()
 logs=()
 for name in "${names[@]}"; do
