@@ -7,8 +7,9 @@ downloads, `.X.part`.
 
 - One download per object per node: the downloader holds an exclusive flock on `.X.lock`; a reader
   holds a shared one for as long as it maps X. A shard's exclusive lock is only ever tried (LOCK_NB), never
-  waited for: a reader may hold its shared one across a collective that waits for the process wanting it. flock belongs to the open file, so the kernel drops it
-  when its process dies: a killed download leaves a `.part` the next taker starts over, never a lock.
+  waited for: a reader may hold its shared one across a collective that waits for the process wanting it.
+  flock belongs to the open file, so the kernel drops it when its process dies: a killed download leaves a
+  `.part` the next taker starts over, never a lock.
 - Every object is checked against the manifest's sha256 before it is renamed into place; a mismatch
   is a DataError naming the object, and nothing of it stays.
 - data.cache_limit bounds the shard bytes (token files) of the whole cache root, all locations together
